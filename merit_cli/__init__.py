@@ -1,0 +1,1 @@
+"""The `merit` command line: thin click commands over merit_core."""

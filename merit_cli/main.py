@@ -1,0 +1,81 @@
+"""The `merit` click group: subcommands load lazily; MeritError becomes one red line and exit 2."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from typing import NoReturn
+
+import click
+
+from merit_core.errors import MeritError
+from merit_core.version import __version__
+
+# name -> "module:attribute"; a command's module (and torch) is imported only when it runs.
+COMMANDS: dict[str, str] = {
+    "train": "merit_cli.train_cmd:train",
+    "prepare": "merit_cli.prepare_cmd:prepare",
+    "inspect": "merit_cli.inspect_cmd:inspect_cmd",
+    "eval": "merit_cli.eval_cmd:eval_cmd",
+    "compare": "merit_cli.compare_cmd:compare",
+}
+
+HELP_SUMMARIES: dict[str, str] = {
+    "train": "Pretrain a GPT-2 or Llama model with MERIT or a baseline optimizer.",
+    "prepare": "Tokenize a corpus into memmapped train/val token files.",
+    "inspect": "Max-norm, attention-logit and Hessian statistics of checkpoints.",
+    "eval": "Zero-shot LAMBADA / WikiText / SuperGLUE through lm-evaluation-harness.",
+    "compare": "Run the paper's optimizer x batch-size comparison and report it.",
+}
+
+
+def fail(message: str) -> NoReturn:
+    """Print one red error line to stderr and exit with code 2."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    sys.exit(2)
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use, and whose errors are one line."""
+
+    def list_commands(self, ctx):
+        return [name for name in COMMANDS if self._available(name)]
+
+    @staticmethod
+    def _available(name: str) -> bool:
+        module = COMMANDS[name].split(":")[0]
+        return importlib.util.find_spec(module) is not None
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS or not self._available(name):
+            return None
+        module_name, attr = COMMANDS[name].split(":")
+        return getattr(importlib.import_module(module_name), attr)
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, HELP_SUMMARIES.get(name, "")) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except MeritError as exc:
+            fail(str(exc))
+        except KeyboardInterrupt:
+            fail("interrupted")
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="merit")
+def cli():
+    """merit: MERIT large-batch optimizer and language-model pretraining tools."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
