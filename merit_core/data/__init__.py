@@ -1,0 +1,1 @@
+"""Corpora -> tokenizer -> memmapped token files, and the built-in corpus."""

@@ -1,0 +1,1 @@
+"""Optimizers: MERIT, its ablations, and the baselines it is compared against."""

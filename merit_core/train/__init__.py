@@ -1,0 +1,1 @@
+"""The training loop, its configuration, checkpoints and metrics."""
