@@ -1,0 +1,21 @@
+"""Test-wide environment: offline Hugging Face libraries, quiet logs, caches in a temp folder."""
+
+import os
+import tempfile
+
+_TMP = tempfile.mkdtemp(prefix="merit-tests-")
+for key, value in {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HOME": os.path.join(_TMP, "hf"),
+    "HF_DATASETS_CACHE": os.path.join(_TMP, "hf", "datasets"),
+    "MERIT_CACHE_DIR": os.path.join(_TMP, "merit-cache"),
+    "MPLBACKEND": "Agg",
+}.items():
+    os.environ[key] = value
+# Compiled kernels (Inductor / C++ extensions) may reuse a persistent cache across runs.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "merit-inductor-cache"))
