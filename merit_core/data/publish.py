@@ -19,6 +19,7 @@ def staging_dir(target: Path):
     """Yield an empty temp folder next to `target`; it is removed if still there on exit."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-", dir=target.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the published folder should read like any other
     try:
         yield tmp
     finally:

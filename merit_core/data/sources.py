@@ -81,6 +81,11 @@ def resolve_source(
     if path.exists():
         raise DataError(f"data path {path} is neither a file nor a folder")
     if looks_like_hub_id(source):
+        if prefer_offline():
+            raise DataError(
+                f"dataset {source!r} is not available: it is not a local path and the Hugging Face hub cannot "
+                "be reached (offline); use a local .txt/.jsonl/.parquet file or folder, or the built-in corpus"
+            )
         return Source(source, [], **common)
     raise DataError(f"data path not found: {source}")
 
@@ -145,11 +150,6 @@ def _file_batches(source: Source) -> Iterator[tuple[list[str], int]]:
 
 def _hub_batches(source: Source) -> Iterator[tuple[list[str], int]]:
     name = source.name
-    if prefer_offline():
-        raise DataError(
-            f"dataset {name!r} is not available: it is not a local path and the Hugging Face hub cannot be "
-            "reached (offline); pass a local .txt/.jsonl/.parquet file or folder, or omit --data for the built-in corpus"
-        )
     import datasets
 
     try:
