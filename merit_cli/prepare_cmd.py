@@ -34,7 +34,7 @@ class _RichProgress:
 
         self.bar = Progress(SpinnerColumn(), TextColumn("{task.description:<28}"), BarColumn(),
                             MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-                            console=console, transient=False)
+                            console=console, transient=True)
         self.tasks: dict[str, int] = {}
         self.last: str | None = None
 

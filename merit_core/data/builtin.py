@@ -53,9 +53,16 @@ def _file_docstrings(path: Path, min_chars: int) -> list[str]:
     return docs
 
 
-@functools.lru_cache(maxsize=4)
 def builtin_corpus_documents(min_chars: int = 40) -> tuple[str, ...]:
-    """Distinct stdlib docstrings longer than `min_chars`, in a fixed order (one document each)."""
+    """Distinct stdlib docstrings longer than `min_chars`, in a fixed order (one document each).
+
+    Gathered once per process (a few seconds), then served from memory.
+    """
+    return _gather(int(min_chars))
+
+
+@functools.lru_cache(maxsize=4)
+def _gather(min_chars: int) -> tuple[str, ...]:
     seen: set[str] = set()
     docs: list[str] = []
     for path in _stdlib_files(stdlib_dir()):
