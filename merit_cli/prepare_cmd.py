@@ -86,16 +86,16 @@ def _summary(meta, seconds: float):
               help="Prepare the built-in corpus (stdlib docstrings) into the merit cache, or into --out.")
 @click.option("--tokenizer", default=None, metavar="NAME|PATH",
               help="Hub tokenizer (e.g. gpt2) or local folder. Default: train a byte-level BPE on the corpus.")
-@click.option("--vocab-size", default="4096", callback=_parsed(int, "--vocab-size"), show_default=True,
+@click.option("--vocab-size", default="4096", metavar="N", callback=_parsed(int, "--vocab-size"), show_default=True,
               help="Vocabulary size of the trained BPE.")
-@click.option("--val-fraction", default=None, callback=_parsed(float, "--val-fraction"),
+@click.option("--val-fraction", default=None, metavar="F", callback=_parsed(float, "--val-fraction"),
               help="Share of tokens held out (whole documents) for validation. [default: 0.01; builtin 0.02]")
-@click.option("--text-column", default="text", show_default=True, help="Column holding the text (.jsonl/.parquet/hub).")
+@click.option("--text-column", default="text", metavar="NAME", show_default=True, help="Column holding the text (.jsonl/.parquet/hub).")
 @click.option("--dataset-config", default=None, help="Configuration of a hub dataset (e.g. 'en' for allenai/c4).")
 @click.option("--split", default="train", show_default=True, help="Split of a hub dataset to read.")
-@click.option("--max-documents", default=None, callback=_parsed(int, "--max-documents"),
+@click.option("--max-documents", default=None, metavar="N", callback=_parsed(int, "--max-documents"),
               help="Read at most this many documents (for large hub datasets).")
-@click.option("--seed", default="0", callback=_parsed(int, "--seed"), show_default=True,
+@click.option("--seed", default="0", metavar="N", callback=_parsed(int, "--seed"), show_default=True,
               help="Seed of the validation hold-out.")
 @click.option("--json", "as_json", is_flag=True, help="Print meta.json (with its path) instead of a table.")
 def prepare(source, out, builtin, tokenizer, vocab_size, val_fraction, text_column, dataset_config, split,

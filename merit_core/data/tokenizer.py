@@ -6,6 +6,8 @@ fall back to eos), so that it can be saved with a checkpoint and loaded by AutoT
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterable, Iterator
 from itertools import chain
 from pathlib import Path
@@ -18,6 +20,22 @@ from merit_core.hub import looks_like_hub_id, prefer_offline
 EOS_TOKEN = "<|endoftext|>"
 MIN_BPE_VOCAB = 257  # the 256 byte symbols plus the end-of-text token
 MAX_VOCAB = 2**32 - 1
+
+
+@contextlib.contextmanager
+def rust_parallelism():
+    """Let `tokenizers` use all cores for a batch call, whatever TOKENIZERS_PARALLELISM says outside it.
+
+    The variable is restored afterwards; since it is then set, a later fork (DataLoader workers)
+    quietly turns parallelism off in the child instead of warning.
+    """
+    key = "TOKENIZERS_PARALLELISM"
+    previous = os.environ.get(key)
+    os.environ[key] = "true"
+    try:
+        yield
+    finally:
+        os.environ[key] = previous if previous is not None else "false"
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int):
@@ -35,7 +53,8 @@ def train_bpe(texts: Iterable[str], vocab_size: int):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    backend.train_from_iterator(texts, trainer=trainer)
+    with rust_parallelism():
+        backend.train_from_iterator(texts, trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token=EOS_TOKEN,
@@ -104,7 +123,8 @@ def encode_documents(tok, texts: list[str], dtype: np.dtype) -> tuple[np.ndarray
     previous = backend.encode_special_tokens
     backend.encode_special_tokens = True
     try:
-        encodings = backend.encode_batch_fast(texts, add_special_tokens=False)
+        with rust_parallelism():
+            encodings = backend.encode_batch_fast(texts, add_special_tokens=False)
     finally:
         backend.encode_special_tokens = previous
     id_lists = [e.ids for e in encodings]
