@@ -202,16 +202,18 @@ def check_layout(name, mesh, placements_of, expected, weights, grads, references
     from merit_core.optim.merit_sharded import merit_step_sharded
 
     worst = 0.0
+    # Scatter once per layout; every combo starts from (local) clones of these DTensors.
+    d_weights = {p: distribute_tensor(w.to(dtype, copy=True), mesh, placements_of(w.shape))
+                 for p, w in weights.items()}
+    d_grads = [[distribute_tensor(grads[p][t].to(dtype, copy=True), mesh, placements_of(w.shape))
+                for p, w in weights.items()] for t in range(STEPS)]
     for opts, ref in zip(combos(), references):
-        params, ms, vs = {}, {}, {}
-        for pname, w in weights.items():
-            pl = placements_of(w.shape)
-            params[pname] = distribute_tensor(w.to(dtype, copy=True), mesh, pl)
-            ms[pname] = torch.zeros_like(params[pname])
-            vs[pname] = torch.zeros_like(params[pname])
+        params = {p: w.clone() for p, w in d_weights.items()}
+        ms = {p: torch.zeros_like(w) for p, w in params.items()}
+        vs = {p: torch.zeros_like(w) for p, w in params.items()}
         steps = [torch.tensor(0.0) for _ in params]
         for t in range(STEPS):
-            gs = [distribute_tensor(grads[p][t].to(dtype, copy=True), mesh, placements_of(grads[p][t].shape)) for p in params]
+            gs = d_grads[t]
             before = counter.calls
             merit_step_sharded(list(params.values()), gs, list(ms.values()), list(vs.values()), steps,
                                lr=HP["lr"], beta1=HP["beta1"], beta2=HP["beta2"], eps=HP["eps"], **opts)
@@ -249,6 +251,41 @@ def check_refusals(mesh):
     assert float(local.sum()) == 6.0, "a refused step must not modify anything"
 
 
+def check_fully_shard(mesh) -> float:
+    """Real FSDP2 parameters (Linear(4, 1) has a [1, 4] weight: an empty shard on rank 1)."""
+    from torch.distributed.fsdp import fully_shard
+
+    from merit_core.optim.merit_sharded import merit_step_sharded
+
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)).double()
+    full = {k: v.detach().clone() for k, v in model.named_parameters()}
+    fully_shard(model[0], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    params = dict(model.named_parameters())
+    ms = {k: torch.zeros_like(p) for k, p in params.items()}
+    vs = {k: torch.zeros_like(p) for k, p in params.items()}
+    ref_m = {k: torch.zeros_like(w) for k, w in full.items()}
+    ref_v = {k: torch.zeros_like(w) for k, w in full.items()}
+    steps = [torch.tensor(0.0) for _ in params]
+    opts = dict(combos()[0], bias_correction=True)
+    worst = 0.0
+    x = torch.randn(8, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    for t in range(1, STEPS + 1):
+        model(x).square().mean().backward()
+        grads = {k: p.grad.full_tensor() for k, p in params.items()}
+        merit_step_sharded(list(params.values()), [p.grad for p in params.values()], list(ms.values()),
+                           list(vs.values()), steps, lr=HP["lr"], beta1=HP["beta1"], beta2=HP["beta2"],
+                           eps=HP["eps"], **opts)
+        model.zero_grad()
+        for k in full:
+            full[k], ref_m[k], ref_v[k] = reference_step(full[k], grads[k], ref_m[k], ref_v[k], t, **HP, **opts)
+            err = (params[k].full_tensor() - full[k]).abs().max().item()
+            assert err <= 1e-12, f"fully_shard {k} step {t}: max abs error {err:.3g}"
+            worst = max(worst, err)
+    return worst
+
+
 def main() -> int:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -277,8 +314,10 @@ def main() -> int:
     worst = check_layout("fsdp_fp32", mesh, lambda s: (Shard(0),),
                          lambda *_: 1, weights, grads, references, counter, torch.float32, atol=2e-5)
     check_refusals(mesh)
+    worst_fs = check_fully_shard(mesh)
     if rank == 0:
         print(f"CONFIG fsdp_fp32 max_abs_err={worst:.2e}")
+        print(f"CONFIG fully_shard max_abs_err={worst_fs:.2e}")
         print(f"ALL OK world={world} reference={t_ref:.2f}s total={time.perf_counter() - t0:.2f}s", flush=True)
     dist.destroy_process_group()
     return 0
