@@ -69,7 +69,7 @@ class _Pending:
     rows: Tensor | None = None  # [2, local rows]: row norms of w and u
     cols: Tensor | None = None  # [2, local cols]: column norms of w and u
     total: Tensor | None = None  # [2]: tensor-wide norms of w and u
-    total_from: str = "local"  # "local" | "rows" | "cols": where the tensor-wide norms come from
+    total_from: str = "local"  # "local" | "rows" | "cols" | "none": source of the tensor-wide norms
 
 
 def _is_dtensor(t: Tensor) -> bool:
@@ -127,8 +127,9 @@ def _as_matrix(x: Tensor) -> Tensor:
 def _norm(x: Tensor, dim: int | None, norm: str, dtype: torch.dtype) -> Tensor:
     """Max-norm, or SQUARED l2 norm, of ``x`` along ``dim`` (all dims if None), in ``dtype``.
 
-    An empty reduction gives 0, the identity of both MAX over absolute values and SUM, so a
-    rank whose shard is empty still contributes a well-formed buffer to the collective.
+    For the max-norm ``x`` must already hold absolute values. An empty reduction gives 0, the
+    identity of both MAX over absolute values and SUM, so a rank whose shard is empty still
+    contributes a well-formed buffer to the collective (``amax`` would raise there).
     """
     if norm == "l2":
         return torch.linalg.vector_norm(x, 2, dim=dim, dtype=dtype).square()
@@ -136,8 +137,14 @@ def _norm(x: Tensor, dim: int | None, norm: str, dtype: torch.dtype) -> Tensor:
     if size == 0:
         shape = () if dim is None else x.shape[:dim] + x.shape[dim + 1 :]
         return x.new_zeros(shape, dtype=dtype)
-    absx = x.abs()
-    return (absx.amax() if dim is None else absx.amax(dim=dim)).to(dtype)
+    return (x.amax() if dim is None else x.amax(dim=dim)).to(dtype)
+
+
+def _norms(w: Tensor, u: Tensor, dims: tuple[int | None, ...], norm: str, dtype: torch.dtype) -> list[Tensor]:
+    """For each reduction dim, the [2, ...] stack of the norms of ``w`` and ``u`` along it."""
+    if norm == "max":  # one |.| pass per tensor, shared by all reductions
+        w, u = w.abs(), u.abs()
+    return [torch.stack([_norm(w, d, norm, dtype), _norm(u, d, norm, dtype)]) for d in dims]
 
 
 def _reduce_nonneg(x: Tensor, dim: int, norm: str) -> Tensor:
@@ -300,9 +307,9 @@ def merit_step_sharded(
         job = _Pending(w=w, u=u)
         jobs.append(job)
         if w.ndim >= 2 and elementwise:
-            w2, u2 = _as_matrix(w), _as_matrix(u)
-            job.rows = torch.stack([_norm(w2, 1, norm, dtype), _norm(u2, 1, norm, dtype)])
-            job.cols = torch.stack([_norm(w2, 0, norm, dtype), _norm(u2, 0, norm, dtype)])
+            both_split = weight_bound and layout.row_groups and layout.col_groups
+            stats = _norms(_as_matrix(w), _as_matrix(u), (1, 0, None) if both_split else (1, 0), norm, dtype)
+            job.rows, job.cols = stats[0], stats[1]
             requests.append(_Request(job.rows, reduce_op, layout.col_groups))
             requests.append(_Request(job.cols, reduce_op, layout.row_groups))
             if not weight_bound:
@@ -312,10 +319,10 @@ def merit_step_sharded(
             elif not layout.row_groups:
                 job.total_from = "rows"
             else:  # split both ways: complete the local tensor-wide norms over every group
-                job.total = torch.stack([_norm(w2, None, norm, dtype), _norm(u2, None, norm, dtype)])
+                job.total = stats[2]
                 requests.append(_Request(job.total, reduce_op, layout.row_groups + layout.col_groups))
         else:
-            job.total = torch.stack([_norm(w, None, norm, dtype), _norm(u, None, norm, dtype)])
+            (job.total,) = _norms(w, u, (None,), norm, dtype)
             requests.append(_Request(job.total, reduce_op, layout.row_groups + layout.col_groups))
 
     _all_reduce_rounds(requests)
