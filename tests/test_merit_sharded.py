@@ -85,6 +85,23 @@ def test_moves_at_most_lr_times_clip_and_transpose_is_symmetric():
     torch.testing.assert_close(at, a.T, rtol=0, atol=1e-15)
 
 
+def test_3d_tensor_is_one_matrix_per_trailing_index():
+    """Rows along dim 0, columns along dim 1; without the tensor-wide floor, each [:, :, k] slice
+    gets exactly the update it would get as a 2-D parameter of its own."""
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(4, 3, 2, generator=gen, dtype=torch.float64)
+    g = torch.randn(4, 3, 2, generator=gen, dtype=torch.float64)
+    kw = dict(lr=0.1, beta1=0.9, beta2=0.99, eps=1e-6, weight_decay=0.1, norm="max", elementwise=True,
+              weight_bound=False, clip=1.0, bias_correction=False, maximize=False)
+    cube = w.clone()
+    slices = [w[:, :, k].clone() for k in range(2)]
+    tensors = [cube] + slices
+    grads = [g] + [g[:, :, k].contiguous() for k in range(2)]
+    merit_step_sharded(tensors, grads, [torch.zeros_like(t) for t in tensors],
+                       [torch.zeros_like(t) for t in tensors], [torch.tensor(0.0) for _ in tensors], **kw)
+    torch.testing.assert_close(cube, torch.stack(slices, dim=2), rtol=0, atol=1e-15)
+
+
 def test_no_host_sync_in_step(monkeypatch):
     """The step never reads a tensor value on the host (it would stall a GPU pipeline)."""
     weights, grads = CHECK.make_problem(seed=4)

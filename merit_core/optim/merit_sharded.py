@@ -19,14 +19,18 @@ The algorithm is the one of MERIT.md, on the full tensor, for each parameter ``w
     d = clamp(s*u, -clip, clip)   (no clamp when clip is None);   w <- w - lr*d
 
 where ``|.|`` is the max-norm (largest absolute entry; ``norm="max"``) or the l2 norm
-(``norm="l2"``). A tensor with more than two dimensions is viewed as 2-D: dim 0 indexes
-the rows and the flattened remaining dimensions index the columns. With
-``elementwise=False`` the ``weight_bound`` switch has no effect (s = b everywhere).
+(``norm="l2"``). Tensors with 3 or more dims follow ``merit_core.optim.merit`` (and the
+authors' code): rows along dim 0, columns along dim 1, and every index of the trailing dims
+is its own [dim 0, dim 1] matrix for the row and column norms, while b spans the whole
+tensor. With ``elementwise=False`` the ``weight_bound`` switch has no effect (s = b).
 
-Placements: ``Shard(d)`` (any d, even or uneven, including empty local shards) and
-``Replicate()`` on meshes of any dimension (FSDP ``(Shard(0),)``, HSDP
-``(Replicate(), Shard(0))``, tensor-parallel ``Shard(1)``, or both dims sharded at once).
-``Partial``, ``_StridedShard`` and other placements raise ``NotImplementedError``.
+Placements: ``Shard(d)`` for any d (even or uneven, including empty local shards) and
+``Replicate()``, on meshes of any dimension: FSDP ``(Shard(0),)``, HSDP
+``(Replicate(), Shard(0))``, tensor-parallel ``Shard(1)``, or several mesh dims sharding one
+tensor. Row norms are completed over the mesh dims that split dim 1, column norms over those
+that split dim 0, and tensor-wide norms over all splitting mesh dims (or derived from the
+completed row/column norms when those already cover the tensor). ``Partial``,
+``_StridedShard`` and any other placement raise ``NotImplementedError``.
 """
 
 from __future__ import annotations
@@ -48,7 +52,12 @@ class _Layout:
     """The process groups over which a parameter's statistics must be completed."""
 
     row_groups: list = field(default_factory=list)  # mesh dims (size > 1) that split tensor dim 0
-    col_groups: list = field(default_factory=list)  # mesh dims (size > 1) that split any other dim
+    col_groups: list = field(default_factory=list)  # ... that split tensor dim 1
+    batch_groups: list = field(default_factory=list)  # ... that split a trailing dim (3-D and up)
+
+    @property
+    def all_groups(self) -> list:
+        return self.row_groups + self.col_groups + self.batch_groups
 
 
 @dataclass
@@ -111,7 +120,7 @@ def _layout(p: Tensor, others: tuple[Tensor, ...]) -> _Layout | None:
             continue
         dim = placement.dim % max(p.ndim, 1)
         group = mesh.get_group(mesh_dim)
-        (layout.row_groups if dim == 0 else layout.col_groups).append(group)
+        (layout.row_groups, layout.col_groups, layout.batch_groups)[min(dim, 2)].append(group)
     return layout
 
 
@@ -119,9 +128,9 @@ def _local(t: Tensor) -> Tensor:
     return t.to_local() if _is_dtensor(t) else t
 
 
-def _as_matrix(x: Tensor) -> Tensor:
-    """View a tensor with >= 2 dims as [dim 0, product of the other dims] (a view when possible)."""
-    return x.reshape(x.shape[0], math.prod(x.shape[1:]))
+def _as_3d(x: Tensor) -> Tensor:
+    """View a tensor with >= 2 dims as [rows, columns, product of the trailing dims]."""
+    return x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
 
 
 def _norm(x: Tensor, dim: int | None, norm: str, dtype: torch.dtype) -> Tensor:
@@ -147,13 +156,14 @@ def _norms(w: Tensor, u: Tensor, dims: tuple[int | None, ...], norm: str, dtype:
     return [torch.stack([_norm(w, d, norm, dtype), _norm(u, d, norm, dtype)]) for d in dims]
 
 
-def _reduce_nonneg(x: Tensor, dim: int, norm: str) -> Tensor:
-    """Combine already-computed (nonnegative) norms along ``dim``: max, or sum of squares."""
+def _combine(stats: Tensor, norm: str) -> Tensor:
+    """Tensor-wide norms from a [2, ...] stack of (nonnegative) partial norms: max, or sum."""
+    flat = stats.flatten(1)
     if norm == "l2":
-        return x.sum(dim)
-    if x.shape[dim] == 0:
-        return x.new_zeros(x.shape[:dim] + x.shape[dim + 1 :])
-    return x.amax(dim)
+        return flat.sum(1)
+    if flat.shape[1] == 0:
+        return flat.new_zeros(2)
+    return flat.amax(1)
 
 
 def _all_reduce_rounds(requests: list[_Request]) -> None:
@@ -195,9 +205,9 @@ def _apply(job: _Pending, *, lr, norm: str, elementwise: bool, weight_bound: boo
     """Scale, clip and apply one parameter's update from its completed statistics."""
     u, w = job.u, job.w
     if job.total_from == "cols":
-        job.total = _reduce_nonneg(job.cols, 1, norm)
+        job.total = _combine(job.cols, norm)
     elif job.total_from == "rows":
-        job.total = _reduce_nonneg(job.rows, 1, norm)
+        job.total = _combine(job.rows, norm)
     if job.rows is None:  # one ratio for the whole tensor
         b, zero = _ratio(job.total, norm)
         scale = torch.where(zero, torch.ones_like(b), b).to(u.dtype)
@@ -205,7 +215,7 @@ def _apply(job: _Pending, *, lr, norm: str, elementwise: bool, weight_bound: boo
     else:
         r, r_zero = _ratio(job.rows, norm)
         c, c_zero = _ratio(job.cols, norm)
-        scale = torch.maximum(r[:, None], c[None, :])
+        scale = torch.maximum(r[:, None], c[None, :])  # [rows, 1, T] and [1, cols, T]
         if weight_bound:
             b, _ = _ratio(job.total, norm)  # b's own zeros imply a zero row, masked below
             scale = torch.maximum(scale, b)
@@ -307,23 +317,24 @@ def merit_step_sharded(
         job = _Pending(w=w, u=u)
         jobs.append(job)
         if w.ndim >= 2 and elementwise:
-            both_split = weight_bound and layout.row_groups and layout.col_groups
-            stats = _norms(_as_matrix(w), _as_matrix(u), (1, 0, None) if both_split else (1, 0), norm, dtype)
+            if not weight_bound:
+                job.total_from = "none"
+            elif not (layout.col_groups or layout.batch_groups):
+                job.total_from = "cols"  # the completed column norms cover the whole tensor
+            elif not (layout.row_groups or layout.batch_groups):
+                job.total_from = "rows"  # likewise the completed row norms
+            # rows: [2, R, T] norms over dim 1; cols: [2, C, T] over dim 0 (T: the trailing dims)
+            dims = (1, 0, None) if job.total_from == "local" else (1, 0)
+            stats = _norms(_as_3d(w), _as_3d(u), dims, norm, dtype)
             job.rows, job.cols = stats[0], stats[1]
             requests.append(_Request(job.rows, reduce_op, layout.col_groups))
             requests.append(_Request(job.cols, reduce_op, layout.row_groups))
-            if not weight_bound:
-                job.total_from = "none"
-            elif not layout.col_groups:
-                job.total_from = "cols"  # all columns are local: reduce the completed column norms
-            elif not layout.row_groups:
-                job.total_from = "rows"
-            else:  # split both ways: complete the local tensor-wide norms over every group
+            if job.total_from == "local":  # complete the local tensor-wide norms over every group
                 job.total = stats[2]
-                requests.append(_Request(job.total, reduce_op, layout.row_groups + layout.col_groups))
+                requests.append(_Request(job.total, reduce_op, layout.all_groups))
         else:
             (job.total,) = _norms(w, u, (None,), norm, dtype)
-            requests.append(_Request(job.total, reduce_op, layout.row_groups + layout.col_groups))
+            requests.append(_Request(job.total, reduce_op, layout.all_groups))
 
     _all_reduce_rounds(requests)
     for job in jobs:

@@ -29,7 +29,8 @@ SHAPES = {
     "single": (1,),  # 1-D with an empty shard under Shard(0)
     "uneven": (5, 3),  # 5 rows over 2 ranks: shards of 3 and 2
     "bias": (7,),  # all-zero bias: s = 1 on the first step
-    "cube": (4, 3, 2),  # 3-D: dim 0 rows, flattened (3*2) columns
+    "cube": (4, 3, 2),  # 3-D: rows along dim 0, columns along dim 1, one matrix per dim-2 index
+    "hyper": (3, 2, 2, 3),  # 4-D, uneven over 2 ranks in dim 0 and in the last dim
     "thin_col": (5, 1),  # dim 1 < world size: empty local shard under Shard(1)
 }
 
@@ -70,55 +71,51 @@ def reference_step(w, g, m, v, t, *, lr, beta1, beta2, eps, weight_decay, norm, 
                    weight_bound, clip, bias_correction, maximize):
     """One MERIT step on full float64 tensors, written element by element; returns (w, m, v).
 
-    t is the 1-based step number. Tensors with more than 2 dims use dim 0 as rows and the
-    flattened other dims as columns.
+    t is the 1-based step number. A tensor is indexed [i][j][k]: rows i (dim 0), columns j
+    (dim 1) and k over the flattened trailing dims, each k being its own matrix for the row and
+    column norms (the tensor-wide norm spans everything). Below 2 dims: one ratio.
     """
     shape = w.shape
-    cols = math.prod(shape[1:]) if len(shape) >= 2 else 1
-    rows = shape[0] if len(shape) >= 1 else 1
-    W = w.reshape(rows, cols).tolist()
-    G = g.reshape(rows, cols).tolist()
-    M = m.reshape(rows, cols).tolist()
-    V = v.reshape(rows, cols).tolist()
-    U = [[0.0] * cols for _ in range(rows)]
-    for i in range(rows):
-        for j in range(cols):
-            gij = -G[i][j] if maximize else G[i][j]
-            M[i][j] = beta1 * M[i][j] + (1 - beta1) * gij
-            V[i][j] = beta2 * V[i][j] + (1 - beta2) * gij * gij
-            mh, vh = M[i][j], V[i][j]
-            if bias_correction:
-                mh, vh = mh / (1 - beta1**t), vh / (1 - beta2**t)
-            U[i][j] = mh / (math.sqrt(vh) + eps) + weight_decay * W[i][j]
+    R = shape[0] if len(shape) >= 1 else 1
+    C = shape[1] if len(shape) >= 2 else 1
+    K = math.prod(shape[2:]) if len(shape) >= 3 else 1
+    W, G, M, V = (x.reshape(R, C, K).tolist() for x in (w, g, m, v))
+    U = [[[0.0] * K for _ in range(C)] for _ in range(R)]
+    cells = [(i, j, k) for i in range(R) for j in range(C) for k in range(K)]
+    for i, j, k in cells:
+        gijk = -G[i][j][k] if maximize else G[i][j][k]
+        M[i][j][k] = beta1 * M[i][j][k] + (1 - beta1) * gijk
+        V[i][j][k] = beta2 * V[i][j][k] + (1 - beta2) * gijk * gijk
+        mh, vh = M[i][j][k], V[i][j][k]
+        if bias_correction:
+            mh, vh = mh / (1 - beta1**t), vh / (1 - beta2**t)
+        U[i][j][k] = mh / (math.sqrt(vh) + eps) + weight_decay * W[i][j][k]
 
-    flat_w = [x for row in W for x in row]
-    flat_u = [x for row in U for x in row]
-    bw, bu = _norm(flat_w, norm), _norm(flat_u, norm)
+    bw = _norm([W[i][j][k] for i, j, k in cells], norm)
+    bu = _norm([U[i][j][k] for i, j, k in cells], norm)
+    S = [[[1.0] * K for _ in range(C)] for _ in range(R)]
     if len(shape) >= 2 and elementwise:
-        rw = [_norm(W[i], norm) for i in range(rows)]
-        ru = [_norm(U[i], norm) for i in range(rows)]
-        cw = [_norm([W[i][j] for i in range(rows)], norm) for j in range(cols)]
-        cu = [_norm([U[i][j] for i in range(rows)], norm) for j in range(cols)]
-        S = [[1.0] * cols for _ in range(rows)]
-        for i in range(rows):
-            for j in range(cols):
-                if rw[i] == 0 or ru[i] == 0 or cw[j] == 0 or cu[j] == 0:
-                    continue
-                candidates = [rw[i] / ru[i], cw[j] / cu[j]]
-                if weight_bound:
-                    candidates.append(bw / bu)
-                S[i][j] = max(candidates)
-    else:
-        s = 1.0 if bw == 0 or bu == 0 else bw / bu
-        S = [[s] * cols for _ in range(rows)]
-    for i in range(rows):
-        for j in range(cols):
-            d = S[i][j] * U[i][j]
-            if clip is not None and abs(d) > clip:
-                d = math.copysign(clip, d)
-                CLIPPED[0] += 1
-            W[i][j] = W[i][j] - lr * d
-    as_tensor = lambda rows_: torch.tensor(rows_, dtype=torch.float64).reshape(shape)  # noqa: E731
+        rw = [[_norm([W[i][j][k] for j in range(C)], norm) for k in range(K)] for i in range(R)]
+        ru = [[_norm([U[i][j][k] for j in range(C)], norm) for k in range(K)] for i in range(R)]
+        cw = [[_norm([W[i][j][k] for i in range(R)], norm) for k in range(K)] for j in range(C)]
+        cu = [[_norm([U[i][j][k] for i in range(R)], norm) for k in range(K)] for j in range(C)]
+        for i, j, k in cells:
+            if rw[i][k] == 0 or ru[i][k] == 0 or cw[j][k] == 0 or cu[j][k] == 0:
+                continue
+            candidates = [rw[i][k] / ru[i][k], cw[j][k] / cu[j][k]]
+            if weight_bound:
+                candidates.append(bw / bu)
+            S[i][j][k] = max(candidates)
+    elif bw != 0 and bu != 0:
+        for i, j, k in cells:
+            S[i][j][k] = bw / bu
+    for i, j, k in cells:
+        d = S[i][j][k] * U[i][j][k]
+        if clip is not None and abs(d) > clip:
+            d = math.copysign(clip, d)
+            CLIPPED[0] += 1
+        W[i][j][k] = W[i][j][k] - lr * d
+    as_tensor = lambda x: torch.tensor(x, dtype=torch.float64).reshape(shape)  # noqa: E731
     return as_tensor(W), as_tensor(M), as_tensor(V)
 
 
