@@ -23,6 +23,8 @@ where ``|.|`` is the max-norm (largest absolute entry; ``norm="max"``) or the l2
 authors' code): rows along dim 0, columns along dim 1, and every index of the trailing dims
 is its own [dim 0, dim 1] matrix for the row and column norms, while b spans the whole
 tensor. With ``elementwise=False`` the ``weight_bound`` switch has no effect (s = b).
+The update is computed in the moments' dtype (fp32 moments for a bf16 parameter, as MERIT
+keeps them) and the new weight is rounded to the parameter's dtype once.
 
 Placements: ``Shard(d)`` for any d (even or uneven, including empty local shards) and
 ``Replicate()``, on meshes of any dimension: FSDP ``(Shard(0),)``, HSDP
