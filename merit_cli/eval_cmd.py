@@ -16,7 +16,8 @@ from merit_core.evaluation_results import CheckpointResult, check_output_path, f
 from merit_core.evaluation_tasks import ALIASES, list_local_tasks, split_task_list
 
 _NOISY_LOGGERS = ("lm_eval", "transformers", "datasets", "accelerate", "huggingface_hub")
-_STAGES = {"tasks": "loading tasks and datasets", "model": "loading model", "done": "done"}
+_STAGES = {"checkpoints": "checking checkpoints", "tasks": "loading tasks and datasets", "model": "loading model",
+           "done": "done"}
 
 
 def _quiet_libraries() -> None:
@@ -75,12 +76,20 @@ def results_table(records: list[CheckpointResult], num_fewshot: int) -> Table:
     return table
 
 
+def _display_stream():
+    """A stderr stream that stays visible while the library silences file descriptor 2."""
+    try:
+        return os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1, encoding="utf-8", errors="replace")
+    except (AttributeError, OSError, ValueError):  # not a real file (e.g. click's test runner)
+        return None
+
+
 class _ProgressDisplay:
     """Turns EvalProgress reports into one rich progress line on stderr."""
 
     def __init__(self, progress: Progress):
         self.progress = progress
-        self.task_id = progress.add_task("starting", total=None)
+        self.task_id = progress.add_task("loading torch and lm-eval", total=None)
 
     def __call__(self, event) -> None:
         prefix = f"[{event.index + 1}/{event.count}] {event.label}: " if event.count > 1 else f"{event.label}: "
@@ -89,8 +98,8 @@ class _ProgressDisplay:
             self.progress.update(self.task_id, description=text, completed=event.done, total=event.total)
         else:
             text = prefix + _STAGES.get(event.stage, event.stage)
-            if event.stage == "tasks":
-                text = _STAGES["tasks"]
+            if event.stage in ("checkpoints", "tasks"):  # these concern all checkpoints at once
+                text = _STAGES[event.stage]
             self.progress.update(self.task_id, description=text, completed=0, total=None)
 
 
@@ -137,10 +146,16 @@ def eval_cmd(checkpoints, tasks, include_path, device, dtype, batch_size, limit,
     from merit_core.evaluation_results import write_results_json
 
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    # The display holds the real stderr: in quiet mode the library redirects sys.stderr while it runs.
-    display = Console(file=sys.stderr)
-    with Progress(*columns, console=display, transient=True, redirect_stdout=False, redirect_stderr=False) as progress:
-        records = evaluate_checkpoints(list(checkpoints), settings, progress=_ProgressDisplay(progress), quiet=not verbose)
+    # The display holds its own stderr: in quiet mode the library silences sys.stderr and fd 2 while it runs.
+    own = _display_stream()
+    try:
+        display = Console(file=own or sys.stderr, stderr=own is None)
+        with Progress(*columns, console=display, transient=True, redirect_stdout=False, redirect_stderr=False,
+                      disable=not display.is_terminal) as bar:
+            records = evaluate_checkpoints(list(checkpoints), settings, progress=_ProgressDisplay(bar), quiet=not verbose)
+    finally:
+        if own is not None:
+            own.close()
 
     console.print(results_table(records, settings.num_fewshot))
     if output:

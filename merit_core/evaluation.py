@@ -11,6 +11,7 @@ import contextlib
 import gc
 import io
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,7 +59,11 @@ class EvalSettings:
 
 @dataclass(frozen=True)
 class EvalProgress:
-    """One progress report: checkpoint `index` of `count` is in `stage` ('tasks', 'model', 'requests', 'done')."""
+    """One progress report: checkpoint `index` of `count` is in `stage`.
+
+    Stages: 'checkpoints' and 'tasks' (once, before any model is loaded), then per checkpoint
+    'model', 'requests' (with `done` of `total` requests of `request_type`) and 'done'.
+    """
 
     index: int
     count: int
@@ -132,12 +137,18 @@ def report_request_progress(lm: Any, on_chunk: Callable[[str, int, int], None], 
 
 
 def build_lm(model: Any, tokenizer: Any, batch_size: int | str, device: str) -> tuple[Any, int | str]:
-    """An lm-eval HFLM around an in-memory model; 'auto' becomes a fixed size (searched once on GPU)."""
+    """An lm-eval HFLM around an in-memory model; 'auto' becomes a fixed size (searched once on GPU).
+
+    A bf16/fp16 model gets its log-softmax in fp32, so perplexities keep their precision.
+    """
+    import torch
     from lm_eval.models.huggingface import HFLM
 
     if batch_size == "auto" and not device.startswith("cuda"):
         batch_size = CPU_BATCH_SIZE
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size, max_batch_size=64)
+    half = next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size, max_batch_size=64,
+              softmax_dtype=torch.float32 if half else None)
     if batch_size == "auto":
         detect = getattr(lm, "_detect_batch_size", None)
         if detect is not None:  # one search at full context length instead of one per chunk of requests
@@ -152,12 +163,29 @@ def _count_params(model: Any) -> int:
 
 @contextlib.contextmanager
 def _silenced(enabled: bool):
-    """Swallow what the libraries print to sys.stdout / sys.stderr (tqdm bars, bootstrap notices)."""
+    """Swallow what the libraries print: Python-level (tqdm bars, bootstrap notices) and, on file
+    descriptor 2, what their subprocesses write (lm-eval runs `git describe`, which complains outside a repo)."""
     if not enabled:
         yield
         return
     sink = io.StringIO()
-    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(contextlib.redirect_stdout(sink))
+        stack.enter_context(contextlib.redirect_stderr(sink))
+        try:
+            saved = os.dup(2)
+        except OSError:
+            saved = None
+        if saved is not None:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 2)
+            os.close(devnull)
+
+            def restore() -> None:
+                os.dup2(saved, 2)
+                os.close(saved)
+
+            stack.callback(restore)
         yield
 
 
@@ -168,8 +196,8 @@ def evaluate_checkpoints(
 
     All checkpoints, task names and datasets are checked before the first model is loaded, so bad
     input fails in seconds (CheckpointError, ConfigError, DataError) rather than after a long run.
-    `quiet` swallows lm-eval's own prints and bars (a caller drawing its own progress must then
-    write to a stream it holds, not to whatever sys.stderr is at the time).
+    `quiet` swallows lm-eval's own prints and bars, file descriptor 2 included: a caller drawing its
+    own progress must then write to a stream it holds on a duplicate of that descriptor.
     """
     import lm_eval
 
@@ -177,6 +205,7 @@ def evaluate_checkpoints(
     if not checkpoints:
         raise ConfigError("no checkpoint given: pass one or more model folders, run folders or hub names")
     run = _Run(settings, progress, [resolve_checkpoint(c) for c in checkpoints])
+    run.report(0, "checkpoints")
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     configs = [check_causal_lm(ref) for ref in run.refs]

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -53,50 +51,28 @@ WIKI_PAGES = [
     " = The Square = \n On Sundays the town band plays old songs in the square by the fountain . ",
 ]
 
-LAMBADA_YAML = """\
-task: harbour_lambada
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-output_type: loglikelihood
-test_split: test
-doc_to_text: "{{{{text.split(' ')[:-1]|join(' ')}}}}"
-doc_to_target: "{{{{' '+text.split(' ')[-1]}}}}"
-metric_list:
-  - metric: perplexity
-    aggregation: perplexity
-    higher_is_better: false
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-metadata:
-  version: 1.0
-"""
+def _task_yaml(name: str, data: Path, output_type: str, text: str, target: str, metrics: dict) -> str:
+    """An lm-eval task config over a local JSONL file (written as JSON, which YAML reads)."""
+    return json.dumps({
+        "task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data)}},
+        "output_type": output_type, "test_split": "test", "doc_to_text": text, "doc_to_target": target,
+        "metric_list": [{"metric": m, "aggregation": agg, "higher_is_better": hib} for m, (agg, hib) in metrics.items()],
+        "metadata": {"version": 1.0},
+    }, indent=1)
 
-WIKI_YAML = """\
-task: harbour_wiki
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-output_type: loglikelihood_rolling
-test_split: test
-doc_to_text: ""
-doc_to_target: "{{{{page}}}}"
-metric_list:
-  - metric: word_perplexity
-    aggregation: weighted_perplexity
-    higher_is_better: false
-  - metric: byte_perplexity
-    aggregation: weighted_perplexity
-    higher_is_better: false
-  - metric: bits_per_byte
-    aggregation: bits_per_byte
-    higher_is_better: false
-metadata:
-  version: 1.0
-"""
+
+def lambada_yaml(name: str, data: Path) -> str:
+    """Last-word prediction: the context is the line but its last word, the target is that word."""
+    return _task_yaml(name, data, "loglikelihood", "{{text.split(' ')[:-1]|join(' ')}}",
+                      "{{' '+text.split(' ')[-1]}}", {"perplexity": ("perplexity", False), "acc": ("mean", True)})
+
+
+def wiki_yaml(name: str, data: Path) -> str:
+    """Rolling log-likelihood of whole pages."""
+    return _task_yaml(name, data, "loglikelihood_rolling", "", "{{page}}", {
+        "word_perplexity": ("weighted_perplexity", False), "byte_perplexity": ("weighted_perplexity", False),
+        "bits_per_byte": ("bits_per_byte", False)})
+
 
 LOCAL_TASKS = ["harbour_lambada", "harbour_wiki"]
 TRAINER_STATE = {"step": 12, "optimizer": "merit", "global_batch_size": 8192, "seq_len": 64, "tokens": 6291456}
@@ -194,8 +170,8 @@ def world(tmp_path_factory):
             f.writelines(json.dumps({"text": line}) + "\n" for line in LAMBADA_LINES)
         with open(tasks / "harbour_wiki.jsonl", "w", encoding="utf-8") as f:
             f.writelines(json.dumps({"page": page}) + "\n" for page in WIKI_PAGES)
-        (tasks / "harbour_lambada.yaml").write_text(LAMBADA_YAML.format(data=tasks / "harbour_lambada.jsonl"))
-        (tasks / "harbour_wiki.yaml").write_text(WIKI_YAML.format(data=tasks / "harbour_wiki.jsonl"))
+        (tasks / "harbour_lambada.yaml").write_text(lambada_yaml("harbour_lambada", tasks / "harbour_lambada.jsonl"))
+        (tasks / "harbour_wiki.yaml").write_text(wiki_yaml("harbour_wiki", tasks / "harbour_wiki.jsonl"))
         yield {"root": root, "run": run, "tasks": tasks, "tokenizer": tokenizer}
     torch.set_num_threads(threads)
 
@@ -273,42 +249,13 @@ def test_library_limit_matches_lm_eval(world):
     assert record.meta["eval"]["n-samples"]["harbour_wiki"] == {"original": len(WIKI_PAGES), "effective": 3}
     # Progress: tasks, model, then request counts up to the number of documents per request type.
     stages = [e.stage for e in events]
-    assert stages[:2] == ["tasks", "model"] and stages[-1] == "done"
+    assert stages[:3] == ["checkpoints", "tasks", "model"] and stages[-1] == "done"
     finished = {e.request_type: (e.done, e.total) for e in events if e.stage == "requests"}
     assert finished == {"loglikelihood": (3, 3), "loglikelihood_rolling": (3, 3)}
 
 
-def test_request_chunks_give_the_results_of_one_call():
-    from merit_core.evaluation import report_request_progress
-
-    class Req:
-        def __init__(self, text):
-            self.args = (text, "x")
-
-    class FakeLM:
-        def loglikelihood(self, requests, disable_tqdm=False):
-            return [(float(len(r.args[0])), False) for r in requests]
-
-        def loglikelihood_rolling(self, requests, disable_tqdm=False):
-            return [float(len(r.args[0])) for r in requests]
-
-    lm, seen = FakeLM(), []
-    report_request_progress(lm, lambda kind, done, total: seen.append((kind, done, total)), min_chunk=4)
-    requests = [Req("a" * n) for n in (3, 9, 1, 7, 5, 2, 8, 6, 4, 10)]
-    assert lm.loglikelihood(requests) == [(float(n), False) for n in (3, 9, 1, 7, 5, 2, 8, 6, 4, 10)]
-    assert seen == [("loglikelihood", 0, 10), ("loglikelihood", 4, 10), ("loglikelihood", 8, 10), ("loglikelihood", 10, 10)]
-    assert lm.loglikelihood_rolling(requests[:5]) == [3.0, 9.0, 1.0, 7.0, 5.0]
-
-
-def test_aliases_expand_and_resolve_from_known_folders(world):
-    from merit_core.evaluation_tasks import ALIASES, expand_aliases, resolve_tasks, split_task_list
-
-    assert split_task_list(["lambada, wikitext", "lambada"]) == ["lambada", "wikitext"]
-    assert expand_aliases(["lambada", "wikitext", "superglue", "lambada_openai"]) == [
-        "lambada_openai", "lambada_standard", "wikitext",
-        "boolq", "cb", "copa", "multirc", "record", "sglue_rte", "wic", "wsc",
-    ]
-    assert ALIASES["superglue"].tasks == ("boolq", "cb", "copa", "multirc", "record", "sglue_rte", "wic", "wsc")
+def test_aliases_resolve_from_known_folders(world):
+    from merit_core.evaluation_tasks import resolve_tasks
 
     start = time.perf_counter()
     resolved = resolve_tasks("lambada,superglue,wikitext,harbour_wiki", include_path=world["tasks"])
@@ -361,8 +308,7 @@ def bad_checkpoints(world):
     (root / "empty_run").mkdir()
     missing_data = root / "tasks"
     missing_data.mkdir()
-    (missing_data / "gone.yaml").write_text(
-        LAMBADA_YAML.replace("harbour_lambada", "gone_lambada").format(data=root / "nowhere.jsonl"))
+    (missing_data / "gone.yaml").write_text(lambada_yaml("gone_lambada", root / "nowhere.jsonl"))
     return {"no_tok": no_tok, "encoder": encoder, "empty_run": root / "empty_run", "missing_data": missing_data}
 
 
@@ -372,6 +318,9 @@ BAD_INPUTS = {
     "unknown alias-like task": (lambda w, b: [str(w["run"]), "--tasks", "superglu"], ["did you mean superglue"]),
     "missing checkpoint": (lambda w, b: [str(w["root"] / "no_such_run"), "--tasks", "harbour_wiki"],
                            ["checkpoint not found"]),
+    "hub name, hub offline": (lambda w, b: ["merit-tests/no-such-model", "--tasks", "harbour_wiki"],
+                              ["merit-tests/no-such-model", "hub"]),
+    "bad device": (lambda w, b: [str(w["run"]), "--tasks", "harbour_wiki", "--device", "banana"], ["--device"]),
     "run folder without steps": (lambda w, b: [str(b["empty_run"]), "--tasks", "harbour_wiki"], ["no step_N/"]),
     "checkpoint without tokenizer": (lambda w, b: [str(b["no_tok"]), "--tasks", "harbour_wiki"], ["has no tokenizer"]),
     "encoder, not a causal LM": (lambda w, b: [str(b["encoder"]), "--tasks", "harbour_wiki"],
@@ -397,33 +346,3 @@ def test_bad_input_is_one_line_and_exit_2(world, bad_checkpoints, case):
     assert len(lines) == 1 and lines[0].startswith("error:"), result.output
     for text in expected:
         assert text in lines[0]
-
-
-def test_trainer_state_is_read_defensively(world, tmp_path):
-    from merit_core.evaluation_checkpoint import resolve_checkpoint
-
-    folder = tmp_path / "ckpt"
-    folder.mkdir()
-    for name in ("config.json", "tokenizer.json"):
-        (folder / name).write_text("{}")
-    assert resolve_checkpoint(folder).meta == {"source": "hf-folder"}
-    (folder / "trainer_state.json").write_text("{not json")
-    assert resolve_checkpoint(folder).meta == {"source": "hf-folder"}
-    (folder / "trainer_state.json").write_text(json.dumps({"step": "7", "optimizer": "lamb", "global_batch_size": True}))
-    assert resolve_checkpoint(folder).meta == {"source": "merit-train", "optimizer": "lamb"}
-    assert resolve_checkpoint(world["run"]).label == "run/step_12"
-
-
-def test_cli_import_stays_light():
-    code = textwrap.dedent("""
-        import sys
-        from click.testing import CliRunner
-        from merit_cli.main import cli
-        assert CliRunner().invoke(cli, ["--help"]).exit_code == 0
-        assert CliRunner().invoke(cli, ["eval", "--help"]).exit_code == 0
-        import merit_core.evaluation
-        print(sorted(m for m in ("lm_eval", "torch", "transformers", "datasets") if m in sys.modules))
-    """)
-    root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
