@@ -118,7 +118,17 @@ class _ProgressDisplay:
 @click.option("--verbose", "-v", is_flag=True, help="Show lm-eval's own logs and progress bars.")
 def eval_cmd(checkpoints, tasks, include_path, device, dtype, batch_size, limit, num_fewshot, bootstrap_iters,
              output, list_tasks, verbose):
-    """Evaluate checkpoints (model folders, `merit train` run folders or hub names) with lm-eval."""
+    """Zero-shot evaluation of checkpoints with lm-evaluation-harness.
+
+    CKPT is a Hugging Face model folder, a `merit train` run folder (its latest step_N is used) or a
+    hub model name. Aliases: lambada, wikitext, superglue (see --list-tasks).
+
+    \b
+    Examples:
+      merit eval runs/gpt2-merit --tasks lambada,wikitext
+      merit eval runs/a runs/b --tasks superglue --limit 200 -o results.json
+      merit eval runs/a --include-path my_tasks --tasks my_task
+    """
     console = Console()
     if list_tasks:
         console.print(_aliases_table(include_path))

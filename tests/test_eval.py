@@ -219,6 +219,8 @@ def test_cli_matches_lm_eval_and_writes_json(world, tmp_path):
     # Exactly what lm-eval reports for the same model, stderrs included.
     direct = _direct_lm_eval(run / "step_12", tasks, bootstrap_iters=100)
     assert first["results"] == json.loads(json.dumps(direct))
+    direct_untrained = _direct_lm_eval(run / "step_5", tasks, bootstrap_iters=100)
+    assert second["results"] == json.loads(json.dumps(direct_untrained))  # tasks reused across checkpoints
     lam, wiki = first["results"]["harbour_lambada"], first["results"]["harbour_wiki"]
     assert set(lam) >= {"perplexity,none", "perplexity_stderr,none", "acc,none", "acc_stderr,none"}
     assert set(wiki) >= {"word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none"}
