@@ -83,9 +83,10 @@ def reference_update(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
 
 
 def _abs_max(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    # aminmax: one pass and no |x| temporary of x's size.
-    lo, hi = torch.aminmax(x) if dim is None else torch.aminmax(x, dim=dim, keepdim=True)
-    return torch.maximum(hi, lo.neg())
+    # The inf-norm is the max-norm, reduced in one pass without an |x| temporary of x's size.
+    if dim is None:
+        return torch.linalg.vector_norm(x, ord=math.inf)
+    return torch.linalg.vector_norm(x, ord=math.inf, dim=dim, keepdim=True)
 
 
 def _norms(x: torch.Tensor, kind: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
