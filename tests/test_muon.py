@@ -76,7 +76,8 @@ def test_step_matches_torch_muon_plus_adamw_run_separately():
     ref_groups = muon_param_groups(ref, 0.01)
     muon = torch.optim.Muon([g for g in ref_groups if g["use_muon"]], lr=0.02, weight_decay=0.01)
     adamw = torch.optim.AdamW(
-        [g for g in ref_groups if not g["use_muon"]], lr=1e-3, betas=(0.9, 0.95), eps=1e-10, weight_decay=0.01, fused=True
+        [g for g in ref_groups if not g["use_muon"]],
+        lr=1e-3, betas=(0.9, 0.95), eps=1e-10, weight_decay=0.01, fused=True,
     )
     for seed in range(3):
         train_step(model, opt, seed)

@@ -168,7 +168,8 @@ def test_validation_errors_name_the_argument():
     p = [nn.Parameter(torch.zeros(2))]
     for kwargs, word in [
         (dict(lr=-1.0), "lr"), (dict(betas=(1.0, 0.9)), "betas"), (dict(rho=0.0), "rho"),
-        (dict(weight_decay=-0.1), "weight_decay"), (dict(eps=0.0), "eps"), (dict(hessian_interval=0), "hessian_interval"),
+        (dict(weight_decay=-0.1), "weight_decay"), (dict(eps=0.0), "eps"),
+        (dict(hessian_interval=0), "hessian_interval"),
     ]:
         with pytest.raises(ValueError, match=word):
             SophiaG(p, **kwargs)

@@ -7,11 +7,11 @@ AdamW's), each tagged ``use_muon``; so an LR scheduler, ``zero_grad``, gradient 
 ``GradScaler.unscale_`` see every parameter, and ``state_dict()`` is an ordinary optimizer
 state dict (ids in group order) that ``load_state_dict`` restores into both parts.
 
-Which tensors are "hidden" is decided by the caller: the registry (`build_optimizer("muon",
-model)`) uses :mod:`merit_core.optim.param_groups` roles (2-D ``"hidden"`` tensors to Muon;
-embeddings, untied head, vectors and 3-D+ tensors to AdamW). Given plain tensors, this class
-sends every 2-D tensor to Muon and the rest to AdamW -- which would wrongly give Muon the
-embeddings and head, so prefer passing a model to the registry.
+Which tensors are "hidden" is decided by :func:`muon_param_groups` (used by
+``build_optimizer("muon", model)``) from :mod:`merit_core.optim.param_groups` roles: 2-D
+``"hidden"`` tensors go to Muon; embeddings, the untied head, vectors and 3-D+ tensors to AdamW.
+Given plain tensors (no module), every 2-D tensor counts as hidden -- including embeddings and
+head, which Muon should not get -- so prefer passing the model.
 
 Caveat: torch's default ``adjust_lr_fn`` ("original", Keller Jordan's) scales the lr by
 ``sqrt(max(1, rows / cols))`` of the *stored* shape, i.e. it assumes ``nn.Linear``'s
@@ -124,7 +124,9 @@ class MuonWithAdamW(Optimizer):
             lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
             weight_decay=weight_decay, adjust_lr_fn=adjust_lr_fn,
         )
-        self._adamw_defaults = dict(lr=adamw_lr, betas=tuple(adamw_betas), eps=adamw_eps, weight_decay=adamw_weight_decay)
+        self._adamw_defaults = dict(
+            lr=adamw_lr, betas=tuple(adamw_betas), eps=adamw_eps, weight_decay=adamw_weight_decay
+        )
         if adamw_fused is None and adamw_foreach is None:
             kernel = fast_adamw_options(p for g in adamw_groups for p in g["params"])
         else:

@@ -121,7 +121,7 @@ def decays(item: NamedParam, decay_embeddings: bool = True) -> bool:
 
 
 def make_group(name: str, items: list[NamedParam], **options: Any) -> dict[str, Any]:
-    """A param-group dict: ``params``, ``param_names`` (saved in the optimizer's state_dict), a ``name`` and `options`."""
+    """A param-group dict: ``params``, ``param_names`` (kept in the optimizer's state_dict), ``name``, `options`."""
     return {
         "params": [i.param for i in items],
         "param_names": [i.name for i in items],
