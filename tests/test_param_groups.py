@@ -94,6 +94,13 @@ def test_plain_module_embedding_detected_by_type_and_frozen_params_skipped():
     }
 
 
+def test_compiled_and_data_parallel_wrappers_are_looked_through():
+    model = tiny_gpt2()
+    plain = [(i.name, i.role) for i in classify_parameters(model)]
+    assert [(i.name, i.role) for i in classify_parameters(nn.DataParallel(model))] == plain
+    assert [(i.name, i.role) for i in classify_parameters(torch.compile(model))] == plain
+
+
 def test_raw_and_named_iterables_dedupe_and_default_names():
     w = nn.Parameter(torch.zeros(3, 4))
     b = nn.Parameter(torch.zeros(4))

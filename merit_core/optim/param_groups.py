@@ -65,6 +65,17 @@ def _embedding_ids(model: nn.Module) -> tuple[set[int], set[int]]:
     return embedding, head - embedding
 
 
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's module inside ``DistributedDataParallel`` / ``DataParallel`` / ``torch.compile`` wrappers."""
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
 def _role(param: torch.Tensor, embedding: set[int], head: set[int]) -> str:
     if id(param) in embedding:
         return "embedding"
@@ -76,12 +87,14 @@ def _role(param: torch.Tensor, embedding: set[int], head: set[int]) -> str:
 def classify_parameters(model_or_params: nn.Module | Iterable[Any]) -> list[NamedParam]:
     """List the trainable tensors of a module or iterable, each once, in order, with name and role.
 
-    Accepts an ``nn.Module``, an iterable of tensors (named ``"param_0"``, ``"param_1"``, ...) or
+    Accepts an ``nn.Module`` (DDP / compile wrappers are looked through, so names carry no
+    ``module.`` / ``_orig_mod.`` prefix), an iterable of tensors (named ``"param_0"``, ``"param_1"``, ...) or
     an iterable of ``(name, tensor)`` pairs such as ``model.named_parameters()``.
     """
     if isinstance(model_or_params, nn.Module):
-        embedding, head = _embedding_ids(model_or_params)
-        named = list(model_or_params.named_parameters())  # drops tied duplicates, keeps the first name
+        model = unwrap_model(model_or_params)
+        embedding, head = _embedding_ids(model)
+        named = list(model.named_parameters())  # drops tied duplicates, keeps the first name
     else:
         embedding, head = set(), set()
         if isinstance(model_or_params, torch.Tensor):
