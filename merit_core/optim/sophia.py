@@ -171,6 +171,7 @@ class SophiaG(Optimizer):
                 if group["weight_decay"] != 0:
                     p.mul_(1.0 - lr * group["weight_decay"])
                 exp_avg.lerp_(grad, 1.0 - beta1)
-                ratio = (exp_avg.abs() / (hess * rho).clamp_(min=group["eps"])).clamp_(max=1.0)
-                p.addcmul_(exp_avg.sign(), ratio, value=-lr)
+                # clip(m / d, 1) with d = max(rho * h, eps) > 0, i.e. sign(m) * min(|m| / d, 1)
+                update = exp_avg.div((hess * rho).clamp_(min=group["eps"])).clamp_(-1.0, 1.0)
+                p.add_(update, alpha=-lr)
         return loss
