@@ -11,10 +11,12 @@ One step, for each parameter w with gradient g (Algorithm 3 of the paper)::
 Every element therefore moves by at most ``lr`` per step (plus the decay). ``h`` is zero until
 the first :meth:`SophiaG.update_hessian`; until then every step is ``lr * sign(m)``.
 
-The Hessian EMA is refreshed by the *training loop* every ``k = hessian_interval`` steps:
+The Hessian EMA is refreshed by the *training loop* every ``k = opt.hessian_interval`` steps,
+after that step's ``opt.step()`` (the official script: when ``step % k == k - 1``)::
 
+    opt.zero_grad()
     loss, n = sampled_label_loss(model(x).logits)   # labels drawn from the model's own softmax
-    loss.backward()
+    loss.backward()                                 # with accumulation: (loss / micro).backward(), sum the n
     opt.update_hessian(n)                           # h <- b2 * h + (1 - b2) * n * g_hat**2
     opt.zero_grad()
 
