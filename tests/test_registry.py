@@ -223,6 +223,8 @@ def test_default_hparams_table_and_helpers():
     assert default_hparams("adamw")["lr"] == 6e-4  # a fresh copy each time
     assert resolve_hparams("lion", lr=3e-5) == {**default_hparams("lion"), "lr": 3e-5}
     assert all(optimizer_summary(n) for n in OPTIMIZER_NAMES)
+    for name in OPTIMIZER_NAMES:  # every default passes its own type check
+        assert resolve_hparams(name, **default_hparams(name)) == default_hparams(name)
     with pytest.raises(ConfigError, match="unknown optimizer"):
         default_hparams("adam")
 

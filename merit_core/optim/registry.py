@@ -16,7 +16,6 @@ import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from numbers import Real
-from types import MappingProxyType
 from typing import Any
 
 from torch import nn
@@ -100,10 +99,15 @@ def _construct(optimizer: str, cls: type, *args: Any, **kwargs: Any) -> Optimize
 # builders: (registry name, model_or_params, resolved hparams incl. fixed switches) -> optimizer
 
 
+def _decay_groups(model_or_params: Any, hp: dict[str, Any]) -> list[dict[str, Any]]:
+    """Decay / no-decay groups; consumes the registry-only ``decay_embeddings`` from ``hp``."""
+    return build_param_groups(model_or_params, hp["weight_decay"], decay_embeddings=hp.pop("decay_embeddings"))
+
+
 def _build_merit(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimizer:
     from merit_core.optim.merit import MERIT
 
-    groups = build_param_groups(model_or_params, hp["weight_decay"], decay_embeddings=hp.pop("decay_embeddings"))
+    groups = _decay_groups(model_or_params, hp)
     return _construct(name, MERIT, groups, **hp)
 
 
@@ -112,7 +116,7 @@ def _build_adamw(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimiz
 
     from merit_core.optim.muon import fast_adamw_options
 
-    groups = build_param_groups(model_or_params, hp["weight_decay"], decay_embeddings=hp.pop("decay_embeddings"))
+    groups = _decay_groups(model_or_params, hp)
     fused, foreach = hp.pop("fused"), hp.pop("foreach")
     if fused is None and foreach is None:
         kernel = fast_adamw_options(p for g in groups for p in g["params"])
@@ -124,21 +128,21 @@ def _build_adamw(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimiz
 def _build_lamb(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimizer:
     from pytorch_optimizer import Lamb
 
-    groups = build_param_groups(model_or_params, hp["weight_decay"], decay_embeddings=hp.pop("decay_embeddings"))
+    groups = _decay_groups(model_or_params, hp)
     return _construct(name, Lamb, groups, **hp)
 
 
 def _build_lion(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimizer:
     from pytorch_optimizer import Lion
 
-    groups = build_param_groups(model_or_params, hp["weight_decay"], decay_embeddings=hp.pop("decay_embeddings"))
+    groups = _decay_groups(model_or_params, hp)
     return _construct(name, Lion, groups, **hp)
 
 
 def _build_sophiag(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimizer:
     from merit_core.optim.sophia import SophiaG
 
-    groups = build_param_groups(model_or_params, hp["weight_decay"], decay_embeddings=hp.pop("decay_embeddings"))
+    groups = _decay_groups(model_or_params, hp)
     return _construct(name, SophiaG, groups, **hp)
 
 
