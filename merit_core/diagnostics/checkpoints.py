@@ -54,8 +54,6 @@ class Checkpoint:
 
     @property
     def label(self) -> str:
-        if self.run is not None and self.step is not None:
-            return f"{self.run.name}/step_{self.step}"
         return str(self.path)
 
 
