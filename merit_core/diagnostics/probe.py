@@ -44,7 +44,7 @@ def read_text_file(path: str | Path) -> str:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"cannot read probe text {path}: {exc}") from None
+        raise DataError(f"cannot read probe text {path}: {getattr(exc, 'strerror', None) or exc}") from None
     if not text.strip():
         raise DataError(f"probe text file {path} is empty")
     return text

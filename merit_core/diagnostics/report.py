@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from merit_core.diagnostics.checkpoints import Checkpoint, SafetensorsReader, find_checkpoints
-from merit_core.diagnostics.weights import attention_weight_stats, read_config
+from merit_core.diagnostics.weights import attention_weight_stats, checkpoint_context, read_config
 
 
 @dataclass
@@ -111,6 +111,11 @@ def inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions | None = None,
     """Weight statistics, then (with a config.json) max attention logits and optionally the Hessian."""
     opts = opts or InspectOptions()
     progress = progress or (lambda msg: None)
+    with checkpoint_context(ckpt.path):
+        return _inspect_checkpoint(ckpt, opts, progress)
+
+
+def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: Callable[[str], None]) -> dict:
     reader = SafetensorsReader(ckpt)
     progress(f"{ckpt.label}: weight statistics")
     stats = attention_weight_stats(reader, read_config(ckpt.config_path), opts.n_heads, opts.top_k)

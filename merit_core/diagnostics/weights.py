@@ -16,6 +16,7 @@ Layouts (as stored):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from typing import Mapping
 
 import torch
 
-from merit_core.errors import CheckpointError, ConfigError
+from merit_core.errors import CheckpointError, ConfigError, MeritError
 
 _GPT2_QKV = re.compile(r"^((?:transformer\.)?)h\.(\d+)\.attn\.c_attn\.weight$")
 _LLAMA_Q = re.compile(r"^((?:model\.)?)layers\.(\d+)\.self_attn\.q_proj\.weight$")
@@ -143,10 +144,14 @@ def detect_layout(tensors: Mapping, config: dict | None = None, n_heads: int | N
     if heads:
         q_out = d if fam == "gpt2" else _shape(tensors, f"{prefix}layers.0.self_attn.q_proj.weight")[0]
         head_dim = (config or {}).get("head_dim") or (q_out // heads if q_out % heads == 0 else None)
+        where = "config.json does not match the weights: " if config is not None else ""
         if head_dim is None or heads * head_dim != q_out:
-            raise CheckpointError(f"{heads} heads do not divide the {q_out} query features of the weights")
+            raise CheckpointError(f"{where}{heads} heads do not divide the {q_out} query features of layer 0")
         if fam == "llama" and (not kv_heads or kv_heads * head_dim != ks[0] or heads % kv_heads):
-            raise CheckpointError(f"k_proj is {list(ks)} but the config expects {kv_heads} key heads of {head_dim}")
+            raise CheckpointError(f"{where}layer 0 k_proj is {list(ks)}, not {kv_heads} key heads of {head_dim}")
+    embed = f"{prefix}wte.weight" if fam == "gpt2" else f"{prefix}embed_tokens.weight"
+    if config is not None and embed in tensors:
+        _expect(config, "vocab_size", _shape(tensors, embed)[0], f"{embed} is {list(_shape(tensors, embed))}")
     layout = AttentionLayout(fam, prefix, n_layers, d, heads, kv_heads, head_dim)
     for layer in range(1, n_layers):  # every layer must have the shapes of layer 0
         for name in {layout.q_name(layer), layout.k_name(layer)}:
@@ -275,6 +280,17 @@ def attention_weight_stats(tensors: Mapping, config: dict | None = None, n_heads
     }
 
 
+@contextlib.contextmanager
+def checkpoint_context(path):
+    """Prefix user errors raised inside the block with the checkpoint they concern."""
+    try:
+        yield
+    except MeritError as exc:
+        if str(path) in str(exc):
+            raise
+        raise type(exc)(f"{path}: {exc}") from None
+
+
 def model_weight_stats(model, top_k: int = 3, include_other: bool = False) -> dict:
     """The same statistics for a live transformers model (e.g. from a training loop), no copies."""
     for wrapper in ("_orig_mod", "module"):  # torch.compile / DDP wrappers
@@ -299,7 +315,8 @@ def weight_stats(path, n_heads: int | None = None, top_k: int = 3, include_other
         if len(found) != 1:
             raise CheckpointError(f"{path} holds {len(found)} checkpoints; pass one of its step_* folders")
         ckpt = found[0]
-    stats = attention_weight_stats(SafetensorsReader(ckpt), read_config(ckpt.config_path), n_heads, top_k,
-                                   include_other)
+    with checkpoint_context(ckpt.path):
+        stats = attention_weight_stats(SafetensorsReader(ckpt), read_config(ckpt.config_path), n_heads, top_k,
+                                       include_other)
     stats["notes"] = ckpt.notes + stats["notes"]
     return {"path": str(ckpt.path), "label": ckpt.label, "step": ckpt.step, **stats}
