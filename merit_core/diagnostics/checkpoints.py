@@ -217,13 +217,16 @@ def find_checkpoints(path: str | Path) -> list[Checkpoint]:
 
 
 class SafetensorsReader(Mapping):
-    """A read-only name -> tensor mapping over a checkpoint's files; each tensor is read when asked."""
+    """A read-only name -> tensor mapping over a checkpoint's files; each tensor is read when asked.
+
+    Every read opens the file afresh, so the memory map lives only as long as the returned
+    tensor: reading a whole checkpoint one tensor at a time never holds more than one in memory.
+    """
 
     def __init__(self, checkpoint: Checkpoint):
         if not checkpoint.tensors:
             raise ValueError("checkpoint was not validated; get it from find_checkpoints()")
         self.checkpoint = checkpoint
-        self._handles: dict[Path, object] = {}
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self.checkpoint.tensors[name][2]
@@ -232,16 +235,14 @@ class SafetensorsReader(Mapping):
         return self.checkpoint.tensors[name][1]
 
     def __getitem__(self, name: str):
-        file = self.checkpoint.tensors[name][0]
-        handle = self._handles.get(file)
-        if handle is None:
-            from safetensors import SafetensorError, safe_open
+        from safetensors import SafetensorError, safe_open
 
-            try:
-                handle = self._handles[file] = safe_open(str(file), framework="pt")
-            except (SafetensorError, OSError) as exc:
-                raise CheckpointError(f"cannot open {file} as safetensors: {exc}") from None
-        return handle.get_tensor(name)
+        file = self.checkpoint.tensors[name][0]
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                return handle.get_tensor(name)
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(f"cannot read {name!r} from {file}: {exc}") from None
 
     def __contains__(self, name) -> bool:  # without reading the tensor
         return name in self.checkpoint.tensors

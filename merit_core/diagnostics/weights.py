@@ -189,22 +189,27 @@ def _distribution(maxes: torch.Tensor, top_k: int, head_dim: int | None) -> dict
 def matrix_stats(w: torch.Tensor, top_k: int = 3, head_axis: int | None = None, head_dim: int | None = None) -> dict:
     """max-norm, l2 norm, their ratio, and row / column max-norm distributions of a 2-D weight.
 
-    `head_axis` (0 rows, 1 columns) is the axis split into heads of `head_dim` (outliers along
-    it are tagged with their head).
+    `head_axis` (0 rows, 1 columns) is the output-feature axis, split into heads of `head_dim`:
+    outliers along it are tagged with their head, and "head_max_norm" / "head_l2_norm" list the
+    per-head norms. Two passes over the weight; per-head numbers come from per-feature vectors.
     """
-    w = w.detach().float()
+    w = w.detach().float().contiguous()  # GPT-2's Q / K are column slices of c_attn
     a = w.abs()
-    max_norm, l2 = float(a.amax()), float(torch.linalg.vector_norm(w))
-    return {
-        "max_norm": max_norm, "l2_norm": l2, "max_over_l2": max_norm / l2 if l2 > 0 else None,
-        "rows": _distribution(a.amax(dim=1), top_k, head_dim if head_axis == 0 else None),
-        "cols": _distribution(a.amax(dim=0), top_k, head_dim if head_axis == 1 else None),
-    }
-
-
-def _head_norms(w: torch.Tensor, axis: int, n: int) -> tuple[list[float], list[float]]:
-    blocks = w.detach().float().chunk(n, dim=axis)
-    return ([float(b.abs().amax()) for b in blocks], [float(torch.linalg.vector_norm(b)) for b in blocks])
+    row_max, col_max = a.amax(dim=1), a.amax(dim=0)
+    del a
+    max_norm = float(row_max.max())
+    out = {"rows": _distribution(row_max, top_k, head_dim if head_axis == 0 else None),
+           "cols": _distribution(col_max, top_k, head_dim if head_axis == 1 else None)}
+    if head_axis is None:
+        l2 = float(torch.linalg.vector_norm(w))
+    else:
+        feature_sq = (w * w).sum(dim=1 - head_axis, dtype=torch.float64)  # squared l2 per output feature
+        l2 = float(feature_sq.sum().sqrt())
+        if head_dim:
+            per_head_max = (row_max if head_axis == 0 else col_max).view(-1, head_dim).amax(dim=1)
+            out["head_max_norm"] = per_head_max.tolist()
+            out["head_l2_norm"] = feature_sq.view(-1, head_dim).sum(dim=1).sqrt().tolist()
+    return {"max_norm": max_norm, "l2_norm": l2, "max_over_l2": max_norm / l2 if l2 > 0 else None, **out}
 
 
 def _qk(tensors: Mapping, layout: AttentionLayout, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -232,8 +237,7 @@ def layer_stats(tensors: Mapping, layout: AttentionLayout, layer: int, top_k: in
         "q_rows": qs["rows"], "q_cols": qs["cols"], "k_rows": ks["rows"], "k_cols": ks["cols"],
     }
     if layout.n_heads:
-        qm, ql = _head_norms(q, axis, layout.n_heads)
-        km, kl = _head_norms(k, axis, layout.n_kv_heads)
+        qm, ql, km, kl = qs["head_max_norm"], qs["head_l2_norm"], ks["head_max_norm"], ks["head_l2_norm"]
         group = layout.n_heads // layout.n_kv_heads
         for h in range(layout.n_heads):
             kv = h // group
@@ -242,6 +246,11 @@ def layer_stats(tensors: Mapping, layout: AttentionLayout, layer: int, top_k: in
                 "k_l2_norm": kl[kv], "bound": qm[h] * km[kv], "max_attention_logit": None,
             })
     return out
+
+
+def _max_abs(w: torch.Tensor) -> float:
+    lo, hi = torch.aminmax(w)  # one pass, no |w| temporary (matters for embeddings)
+    return max(-float(lo), float(hi))
 
 
 def other_weights(tensors: Mapping) -> list[dict]:
@@ -253,7 +262,7 @@ def other_weights(tensors: Mapping) -> list[dict]:
         w = tensors[name].detach()
         if not w.is_floating_point():
             continue
-        out.append({"name": name, "shape": list(w.shape), "max_norm": float(w.abs().amax()),
+        out.append({"name": name, "shape": list(w.shape), "max_norm": _max_abs(w),
                     "l2_norm": float(torch.linalg.vector_norm(w, dtype=torch.float32))})
         del w
     return out
