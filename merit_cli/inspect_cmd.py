@@ -237,9 +237,11 @@ def inspect_cmd(paths, text, text_file, seq_len, n_heads, top_k, logits, hessian
         from merit_core.hub import prefer_offline
 
         prefer_offline()
-    if device == "auto":
+    if device != "cpu":
         import torch
 
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no CUDA device is available (use --device cpu)")
         device = "cuda" if torch.cuda.is_available() else "cpu"
     from merit_core.diagnostics.report import InspectOptions, inspect_paths, write_json
 

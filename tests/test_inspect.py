@@ -89,6 +89,22 @@ def test_cli_json_shape_and_side_by_side(ckpts, tmp_path):
     assert ll["heads"][2 * LLAMA_KV_HEAD]["k_max_norm"] == pytest.approx(56)
 
 
+def test_text_file_probe_matches_the_library_call(ckpts, tmp_path):
+    folder = ckpts["llama"][0]
+    (tmp_path / "probe.txt").write_text(TEXT)
+    out = tmp_path / "t.json"
+    res = CliRunner().invoke(cli, ["inspect", str(folder), "--text-file", str(tmp_path / "probe.txt"), "--seq-len", "12",
+                                   "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    (c,) = json.loads(out.read_text())["checkpoints"]
+    assert (c["probe"]["source"], c["probe"]["n_tokens"]) == ("file", 12)
+    lib = inspect_paths([folder], InspectOptions(text=TEXT, seq_len=12))["checkpoints"][0]
+    assert [l["max_attention_logit"] for l in c["layers"]] == [l["max_attention_logit"] for l in lib["layers"]]
+    builtin = inspect_paths([folder], InspectOptions(seq_len=12))["checkpoints"][0]
+    assert builtin["probe"]["source"] == "builtin"
+    assert builtin["layers"][0]["max_attention_logit"] != lib["layers"][0]["max_attention_logit"]
+
+
 def test_hessian_option_and_no_logits(ckpts, tmp_path):
     out = tmp_path / "h.json"
     res = CliRunner().invoke(cli, ["inspect", str(ckpts["gpt2"][0]), "--no-logits", "--hessian", "--hessian-iters", "3",

@@ -107,57 +107,60 @@ def detect_layout(tensors: Mapping, config: dict | None = None, n_heads: int | N
     fam = model_type if model_type in found else next(iter(found))
     if model_type is not None and model_type != fam:
         raise CheckpointError(f"config.json says {model_type!r} but the weights are named like {fam!r}")
-    hits = found[fam]
-    prefix = hits[0].group(1)
-    layers = sorted(int(m.group(2)) for m in hits)
+    prefix = found[fam][0].group(1)
+    layers = sorted(int(m.group(2)) for m in found[fam])
     if layers != list(range(len(layers))):
         raise CheckpointError(f"attention layers are not numbered 0..{len(layers) - 1}: found {layers}")
-    n_layers = len(layers)
-    if fam == "gpt2":
-        shape = _shape(tensors, f"{prefix}h.0.attn.c_attn.weight")
-        if len(shape) != 2 or shape[1] != 3 * shape[0]:
-            raise CheckpointError(f"GPT-2 c_attn.weight should be [d, 3d] (Conv1D), found {list(shape)}")
-        d = shape[0]
-        heads = config.get("n_head") if config else n_heads
-        kv_heads = heads
-        if config is not None:
-            _expect(config, "n_embd", d, f"layer 0 c_attn is {list(shape)}")
-            _expect(config, "n_layer", n_layers, f"the weights have {n_layers} layers")
-    else:
-        qs, ks = _shape(tensors, f"{prefix}layers.0.self_attn.q_proj.weight"), None
-        k_name = f"{prefix}layers.0.self_attn.k_proj.weight"
-        if k_name not in tensors:
-            raise CheckpointError(f"Llama checkpoint has q_proj but no k_proj ({k_name})")
-        ks = _shape(tensors, k_name)
-        if len(qs) != 2 or len(ks) != 2 or qs[1] != ks[1]:
-            raise CheckpointError(f"Llama q_proj {list(qs)} and k_proj {list(ks)} should be [out, d] with the same d")
-        d = qs[1]
-        if config is not None:
-            heads = config.get("num_attention_heads")
-            kv_heads = config.get("num_key_value_heads") or heads
-            _expect(config, "hidden_size", d, f"layer 0 q_proj is {list(qs)}")
-            _expect(config, "num_hidden_layers", n_layers, f"the weights have {n_layers} layers")
-        else:
-            heads = n_heads
-            kv_heads = heads * ks[0] // qs[0] if heads and (heads * ks[0]) % qs[0] == 0 else None
+    shapes = _gpt2_shapes if fam == "gpt2" else _llama_shapes
+    d, q_out, k_out, heads, kv_heads = shapes(tensors, prefix, len(layers), config, n_heads)
     head_dim = None
     if heads:
-        q_out = d if fam == "gpt2" else _shape(tensors, f"{prefix}layers.0.self_attn.q_proj.weight")[0]
-        head_dim = (config or {}).get("head_dim") or (q_out // heads if q_out % heads == 0 else None)
         where = "config.json does not match the weights: " if config is not None else ""
+        head_dim = (config or {}).get("head_dim") or (q_out // heads if q_out % heads == 0 else None)
         if head_dim is None or heads * head_dim != q_out:
             raise CheckpointError(f"{where}{heads} heads do not divide the {q_out} query features of layer 0")
-        if fam == "llama" and (not kv_heads or kv_heads * head_dim != ks[0] or heads % kv_heads):
-            raise CheckpointError(f"{where}layer 0 k_proj is {list(ks)}, not {kv_heads} key heads of {head_dim}")
+        if not kv_heads or kv_heads * head_dim != k_out or heads % kv_heads:
+            raise CheckpointError(f"{where}layer 0 has {k_out} key features, not {kv_heads} key heads of {head_dim}")
     embed = f"{prefix}wte.weight" if fam == "gpt2" else f"{prefix}embed_tokens.weight"
     if config is not None and embed in tensors:
         _expect(config, "vocab_size", _shape(tensors, embed)[0], f"{embed} is {list(_shape(tensors, embed))}")
-    layout = AttentionLayout(fam, prefix, n_layers, d, heads, kv_heads, head_dim)
-    for layer in range(1, n_layers):  # every layer must have the shapes of layer 0
+    layout = AttentionLayout(fam, prefix, len(layers), d, heads, kv_heads, head_dim)
+    for layer in range(1, len(layers)):  # every layer must have the shapes of layer 0
         for name in {layout.q_name(layer), layout.k_name(layer)}:
             if name not in tensors or _shape(tensors, name) != _shape(tensors, name.replace(f".{layer}.", ".0.", 1)):
                 raise CheckpointError(f"{name} is missing or shaped unlike layer 0")
     return layout
+
+
+def _gpt2_shapes(tensors, prefix, n_layers, config, n_heads):
+    """(d_model, query features, key features, heads, key heads) of a GPT-2 checkpoint."""
+    shape = _shape(tensors, f"{prefix}h.0.attn.c_attn.weight")
+    if len(shape) != 2 or shape[1] != 3 * shape[0]:
+        raise CheckpointError(f"GPT-2 c_attn.weight should be [d, 3d] (Conv1D), found {list(shape)}")
+    d = shape[0]
+    if config is None:
+        return d, d, d, n_heads, n_heads
+    _expect(config, "n_embd", d, f"layer 0 c_attn is {list(shape)}")
+    _expect(config, "n_layer", n_layers, f"the weights have {n_layers} layers")
+    return d, d, d, config.get("n_head"), config.get("n_head")
+
+
+def _llama_shapes(tensors, prefix, n_layers, config, n_heads):
+    """(d_model, query features, key features, heads, key heads) of a Llama checkpoint (GQA allowed)."""
+    k_name = f"{prefix}layers.0.self_attn.k_proj.weight"
+    if k_name not in tensors:
+        raise CheckpointError(f"Llama checkpoint has q_proj but no k_proj ({k_name})")
+    qs, ks = _shape(tensors, f"{prefix}layers.0.self_attn.q_proj.weight"), _shape(tensors, k_name)
+    if len(qs) != 2 or len(ks) != 2 or qs[1] != ks[1]:
+        raise CheckpointError(f"Llama q_proj {list(qs)} and k_proj {list(ks)} should be [out, d] with the same d")
+    d = qs[1]
+    if config is None:  # key heads follow from the head count and the two shapes
+        kv = n_heads * ks[0] // qs[0] if n_heads and (n_heads * ks[0]) % qs[0] == 0 else None
+        return d, qs[0], ks[0], n_heads, kv
+    _expect(config, "hidden_size", d, f"layer 0 q_proj is {list(qs)}")
+    _expect(config, "num_hidden_layers", n_layers, f"the weights have {n_layers} layers")
+    heads = config.get("num_attention_heads")
+    return d, qs[0], ks[0], heads, config.get("num_key_value_heads") or heads
 
 
 def _expect(config: dict, key: str, actual: int, what: str) -> None:
