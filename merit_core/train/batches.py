@@ -17,10 +17,11 @@ import torch
 from merit_core.errors import DataError
 
 
-def _check_length(tokens: np.ndarray, seq_len: int, split: str) -> None:
-    if len(tokens) < seq_len + 1:
+def check_split_length(n_tokens: int, seq_len: int, split: str) -> None:
+    """DataError unless a split holds at least one window of seq_len + 1 tokens."""
+    if n_tokens < seq_len + 1:
         raise DataError(
-            f"the {split} split has {len(tokens)} tokens, fewer than one sequence of seq_len + 1 = {seq_len + 1}; "
+            f"the {split} split has {n_tokens} tokens, fewer than one sequence of seq_len + 1 = {seq_len + 1}; "
             "use more data or a shorter --seq-len")
 
 
@@ -34,7 +35,7 @@ class TrainBatches:
     """Deterministic (seed, step) -> global batch of windows; sliced per rank and micro-batch."""
 
     def __init__(self, tokens: np.ndarray, seq_len: int, seed: int):
-        _check_length(tokens, seq_len, "train")
+        check_split_length(len(tokens), seq_len, "train")
         self.tokens = tokens
         self.seq_len = seq_len
         self.seed = seed
@@ -60,7 +61,7 @@ def val_batches(tokens: np.ndarray, n_batches: int, batch_size: int, seq_len: in
     Independent of the seed, so runs being compared are scored on the same tokens. The first
     batch is the one the max attention logit is measured on.
     """
-    _check_length(tokens, seq_len, "validation")
+    check_split_length(len(tokens), seq_len, "validation")
     count = n_batches * batch_size
     offsets = np.linspace(0, len(tokens) - seq_len - 1, num=count).astype(np.int64)
     return [_windows(tokens, offsets[i:i + batch_size], seq_len) for i in range(0, count, batch_size)]

@@ -42,6 +42,9 @@ class TrainConfig:
     device: 'auto' (cuda when available), 'cpu', 'cuda'. dtype: 'auto' (bf16 autocast on CUDA,
         float32 on CPU), 'float32', 'bfloat16' (autocast).
     eval_every / save_every / log_every: in steps; 0 means only at the end of the run.
+    eval_batches / eval_batch_size: the fixed validation set (evenly spaced windows, the same for
+        every seed, batch split and process count); its first batch is where the max attention
+        logit is measured.
     grad_clip: max global gradient norm; 0 disables clipping (the norm is still reported).
     keep_checkpoints: how many `step_N/` folders to keep (0 keeps all).
     parallel: how to spread the model under torchrun ('ddp'; 'fsdp' planned).
@@ -74,6 +77,7 @@ class TrainConfig:
     parallel: str = "ddp"
     eval_every: int = 50
     eval_batches: int = 4
+    eval_batch_size: int = 16
     save_every: int = 100
     keep_checkpoints: int = 0
     log_every: int = 10
@@ -151,7 +155,7 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
 
 def validate(config: TrainConfig) -> None:
     """Value checks that need no model, data or process group."""
-    positive = ["lr", "batch_size", "seq_len", "eval_batches", "log_every", "vocab_size"]
+    positive = ["lr", "batch_size", "seq_len", "eval_batches", "eval_batch_size", "log_every", "vocab_size"]
     positive += [n for n in ("micro_batch_size", "steps", "tokens") if getattr(config, n) is not None]
     for name in positive:
         if not getattr(config, name) > 0:

@@ -76,7 +76,7 @@ class Trainer:
         self.optimizer = optimizer
         self.lr_scales = [group["lr"] / config.lr for group in optimizer.param_groups]
         self.batches = TrainBatches(train_tokens, config.seq_len, config.seed)
-        self.val = val_batches(val_tokens, config.eval_batches, config.micro_batch_size, config.seq_len)
+        self.val = val_batches(val_tokens, config.eval_batches, config.eval_batch_size, config.seq_len)
         self.autocast = lambda: _autocast(self.device, config.dtype)
         self.per_rank = config.batch_size // parallel.world_size
         self.n_micro = self.per_rank // config.micro_batch_size

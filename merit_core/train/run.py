@@ -145,6 +145,7 @@ class _Run:
 
     def _data(self):
         from merit_core.data import load_meta, resolve_data
+        from merit_core.train.batches import check_split_length
 
         c = self.config
 
@@ -152,6 +153,9 @@ class _Run:
             path = Path(resolve_data(c.data, tokenizer=c.tokenizer, vocab_size=c.vocab_size,
                                      progress=self.cb.on_prepare))
             meta = load_meta(path)
+            for split, name in (("train", "train"), ("val", "validation")):
+                if f"{split}_tokens" in meta:
+                    check_split_length(int(meta[f"{split}_tokens"]), c.seq_len, f"{name} split of {path}")
             self.cb.on_prepare(f"data: {path} ({meta.get('train_tokens', '?')} train / "
                                f"{meta.get('val_tokens', '?')} val tokens, vocabulary {meta.get('vocab_size')})")
             return path, meta
