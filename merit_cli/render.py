@@ -1,0 +1,68 @@
+"""Shared rich rendering: consoles, number formats, key/value tables, a training progress bar."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+
+def console(stderr: bool = False) -> Console:
+    return Console(stderr=stderr, highlight=False)
+
+
+def fmt_float(value: float | None, digits: int = 4) -> str:
+    """A compact number ('-' for missing, 'nan'/'inf' as such)."""
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return f"{value:.{digits}g}"
+
+
+def fmt_count(n: float | None) -> str:
+    """1234 -> '1.23k', 5_600_000 -> '5.6M'."""
+    if n is None:
+        return "-"
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def key_value_table(title: str | None, rows: Iterable[tuple[str, Any]]) -> Table:
+    """A two-column table: dim keys, plain values."""
+    table = Table(title=title, show_header=False, box=None, padding=(0, 2), title_justify="left")
+    table.add_column(style="dim", no_wrap=True)
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, str(value))
+    return table
+
+
+def training_progress(out: Console) -> Progress:
+    """A compact progress bar (fits 80 columns) whose task fields are loss, lr, tok_s and max_logit."""
+    return Progress(
+        BarColumn(bar_width=16),
+        TextColumn("{task.completed:>.0f}/{task.total:.0f}"),
+        TextColumn("loss [cyan]{task.fields[loss]}"),
+        TextColumn("lr {task.fields[lr]}"),
+        TextColumn("{task.fields[tok_s]} tok/s"),
+        TextColumn("logit [magenta]{task.fields[max_logit]}"),
+        TextColumn("eta"),
+        TimeRemainingColumn(compact=True, elapsed_when_finished=True),
+        console=out,
+        transient=False,
+    )

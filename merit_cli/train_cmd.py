@@ -1,0 +1,159 @@
+"""`merit train`: parse options into a TrainConfig, run merit_core's training, render progress."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from merit_cli.render import console, fmt_count, fmt_duration, fmt_float, key_value_table, training_progress
+from merit_core.errors import MeritError
+from merit_core.train.run import RunInfo, RunSummary, TrainCallbacks
+
+
+class RichTrainReport(TrainCallbacks):
+    """Renders a run: a header, a live progress bar, eval lines, and a summary table."""
+
+    def __init__(self):
+        self.out = console()
+        self.progress = None
+        self.task = None
+        self.fields = {"loss": "-", "lr": "-", "tok_s": "-", "max_logit": "-"}
+
+    def on_prepare(self, message: Any) -> None:
+        self.out.print(f"[dim]{message}[/]")
+
+    def on_start(self, info: RunInfo) -> None:
+        c = info.config
+        world = f" x {info.world_size} processes" if info.world_size > 1 else ""
+        verb = f"Resuming from {info.resumed_from}" if info.resumed_from else "Training"
+        self.out.print(
+            f"[bold]{verb}[/] {c.model} ({fmt_count(info.n_params)} parameters) with [bold]{c.optimizer}[/], "
+            f"lr {c.lr:g}, batch {c.batch_size} x {c.seq_len} = {fmt_count(info.tokens_per_step)} tokens/step "
+            f"(micro-batch {c.micro_batch_size}), {info.total_steps} steps on {info.device}{world}")
+        self.out.print(f"[dim]run folder {info.run_dir}[/]")
+        self.progress = training_progress(self.out)
+        self.progress.start()
+        self.task = self.progress.add_task("train", total=info.total_steps, completed=info.start_step, **self.fields)
+
+    def on_log(self, record: dict[str, Any]) -> None:
+        self.fields.update(loss=fmt_float(record["loss"]), lr=f"{record['lr']:.1e}",
+                           tok_s=fmt_count(record["tokens_per_s"]))
+        self.progress.update(self.task, completed=record["step"], **self.fields)
+
+    def on_eval(self, record: dict[str, Any]) -> None:
+        logits = [v for v in record["max_attention_logit"] if v is not None]
+        peak = max(logits) if logits else None
+        self.fields["max_logit"] = fmt_float(peak, 3)
+        if self.progress is not None:
+            self.progress.update(self.task, **self.fields)
+            layer = record["max_attention_logit"].index(peak) + 1 if peak is not None else "-"
+            self.progress.console.print(
+                f"[dim]step {record['step']:>6}[/]  val loss [bold cyan]{fmt_float(record['val_loss'])}[/]  "
+                f"max attention logit [magenta]{fmt_float(peak, 3)}[/] (layer {layer})")
+
+    def on_checkpoint(self, step: int, path: Path) -> None:
+        if self.progress is not None:
+            self.progress.console.print(f"[dim]step {step:>6}  saved {path}[/]")
+
+    def on_end(self, summary: RunSummary) -> None:
+        self.close()
+        logits = summary.max_attention_logit or []
+        rows = [
+            ("run folder", summary.run_dir),
+            ("steps", f"{summary.steps} ({fmt_count(summary.tokens)} tokens)"),
+            ("time", f"{fmt_duration(summary.elapsed_s)} ({fmt_count(summary.tokens_per_s)} tokens/s)"),
+            ("final train loss", fmt_float(summary.final_loss)),
+            ("final val loss", fmt_float(summary.final_val_loss)),
+            ("max attention logit", ", ".join(fmt_float(v, 3) for v in logits) + "  (per layer)" if logits else "-"),
+            ("last checkpoint", summary.last_checkpoint or "-"),
+            ("curves", summary.run_dir / "curves.png"),
+        ]
+        self.out.print()
+        self.out.print(key_value_table("[bold]Run summary", rows))
+        self.out.print()
+        hints = [(f"merit inspect {summary.run_dir}", "max-norms and attention logits of the checkpoints")]
+        if summary.last_checkpoint:
+            hints.append((f"merit eval {summary.last_checkpoint}", "zero-shot LAMBADA / WikiText"))
+        hints.append((f"merit train --resume --out {summary.run_dir} --steps {summary.steps * 2}", "train longer"))
+        width = max(len(cmd) for cmd, _ in hints)
+        self.out.print("[bold]Next:[/]")
+        for cmd, what in hints:
+            self.out.print(f"  {cmd.ljust(width)}  [dim]# {what}[/]")
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+@click.command("train", context_settings={"show_default": True})
+@click.argument("config_file", required=False, metavar="[CONFIG.toml]")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override any config key (TOML value; dotted keys for tables, e.g. optimizer_args.betas=[0.9,0.95]).")
+@click.option("--model", help="Named model (gpt2-tiny, gpt2-small, llama-130m, ...) or a config.json path.")
+@click.option("--optimizer", help="Optimizer name from the registry (merit, adamw, lamb, lion, sophiag, ...).")
+@click.option("--lr", type=float, help="Peak learning rate.")
+@click.option("--batch-size", type=int, help="Global batch size in sequences.")
+@click.option("--micro-batch-size", type=int, help="Sequences per forward pass per process (gradient accumulation).")
+@click.option("--seq-len", type=int, help="Tokens per sequence.")
+@click.option("--steps", type=int, help="Optimizer updates.")
+@click.option("--tokens", type=int, help="Training tokens (instead of --steps).")
+@click.option("--data", help="Prepared folder, text file/folder or dataset name (default: built-in corpus).")
+@click.option("--tokenizer", help="Tokenizer name or path when data must be prepared (default: train a BPE).")
+@click.option("--vocab-size", type=int, help="Vocabulary of a BPE trained on the data.")
+@click.option("--out", help="Run folder (default runs/<date>-<model>-<optimizer>).")
+@click.option("--resume", is_flag=True, default=None, help="Continue the run in --out from its latest checkpoint.")
+@click.option("--seed", type=int)
+@click.option("--device", help="auto, cpu, cuda, cuda:N.")
+@click.option("--eval-every", type=int, help="Steps between evaluations (0: only at the end).")
+@click.option("--save-every", type=int, help="Steps between checkpoints (0: only at the end).")
+@click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model.")
+def train(config_file, overrides, model, optimizer, lr, batch_size, micro_batch_size, seq_len, steps, tokens, data,
+          tokenizer, vocab_size, out, resume, seed, device, eval_every, save_every, compile_):
+    """Pretrain a GPT-2 or Llama model with MERIT or a baseline optimizer.
+
+    With no arguments: a tiny GPT-2 trained with MERIT on the built-in corpus (a few minutes on a CPU).
+    Under `torchrun --nproc_per_node N -m merit_cli train ...` it trains with DDP.
+    """
+    from merit_core.hub import prefer_offline
+
+    prefer_offline()
+    values = dict(model=model, optimizer=optimizer, lr=lr, batch_size=batch_size, micro_batch_size=micro_batch_size,
+                  seq_len=seq_len, steps=steps, tokens=tokens, data=data, tokenizer=tokenizer, vocab_size=vocab_size,
+                  out=out, resume=resume, seed=seed, device=device, eval_every=eval_every, save_every=save_every,
+                  compile=compile_)
+    main = int(os.environ.get("RANK", "0")) == 0
+    try:
+        summary_config = _load(config_file, overrides, values)
+        from merit_core.train.run import run_training
+
+        report = RichTrainReport() if main else None
+        try:
+            run_training(summary_config, report)
+        finally:
+            if report is not None:
+                report.close()
+    except MeritError:
+        if main:
+            raise
+        sys.exit(2)  # the main process prints the one error line
+
+
+def _load(config_file, overrides, values):
+    """Defaults < CONFIG.toml (or the resumed run's config.toml) < --set < options."""
+    from merit_core.errors import ConfigError
+    from merit_core.train.config import load_config
+    from merit_core.train.run import CONFIG_FILE
+
+    base = config_file
+    if values.get("resume"):
+        if not values.get("out"):
+            raise ConfigError("--resume needs the run folder: merit train --resume --out RUN_DIR")
+        saved = Path(values["out"]) / CONFIG_FILE
+        if base is None and saved.is_file():
+            base = saved
+    return load_config(base, overrides, values)

@@ -1,0 +1,143 @@
+"""Checkpoints: `<run>/step_<N>/`, each a complete Hugging Face model folder plus trainer state.
+
+A checkpoint holds `config.json`, `model.safetensors`, the tokenizer files (so it loads with
+`AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained` and lm-eval on its
+own), `trainer_state.json` (step, tokens, lr, model, optimizer, batch shape: what tools read)
+and `trainer_state.pt` (optimizer state, RNG states, data position; tensors and plain
+containers only, so it loads with `torch.load(weights_only=True)`). It is written into
+`<run>/.tmp-step_<N>` and renamed into place, so a crash never leaves half a checkpoint;
+a folder counts as complete only when both trainer-state files are in it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from merit_core.errors import CheckpointError
+
+STATE_JSON = "trainer_state.json"
+STATE_PT = "trainer_state.pt"
+STATE_FORMAT = "merit-trainer-v1"
+_STEP_DIR = re.compile(r"step_(\d+)")
+_TMP_PREFIX = ".tmp-"
+
+
+def checkpoint_path(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / f"step_{step}"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints of a run as (step, path), oldest first."""
+    run_dir = Path(run_dir)
+    found = []
+    if not run_dir.is_dir():
+        return found
+    for child in run_dir.iterdir():
+        match = _STEP_DIR.fullmatch(child.name)
+        if match and (child / STATE_JSON).is_file() and (child / STATE_PT).is_file():
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The complete checkpoint with the highest step, or None."""
+    found = list_checkpoints(run_dir)
+    return found[-1][1] if found else None
+
+
+def remove_partial(run_dir: str | Path) -> None:
+    """Delete temp folders a crash left behind while writing a checkpoint."""
+    for child in Path(run_dir).glob(_TMP_PREFIX + "*"):
+        if child.is_dir():
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def save_checkpoint(run_dir: str | Path, step: int, *, model, state_dict: dict[str, torch.Tensor] | None,
+                    tokenizer_dir: str | Path | None, info: dict[str, Any], state: dict[str, Any]) -> Path:
+    """Write `step_<step>/` atomically and return its path.
+
+    model: the unwrapped transformers model (its config and save_pretrained are used);
+    state_dict: full weights to save instead of the model's own (sharded training);
+    info: the JSON trainer state; state: the tensor trainer state for trainer_state.pt.
+    """
+    run_dir = Path(run_dir)
+    final = checkpoint_path(run_dir, step)
+    tmp = run_dir / f"{_TMP_PREFIX}{final.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Writing model shards" bars would break the caller's progress display
+    kwargs = {"state_dict": state_dict} if state_dict is not None else {}
+    model.save_pretrained(tmp, **kwargs)
+    if tokenizer_dir is not None:
+        for item in Path(tokenizer_dir).iterdir():
+            if item.is_file():
+                shutil.copy2(item, tmp / item.name)
+    torch.save(state, tmp / STATE_PT)
+    (tmp / STATE_JSON).write_text(json.dumps({"format": STATE_FORMAT, **info}, indent=2) + "\n")
+    if final.exists():
+        old = run_dir / f"{_TMP_PREFIX}old-{final.name}"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    return final
+
+
+def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
+    """Keep only the newest `keep` checkpoints (keep <= 0 keeps all)."""
+    if keep <= 0:
+        return
+    for _, path in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def read_trainer_info(checkpoint: str | Path) -> dict[str, Any]:
+    """trainer_state.json of a checkpoint folder."""
+    path = Path(checkpoint) / STATE_JSON
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{checkpoint} is not a merit checkpoint (no {STATE_JSON})") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is unreadable: {exc}") from None
+
+
+def load_trainer_state(checkpoint: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """trainer_state.pt, loaded safely (weights_only=True)."""
+    path = Path(checkpoint) / STATE_PT
+    if not path.is_file():
+        raise CheckpointError(f"{checkpoint} has no {STATE_PT}; it cannot be resumed")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # corrupt file or a pickle that is not plain tensors/containers
+        raise CheckpointError(f"{path} cannot be loaded safely: {type(exc).__name__}: {exc}") from None
+
+
+def load_model_weights(model: torch.nn.Module, checkpoint: str | Path) -> None:
+    """Copy the checkpoint's safetensors weights into `model` (tied weights may be absent)."""
+    from safetensors.torch import load_file
+
+    path = Path(checkpoint) / "model.safetensors"
+    if not path.is_file():
+        raise CheckpointError(f"{checkpoint} has no model.safetensors")
+    try:
+        weights = load_file(path)
+    except Exception as exc:
+        raise CheckpointError(f"{path} is unreadable: {exc}") from None
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    if unexpected or set(missing) - tied:
+        raise CheckpointError(
+            f"{checkpoint} does not match the model: missing {sorted(set(missing) - tied)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]}")

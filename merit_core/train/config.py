@@ -1,0 +1,325 @@
+"""TrainConfig: every knob of a training run, read from TOML with `key=value` overrides.
+
+Precedence: dataclass defaults < TOML file < overrides (in order). Override values are TOML
+literals (`lr=3e-4`, `optimizer_args.betas=[0.9, 0.95]`, `compile=true`); a value that is not a
+valid TOML literal is taken as a string (`model=gpt2-small`). Unknown keys raise ConfigError
+naming the closest known key. `resolve()` fills the derived fields (steps from tokens, warmup,
+min lr, micro-batch, run directory) so the saved `config.toml` replays the run exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import difflib
+import json
+import math
+import re
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from merit_core.errors import ConfigError
+
+DTYPES = ("auto", "float32", "bfloat16")
+PARALLEL = ("ddp", "fsdp")
+
+
+@dataclass
+class TrainConfig:
+    """A training run. Batch sizes count sequences; `batch_size` is the global batch.
+
+    model: a named model (see merit_core.models) or a path to a config.json.
+    optimizer / optimizer_args: a registry name and its extra hyperparameters (betas, eps, ...).
+    lr / min_lr / min_lr_ratio / warmup_steps / warmup_ratio: linear warmup to `lr`, then cosine
+        decay to `min_lr` (default `lr * min_lr_ratio`); warmup defaults to `warmup_ratio * steps`.
+    steps / tokens: the run length; give one (tokens are rounded up to whole steps).
+    data / tokenizer / vocab_size: a prepared folder, raw text, a dataset name or nothing (the
+        built-in corpus); the tokenizer and vocabulary used when the data must be prepared.
+    device: 'auto' (cuda when available), 'cpu', 'cuda'. dtype: 'auto' (bf16 autocast on CUDA,
+        float32 on CPU), 'float32', 'bfloat16' (autocast).
+    eval_every / save_every / log_every: in steps; 0 means only at the end of the run.
+    eval_batches / eval_batch_size: the fixed validation set (evenly spaced windows, the same for
+        every seed, batch split and process count); its first batch is where the max attention
+        logit is measured.
+    grad_clip: max global gradient norm; 0 disables clipping (the norm is still reported).
+    keep_checkpoints: how many `step_N/` folders to keep (0 keeps all).
+    parallel: how to spread the model under torchrun ('ddp'; 'fsdp' planned).
+    """
+
+    model: str = "gpt2-tiny"
+    optimizer: str = "merit"
+    optimizer_args: dict[str, Any] = field(default_factory=dict)
+    lr: float = 2e-3
+    min_lr: float | None = None
+    min_lr_ratio: float = 0.1
+    warmup_steps: int | None = None
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    batch_size: int = 32
+    micro_batch_size: int | None = None
+    seq_len: int = 128
+    steps: int | None = None
+    tokens: int | None = None
+    data: str | None = None
+    tokenizer: str | None = None
+    vocab_size: int = 4096
+    out: str | None = None
+    resume: bool = False
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+    compile: bool = False
+    parallel: str = "ddp"
+    eval_every: int = 50
+    eval_batches: int = 4
+    eval_batch_size: int = 16
+    save_every: int = 100
+    keep_checkpoints: int = 0
+    log_every: int = 10
+
+    # -- derived values ------------------------------------------------------------------
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+DEFAULT_STEPS = 300
+FIELD_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))
+_HINTS = typing.get_type_hints(TrainConfig)
+
+
+# -- building a config ---------------------------------------------------------------------
+def load_config(path: str | Path | None = None, overrides: Iterable[str] = (),
+                values: dict[str, Any] | None = None) -> TrainConfig:
+    """A validated TrainConfig from defaults < TOML file < `key=value` overrides < `values`.
+
+    `values` holds already-typed settings (CLI options); None entries are ignored.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        _merge(data, read_toml(path), source=str(path))
+    for item in overrides:
+        key, value = parse_override(item)
+        _merge(data, _nest(key, value), source="--set")
+    if values:
+        _merge(data, {k: v for k, v in values.items() if v is not None}, source="options")
+    return from_dict(data)
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """'a.b=value' -> ('a.b', parsed value); the value is a TOML literal, else a plain string."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+    raw = raw.strip()
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key, value
+
+
+def from_dict(data: dict[str, Any]) -> TrainConfig:
+    """Check names and types of a (possibly nested) mapping and build the config."""
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in FIELD_NAMES:
+            raise ConfigError(f"unknown config key {key!r}{_suggest(key, FIELD_NAMES)}")
+        kwargs[key] = _coerce(key, value, _HINTS[key])
+    config = TrainConfig(**kwargs)
+    validate(config)
+    return config
+
+
+def validate(config: TrainConfig) -> None:
+    """Value checks that need no model, data or process group."""
+    positive = ["lr", "batch_size", "seq_len", "eval_batches", "eval_batch_size", "log_every", "vocab_size"]
+    positive += [n for n in ("micro_batch_size", "steps", "tokens") if getattr(config, n) is not None]
+    for name in positive:
+        if not getattr(config, name) > 0:
+            raise ConfigError(f"{name} must be positive, got {getattr(config, name)}")
+    for name in ("weight_decay", "grad_clip", "eval_every", "save_every", "keep_checkpoints", "min_lr_ratio",
+                 "warmup_ratio"):
+        if getattr(config, name) < 0:
+            raise ConfigError(f"{name} must be >= 0, got {getattr(config, name)}")
+    if config.warmup_steps is not None and config.warmup_steps < 0:
+        raise ConfigError(f"warmup_steps must be >= 0, got {config.warmup_steps}")
+    if config.min_lr is not None and not 0 <= config.min_lr <= config.lr:
+        raise ConfigError(f"min_lr must be between 0 and lr ({config.lr}), got {config.min_lr}")
+    if config.min_lr_ratio > 1 or config.warmup_ratio > 1:
+        raise ConfigError("min_lr_ratio and warmup_ratio must be at most 1")
+    if config.dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
+    if config.parallel not in PARALLEL:
+        raise ConfigError(f"parallel must be one of {', '.join(PARALLEL)}, got {config.parallel!r}")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", config.device):
+        raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {config.device!r}")
+    if config.micro_batch_size is not None and config.batch_size % config.micro_batch_size:
+        raise ConfigError(
+            f"batch_size {config.batch_size} is not divisible by micro_batch_size {config.micro_batch_size}")
+    for key in config.optimizer_args:
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ConfigError(f"optimizer_args key {key!r} is not a valid name")
+
+
+def resolve(config: TrainConfig, world_size: int = 1, now: datetime.datetime | None = None) -> TrainConfig:
+    """A copy with derived fields filled: steps, warmup_steps, min_lr, micro_batch_size, out.
+
+    Raises ConfigError when the global batch cannot be split over `world_size` processes.
+    """
+    c = dataclasses.replace(config, optimizer_args=dict(config.optimizer_args))
+    if c.steps is None:
+        c.steps = math.ceil(c.tokens / c.tokens_per_step) if c.tokens is not None else DEFAULT_STEPS
+    elif c.tokens is not None and c.steps != math.ceil(c.tokens / c.tokens_per_step):
+        raise ConfigError(f"steps ({c.steps}) and tokens ({c.tokens}) disagree; give only one of them")
+    c.tokens = None  # steps is now the single source of truth
+    if c.warmup_steps is None:
+        c.warmup_steps = int(c.warmup_ratio * c.steps)
+    if c.min_lr is None:
+        c.min_lr = c.lr * c.min_lr_ratio
+    per_rank, rest = divmod(c.batch_size, world_size)
+    if rest:
+        raise ConfigError(f"batch_size {c.batch_size} is not divisible by the world size {world_size}")
+    if c.micro_batch_size is None:
+        c.micro_batch_size = per_rank
+    if per_rank % c.micro_batch_size:
+        raise ConfigError(
+            f"batch_size {c.batch_size} is not divisible by micro_batch_size {c.micro_batch_size} x world size "
+            f"{world_size}; pick a micro-batch that divides {per_rank}")
+    if c.out is None:
+        stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
+        model = Path(c.model).parent.name if c.model.endswith(".json") else Path(c.model).name
+        c.out = str(Path("runs") / f"{stamp}-{model}-{c.optimizer}")
+    return c
+
+
+# -- writing --------------------------------------------------------------------------------
+def save_config(config: TrainConfig, path: str | Path) -> None:
+    """Write the config as TOML (None values are left out: they mean 'default'; `resume` is an
+    action, not a property of the run, and is left out too)."""
+    values = {k: v for k, v in config.to_dict().items() if k != "resume"}
+    text = "# merit train: resolved run configuration\n" + dumps_toml(values)
+    tmp = Path(path).with_suffix(".toml.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def dumps_toml(data: dict[str, Any]) -> str:
+    """A TOML document for a mapping of scalars, lists and nested tables."""
+    lines: list[str] = []
+    _dump_table(data, [], lines)
+    return "\n".join(lines) + "\n"
+
+
+def _dump_table(data: dict[str, Any], prefix: list[str], lines: list[str]) -> None:
+    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    for key, value in data.items():
+        if value is not None and key not in tables:
+            lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
+    for key, value in tables.items():
+        lines.append("")
+        lines.append("[" + ".".join(_toml_key(k) for k in [*prefix, key]) + "]")
+        _dump_table(value, [*prefix, key], lines)
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise ConfigError(f"cannot write {value!r} ({type(value).__name__}) to TOML")
+
+
+# -- helpers --------------------------------------------------------------------------------
+def _nest(dotted: str, value: Any) -> dict[str, Any]:
+    parts = dotted.split(".")
+    out: dict[str, Any] = {parts[-1]: value}
+    for part in reversed(parts[:-1]):
+        out = {part: out}
+    return out
+
+
+def _merge(base: dict[str, Any], new: dict[str, Any], source: str) -> None:
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value, source)
+        else:
+            base[key] = value
+
+
+def _suggest(key: str, names: Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(names), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(names)}"
+
+
+def _coerce(name: str, value: Any, hint: Any) -> Any:
+    """`value` checked against the annotation `hint` (X, X | None, dict[str, Any])."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+    if typing.get_origin(hint) is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{name} must be a table (e.g. {name}.key=value), got {value!r}")
+        return dict(value)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    if isinstance(value, dict):
+        dotted = next(iter(value), "")
+        raise ConfigError(f"unknown config key {name + '.' + dotted!r}: {name} is not a table")
+    raise ConfigError(f"{name} must be {_type_word(hint)}, got {value!r}")
+
+
+def _type_word(hint: Any) -> str:
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))

@@ -1,0 +1,164 @@
+"""How a model is spread over processes: one process, or DDP under torchrun.
+
+The training loop talks only to the `Parallel` interface (wrap the model, skip gradient sync
+on accumulation micro-steps, reduce metrics, clip, produce full state dicts for saving), so
+another scheme (FSDP2) plugs in as one more subclass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from typing import Any
+
+import torch
+
+from merit_core.errors import ConfigError
+
+
+def resolve_device(device: str, local_rank: int = 0) -> torch.device:
+    """'auto' -> cuda (this process's GPU under torchrun) when available, else cpu."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {device!r} requested but CUDA is not available; use --device cpu")
+        return torch.device(device if ":" in device else f"cuda:{local_rank}")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("device 'mps' requested but it is not available; use --device cpu")
+    return torch.device(device)
+
+
+class Parallel:
+    """A single process; the base class of the multi-process schemes."""
+
+    name = "single"
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.rank = 0
+        self.local_rank = 0
+        self.world_size = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module the training forward/backward goes through."""
+        return model
+
+    def no_sync(self, wrapped: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Context for accumulation micro-steps whose gradients need no synchronisation yet."""
+        return contextlib.nullcontext()
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """A new tensor reduced over processes with op 'sum', 'mean', 'min' or 'max'."""
+        return tensor.clone()
+
+    def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+        """Total gradient norm (a 0-d tensor, no host sync); clips to `max_norm` when it is > 0."""
+        params = [p for p in model.parameters() if p.grad is not None]
+        grads = [p.grad for p in params]
+        norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+        if max_norm > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+        return norm
+
+    def full_model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+        """Full weights for saving on the main process; None means 'the module's own state dict'."""
+        return None
+
+    def optimizer_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        return optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, model, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        optimizer.load_state_dict(state)
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """The main process's value of `obj`, on every process."""
+        return obj
+
+    def barrier(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class DDPParallel(Parallel):
+    """torch DistributedDataParallel: replicated weights, gradients averaged over processes."""
+
+    name = "ddp"
+
+    def __init__(self, device: torch.device, rank: int, local_rank: int, world_size: int, owns_group: bool):
+        super().__init__(device)
+        self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
+        self._owns_group = owns_group
+
+    def wrap(self, model):
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+
+    def no_sync(self, wrapped):
+        return wrapped.no_sync()
+
+    def all_reduce(self, tensor, op="sum"):
+        import torch.distributed as dist
+
+        ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
+               "max": dist.ReduceOp.MAX}
+        out = tensor.clone()
+        dist.all_reduce(out, op=ops[op])
+        return out / self.world_size if op == "mean" else out
+
+    def broadcast_object(self, obj):
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self):
+        import torch.distributed as dist
+
+        if self.device.type == "cuda":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
+
+    def close(self):
+        import torch.distributed as dist
+
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def launched_world_size() -> int:
+    """WORLD_SIZE set by torchrun (1 when not launched by it)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def setup_parallel(kind: str, device: str) -> Parallel:
+    """The Parallel for this process: single, or `kind` ('ddp') when launched with WORLD_SIZE > 1."""
+    world = launched_world_size()
+    if world <= 1:
+        return Parallel(resolve_device(device))
+    if kind == "fsdp":
+        raise ConfigError("parallel 'fsdp' is not available yet; use parallel = 'ddp'")
+    import torch.distributed as dist
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = resolve_device(device, local_rank)
+    owns = not dist.is_initialized()
+    if owns:
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30),
+                                device_id=dev if dev.type == "cuda" else None)
+    return DDPParallel(dev, dist.get_rank(), local_rank, dist.get_world_size(), owns)
+

@@ -1,0 +1,188 @@
+"""The Trainer: one optimizer update per `train_step`, evaluation, and its checkpointable state.
+
+One code path for every batch size: the global batch is split over processes and then into
+micro-batches whose gradients accumulate; the loss is normalised over the global batch, so
+the gradient does not depend on how the batch is split. No host synchronisation happens in
+`train_step`: loss, gradient norm and a first-non-finite-step marker stay on the device until
+the caller reads them on log steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from merit_core.errors import MeritError
+from merit_core.train.batches import TrainBatches, val_batches
+from merit_core.train.config import TrainConfig
+from merit_core.train.distributed import Parallel
+from merit_core.train.schedule import lr_at
+
+
+class TrainingDiverged(MeritError):
+    """The loss or the gradient norm became nan or inf."""
+
+
+@dataclass
+class StepOutput:
+    """What one update leaves on the device: this process's loss share and the global grad norm."""
+
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+    lr: float
+
+
+def _autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
+    use_bf16 = dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda")
+    if not use_bf16:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def hessian_interval(optimizer: torch.optim.Optimizer) -> int | None:
+    """Every how many steps the loop must refresh the optimizer's Hessian estimate (Sophia-G), or None."""
+    if not callable(getattr(optimizer, "update_hessian", None)):
+        return None
+    for name in ("hessian_interval", "update_period", "k"):
+        value = getattr(optimizer, name, None)
+        if value is None and optimizer.defaults:
+            value = optimizer.defaults.get(name)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 10
+
+
+class Trainer:
+    """Model + optimizer + data for a resolved TrainConfig, on the processes of `parallel`.
+
+    `model` is the plain transformers module (already on the device); `compile` and the
+    parallel wrapper apply to the training forward only, so evaluation, diagnostics and saving
+    always see the plain module.
+    """
+
+    def __init__(self, config: TrainConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 train_tokens: np.ndarray, val_tokens: np.ndarray, parallel: Parallel):
+        self.config = config
+        self.parallel = parallel
+        self.device = parallel.device
+        self.model = model
+        forward = torch.compile(model) if config.compile else model
+        self.forward = parallel.wrap(forward)
+        self.optimizer = optimizer
+        self.lr_scales = [group["lr"] / config.lr for group in optimizer.param_groups]
+        self.batches = TrainBatches(train_tokens, config.seq_len, config.seed)
+        self.val = val_batches(val_tokens, config.eval_batches, config.eval_batch_size, config.seq_len)
+        self.autocast = lambda: _autocast(self.device, config.dtype)
+        self.per_rank = config.batch_size // parallel.world_size
+        self.n_micro = self.per_rank // config.micro_batch_size
+        self.hessian_every = hessian_interval(optimizer)
+        self.step = 0  # completed updates
+        self._first_bad = torch.zeros((), dtype=torch.int64, device=self.device)  # 0: all finite so far
+
+    # -- training ----------------------------------------------------------------------------
+    def lr_for(self, index: int) -> float:
+        c = self.config
+        return lr_at(index, lr=c.lr, min_lr=c.min_lr, warmup_steps=c.warmup_steps, total_steps=c.steps)
+
+    def _loss(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
+        with self.autocast():
+            logits = module(input_ids=x, use_cache=False).logits
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum") * scale
+
+    def train_step(self) -> StepOutput:
+        """One optimizer update on global batch number `self.step`."""
+        c = self.config
+        index = self.step
+        lr = self.lr_for(index)
+        for group, scale in zip(self.optimizer.param_groups, self.lr_scales):
+            group["lr"] = lr * scale
+        scale = 1.0 / (self.per_rank * c.seq_len)  # DDP averages over ranks -> global-batch mean
+        loss_sum = torch.zeros((), device=self.device)
+        first = None
+        micro = self.batches.micro_batches(index, batch_size=c.batch_size, micro_batch_size=c.micro_batch_size,
+                                           rank=self.parallel.rank, world_size=self.parallel.world_size)
+        for k, (x, y) in enumerate(micro):
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
+            first = first or (x, y)
+            sync = k == self.n_micro - 1
+            with contextlib.nullcontext() if sync else self.parallel.no_sync(self.forward):
+                loss = self._loss(self.forward, x, y, scale)
+                loss.backward()
+            loss_sum += loss.detach()
+        grad_norm = self.parallel.clip_grad_norm(self.model, c.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.hessian_every and index % self.hessian_every == self.hessian_every - 1:
+            self._refresh_hessian(index, *first)
+        finite = torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
+        self._first_bad = torch.where((self._first_bad == 0) & ~finite, index + 1, self._first_bad)
+        self.step += 1
+        return StepOutput(loss_sum, grad_norm, lr)
+
+    def _refresh_hessian(self, index: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Sophia-G: backward on labels sampled from the model's own predictions, then update_hessian()."""
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(hash((self.config.seed, index, self.parallel.rank)) & 0x7FFF_FFFF_FFFF)
+        with self.autocast():
+            logits = self.forward(input_ids=x, use_cache=False).logits
+        probs = torch.softmax(logits.detach().float().flatten(0, 1), dim=-1)
+        sampled = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), sampled, reduction="mean")
+        loss.backward()
+        self.optimizer.update_hessian()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def first_nonfinite_step(self) -> int | None:
+        """The first update (1-based) whose loss or grad norm was not finite on any process (syncs)."""
+        bad = self.parallel.all_reduce(torch.where(self._first_bad > 0, self._first_bad, 1 << 62), op="min")
+        value = int(bad.item())
+        return None if value == 1 << 62 else value
+
+    # -- evaluation --------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        """Validation loss over the fixed val batches, and the max attention logit per layer
+        (max over heads) on the first val batch."""
+        from merit_core.diagnostics.attention import max_attention_logits
+
+        self.model.eval()
+        try:
+            total = torch.zeros((), device=self.device)
+            for j, (x, y) in enumerate(self.val):
+                if j % self.parallel.world_size == self.parallel.rank:
+                    total += self._loss(self.model, x.to(self.device), y.to(self.device), 1.0)
+            n_tokens = sum(y.numel() for _, y in self.val)
+            val_loss = self.parallel.all_reduce(total, op="sum") / n_tokens
+            with self.autocast():
+                per_head = max_attention_logits(self.model, self.val[0][0].to(self.device))
+        finally:
+            self.model.train()
+        return {"val_loss": float(val_loss.item()), "max_attention_logit": per_head.amax(dim=1).tolist()}
+
+    # -- state --------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Tensor state for trainer_state.pt (collective under sharded parallelism)."""
+        rng: dict[str, Any] = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        return {
+            "step": self.step,
+            "optimizer": self.parallel.optimizer_state_dict(self.model, self.optimizer),
+            "rng": rng,
+            "data": {"seed": self.config.seed, "next_batch": self.step},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.parallel.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+        self.step = int(state["step"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if "cuda" in state["rng"] and torch.cuda.is_available():
+            cuda_states = state["rng"]["cuda"]
+            if len(cuda_states) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(cuda_states)

@@ -1,0 +1,68 @@
+"""metrics.jsonl: one JSON object per line, each with `step` and `tokens`.
+
+Log lines add `loss`, `lr`, `grad_norm`, `tokens_per_s`; eval lines add `val_loss` and
+`max_attention_logit` (one value per layer). Non-finite numbers are written as null.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def json_safe(value: Any) -> Any:
+    """Floats that are nan/inf become None; lists and dicts are cleaned recursively."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    return value
+
+
+class MetricsLog:
+    """Appends records to <run>/metrics.jsonl, flushed per line."""
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / METRICS_FILE
+
+    def write(self, record: dict[str, Any]) -> None:
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records of steps after `step` (what a crash left past the resumed checkpoint)."""
+        if not self.path.exists():
+            return
+        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        os.replace(tmp, self.path)
+
+    def reset(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl (or of <run>/metrics.jsonl); a torn last line is skipped."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    records = []
+    if not path.exists():
+        return records
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
