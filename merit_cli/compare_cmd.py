@@ -1,0 +1,208 @@
+"""`merit compare`: optimizers x batch sizes at one token budget, each at its best lr; rich progress and table."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import click
+
+from merit_cli.render import StageProgress, console, fmt_duration, fmt_float
+from merit_core.compare.runner import CompareCallbacks
+
+
+def _lr(value: float) -> str:
+    return f"{value:.3g}"
+
+
+class RichCompareReport(CompareCallbacks):
+    """Renders a comparison: the plan and grids, an overall bar plus one bar per running run, a line per run."""
+
+    def __init__(self):
+        self.out = console()
+        self.stages: StageProgress | None = None
+        self.progress = None
+        self.overall = None
+        self.tasks: dict[str, Any] = {}
+        self.started: dict[str, float] = {}
+        self.last: dict[str, dict[str, Any]] = {}
+
+    def on_prepare(self, stage: str, done: int, total: int | None) -> None:
+        if self.stages is None:
+            self.stages = StageProgress(self.out)
+        self.stages(stage, done, total)
+
+    def on_plan(self, runs, states, jobs) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        if self.stages is not None:
+            self.stages.stop()
+        first = runs[0]
+        batches = sorted({r.batch_size for r in runs})
+        steps = ", ".join(f"b{b}: {next(r.steps for r in runs if r.batch_size == b)} steps" for b in batches)
+        todo = [r for r in runs if states[r.name] in ("new", "partial")]
+        done = len(runs) - len(todo)
+        self.out.print(
+            f"[bold]Comparing[/] {', '.join(dict.fromkeys(r.optimizer for r in runs))} on {first.config.model}, "
+            f"seq len {first.config.seq_len}, {max(r.tokens for r in runs):,} tokens per run ({steps})")
+        self.out.print(_grid_table(runs))
+        resumed = sum(states[r.name] == "partial" for r in runs)
+        note = f"{done} already done, " if done else ""
+        note += f"{resumed} to resume, " if resumed else ""
+        self.out.print(f"{len(runs)} runs: {note}{len(todo)} to train, {jobs} at a time")
+        self.out.print(f"[dim]runs in {first.run_dir.parent}[/]")
+        self.progress = Progress(
+            TextColumn("{task.description:<28}"), BarColumn(bar_width=20), MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.out, transient=True)
+        self.progress.start()
+        self.overall = self.progress.add_task("all runs", total=len(runs), completed=done, info="")
+
+    def on_run_start(self, run, resumed: bool) -> None:
+        self.started[run.name] = time.perf_counter()
+        label = run.name + (" (resume)" if resumed else "")
+        self.tasks[run.name] = self.progress.add_task(label, total=run.steps, info="")
+
+    def on_run_progress(self, run, record: dict[str, Any]) -> None:
+        task = self.tasks.get(run.name)
+        if task is None:
+            return
+        last = self.last.setdefault(run.name, {})
+        last.update({k: v for k, v in record.items() if v is not None})
+        info = f"loss {fmt_float(last.get('loss'))}"
+        if "val_loss" in last:
+            info += f"  val {fmt_float(last['val_loss'])}"
+        self.progress.update(task, completed=record["step"], info=info)
+
+    def on_run_end(self, run, state: str, message: str | None) -> None:
+        task = self.tasks.pop(run.name, None)
+        if task is not None:
+            self.progress.remove_task(task)
+        self.progress.advance(self.overall)
+        took = fmt_duration(time.perf_counter() - self.started.get(run.name, time.perf_counter()))
+        last = self.last.pop(run.name, {})
+        if state == "finished":
+            logits = [v for v in last.get("max_attention_logit") or [] if v is not None]
+            peak = fmt_float(max(logits), 3) if logits else "-"
+            self.progress.console.print(
+                f"[green]done[/] {run.name:<26} val loss [bold cyan]{fmt_float(last.get('val_loss'))}[/]  "
+                f"max logit [magenta]{peak}[/]  [dim]{took}[/]")
+        else:
+            self.progress.console.print(f"[red]diverged[/] {run.name:<22} [dim]{message}[/]")
+
+    def close(self) -> None:
+        if self.stages is not None:
+            self.stages.stop()
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+def _grid_table(runs):
+    from rich.table import Table
+
+    table = Table(title="Learning-rate grid", title_justify="left", box=None, padding=(0, 2), header_style="bold")
+    for name in ("optimizer", "batch", "steps", "learning rates"):
+        table.add_column(name, justify="right" if name in ("batch", "steps") else "left")
+    seen = set()
+    for run in runs:
+        key = (run.optimizer, run.batch_size)
+        if key not in seen:
+            seen.add(key)
+            table.add_row(run.optimizer, str(run.batch_size), str(run.steps), ", ".join(_lr(v) for v in run.grid))
+    return table
+
+
+def results_table(summary: dict[str, Any]):
+    """Optimizers x batch sizes: best-lr final validation loss, its lr, and the max attention logit.
+
+    The lowest loss and the lowest max logit at each batch size are bold."""
+    from rich.table import Table
+
+    settings = summary["settings"]
+    best = {(b["optimizer"], b["batch_size"]): b for b in summary["best"]}
+    table = Table(title=f"Best lr per optimizer and batch size: final validation loss and max attention logit "
+                        f"({settings['model']}, {settings['tokens_per_run']:,} tokens per run)",
+                  title_justify="left", header_style="bold")
+    table.add_column("optimizer")
+    for b in settings["batch_sizes"]:
+        table.add_column(f"b{b} val loss", justify="right")
+        table.add_column(f"b{b} lr", justify="right", style="dim")
+        table.add_column(f"b{b} max logit", justify="right")
+    lowest = {}
+    for b in settings["batch_sizes"]:
+        for key in ("final_val_loss", "max_attention_logit"):
+            values = [e[key] for (o, bb), e in best.items() if bb == b and e["status"] == "finished"
+                      and e[key] is not None and math.isfinite(e[key])]
+            lowest[b, key] = min(values) if len(values) > 1 else None
+    for name in settings["optimizers"]:
+        cells = [name]
+        for b in settings["batch_sizes"]:
+            e = best.get((name, b))
+            if e is None:
+                cells += ["", "", ""]
+            elif e["status"] != "finished":
+                cells += ["[red]diverged[/]", "-", "-"]
+            else:
+                loss, logit = e["final_val_loss"], e["max_attention_logit"]
+                loss_text = f"{loss:.4f}"
+                logit_text = fmt_float(logit, 3)
+                if loss == lowest[b, "final_val_loss"]:
+                    loss_text = f"[bold green]{loss_text}[/]"
+                if logit is not None and logit == lowest[b, "max_attention_logit"]:
+                    logit_text = f"[bold]{logit_text}[/]"
+                edge = {"low": " ↓", "high": " ↑"}.get(e.get("lr_at_edge"), "")
+                cells += [loss_text, _lr(e["lr"]) + edge, logit_text]
+        table.add_row(*cells)
+    return table
+
+
+@click.command("compare", context_settings={"show_default": True})
+@click.argument("config_file", required=False, metavar="[CONFIG.toml]")
+@click.option("--optimizers", help="Comma-separated optimizers  [default: adamw,lamb,merit]")
+@click.option("--batch-sizes", help="Comma-separated global batch sizes in sequences  [default: 8,64]")
+@click.option("--lrs", help="'auto' (a grid around each optimizer's default, shifted with batch size) or "
+                            "comma-separated learning rates for every optimizer  [default: auto]")
+@click.option("--tokens", type=int, help="Training tokens per run, the same at every batch size  [default: 262144]")
+@click.option("--model", help="Named model or config.json  [default: gpt2-tiny]")
+@click.option("--data", help="Prepared folder, text file/folder or dataset name (default: built-in corpus).")
+@click.option("--seq-len", type=int, help="Tokens per sequence  [default: 128]")
+@click.option("--device", help="auto, cpu, cuda.")
+@click.option("--out", help="Comparison folder (default runs/compare-<model>); re-running skips finished runs.")
+@click.option("--jobs", type=int, help="Runs at once (default: one per GPU, 1 on CPU).")
+@click.option("--quick", is_flag=True, help="The default comparison at a quarter of the tokens (about 3 minutes on 2 cores).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="A merit train setting for every run (e.g. warmup_ratio=0.05, micro_batch_size=16).")
+def compare(config_file, optimizers, batch_sizes, lrs, tokens, model, data, seq_len, device, out, jobs, quick,
+            overrides):
+    """Compare optimizers at a small and a large batch, same token budget, each at its best lr.
+
+    Every run is an ordinary `merit train` run folder under OUT/runs/; OUT gets summary.json,
+    compare.png (loss vs batch size, max attention logit vs step) and REPORT.md. A re-run
+    skips finished runs and resumes unfinished ones.
+    """
+    from merit_core.compare import load_spec, run_compare
+    from merit_core.hub import prefer_offline
+
+    prefer_offline()
+    spec = load_spec(config_file, optimizers=optimizers, batch_sizes=batch_sizes, lrs=lrs, tokens=tokens, out=out,
+                     jobs=jobs, quick=quick, overrides=overrides,
+                     train_values=dict(model=model, data=data, seq_len=seq_len, device=device))
+    report = RichCompareReport()
+    try:
+        result = run_compare(spec, report)
+    finally:
+        report.close()
+    out_console = report.out
+    out_console.print()
+    out_console.print(results_table(result.summary))
+    diverged = [r["name"] for r in result.summary["runs"] if r["status"] == "diverged"]
+    if diverged:
+        out_console.print(f"[red]diverged:[/] {', '.join(diverged)}")
+    if any(b.get("lr_at_edge") for b in result.summary["best"]):
+        out_console.print("[dim]↓/↑: the best lr is the smallest/largest of its grid; the optimum may lie outside.[/]")
+    trained = len(result.trained)
+    out_console.print(f"\n{trained} run(s) trained, {len(result.states_before) - trained} skipped, "
+                      f"in {fmt_duration(result.elapsed_s)}")
+    for path in (result.summary_path, result.plot_path, result.report_path):
+        out_console.print(f"  {path}")

@@ -1,0 +1,130 @@
+"""`merit compare`: the paper's experiment at any scale (optimizers x batch sizes, each at its best lr).
+
+Every run is an ordinary `merit train` run folder under `<out>/runs/<optimizer>-b<batch>-lr<lr>/`;
+at the end `<out>/summary.json`, `<out>/compare.png` and `<out>/REPORT.md` are written from
+those folders. Modules: spec (settings), grid (lr grids and run configs), runner (states and
+execution), worker (one run in a subprocess), summary, report, plots.
+
+The default comparison (no arguments) is adamw, lamb and merit on gpt2-tiny (1.35M parameters)
+with the built-in corpus, sequence length 128, batch sizes 8 and 64 at 262,144 tokens per run
+(256 and 32 steps), a three-point lr grid each: 18 runs. Sized from throughput measured on the
+2-core CPU of the project machine, which was shared with other jobs at the time (see the
+project README for the numbers); `--quick` keeps the comparison and cuts the budget to 65,536
+tokens per run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from merit_core.compare.grid import PlannedRun, lr_grids, plan_runs
+from merit_core.compare.runner import CompareCallbacks, default_jobs, execute, run_state
+from merit_core.compare.spec import CompareSpec, load_spec
+from merit_core.compare.summary import SUMMARY_FILE, build_summary, select_best, write_json
+
+REPORT_FILE = "REPORT.md"
+
+__all__ = ["CompareSpec", "CompareCallbacks", "CompareResult", "PlannedRun", "load_spec", "plan_compare",
+           "run_compare", "select_best", "lr_grids"]
+
+
+@dataclass
+class ComparePlan:
+    """Checked runs and their states before anything is written."""
+
+    spec: CompareSpec
+    runs: list[PlannedRun]
+    states: dict[str, str]
+    jobs: int
+
+
+@dataclass
+class CompareResult:
+    """What `run_compare` produced."""
+
+    out: Path
+    summary: dict[str, Any]
+    summary_path: Path
+    plot_path: Path
+    report_path: Path
+    states_before: dict[str, str]
+    trained: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+
+def plan_compare(spec: CompareSpec) -> ComparePlan:
+    """Validate the comparison and find each run's state; writes nothing (ConfigError on bad input)."""
+    runs = plan_runs(spec)
+    states = {run.name: run_state(run) for run in runs}
+    device = str(spec.train.get("device", "auto"))
+    return ComparePlan(spec, runs, states, spec.jobs or default_jobs(device))
+
+
+def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) -> CompareResult:
+    """Run (or finish) the comparison and write summary.json, compare.png and REPORT.md."""
+    from merit_core.compare.plots import plot_compare
+    from merit_core.compare.report import render_report
+
+    callbacks = callbacks or CompareCallbacks()
+    start = time.perf_counter()
+    plan = plan_compare(spec)
+    meta = _prepare_data(spec, callbacks)
+    callbacks.on_plan(plan.runs, plan.states, plan.jobs)
+    states = execute(plan.runs, plan.states, plan.jobs, spec.out / "logs", callbacks)
+    summary = build_summary(_settings(spec, plan.runs, meta), plan.runs, states)
+    spec.out.mkdir(parents=True, exist_ok=True)
+    summary_path = write_json(spec.out / SUMMARY_FILE, summary)
+    plot_path = plot_compare(summary, spec.out)
+    report_path = spec.out / REPORT_FILE
+    tmp = report_path.with_name(REPORT_FILE + ".tmp")
+    tmp.write_text(render_report(summary))
+    tmp.replace(report_path)
+    trained = [name for name, state in plan.states.items() if state in ("new", "partial")]
+    return CompareResult(spec.out, summary, summary_path, plot_path, report_path, plan.states, trained,
+                         time.perf_counter() - start)
+
+
+def _prepare_data(spec: CompareSpec, callbacks: CompareCallbacks):
+    """Prepare the shared data once, before any run (the runs then find it in the cache)."""
+    from merit_core.data import load_meta, resolve_data
+
+    path = resolve_data(spec.train.get("data"), tokenizer=spec.train.get("tokenizer"),
+                        vocab_size=int(spec.train.get("vocab_size", 4096)), progress=callbacks.on_prepare)
+    return load_meta(path)
+
+
+def _settings(spec: CompareSpec, runs: list[PlannedRun], meta) -> dict[str, Any]:
+    from merit_core.train.checkpoint import latest_checkpoint, read_trainer_info
+
+    first = runs[0].config
+    n_params = None
+    for run in runs:
+        ckpt = latest_checkpoint(run.run_dir)
+        if ckpt is not None:
+            n_params = read_trainer_info(ckpt).get("n_params")
+            break
+    grids = lr_grids(spec)
+    rule = ("auto (centre = default lr x width scale x sqrt(batch / smallest batch), x "
+            + ("{1/3, 1, 3}" if not spec.quick else "the quick factors") + ")")
+    explicit = {name for name, setting in spec.lrs.items() if setting != "auto"}
+    if explicit:
+        rule = ("given lists" if len(explicit) == len(spec.lrs)
+                else f"given lists for {', '.join(sorted(explicit))}, otherwise {rule}")
+    data = spec.train.get("data") or "built-in corpus (Python standard-library docstrings)"
+    return {
+        "model": str(first.model), "n_params": n_params, "optimizers": spec.optimizers,
+        "batch_sizes": spec.all_batch_sizes, "seq_len": int(first.seq_len), "tokens": spec.tokens,
+        "tokens_per_run": max(run.tokens for run in runs),
+        "steps": {str(b): next(r.steps for r in runs if r.batch_size == b) for b in spec.all_batch_sizes},
+        "data": f"{data}: {meta.train_tokens:,} train / {meta.val_tokens:,} validation tokens, "
+                f"vocabulary {meta.vocab_size}",
+        "lr_rule": rule,
+        "lr_grids": [{"optimizer": o, "batch_size": b, "lrs": lrs} for (o, b), lrs in grids.items()],
+        "warmup_ratio": float(first.warmup_ratio), "min_lr_ratio": float(first.min_lr_ratio),
+        "grad_clip": float(first.grad_clip), "seed": int(first.seed), "dtype": str(first.dtype),
+        "eval_tokens": int(first.eval_batches * first.eval_batch_size * first.seq_len),
+        "out": str(spec.out), "quick": spec.quick,
+    }

@@ -1,0 +1,151 @@
+"""The runs of a comparison: the learning-rate grids, and one `merit train` config per run.
+
+The auto grid for optimizer `o` at batch size `B` is centred on
+
+    centre = default_lr(o) * width_scale * sqrt(B / B_min)
+
+- `default_lr(o)`: the registry's default (AdamW 6e-4, LAMB 1e-3, MERIT 2e-4: recipes for
+  GPT-2-sized models at about 0.5M tokens per batch);
+- `width_scale = clamp(768 / d_model, 1, 8)`: narrower models than GPT-2 small take larger
+  steps (Adam-type learning rates scale about as 1 / width);
+- `sqrt(B / B_min)`: the square-root batch-size rule of Adam-type and layer-wise adaptive
+  optimizers, relative to the smallest batch of the comparison;
+
+and the grid is `centre * AUTO_FACTORS` (`QUICK_FACTORS` with --quick), rounded to three
+significant digits (the run folders are named after them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from merit_core.compare.spec import CompareSpec
+from merit_core.errors import ConfigError
+
+AUTO_FACTORS = (1 / 3, 1.0, 3.0)
+QUICK_FACTORS = (1 / 3, 1.0, 3.0)
+RUNS_DIR = "runs"
+# Keys of a run's config.toml that do not change what the run computes; a finished run whose
+# saved config differs from the planned one in any *other* key belongs to another comparison.
+NON_IDENTITY_KEYS = frozenset({"out", "resume", "device", "compile", "micro_batch_size", "log_every", "save_every",
+                               "keep_checkpoints", "eval_every", "parallel"})
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One training run of the comparison. `config` is resolved (steps, warmup, out are filled)."""
+
+    optimizer: str
+    batch_size: int
+    lr: float
+    grid: tuple[float, ...]
+    config: Any  # merit_core.train.config.TrainConfig
+
+    @property
+    def name(self) -> str:
+        return run_name(self.optimizer, self.batch_size, self.lr)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.out)
+
+    @property
+    def steps(self) -> int:
+        return int(self.config.steps)
+
+    @property
+    def tokens(self) -> int:
+        return self.steps * self.batch_size * int(self.config.seq_len)
+
+
+def run_name(optimizer: str, batch_size: int, lr: float) -> str:
+    """'<optimizer>-b<batch>-lr<lr>', e.g. 'merit-b64-lr0.003'."""
+    return f"{optimizer}-b{batch_size}-lr{lr:.3g}"
+
+
+def round_lr(value: float) -> float:
+    return float(f"{value:.3g}")
+
+
+def model_width(model: str) -> int:
+    """d_model of a named model or config.json (ConfigError for an unknown model)."""
+    from merit_core.models import model_config
+
+    config = model_config(model)
+    return int(getattr(config, "n_embd", None) or config.hidden_size)
+
+
+def auto_lr_grid(optimizer: str, batch_size: int, smallest_batch: int, d_model: int,
+                 quick: bool = False) -> list[float]:
+    """The auto grid (see the module docstring), ascending."""
+    from merit_core.optim import default_hparams
+
+    width_scale = min(8.0, max(1.0, 768 / d_model))
+    centre = float(default_hparams(optimizer)["lr"]) * width_scale * math.sqrt(batch_size / smallest_batch)
+    factors = QUICK_FACTORS if quick else AUTO_FACTORS
+    return sorted({round_lr(centre * f) for f in factors})
+
+
+def lr_grids(spec: CompareSpec) -> dict[tuple[str, int], list[float]]:
+    """(optimizer, batch size) -> the learning rates to try, in the spec's order."""
+    d_model = model_width(str(spec.train["model"]))
+    smallest = min(spec.all_batch_sizes)
+    grids = {}
+    for name in spec.optimizers:
+        for batch in spec.batch_sizes[name]:
+            setting = spec.lrs[name]
+            grids[name, batch] = (auto_lr_grid(name, batch, smallest, d_model, spec.quick) if setting == "auto"
+                                  else sorted({round_lr(v) for v in setting}))
+    return grids
+
+
+def plan_runs(spec: CompareSpec) -> list[PlannedRun]:
+    """Every run of the comparison with its resolved train config; ConfigError on bad settings."""
+    from merit_core.models import context_length, model_config
+    from merit_core.optim import default_hparams
+    from merit_core.train.config import from_dict, resolve
+
+    model = str(spec.train["model"])
+    context = context_length(model_config(model))
+    seq_len = int(spec.train.get("seq_len", 128))
+    if seq_len > context:
+        raise ConfigError(f"seq_len {seq_len} is beyond the context of {model} ({context} tokens)")
+    runs = []
+    for (optimizer, batch), grid in lr_grids(spec).items():
+        steps = max(1, math.ceil(spec.tokens / (batch * seq_len)))
+        for lr in grid:
+            values = {**spec.train, "optimizer": optimizer, "batch_size": batch, "lr": lr, "steps": steps,
+                      "optimizer_args": dict(spec.optimizer_args.get(optimizer, {})),
+                      "out": str(spec.out / RUNS_DIR / run_name(optimizer, batch, lr))}
+            values.setdefault("eval_every", max(1, steps // 10))
+            values.setdefault("save_every", max(1, math.ceil(steps / 4)))
+            values.setdefault("keep_checkpoints", 1)
+            config = resolve(from_dict(values), 1, default_hparams(optimizer))
+            runs.append(PlannedRun(optimizer, batch, lr, tuple(grid), config))
+    return runs
+
+
+def config_mismatch(saved: dict[str, Any], planned: Any) -> str | None:
+    """The first key (other than NON_IDENTITY_KEYS) where a run's saved config.toml differs from
+    the planned resolved config, as 'key: saved != planned'; None when they describe the same run."""
+    wanted = _plain(dataclasses.asdict(planned))
+    have = _plain(saved)
+    for key, value in wanted.items():
+        if key in NON_IDENTITY_KEYS:
+            continue
+        if have.get(key) != value:
+            return f"{key}: {have.get(key)!r} != {value!r}"
+    return None
+
+
+def _plain(value: Any) -> Any:
+    """Tuples -> lists, recursively; drop None values of mappings (TOML leaves them out)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,229 @@
+"""Running a comparison: which runs are done, and training the rest, one at a time or in parallel.
+
+A run's state comes from its folder alone, so a re-run of the comparison picks up where the
+last one stopped: 'finished' (its latest checkpoint is at the planned last step: skipped),
+'diverged' (a marker the comparison wrote when training stopped on a non-finite loss:
+skipped), 'partial' (a checkpoint short of the end: resumed with `merit train`'s resume),
+'new'. With one job, runs train in this process through `run_training`; with more, each run
+is a subprocess (`python -m merit_core.compare.worker`), one per GPU when there are GPUs
+(CUDA_VISIBLE_DEVICES), and on CPU the cores are split between them (OMP_NUM_THREADS).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from merit_core.compare.grid import PlannedRun, config_mismatch
+from merit_core.errors import ConfigError, MeritError
+from merit_core.train.run import TrainCallbacks
+
+STATUS_FILE = "compare_status.json"
+LOGS_DIR = "logs"
+EXIT_DIVERGED = 3
+EXIT_USER_ERROR = 2
+
+
+class RunFailed(MeritError):
+    """A run of the comparison crashed (not a divergence); its log names the cause."""
+
+
+class CompareCallbacks:
+    """Progress hooks of a comparison; override what you need."""
+
+    def on_prepare(self, stage: str, done: int, total: int | None) -> None:
+        """Data preparation progress (the shared data is prepared once, before any run)."""
+
+    def on_plan(self, runs: list[PlannedRun], states: dict[str, str], jobs: int) -> None:
+        """The runs, their states before this invocation, and how many run at once."""
+
+    def on_run_start(self, run: PlannedRun, resumed: bool) -> None:
+        """A run starts training (`resumed`: from its latest checkpoint)."""
+
+    def on_run_progress(self, run: PlannedRun, record: dict[str, Any]) -> None:
+        """A metrics record of a running run (log or eval line, with 'step')."""
+
+    def on_run_end(self, run: PlannedRun, state: str, message: str | None) -> None:
+        """A run stopped: state 'finished' or 'diverged' (message: why)."""
+
+
+# -- state ------------------------------------------------------------------------------------
+def run_state(run: PlannedRun) -> str:
+    """'finished', 'diverged', 'partial' or 'new' (see the module docstring).
+
+    ConfigError when the folder holds a run with other settings (another comparison's run).
+    """
+    from merit_core.train.checkpoint import latest_checkpoint, read_trainer_info
+    from merit_core.train.config import read_toml
+    from merit_core.train.run import CONFIG_FILE
+
+    config_path = run.run_dir / CONFIG_FILE
+    if not config_path.is_file():
+        return "new"
+    diff = config_mismatch(read_toml(config_path), run.config)
+    if diff is not None:
+        raise ConfigError(f"{run.run_dir} holds a run with other settings ({diff}); "
+                          "choose another --out or remove that folder")
+    if read_status(run.run_dir).get("state") == "diverged":
+        return "diverged"
+    ckpt = latest_checkpoint(run.run_dir)
+    if ckpt is None:
+        return "new"
+    return "finished" if int(read_trainer_info(ckpt).get("step", 0)) >= run.steps else "partial"
+
+
+def read_status(run_dir: Path) -> dict[str, Any]:
+    """The comparison's marker of a run ({} when there is none or it is unreadable)."""
+    try:
+        return json.loads((Path(run_dir) / STATUS_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def mark_diverged(run_dir: Path, message: str) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / (STATUS_FILE + ".tmp")
+    tmp.write_text(json.dumps({"state": "diverged", "message": message}, indent=2) + "\n")
+    os.replace(tmp, run_dir / STATUS_FILE)
+
+
+# -- execution --------------------------------------------------------------------------------
+def default_jobs(device: str = "auto") -> int:
+    """One job per GPU when the runs go to GPUs, else 1 (a CPU run already uses every core)."""
+    if device == "cpu":
+        return 1
+    import torch
+
+    return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
+
+
+def execute(runs: list[PlannedRun], states: dict[str, str], jobs: int, log_dir: Path,
+            callbacks: CompareCallbacks) -> dict[str, str]:
+    """Train every 'new' or 'partial' run; return the state of every run afterwards."""
+    todo = [run for run in runs if states[run.name] in ("new", "partial")]
+    final = dict(states)
+    if jobs <= 1:
+        for run in todo:
+            final[run.name] = _run_here(run, states[run.name] == "partial", callbacks)
+    else:
+        final.update(_run_parallel(todo, states, jobs, log_dir, callbacks))
+    return final
+
+
+def _run_here(run: PlannedRun, resume: bool, callbacks: CompareCallbacks) -> str:
+    from merit_core.train.loop import TrainingDiverged
+    from merit_core.train.run import run_training
+
+    callbacks.on_run_start(run, resume)
+    try:
+        run_training(dataclasses.replace(run.config, resume=resume), _Forward(run, callbacks))
+    except TrainingDiverged as exc:
+        mark_diverged(run.run_dir, str(exc))
+        callbacks.on_run_end(run, "diverged", str(exc))
+        return "diverged"
+    callbacks.on_run_end(run, "finished", None)
+    return "finished"
+
+
+class _Forward(TrainCallbacks):
+    """TrainCallbacks that pass log and eval records on as run progress."""
+
+    def __init__(self, run: PlannedRun, callbacks: CompareCallbacks):
+        self.run, self.cb = run, callbacks
+
+    def on_log(self, record: dict[str, Any]) -> None:
+        self.cb.on_run_progress(self.run, record)
+
+    def on_eval(self, record: dict[str, Any]) -> None:
+        self.cb.on_run_progress(self.run, record)
+
+
+def worker_env(slot: int, jobs: int, n_gpus: int) -> dict[str, str]:
+    """Environment of the worker in `slot`: its GPU, or its share of the CPU cores."""
+    env = dict(os.environ)
+    if n_gpus:
+        env["CUDA_VISIBLE_DEVICES"] = str(slot % n_gpus)
+    else:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = str(max(1, cores // jobs))
+        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    return env
+
+
+def _gpu_count(runs: list[PlannedRun]) -> int:
+    if not runs or all(run.config.device == "cpu" for run in runs):
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _run_parallel(todo: list[PlannedRun], states: dict[str, str], jobs: int, log_dir: Path,
+                  callbacks: CompareCallbacks) -> dict[str, str]:
+    from merit_core.train.metrics import read_metrics
+
+    n_gpus = _gpu_count(todo)
+    pending = deque(todo)
+    free = list(range(jobs))
+    active: dict[int, tuple[PlannedRun, subprocess.Popen, Path, int]] = {}
+    final: dict[str, str] = {}
+    log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        while pending or active:
+            while pending and free:
+                run, slot = pending.popleft(), free.pop(0)
+                resume = states[run.name] == "partial"
+                config = dataclasses.asdict(dataclasses.replace(run.config, resume=resume))
+                log = log_dir / f"{run.name}.log"
+                with log.open("w") as fh:
+                    proc = subprocess.Popen([sys.executable, "-m", "merit_core.compare.worker", json.dumps(config)],
+                                            stdout=fh, stderr=subprocess.STDOUT, env=worker_env(slot, jobs, n_gpus))
+                callbacks.on_run_start(run, resume)
+                active[slot] = (run, proc, log, -1)
+            time.sleep(0.5)
+            for slot, (run, proc, log, seen) in list(active.items()):
+                records = read_metrics(run.run_dir) if run.run_dir.is_dir() else []
+                if records and records[-1].get("step", -1) > seen:
+                    callbacks.on_run_progress(run, records[-1])
+                    active[slot] = (run, proc, log, records[-1]["step"])
+                code = proc.poll()
+                if code is None:
+                    continue
+                del active[slot]
+                free.append(slot)
+                final[run.name] = _finish(run, code, log, callbacks)
+    finally:
+        for run, proc, _, _ in active.values():
+            proc.terminate()
+        for run, proc, _, _ in active.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return final
+
+
+def _finish(run: PlannedRun, code: int, log: Path, callbacks: CompareCallbacks) -> str:
+    if code == 0:
+        callbacks.on_run_end(run, "finished", None)
+        return "finished"
+    last = _last_line(log)
+    if code == EXIT_DIVERGED:
+        mark_diverged(run.run_dir, last)
+        callbacks.on_run_end(run, "diverged", last)
+        return "diverged"
+    if code == EXIT_USER_ERROR:
+        raise MeritError(f"{run.name}: {last}")
+    raise RunFailed(f"run {run.name} failed (exit code {code}): {last} (full log: {log})")
+
+
+def _last_line(path: Path) -> str:
+    lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
