@@ -169,7 +169,7 @@ def results_table(summary: dict[str, Any]):
 @click.option("--seq-len", type=int, help="Tokens per sequence  [default: 128]")
 @click.option("--device", help="auto, cpu, cuda.")
 @click.option("--out", help="Comparison folder (default runs/compare-<model>); re-running skips finished runs.")
-@click.option("--jobs", type=int, help="Runs at once (default: one per GPU, 1 on CPU).")
+@click.option("--jobs", type=int, help="Runs at once (default: one per GPU; on CPU one per core, at most 4, sharing the cores).")
 @click.option("--quick", is_flag=True, help="The default comparison at a quarter of the tokens (about 3 minutes on 2 cores).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="A merit train setting for every run (e.g. warmup_ratio=0.05, micro_batch_size=16).")

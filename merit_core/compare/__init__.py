@@ -60,7 +60,8 @@ def plan_compare(spec: CompareSpec) -> ComparePlan:
     runs = plan_runs(spec)
     states = {run.name: run_state(run) for run in runs}
     device = str(spec.train.get("device", "auto"))
-    return ComparePlan(spec, runs, states, spec.jobs or default_jobs(device))
+    todo = sum(state in ("new", "partial") for state in states.values())
+    return ComparePlan(spec, runs, states, spec.jobs or default_jobs(device, todo))
 
 
 def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) -> CompareResult:
@@ -123,7 +124,9 @@ def _settings(spec: CompareSpec, runs: list[PlannedRun], meta) -> dict[str, Any]
                 f"vocabulary {meta.vocab_size}",
         "lr_rule": rule,
         "lr_grids": [{"optimizer": o, "batch_size": b, "lrs": lrs} for (o, b), lrs in grids.items()],
-        "warmup_ratio": float(first.warmup_ratio), "min_lr_ratio": float(first.min_lr_ratio),
+        "warmup_steps": {str(b): next(int(r.config.warmup_steps) for r in runs if r.batch_size == b)
+                         for b in spec.all_batch_sizes},
+        "min_lr_ratio": float(first.min_lr_ratio),
         "grad_clip": float(first.grad_clip), "seed": int(first.seed), "dtype": str(first.dtype),
         "eval_tokens": int(first.eval_batches * first.eval_batch_size * first.seq_len),
         "out": str(spec.out), "quick": spec.quick,

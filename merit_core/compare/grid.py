@@ -33,6 +33,7 @@ RUNS_DIR = "runs"
 # saved config differs from the planned one in any *other* key belongs to another comparison.
 NON_IDENTITY_KEYS = frozenset({"out", "resume", "device", "compile", "micro_batch_size", "log_every", "save_every",
                                "keep_checkpoints", "eval_every", "parallel"})
+MAIN_KEYS = ("model", "data", "seq_len", "steps", "optimizer", "batch_size", "lr")  # reported first when they differ
 
 
 @dataclass(frozen=True)
@@ -134,11 +135,10 @@ def config_mismatch(saved: dict[str, Any], planned: Any) -> str | None:
     the planned resolved config, as 'key: saved != planned'; None when they describe the same run."""
     wanted = _plain(dataclasses.asdict(planned))
     have = _plain(saved)
-    for key, value in wanted.items():
-        if key in NON_IDENTITY_KEYS:
-            continue
-        if have.get(key) != value:
-            return f"{key}: {have.get(key)!r} != {value!r}"
+    keys = [k for k in MAIN_KEYS if k in wanted] + [k for k in wanted if k not in MAIN_KEYS]
+    for key in keys:
+        if key not in NON_IDENTITY_KEYS and have.get(key) != wanted[key]:
+            return f"{key}: {have.get(key)!r} != {wanted[key]!r}"
     return None
 
 

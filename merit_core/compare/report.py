@@ -194,13 +194,14 @@ def caveats(summary: dict[str, Any]) -> list[str]:
 def setup_lines(summary: dict[str, Any]) -> list[str]:
     s = summary["settings"]
     steps = ", ".join(f"batch {b}: {n} steps" for b, n in s["steps"].items())
+    warmup = ", ".join(f"batch {b}: {n} steps" for b, n in s["warmup_steps"].items())
     return [
         f"- Model: {s['model']}" + (f" ({s['n_params']:,} parameters)" if s.get("n_params") else ""),
         f"- Data: {s['data']}",
         f"- Sequence length {s['seq_len']}; token budget {s['tokens_per_run']:,} tokens per run at every "
         f"batch size ({steps})",
-        f"- Schedule: linear warmup over {s['warmup_ratio']:.0%} of the steps, cosine decay to "
-        f"{s['min_lr_ratio']:g} x lr; gradient clipping at {s['grad_clip']:g}; seed {s['seed']}",
+        f"- Schedule: linear warmup ({warmup}), then cosine decay to {s['min_lr_ratio']:g} x lr; "
+        f"gradient clipping at {s['grad_clip']:g}; seed {s['seed']}",
         f"- Learning rates: {s['lr_rule']}; the best per optimizer and batch size by final validation loss",
         f"- Validation: {s['eval_tokens']:,} held-out tokens; max attention logit on the first validation batch",
     ]
