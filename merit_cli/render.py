@@ -52,6 +52,31 @@ def key_value_table(title: str | None, rows: Iterable[tuple[str, Any]]) -> Table
     return table
 
 
+class StageProgress:
+    """A transient bar per stage for `progress(stage, done, total)` callbacks (total None: unknown)."""
+
+    def __init__(self, out: Console):
+        from rich.progress import MofNCompleteColumn, SpinnerColumn, TimeElapsedColumn
+
+        self.bar = Progress(SpinnerColumn(), TextColumn("{task.description:<24}"), BarColumn(bar_width=24),
+                            MofNCompleteColumn(), TimeElapsedColumn(), console=out, transient=True)
+        self.tasks: dict[str, Any] = {}
+        self.started = False
+
+    def __call__(self, stage: str, done: int, total: int | None) -> None:
+        if not self.started:
+            self.bar.start()
+            self.started = True
+        if stage not in self.tasks:
+            self.tasks[stage] = self.bar.add_task(stage, total=total)
+        self.bar.update(self.tasks[stage], completed=done, total=total)
+
+    def stop(self) -> None:
+        if self.started:
+            self.bar.stop()
+            self.started = False
+
+
 def training_progress(out: Console) -> Progress:
     """A compact progress bar (fits 80 columns) whose task fields are loss, lr, tok_s and max_logit."""
     return Progress(

@@ -9,7 +9,8 @@ from typing import Any
 
 import click
 
-from merit_cli.render import console, fmt_count, fmt_duration, fmt_float, key_value_table, training_progress
+from merit_cli.render import (StageProgress, console, fmt_count, fmt_duration, fmt_float, key_value_table,
+                               training_progress)
 from merit_core.errors import MeritError
 from merit_core.train.run import RunInfo, RunSummary, TrainCallbacks
 
@@ -20,11 +21,20 @@ class RichTrainReport(TrainCallbacks):
     def __init__(self):
         self.out = console()
         self.progress = None
+        self.stages = None
         self.task = None
         self.fields = {"loss": "-", "lr": "-", "tok_s": "-", "max_logit": "-"}
 
-    def on_prepare(self, message: Any) -> None:
-        self.out.print(f"[dim]{message}[/]")
+    def on_prepare(self, stage: str, done: int, total: int | None) -> None:
+        if self.stages is None:
+            self.stages = StageProgress(self.out)
+        self.stages(stage, done, total)
+
+    def on_data(self, meta) -> None:
+        if self.stages is not None:
+            self.stages.stop()
+        self.out.print(f"[dim]data {meta.path}: {fmt_count(meta.train_tokens)} train / {fmt_count(meta.val_tokens)} "
+                       f"val tokens, vocabulary {meta.vocab_size}[/]")
 
     def on_start(self, info: RunInfo) -> None:
         c = info.config
@@ -85,6 +95,8 @@ class RichTrainReport(TrainCallbacks):
             self.out.print(f"  {cmd.ljust(width)}  [dim]# {what}[/]")
 
     def close(self) -> None:
+        if self.stages is not None:
+            self.stages.stop()
         if self.progress is not None:
             self.progress.stop()
             self.progress = None

@@ -34,6 +34,7 @@ class TrainConfig:
 
     model: a named model (see merit_core.models) or a path to a config.json.
     optimizer / optimizer_args: a registry name and its extra hyperparameters (betas, eps, ...).
+    lr / weight_decay: default to the optimizer's registry defaults.
     lr / min_lr / min_lr_ratio / warmup_steps / warmup_ratio: linear warmup to `lr`, then cosine
         decay to `min_lr` (default `lr * min_lr_ratio`); warmup defaults to `warmup_ratio * steps`.
     steps / tokens: the run length; give one (tokens are rounded up to whole steps).
@@ -53,12 +54,12 @@ class TrainConfig:
     model: str = "gpt2-tiny"
     optimizer: str = "merit"
     optimizer_args: dict[str, Any] = field(default_factory=dict)
-    lr: float = 2e-3
+    lr: float | None = None
     min_lr: float | None = None
     min_lr_ratio: float = 0.1
     warmup_steps: int | None = None
     warmup_ratio: float = 0.05
-    weight_decay: float = 0.0
+    weight_decay: float | None = None
     grad_clip: float = 1.0
     batch_size: int = 32
     micro_batch_size: int | None = None
@@ -155,19 +156,22 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
 
 def validate(config: TrainConfig) -> None:
     """Value checks that need no model, data or process group."""
-    positive = ["lr", "batch_size", "seq_len", "eval_batches", "eval_batch_size", "log_every", "vocab_size"]
-    positive += [n for n in ("micro_batch_size", "steps", "tokens") if getattr(config, n) is not None]
+    positive = ["batch_size", "seq_len", "eval_batches", "eval_batch_size", "log_every", "vocab_size", "lr",
+                "micro_batch_size", "steps", "tokens"]
     for name in positive:
-        if not getattr(config, name) > 0:
-            raise ConfigError(f"{name} must be positive, got {getattr(config, name)}")
+        value = getattr(config, name)
+        if value is not None and not value > 0:
+            raise ConfigError(f"{name} must be positive, got {value}")
     for name in ("weight_decay", "grad_clip", "eval_every", "save_every", "keep_checkpoints", "min_lr_ratio",
-                 "warmup_ratio"):
-        if getattr(config, name) < 0:
-            raise ConfigError(f"{name} must be >= 0, got {getattr(config, name)}")
-    if config.warmup_steps is not None and config.warmup_steps < 0:
-        raise ConfigError(f"warmup_steps must be >= 0, got {config.warmup_steps}")
-    if config.min_lr is not None and not 0 <= config.min_lr <= config.lr:
-        raise ConfigError(f"min_lr must be between 0 and lr ({config.lr}), got {config.min_lr}")
+                 "warmup_ratio", "warmup_steps", "min_lr"):
+        value = getattr(config, name)
+        if value is not None and value < 0:
+            raise ConfigError(f"{name} must be >= 0, got {value}")
+    if config.min_lr is not None and config.lr is not None and config.min_lr > config.lr:
+        raise ConfigError(f"min_lr ({config.min_lr}) must not exceed lr ({config.lr})")
+    for key in ("lr", "weight_decay"):
+        if key in config.optimizer_args:
+            raise ConfigError(f"set {key} with the top-level key '{key}', not optimizer_args.{key}")
     if config.min_lr_ratio > 1 or config.warmup_ratio > 1:
         raise ConfigError("min_lr_ratio and warmup_ratio must be at most 1")
     if config.dtype not in DTYPES:
@@ -184,12 +188,22 @@ def validate(config: TrainConfig) -> None:
             raise ConfigError(f"optimizer_args key {key!r} is not a valid name")
 
 
-def resolve(config: TrainConfig, world_size: int = 1, now: datetime.datetime | None = None) -> TrainConfig:
-    """A copy with derived fields filled: steps, warmup_steps, min_lr, micro_batch_size, out.
+def resolve(config: TrainConfig, world_size: int = 1, optimizer_defaults: dict[str, Any] | None = None,
+            now: datetime.datetime | None = None) -> TrainConfig:
+    """A copy with derived fields filled: lr and weight_decay (from `optimizer_defaults`, the
+    registry's defaults for the optimizer), steps, warmup_steps, min_lr, micro_batch_size, out.
 
     Raises ConfigError when the global batch cannot be split over `world_size` processes.
     """
     c = dataclasses.replace(config, optimizer_args=dict(config.optimizer_args))
+    defaults = optimizer_defaults or {}
+    for key in ("lr", "weight_decay"):
+        if getattr(c, key) is None:
+            if key not in defaults:
+                raise ConfigError(f"{key} is not set and optimizer {c.optimizer!r} has no default for it")
+            setattr(c, key, float(defaults[key]))
+    if c.min_lr is not None and c.min_lr > c.lr:
+        raise ConfigError(f"min_lr ({c.min_lr}) must not exceed lr ({c.lr})")
     if c.steps is None:
         c.steps = math.ceil(c.tokens / c.tokens_per_step) if c.tokens is not None else DEFAULT_STEPS
     elif c.tokens is not None and c.steps != math.ceil(c.tokens / c.tokens_per_step):

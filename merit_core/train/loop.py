@@ -45,16 +45,10 @@ def _autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextMan
 
 
 def hessian_interval(optimizer: torch.optim.Optimizer) -> int | None:
-    """Every how many steps the loop must refresh the optimizer's Hessian estimate (Sophia-G), or None."""
+    """Every how many steps the loop refreshes the optimizer's Hessian estimate (Sophia-G), or None."""
     if not callable(getattr(optimizer, "update_hessian", None)):
         return None
-    for name in ("hessian_interval", "update_period", "k"):
-        value = getattr(optimizer, name, None)
-        if value is None and optimizer.defaults:
-            value = optimizer.defaults.get(name)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 10
+    return int(optimizer.hessian_interval)
 
 
 class Trainer:
@@ -109,7 +103,7 @@ class Trainer:
         for k, (x, y) in enumerate(micro):
             x = x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True)
-            first = first or (x, y)
+            first = x if first is None else first
             sync = k == self.n_micro - 1
             with contextlib.nullcontext() if sync else self.parallel.no_sync(self.forward):
                 loss = self._loss(self.forward, x, y, scale)
@@ -119,23 +113,25 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.hessian_every and index % self.hessian_every == self.hessian_every - 1:
-            self._refresh_hessian(index, *first)
+            self._refresh_hessian(index, first)
         finite = torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
         self._first_bad = torch.where((self._first_bad == 0) & ~finite, index + 1, self._first_bad)
         self.step += 1
         return StepOutput(loss_sum, grad_norm, lr)
 
-    def _refresh_hessian(self, index: int, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Sophia-G: backward on labels sampled from the model's own predictions, then update_hessian()."""
+    def _refresh_hessian(self, index: int, x: torch.Tensor) -> None:
+        """Sophia-G's Gauss-Newton-Bartlett refresh on this process's first micro-batch: backward on
+        labels sampled from the model's own predictions, then update_hessian(labels behind the
+        gradient, counted over processes since DDP averages the gradient)."""
+        from merit_core.optim.sophia import sampled_label_loss
+
         gen = torch.Generator(device=self.device)
-        gen.manual_seed(hash((self.config.seed, index, self.parallel.rank)) & 0x7FFF_FFFF_FFFF)
+        gen.manual_seed((self.config.seed * 1_000_003 + index) * 4099 + self.parallel.rank)
         with self.autocast():
             logits = self.forward(input_ids=x, use_cache=False).logits
-        probs = torch.softmax(logits.detach().float().flatten(0, 1), dim=-1)
-        sampled = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), sampled, reduction="mean")
+        loss, n_labels = sampled_label_loss(logits, generator=gen)
         loss.backward()
-        self.optimizer.update_hessian()
+        self.optimizer.update_hessian(n_labels * self.parallel.world_size)
         self.optimizer.zero_grad(set_to_none=True)
 
     def first_nonfinite_step(self) -> int | None:

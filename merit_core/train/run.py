@@ -9,7 +9,7 @@ only the main process writes files and calls the callbacks.
 
 from __future__ import annotations
 
-import difflib
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,8 +59,11 @@ class RunSummary:
 class TrainCallbacks:
     """Progress hooks; override what you need. Called on the main process only."""
 
-    def on_prepare(self, message: str) -> None:
-        """Data preparation progress (a short status line)."""
+    def on_prepare(self, stage: str, done: int, total: int | None) -> None:
+        """Data preparation progress: `done` of `total` (None: unknown) units of `stage`."""
+
+    def on_data(self, meta) -> None:
+        """The prepared data is ready (`meta`: merit_core.data.DataMeta)."""
 
     def on_start(self, info: RunInfo) -> None:
         """Everything is built and checked; training starts at `info.start_step`."""
@@ -89,15 +92,6 @@ def run_training(config: TrainConfig, callbacks: TrainCallbacks | None = None) -
         parallel.close()
 
 
-def check_optimizer_name(name: str) -> None:
-    from merit_core.optim import OPTIMIZER_NAMES
-
-    if name not in OPTIMIZER_NAMES:
-        close = difflib.get_close_matches(name, list(OPTIMIZER_NAMES), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"unknown optimizer {name!r}: use one of {', '.join(OPTIMIZER_NAMES)}{hint}")
-
-
 def _shared(parallel, fn: Callable[[], Any]) -> Any:
     """Run `fn` on the main process and give its result (or its MeritError) to every process."""
     result: Any = None
@@ -117,8 +111,12 @@ class _Run:
         self.parallel = parallel
         self.cb = callbacks if parallel.is_main else TrainCallbacks()
         if config.resume and config.out is None:
-            raise ConfigError("resume needs the run folder: give --out RUN_DIR (or --resume RUN_DIR)")
-        self.config = resolve(config, parallel.world_size)
+            raise ConfigError("resume needs the run folder: give --out RUN_DIR")
+        from merit_core.optim import canonical_name, default_hparams, resolve_hparams
+
+        config = dataclasses.replace(config, optimizer=canonical_name(config.optimizer))
+        resolve_hparams(config.optimizer, **config.optimizer_args)  # unknown hyperparameters fail here, early
+        self.config = resolve(config, parallel.world_size, default_hparams(config.optimizer))
         self.config.out = parallel.broadcast_object(self.config.out)
         self.run_dir = Path(self.config.out)
 
@@ -128,7 +126,6 @@ class _Run:
         from merit_core.train.checkpoint import latest_checkpoint, list_checkpoints
 
         c = self.config
-        check_optimizer_name(c.optimizer)
         context = context_length(model_config(c.model))
         if c.seq_len > context:
             raise ConfigError(f"seq_len {c.seq_len} is beyond the context of {c.model} ({context} tokens)")
@@ -153,16 +150,14 @@ class _Run:
             path = Path(resolve_data(c.data, tokenizer=c.tokenizer, vocab_size=c.vocab_size,
                                      progress=self.cb.on_prepare))
             meta = load_meta(path)
-            for split, name in (("train", "train"), ("val", "validation")):
-                if f"{split}_tokens" in meta:
-                    check_split_length(int(meta[f"{split}_tokens"]), c.seq_len, f"{name} split of {path}")
-            self.cb.on_prepare(f"data: {path} ({meta.get('train_tokens', '?')} train / "
-                               f"{meta.get('val_tokens', '?')} val tokens, vocabulary {meta.get('vocab_size')})")
+            check_split_length(meta.train_tokens, c.seq_len, f"train split of {path}")
+            check_split_length(meta.val_tokens, c.seq_len, f"validation split of {path}")
+            self.cb.on_data(meta)
             return path, meta
 
         return _shared(self.parallel, prepare)
 
-    def _build(self, data_dir: Path, meta: dict[str, Any], ckpt: Path | None):
+    def _build(self, data_dir: Path, meta, ckpt: Path | None):
         import torch
 
         from merit_core.data import open_tokens
@@ -172,8 +167,8 @@ class _Run:
         from merit_core.train.loop import Trainer
 
         c, device = self.config, self.parallel.device
-        eos = meta.get("eos_token_id", 0)
-        mconf = model_config(c.model, vocab_size=int(meta["vocab_size"]), special_ids={"bos": eos, "eos": eos})
+        eos = meta.eos_token_id
+        mconf = model_config(c.model, vocab_size=meta.vocab_size, special_ids={"bos": eos, "eos": eos})
         if device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
@@ -207,9 +202,7 @@ class _Run:
         ckpt = _shared(self.parallel, self._check)
         data_dir, meta = self._data()
         self.trainer = trainer = self._build(data_dir, meta, ckpt)
-        self.tokenizer_dir = data_dir / meta.get("tokenizer", "tokenizer")
-        if not self.tokenizer_dir.is_dir():
-            self.tokenizer_dir = None
+        self.tokenizer_dir = meta.tokenizer_path if meta.tokenizer_path.is_dir() else None
         c = self.config
         self.metrics = MetricsLog(self.run_dir)
         if self.parallel.is_main:  # the first write: all input has been checked
