@@ -42,6 +42,16 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
+def command_hints(title: str, hints: Iterable[tuple[str, str]]) -> Table:
+    """'What to try next': commands (never wrapped) with a dim note each."""
+    table = Table(title=title, show_header=False, box=None, padding=(0, 2), title_justify="left")
+    table.add_column(no_wrap=True)
+    table.add_column(style="dim")
+    for command, note in hints:
+        table.add_row(command, note)
+    return table
+
+
 def key_value_table(title: str | None, rows: Iterable[tuple[str, Any]]) -> Table:
     """A two-column table: dim keys, plain values."""
     table = Table(title=title, show_header=False, box=None, padding=(0, 2), title_justify="left")
@@ -87,7 +97,7 @@ def training_progress(out: Console) -> Progress:
         TextColumn("{task.fields[tok_s]} tok/s"),
         TextColumn("logit [magenta]{task.fields[max_logit]}"),
         TextColumn("eta"),
-        TimeRemainingColumn(compact=True, elapsed_when_finished=True),
+        TimeRemainingColumn(compact=True),
         console=out,
         transient=False,
     )

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from merit_cli.render import (StageProgress, console, fmt_count, fmt_duration, fmt_float, key_value_table,
+from merit_cli.render import (StageProgress, command_hints, console, fmt_count, fmt_duration, fmt_float, key_value_table,
                                training_progress)
 from merit_core.errors import MeritError
 from merit_core.train.run import RunInfo, RunSummary, TrainCallbacks
@@ -89,10 +89,7 @@ class RichTrainReport(TrainCallbacks):
         if summary.last_checkpoint:
             hints.append((f"merit eval {summary.last_checkpoint}", "zero-shot LAMBADA / WikiText"))
         hints.append((f"merit train --resume --out {summary.run_dir} --steps {summary.steps * 2}", "train longer"))
-        width = max(len(cmd) for cmd, _ in hints)
-        self.out.print("[bold]Next:[/]")
-        for cmd, what in hints:
-            self.out.print(f"  {cmd.ljust(width)}  [dim]# {what}[/]")
+        self.out.print(command_hints("[bold]Next", hints))
 
     def close(self) -> None:
         if self.stages is not None:

@@ -148,7 +148,8 @@ class _Run:
 
         def prepare():
             path = Path(resolve_data(c.data, tokenizer=c.tokenizer, vocab_size=c.vocab_size,
-                                     progress=self.cb.on_prepare))
+                                     progress=self.cb.on_prepare, text_column=c.text_column,
+                                     dataset_config=c.data_config))
             meta = load_meta(path)
             check_split_length(meta.train_tokens, c.seq_len, f"train split of {path}")
             check_split_length(meta.val_tokens, c.seq_len, f"validation split of {path}")
