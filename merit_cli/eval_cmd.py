@@ -1,0 +1,173 @@
+"""`merit eval`: zero-shot LAMBADA / WikiText / SuperGLUE (or any lm-eval task) on checkpoints."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from merit_core.errors import ConfigError
+from merit_core.evaluation_results import CheckpointResult, check_output_path, format_value, metric_rows
+from merit_core.evaluation_tasks import ALIASES, list_local_tasks, split_task_list
+
+_NOISY_LOGGERS = ("lm_eval", "transformers", "datasets", "accelerate", "huggingface_hub")
+_STAGES = {"checkpoints": "checking checkpoints", "tasks": "loading tasks and datasets", "model": "loading model",
+           "done": "done"}
+
+
+def _quiet_libraries() -> None:
+    """Keep lm-eval / transformers / datasets chatter (logs, tqdm bars) off the console."""
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    for name in _NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _aliases_table(include_path: str | None) -> Table:
+    table = Table(title="merit eval tasks", title_justify="left")
+    table.add_column("name", style="bold")
+    table.add_column("lm-eval tasks")
+    table.add_column("what")
+    for alias in ALIASES.values():
+        table.add_row(alias.name, ", ".join(alias.tasks), alias.description)
+    if include_path:
+        for name in list_local_tasks(include_path):
+            table.add_row(name, name, f"local task from {include_path}")
+    table.caption = "Any other lm-eval task name works too (e.g. hellaswag, piqa, arc_easy)."
+    return table
+
+
+def _unique_labels(records: list[CheckpointResult]) -> list[str]:
+    labels, seen = [], {}
+    for record in records:
+        seen[record.label] = seen.get(record.label, 0) + 1
+        labels.append(record.label if seen[record.label] == 1 else f"{record.label} ({seen[record.label]})")
+    return labels
+
+
+def results_table(records: list[CheckpointResult], num_fewshot: int) -> Table:
+    """Task, metric, value, stderr; with several checkpoints one 'value ± stderr' column each."""
+    title = "zero-shot results" if num_fewshot == 0 else f"{num_fewshot}-shot results"
+    table = Table(title=title, title_justify="left")
+    table.add_column("task", style="bold")
+    table.add_column("metric")
+    single = len(records) == 1
+    if single:
+        table.add_column("value", justify="right")
+        table.add_column("stderr", justify="right")
+    else:
+        for label in _unique_labels(records):
+            table.add_column(label, justify="right")
+    last_task = None
+    for row in metric_rows(records):
+        arrow = {True: " ↑", False: " ↓"}.get(row.higher_is_better, "")
+        task = row.task if row.task != last_task else ""
+        last_task = row.task
+        if single:
+            stderr = row.stderrs[0]
+            table.add_row(task, row.metric + arrow, format_value(row.values[0]), format_value(stderr))
+        else:
+            table.add_row(task, row.metric + arrow, *(format_value(v, s) for v, s in zip(row.values, row.stderrs)))
+    return table
+
+
+def _display_stream():
+    """A stderr stream that stays visible while the library silences file descriptor 2."""
+    try:
+        return os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1, encoding="utf-8", errors="replace")
+    except (AttributeError, OSError, ValueError):  # not a real file (e.g. click's test runner)
+        return None
+
+
+class _ProgressDisplay:
+    """Turns EvalProgress reports into one rich progress line on stderr."""
+
+    def __init__(self, progress: Progress):
+        self.progress = progress
+        self.task_id = progress.add_task("loading torch and lm-eval", total=None)
+
+    def __call__(self, event) -> None:
+        prefix = f"[{event.index + 1}/{event.count}] {event.label}: " if event.count > 1 else f"{event.label}: "
+        if event.stage == "requests":
+            text = f"{prefix}{event.request_type} requests"
+            self.progress.update(self.task_id, description=text, completed=event.done, total=event.total)
+        else:
+            text = prefix + _STAGES.get(event.stage, event.stage)
+            if event.stage in ("checkpoints", "tasks"):  # these concern all checkpoints at once
+                text = _STAGES[event.stage]
+            self.progress.update(self.task_id, description=text, completed=0, total=None)
+
+
+@click.command("eval")
+@click.argument("checkpoints", nargs=-1, metavar="CKPT...")
+@click.option("--tasks", "-t", default=None, help="Comma-separated tasks or aliases, e.g. lambada,wikitext,superglue.")
+@click.option("--include-path", type=str, default=None, metavar="DIR", help="Folder of lm-eval task YAMLs (local data).")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--dtype", default="auto", show_default=True, help="auto (bf16 on CUDA, fp32 on CPU), bfloat16, float16, float32.")
+@click.option("--batch-size", default="auto", show_default=True, help="Sequences per forward pass, or auto.")
+@click.option("--limit", type=int, default=None, help="Score only the first N documents of each task (quick runs).")
+@click.option("--num-fewshot", type=int, default=0, show_default=True, help="Few-shot examples per prompt.")
+@click.option("--bootstrap-iters", type=int, default=1000, show_default=True, help="Bootstrap draws for stderrs (0: none).")
+@click.option("--output", "-o", type=str, default=None, metavar="FILE.json", help="Write all results as JSON.")
+@click.option("--list-tasks", is_flag=True, help="Show the task aliases (and --include-path tasks) and exit.")
+@click.option("--verbose", "-v", is_flag=True, help="Show lm-eval's own logs and progress bars.")
+def eval_cmd(checkpoints, tasks, include_path, device, dtype, batch_size, limit, num_fewshot, bootstrap_iters,
+             output, list_tasks, verbose):
+    """Zero-shot evaluation of checkpoints with lm-evaluation-harness.
+
+    CKPT is a Hugging Face model folder, a `merit train` run folder (its latest step_N is used) or a
+    hub model name. Aliases: lambada, wikitext, superglue (see --list-tasks).
+
+    \b
+    Examples:
+      merit eval runs/gpt2-merit --tasks lambada,wikitext
+      merit eval runs/a runs/b --tasks superglue --limit 200 -o results.json
+      merit eval runs/a --include-path my_tasks --tasks my_task
+    """
+    console = Console()
+    if list_tasks:
+        console.print(_aliases_table(include_path))
+        return
+
+    from merit_core.evaluation import EvalSettings
+
+    if not checkpoints:
+        raise ConfigError("no checkpoint given: merit eval CKPT... --tasks lambada,wikitext")
+    if not tasks or not split_task_list(tasks):
+        raise ConfigError("no task given: pass --tasks, e.g. --tasks lambada,wikitext (see --list-tasks)")
+    settings = EvalSettings(
+        tasks=split_task_list(tasks), include_path=include_path, device=device, dtype=dtype,
+        batch_size=batch_size, limit=limit, num_fewshot=num_fewshot, bootstrap_iters=bootstrap_iters,
+    ).validated()
+    if output:
+        check_output_path(output)
+
+    from merit_core.hub import prefer_offline
+
+    prefer_offline()  # before lm-eval / datasets / transformers are imported
+    if not verbose:
+        _quiet_libraries()
+    from merit_core.evaluation import evaluate_checkpoints
+    from merit_core.evaluation_results import write_results_json
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    # The display holds its own stderr: in quiet mode the library silences sys.stderr and fd 2 while it runs.
+    own = _display_stream()
+    try:
+        display = Console(file=own or sys.stderr, stderr=own is None)
+        with Progress(*columns, console=display, transient=True, redirect_stdout=False, redirect_stderr=False,
+                      disable=not display.is_terminal) as bar:
+            records = evaluate_checkpoints(list(checkpoints), settings, progress=_ProgressDisplay(bar), quiet=not verbose)
+    finally:
+        if own is not None:
+            own.close()
+
+    console.print(results_table(records, settings.num_fewshot))
+    if output:
+        path = write_results_json(output, records)
+        console.print(f"wrote {path}")

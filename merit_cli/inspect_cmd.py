@@ -1,0 +1,264 @@
+"""`merit inspect`: max-norms of W_Q / W_K, max attention logits and Hessian estimates of checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from merit_core.diagnostics.plots import short_labels
+from merit_core.errors import ConfigError
+
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+MAX_SIDE_BY_SIDE = 8
+
+
+def _fmt(x, digits: int = 4) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, int):
+        return str(x)
+    return f"{x:.{digits}g}"
+
+
+def _highlighted(values: list, digits: int = 4) -> list[str]:
+    """Cells for a column: the largest value bold red, the runner-up yellow."""
+    present = sorted({v for v in values if v is not None}, reverse=True)
+    top = present[0] if present else None
+    second = present[1] if len(present) > 1 else None
+    cells = []
+    for v in values:
+        text = _fmt(v, digits)
+        if v is not None and v == top and len(values) > 1:
+            text = f"[bold red]{text}[/]"
+        elif v is not None and v == second and len(values) > 2:
+            text = f"[yellow]{text}[/]"
+        cells.append(text)
+    return cells
+
+
+def _outlier_text(dist: dict, axis: str) -> str:
+    out = dist["outliers"][0] if dist["outliers"] else None
+    if out is None:
+        return "-"
+    head = f" h{out['head']}" if "head" in out else ""
+    ratio = f", {out['x_median']:.1f}x median" if out.get("x_median") else ""
+    return f"{axis} {out['index']}{head}: {_fmt(out['max_norm'], 3)}{ratio}"
+
+
+def _layer_tables(ckpt: dict):
+    """Two tables, one row per layer: the norms, then the measured logits and outlier features."""
+    from rich.table import Table
+
+    title = f"{ckpt['label']}  ({ckpt['architecture']}, {ckpt['n_layers']} layers, {ckpt['n_heads'] or '?'} heads"
+    title += f", step {ckpt['step']})" if ckpt.get("step") is not None else ")"
+    layers = ckpt["layers"]
+    norms = Table(title=title + ": W_Q / W_K norms", title_justify="left", header_style="bold")
+    columns = [("‖Q‖m", "q_max_norm"), ("‖K‖m", "k_max_norm"), ("‖Q‖m·‖K‖m", "bound"), ("‖Q‖F", "q_l2_norm"),
+               ("‖K‖F", "k_l2_norm"), ("‖Q‖m/‖Q‖F", "q_max_over_l2"), ("‖K‖m/‖K‖F", "k_max_over_l2")]
+    norms.add_column("layer", justify="right")
+    for name, _ in columns:
+        norms.add_column(name, justify="right")
+    cols = [_highlighted([l.get(k) for l in layers]) for _, k in columns]
+    for i, layer in enumerate(layers):
+        norms.add_row(str(layer["layer"]), *(c[i] for c in cols))
+
+    # out-features are split into heads: stored rows for Llama Linear, columns for GPT-2 Conv1D
+    axis, out_key = ("row", "rows") if ckpt["row_axis"] == "output" else ("col", "cols")
+    probe = Table(title=f"{ckpt['label']}: max attention logit and largest output features",
+                  title_justify="left", header_style="bold")
+    for name in ("layer", "max logit", "top head", f"top W_Q {axis}", f"top W_K {axis}"):
+        probe.add_column(name, justify="right" if name in ("layer", "max logit") else "left")
+    logit_cells = _highlighted([l.get("max_attention_logit") for l in layers])
+    for i, layer in enumerate(layers):
+        heads = [h for h in layer["heads"] if h.get("max_attention_logit") is not None]
+        top = max(heads, key=lambda h: h["max_attention_logit"]) if heads else None
+        probe.add_row(str(layer["layer"]), logit_cells[i],
+                      f"h{top['head']} ({_fmt(top['max_attention_logit'])})" if top else "-",
+                      _outlier_text(layer[f"q_{out_key}"], axis), _outlier_text(layer[f"k_{out_key}"], axis))
+    return norms, probe
+
+
+def _head_table(ckpt: dict):
+    from rich.table import Table
+
+    key = "max_attention_logit" if any(l["max_attention_logit"] is not None for l in ckpt["layers"]) else "bound"
+    table = Table(title=f"{ckpt['label']}: {'max attention logit' if key != 'bound' else '‖Q_h‖m·‖K_h‖m'} per head",
+                  title_justify="left", header_style="bold")
+    table.add_column("layer", justify="right")
+    n = max(len(l["heads"]) for l in ckpt["layers"])
+    for h in range(n):
+        table.add_column(f"h{h}", justify="right")
+    for layer in ckpt["layers"]:
+        table.add_row(str(layer["layer"]), *_highlighted([h.get(key) for h in layer["heads"]], 3))
+    return table
+
+
+def _weights_table(ckpt: dict):
+    from rich.table import Table
+
+    table = Table(title=f"{ckpt['label']}: every 2-D weight", title_justify="left", header_style="bold")
+    for name, justify in (("name", "left"), ("shape", "right"), ("max-norm", "right"), ("l2 norm", "right")):
+        table.add_column(name, justify=justify)
+    ws = ckpt["weights"]
+    maxes = _highlighted([w["max_norm"] for w in ws])
+    for w, m in zip(ws, maxes):
+        table.add_row(w["name"], "x".join(map(str, w["shape"])), m, _fmt(w["l2_norm"]))
+    return table
+
+
+def _pick(checkpoints: list[dict], n: int) -> list[dict]:
+    if len(checkpoints) <= n:
+        return checkpoints
+    idx = sorted({round(i * (len(checkpoints) - 1) / (n - 1)) for i in range(n)})
+    return [checkpoints[i] for i in idx]
+
+
+def _side_by_side(checkpoints: list[dict]):
+    from rich.table import Table
+
+    shown = _pick(checkpoints, MAX_SIDE_BY_SIDE)
+    key = ("max_attention_logit" if all(any(l["max_attention_logit"] is not None for l in c["layers"]) for c in shown)
+           else "bound")
+    what = "max attention logit" if key != "bound" else "‖Q‖m·‖K‖m"
+    note = f" ({len(shown)} of {len(checkpoints)} checkpoints)" if len(shown) < len(checkpoints) else ""
+    table = Table(title=f"{what} per layer, side by side{note}", title_justify="left", header_style="bold")
+    table.add_column("layer", justify="right")
+    for label in short_labels([c["label"] for c in shown]):
+        table.add_column(label, justify="right")
+    n_layers = max(c["n_layers"] for c in shown)
+    cols = [_highlighted([c["layers"][i].get(key) if i < len(c["layers"]) else None for i in range(n_layers)])
+            for c in shown]
+    for i in range(n_layers):
+        table.add_row(str(i), *(col[i] for col in cols))
+    return table
+
+
+def _summary_table(checkpoints: list[dict]):
+    from rich.table import Table
+
+    table = Table(title="per checkpoint (max over layers)", title_justify="left", header_style="bold")
+    cols = [("checkpoint", "left"), ("step", "right"), ("optimizer", "left"), ("‖Q‖m", "right"),
+            ("‖K‖m", "right"), ("max bound (layer)", "right"), ("max logit (layer)", "right")]
+    with_h = any(c.get("hessian") for c in checkpoints)
+    if with_h:
+        cols += [("top Hessian eig", "right"), ("Hessian trace ± se", "right")]
+    for name, justify in cols:
+        table.add_column(name, justify=justify)
+    s = [c["summary"] for c in checkpoints]
+    qm, km = _highlighted([x["q_max_norm"] for x in s]), _highlighted([x["k_max_norm"] for x in s])
+    bd, lg = _highlighted([x["bound"] for x in s]), _highlighted([x["max_attention_logit"] for x in s])
+    labels = short_labels([c["label"] for c in checkpoints])
+    for i, c in enumerate(checkpoints):
+        row = [labels[i], _fmt(c.get("step")), str(c.get("optimizer") or "-"), qm[i], km[i],
+               f"{bd[i]} ({s[i]['bound_layer']})",
+               f"{lg[i]} ({s[i]['max_attention_logit_layer']})" if s[i]["max_attention_logit"] is not None else "-"]
+        if with_h:
+            h = c.get("hessian") or {}
+            conv = "" if h.get("eigen_converged", True) else " (not converged)"
+            row.append(_fmt(h.get("top_eigenvalue")) + conv if h else "-")
+            se = f" ± {_fmt(h['trace_stderr'], 2)}" if h.get("trace_stderr") is not None else ""
+            row.append(_fmt(h.get("trace")) + se if h else "-")
+        table.add_row(*row)
+    return table
+
+
+def render(console, report: dict, per_head: bool, show_weights: bool | None) -> None:
+    checkpoints = [dict(c) for c in report["checkpoints"]]
+    for c, label in zip(checkpoints, short_labels([c["label"] for c in checkpoints])):
+        c["label"] = label
+    # per-layer detail for a few checkpoints named directly; runs get the side-by-side and summary tables
+    detailed = [c for c in checkpoints if c.get("run") is None or len(checkpoints) == 1]
+    if len(detailed) <= 3:
+        for c in detailed:
+            for table in _layer_tables(c):
+                console.print(table)
+            if per_head and c["layers"][0]["heads"]:
+                console.print(_head_table(c))
+            if show_weights if show_weights is not None else len(checkpoints) == 1:
+                console.print(_weights_table(c))
+    if len(checkpoints) > 1:
+        console.print(_side_by_side(checkpoints))
+    console.print(_summary_table(checkpoints))
+    for c in checkpoints:
+        if c.get("probe"):
+            p = c["probe"]
+            console.print(f"[dim]{c['label']}: probe {p['source']}, {p['n_tokens']} tokens[/]")
+        for note in c["notes"] + ((c.get("probe") or {}).get("notes") or []):
+            console.print(f"[yellow]note[/] {c['label']}: {note}")
+
+
+@click.command("inspect")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--text", help="Probe text for the max attention logit (default: a built-in paragraph).")
+@click.option("--text-file", type=click.Path(path_type=Path), help="Read the probe text from a file.")
+@click.option("--seq-len", type=click.IntRange(min=2), help="Probe length in tokens [default: min(context, 256)].")
+@click.option("--heads", "n_heads", type=click.IntRange(min=1), help="Head count, for weights without config.json.")
+@click.option("--top-k", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Outlier rows / columns named per matrix (in --json).")
+@click.option("--logits/--no-logits", default=True, show_default=True,
+              help="Build the model and measure max attention logits (needs config.json).")
+@click.option("--hessian", is_flag=True, help="Also estimate the top Hessian eigenvalue and trace on the probe batch.")
+@click.option("--hessian-iters", default=20, show_default=True, type=click.IntRange(min=1),
+              help="Power iterations for the top eigenvalue.")
+@click.option("--hutchinson-samples", default=10, show_default=True, type=click.IntRange(min=1),
+              help="Rademacher samples for the Hutchinson trace.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed for the Hessian estimates and random probes.")
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]))
+@click.option("--per-head", is_flag=True, help="Also print a layer x head table.")
+@click.option("--weights/--no-weights", "show_weights", default=None,
+              help="Print the table of every 2-D weight [default: for a single checkpoint].")
+@click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), help="Write the report as JSON.")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Figure: per-layer bars, or the trajectory over steps for a run folder (.png/.pdf/.svg).")
+def inspect_cmd(paths, text, text_file, seq_len, n_heads, top_k, logits, hessian, hessian_iters, hutchinson_samples,
+                seed, device, per_head, show_weights, json_path, plot_path):
+    """Max-norms of W_Q / W_K, max attention logits and Hessian estimates of checkpoints.
+
+    Each PATH is a .safetensors file, a sharded model.safetensors.index.json, a Hugging Face
+    checkpoint folder, or a `merit train` run folder (all its step_* checkpoints).
+    """
+    from rich.console import Console
+
+    from merit_core.diagnostics.probe import read_text_file
+
+    if text is not None and text_file is not None:
+        raise ConfigError("give --text or --text-file, not both")
+    if plot_path is not None and plot_path.suffix.lower() not in PLOT_SUFFIXES:
+        raise ConfigError(f"--plot {plot_path}: use a {', '.join(PLOT_SUFFIXES)} file name")
+    source = "builtin"
+    if text_file is not None:
+        text, source = read_text_file(text_file), "file"
+    elif text is not None:
+        if not text.strip():
+            raise ConfigError("--text is empty")
+        source = "text"
+    if logits or hessian:
+        from merit_core.hub import prefer_offline
+
+        prefer_offline()
+    if device != "cpu":
+        import torch
+
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no CUDA device is available (use --device cpu)")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    from merit_core.diagnostics.report import InspectOptions, inspect_paths, write_json
+
+    opts = InspectOptions(n_heads=n_heads, top_k=top_k, logits=logits, text=text, text_source=source,
+                          seq_len=seq_len, hessian=hessian, hessian_iters=hessian_iters,
+                          hutchinson_samples=hutchinson_samples, seed=seed, device=device)
+    console = Console()
+    if not console.is_terminal:  # piped / redirected: no terminal width to respect
+        console = Console(width=160)
+    with console.status("inspecting") as status:
+        report = inspect_paths([str(p) for p in paths], opts, progress=lambda msg: status.update(msg))
+    render(console, report, per_head, show_weights)
+    if json_path is not None:
+        write_json(report, json_path)
+        console.print(f"wrote {json_path}")
+    if plot_path is not None:
+        from merit_core.diagnostics.plots import plot_report
+
+        kind = plot_report(report, plot_path)
+        console.print(f"wrote {plot_path} ({'trajectory over steps' if kind == 'trajectory' else 'per-layer bars'})")

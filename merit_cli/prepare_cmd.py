@@ -1,0 +1,152 @@
+"""`merit prepare`: tokenize a corpus into memmapped train/val token files (or the built-in corpus)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from merit_core.errors import ConfigError
+
+
+def _parsed(kind: type, name: str):
+    """A click callback turning an option's text into `kind`, with a one-line ConfigError on failure."""
+
+    def convert(ctx, param, value):
+        if value is None:
+            return None
+        try:
+            return kind(value)
+        except ValueError:
+            raise ConfigError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}") from None
+
+    return convert
+
+
+class _RichProgress:
+    """The `progress(stage, done, total)` callback of merit_core.data, drawn as rich progress bars."""
+
+    def __init__(self, console):
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                                   TimeElapsedColumn, TimeRemainingColumn)
+
+        self.bar = Progress(SpinnerColumn(), TextColumn("{task.description:<28}"), BarColumn(),
+                            MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+                            console=console, transient=True)
+        self.tasks: dict[str, int] = {}
+        self.last: str | None = None
+
+    def __enter__(self):
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._finish_last()
+        self.bar.stop()
+
+    def _finish_last(self):
+        if self.last is not None:
+            task = self.bar.tasks[self.tasks[self.last]]
+            self.bar.update(task.id, total=task.completed or 1, completed=task.completed or 1)
+
+    def __call__(self, stage: str, done: int, total: int | None) -> None:
+        if stage not in self.tasks:
+            self._finish_last()
+            self.tasks[stage] = self.bar.add_task(stage, total=total)
+            self.last = stage
+        self.bar.update(self.tasks[stage], completed=done, total=total)
+
+
+def _summary(meta, seconds: float):
+    from rich.table import Table
+
+    table = Table(title="Prepared data", show_header=False, title_justify="left")
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    extra = meta.extra
+    table.add_row("source", str(meta.source))
+    table.add_row("folder", str(meta.path))
+    table.add_row("documents", f"{meta.documents:,} ({extra.get('train_documents', '?'):,} train, "
+                               f"{extra.get('val_documents', '?'):,} val)")
+    table.add_row("tokens train", f"{meta.train_tokens:,}")
+    table.add_row("tokens val", f"{meta.val_tokens:,}")
+    table.add_row("vocab", f"{meta.vocab_size:,} ({extra.get('tokenizer_source', meta.tokenizer)})")
+    table.add_row("dtype", meta.dtype)
+    table.add_row("time", f"{seconds:.1f} s")
+    return table
+
+
+@click.command("prepare")
+@click.argument("source", required=False)
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder to write (train.bin, val.bin, meta.json, tokenizer/). Required with SOURCE.")
+@click.option("--builtin", is_flag=True,
+              help="Prepare the built-in corpus (stdlib docstrings) into the merit cache, or into --out.")
+@click.option("--tokenizer", default=None, metavar="NAME|PATH",
+              help="Hub tokenizer (e.g. gpt2) or local folder. Default: train a byte-level BPE on the corpus.")
+@click.option("--vocab-size", default="4096", metavar="N", callback=_parsed(int, "--vocab-size"), show_default=True,
+              help="Vocabulary size of the trained BPE.")
+@click.option("--val-fraction", default=None, metavar="F", callback=_parsed(float, "--val-fraction"),
+              help="Share of tokens held out (whole documents) for validation. [default: 0.01; builtin 0.02]")
+@click.option("--text-column", default="text", metavar="NAME", show_default=True, help="Column holding the text (.jsonl/.parquet/hub).")
+@click.option("--dataset-config", default=None, help="Configuration of a hub dataset (e.g. 'en' for allenai/c4).")
+@click.option("--split", default="train", show_default=True, help="Split of a hub dataset to read.")
+@click.option("--max-documents", default=None, metavar="N", callback=_parsed(int, "--max-documents"),
+              help="Read at most this many documents (for large hub datasets).")
+@click.option("--seed", default="0", metavar="N", callback=_parsed(int, "--seed"), show_default=True,
+              help="Seed of the validation hold-out.")
+@click.option("--json", "as_json", is_flag=True, help="Print meta.json (with its path) instead of a table.")
+def prepare(source, out, builtin, tokenizer, vocab_size, val_fraction, text_column, dataset_config, split,
+            max_documents, seed, as_json):
+    """Tokenize SOURCE (a .txt/.jsonl/.json/.parquet file or folder, or a hub dataset name) into --out.
+
+    A .txt file holds one document per blank-line-separated block; other formats one per row.
+    """
+    from rich.console import Console
+
+    from merit_core.data import load_meta
+
+    if builtin and source:
+        raise ConfigError("give either SOURCE or --builtin, not both")
+    if not builtin and not source:
+        raise ConfigError("nothing to prepare: give a SOURCE file, folder or dataset name, or --builtin")
+    if source and out is None:
+        raise ConfigError("--out DIR is required: the folder to write the prepared data to")
+
+    err = Console(stderr=True)
+    start = time.perf_counter()
+    with _RichProgress(err) if not as_json else _NoProgress() as progress:
+        if builtin:
+            from merit_core.data.builtin import BUILTIN_VAL_FRACTION, builtin_data, prepare_builtin
+
+            if out is None:
+                path = builtin_data(vocab_size, tokenizer=tokenizer, progress=progress)
+                meta = load_meta(path)
+            else:
+                meta = prepare_builtin(out, tokenizer=tokenizer, vocab_size=vocab_size, seed=seed,
+                                       val_fraction=val_fraction or BUILTIN_VAL_FRACTION, progress=progress)
+        else:
+            from merit_core.data import prepare_corpus
+
+            meta = prepare_corpus(source, out, tokenizer=tokenizer, vocab_size=vocab_size,
+                                  val_fraction=0.01 if val_fraction is None else val_fraction, seed=seed,
+                                  progress=progress, text_column=text_column, dataset_config=dataset_config,
+                                  split=split, max_documents=max_documents)
+    seconds = time.perf_counter() - start
+
+    if as_json:
+        click.echo(json.dumps({**meta.to_json(), "path": str(meta.path)}, indent=2))
+        return
+    console = Console()
+    console.print(_summary(meta, seconds))
+    console.print(f"Train on it with: [bold]merit train --data {meta.path}[/]", soft_wrap=True)
+
+
+class _NoProgress:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,124 @@
+"""The prepared-data folder: meta.json, train.bin / val.bin token streams and the tokenizer.
+
+Layout (format "merit-tokens-v1")::
+
+    meta.json      DataMeta fields (see below) plus extra information
+    train.bin      flat token ids, dtype from meta.json, every document followed by EOS
+    val.bin        same, for the held-out documents
+    tokenizer/     a Hugging Face tokenizer (save_pretrained), with eos/bos/pad set
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+
+from merit_core.errors import DataError
+
+FORMAT = "merit-tokens-v1"
+META_FILE = "meta.json"
+TOKENIZER_DIR = "tokenizer"
+SPLITS = ("train", "val")
+
+
+def dtype_for_vocab(vocab_size: int) -> str:
+    """'uint16' when every id fits in 16 bits, else 'uint32'."""
+    return "uint16" if vocab_size <= 2**16 else "uint32"
+
+
+@dataclass(frozen=True)
+class DataMeta:
+    """What meta.json says about a prepared-data folder, plus where the folder is."""
+
+    format: str
+    dtype: str
+    vocab_size: int
+    eos_token_id: int
+    train_tokens: int
+    val_tokens: int
+    tokenizer: str
+    source: str
+    documents: int
+    path: Path
+    extra: dict = field(default_factory=dict)  # every other meta.json key (seed, timings, ...)
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype)
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.path / self.tokenizer
+
+    def split_path(self, split: str) -> Path:
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        return self.path / f"{split}.bin"
+
+    def to_json(self) -> dict:
+        """The meta.json content: the fixed fields first, then the extras."""
+        record = {k: v for k, v in asdict(self).items() if k not in ("path", "extra")}
+        return {**record, **self.extra}
+
+
+_FIELDS = {f.name: f.type for f in fields(DataMeta) if f.name not in ("path", "extra")}
+_INT_FIELDS = ("vocab_size", "eos_token_id", "train_tokens", "val_tokens", "documents")
+
+
+def is_prepared(path: str | Path) -> bool:
+    """True when `path` is a folder with a meta.json (a prepared-data folder, maybe corrupt)."""
+    return Path(path, META_FILE).is_file()
+
+
+def load_meta(path: str | Path) -> DataMeta:
+    """Read and check the meta.json of a prepared-data folder; DataError if missing or corrupt."""
+    path = Path(path).expanduser()
+    meta_file = path / META_FILE
+    if not path.exists():
+        raise DataError(f"data path not found: {path}")
+    if not meta_file.is_file():
+        raise DataError(f"{path} is not a prepared data folder (no {META_FILE}); run `merit prepare` on it first")
+    try:
+        raw = json.loads(meta_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"corrupt {meta_file}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise DataError(f"corrupt {meta_file}: expected a JSON object")
+    missing = [k for k in _FIELDS if k not in raw]
+    if missing:
+        raise DataError(f"corrupt {meta_file}: missing {', '.join(missing)}")
+    if raw["format"] != FORMAT:
+        raise DataError(f"{meta_file} has format {raw['format']!r}, expected {FORMAT!r}; prepare the data again")
+    if raw["dtype"] not in ("uint16", "uint32") or not all(
+        isinstance(raw[k], int) and raw[k] >= 0 for k in _INT_FIELDS
+    ):
+        raise DataError(f"corrupt {meta_file}: bad dtype or token counts")
+    known = {k: raw[k] for k in _FIELDS}
+    extra = {k: v for k, v in raw.items() if k not in _FIELDS}
+    return DataMeta(**known, path=path, extra=extra)
+
+
+def open_tokens(path: str | Path, split: str = "train") -> np.memmap:
+    """The token ids of one split ('train' or 'val') as a read-only 1-D memmap."""
+    meta = load_meta(path)
+    if split not in SPLITS:
+        raise DataError(f"unknown split {split!r}; use 'train' or 'val'")
+    file = meta.split_path(split)
+    expected = meta.train_tokens if split == "train" else meta.val_tokens
+    itemsize = meta.np_dtype.itemsize
+    if not file.is_file() or file.stat().st_size != expected * itemsize:
+        raise DataError(f"corrupt prepared data in {meta.path}: {file.name} does not hold {expected} tokens")
+    if expected == 0:
+        raise DataError(f"prepared data in {meta.path} has no {split} tokens; prepare it again")
+    return np.memmap(file, dtype=meta.np_dtype, mode="r", shape=(expected,))
+
+
+def load_tokenizer(path: str | Path):
+    """The transformers tokenizer saved in a prepared-data folder."""
+    meta = load_meta(path)
+    from merit_core.data.tokenizer import load_local_tokenizer
+
+    return load_local_tokenizer(meta.tokenizer_path)

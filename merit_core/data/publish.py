@@ -1,0 +1,70 @@
+"""Writing a folder atomically (build beside it, then rename) and a lock for one builder at a time."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from merit_core.data.meta import is_prepared
+from merit_core.errors import DataError
+
+TMP_PREFIX = ".merit-tmp-"
+
+
+@contextlib.contextmanager
+def staging_dir(target: Path):
+    """Yield an empty temp folder next to `target`; it is removed if still there on exit."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-", dir=target.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the published folder should read like any other
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_target(target: Path) -> None:
+    """DataError unless `target` is absent, an empty folder, or a prepared-data folder we may replace."""
+    if not target.exists():
+        return
+    if not target.is_dir():
+        raise DataError(f"output {target} exists and is not a folder")
+    if any(target.iterdir()) and not is_prepared(target):
+        raise DataError(f"refusing to overwrite {target}: it is not empty and not a prepared data folder")
+
+
+def publish(tmp: Path, target: Path) -> None:
+    """Move the finished folder `tmp` to `target`, replacing an earlier prepared folder there."""
+    check_target(target)
+    if target.exists():
+        old = target.with_name(f"{TMP_PREFIX}{target.name}-old-{os.getpid()}")
+        os.replace(target, old)  # a directory rename cannot overwrite a non-empty directory
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            os.replace(old, target)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
+
+
+@contextlib.contextmanager
+def build_lock(target: Path):
+    """Hold an exclusive file lock beside `target` (POSIX; a no-op elsewhere), e.g. across DDP ranks."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = target.with_name(f".{target.name}.lock")
+    with open(lock_path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -1,0 +1,140 @@
+"""Tokenizers for prepared data: a byte-level BPE trained on the corpus, or a pretrained one.
+
+Either way the result is a transformers fast tokenizer with eos, bos and pad set (bos and pad
+fall back to eos), so that it can be saved with a checkpoint and loaded by AutoTokenizer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Iterator
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+
+from merit_core.errors import ConfigError
+from merit_core.hub import looks_like_hub_id, prefer_offline
+
+EOS_TOKEN = "<|endoftext|>"
+MIN_BPE_VOCAB = 257  # the 256 byte symbols plus the end-of-text token
+MAX_VOCAB = 2**32 - 1
+
+
+@contextlib.contextmanager
+def rust_parallelism():
+    """Let `tokenizers` use all cores for a batch call, whatever TOKENIZERS_PARALLELISM says outside it.
+
+    The variable is restored afterwards; since it is then set, a later fork (DataLoader workers)
+    quietly turns parallelism off in the child instead of warning.
+    """
+    key = "TOKENIZERS_PARALLELISM"
+    previous = os.environ.get(key)
+    os.environ[key] = "true"
+    try:
+        yield
+    finally:
+        os.environ[key] = previous if previous is not None else "false"
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int):
+    """A byte-level BPE with `vocab_size` entries (fewer if the text is small), EOS = '<|endoftext|>'."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    with rust_parallelism():
+        backend.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=EOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def load_local_tokenizer(path: str | Path):
+    """AutoTokenizer.from_pretrained on a local folder, errors as ConfigError."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ConfigError(f"cannot load tokenizer from {path}: {str(exc).splitlines()[0]}") from None
+
+
+def load_pretrained_tokenizer(spec: str):
+    """A tokenizer from a local folder (or prepared-data folder) or a hub name, ready for corpus use."""
+    from merit_core.data.meta import TOKENIZER_DIR, is_prepared
+
+    path = Path(spec).expanduser()
+    if path.exists():
+        tok = load_local_tokenizer(path / TOKENIZER_DIR if is_prepared(path) else path)
+    elif looks_like_hub_id(spec):
+        offline = prefer_offline()
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(spec)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            if offline:
+                raise ConfigError(
+                    f"tokenizer {spec!r} is not available offline (the Hugging Face hub cannot be reached "
+                    "and it is not cached); give a local tokenizer folder or omit --tokenizer to train a BPE"
+                ) from None
+            raise ConfigError(f"cannot load tokenizer {spec!r}: {str(exc).splitlines()[0]}") from None
+    else:
+        raise ConfigError(f"tokenizer not found: {spec}")
+    return finish_tokenizer(tok, spec)
+
+
+def finish_tokenizer(tok, name: str):
+    """Check that `tok` is a fast tokenizer with an EOS token; default bos and pad to eos."""
+    if getattr(tok, "backend_tokenizer", None) is None:
+        raise ConfigError(f"tokenizer {name!r} has no fast (Rust) implementation; use a tokenizer.json-based one")
+    if tok.eos_token_id is None:
+        raise ConfigError(f"tokenizer {name!r} has no end-of-text (eos) token")
+    if tok.bos_token is None:
+        tok.bos_token = tok.eos_token
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def encode_documents(tok, texts: list[str], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of `texts`, each followed by EOS, as one flat array; plus each document's length.
+
+    Special-token text inside a document ('<|endoftext|>' written out) is encoded as plain text,
+    so that EOS only ever marks a document boundary.
+    """
+    backend = tok.backend_tokenizer
+    eos = tok.eos_token_id
+    previous = backend.encode_special_tokens
+    backend.encode_special_tokens = True
+    try:
+        with rust_parallelism():
+            encodings = backend.encode_batch_fast(texts, add_special_tokens=False)
+    finally:
+        backend.encode_special_tokens = previous
+    id_lists = [e.ids for e in encodings]
+    lengths = np.fromiter((len(ids) + 1 for ids in id_lists), dtype=np.int64, count=len(id_lists))
+    flat = np.fromiter(chain.from_iterable(_with_eos(id_lists, eos)), dtype=dtype, count=int(lengths.sum()))
+    return flat, lengths
+
+
+def _with_eos(id_lists: list[list[int]], eos: int) -> Iterator[list[int]]:
+    tail = [eos]
+    for ids in id_lists:
+        yield ids
+        yield tail

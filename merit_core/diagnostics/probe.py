@@ -1,0 +1,135 @@
+"""The probe batch (token ids) and the model a checkpoint's config builds, for logit and Hessian probes.
+
+The probe text is `--text`, a text file, or the built-in paragraph below, tokenized with the
+checkpoint's own tokenizer when its folder has one. Without a tokenizer the probe falls back to
+deterministic pseudo-random token ids (seeded), and says so in a note.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from merit_core.errors import CheckpointError, DataError
+
+PROBE_TEXT = (
+    "The committee met on a grey Tuesday morning to review the budget for the coming year. "
+    "Most of the discussion concerned the new library wing, which had already cost twice what the "
+    "architects first promised, and the question of whether the old reading room should stay open "
+    "during construction. One member argued that students would simply study elsewhere; another "
+    "pointed out that the nearest alternative was a forty-minute bus ride away. In the end they agreed "
+    "to keep the room open three days a week, to publish the revised figures in the spring newsletter, "
+    "and to meet again in June, when the contractor's final estimate would be known. Outside, the rain "
+    "had stopped, and a few people were already crossing the square toward the market, where the "
+    "fishmongers were shouting prices for herring, mackerel and cod."
+)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+@dataclass
+class ProbeBatch:
+    """Token ids [1, T] and how they were made."""
+
+    input_ids: torch.Tensor
+    source: str                     # 'builtin' | 'text' | 'file' | 'random-ids'
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> dict:
+        return {"source": self.source, "n_tokens": int(self.input_ids.shape[1]), "notes": list(self.notes)}
+
+
+def read_text_file(path: str | Path) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"cannot read probe text {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not text.strip():
+        raise DataError(f"probe text file {path} is empty")
+    return text
+
+
+def has_tokenizer(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in TOKENIZER_FILES)
+
+
+def _tokenize(folder: Path, text: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as exc:  # transformers raises many types for a broken tokenizer folder
+        raise CheckpointError(f"cannot load the tokenizer in {folder}: {str(exc).splitlines()[0]}") from None
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def make_probe_batch(folder: Path, vocab_size: int, seq_len: int, text: str | None = None,
+                     source: str = "builtin", seed: int = 0) -> ProbeBatch:
+    """`seq_len` token ids for the probe: the text tokenized (repeated to fill `seq_len`), or seeded ids."""
+    if seq_len < 2:
+        raise DataError(f"--seq-len must be at least 2, got {seq_len}")
+    notes = []
+    if text is None:
+        text, source = PROBE_TEXT, "builtin"
+    if has_tokenizer(folder):
+        ids = _tokenize(folder, text)
+        if not ids:
+            raise DataError("the probe text tokenizes to no tokens")
+        if len(ids) < seq_len:
+            reps = -(-seq_len // len(ids))
+            notes.append(f"probe text has {len(ids)} tokens; repeated {reps}x to fill {seq_len}")
+            ids = (ids * reps)
+        ids = ids[:seq_len]
+        if max(ids) >= vocab_size:
+            raise CheckpointError(f"the tokenizer in {folder} produces id {max(ids)} but the model has "
+                                  f"only {vocab_size} embeddings")
+        return ProbeBatch(torch.tensor([ids], dtype=torch.long), source, notes)
+    gen = torch.Generator().manual_seed(seed)
+    notes.append(f"no tokenizer next to the weights: probing with {seq_len} seeded random token ids (seed {seed})")
+    return ProbeBatch(torch.randint(0, vocab_size, (1, seq_len), generator=gen), "random-ids", notes)
+
+
+def load_model(checkpoint, tensors, device: str | torch.device = "cpu"):
+    """A float32 causal LM built from the checkpoint's config.json, with every weight from `tensors`.
+
+    Built with `from_config` and filled from the lazy safetensors reader, so any file name or
+    shard layout works and a missing weight is an error rather than a silent random init.
+    Keys saved without the base-model prefix (older GPT-2 files) are accepted.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from merit_core.models import family
+    from merit_core.diagnostics.weights import read_config
+
+    raw = read_config(checkpoint.config_path)
+    if raw is None:
+        raise CheckpointError(f"no config.json next to {checkpoint.path}")
+    raw = {k: v for k, v in raw.items() if k not in ("architectures", "transformers_version")}
+    try:
+        config = AutoConfig.for_model(raw.pop("model_type", None), **raw)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CheckpointError(f"{checkpoint.config_path} is not a usable model config: {exc}") from None
+    family(config)
+    config.dtype = torch.float32
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    prefix = model.base_model_prefix + "."
+    tied = getattr(config, "tie_word_embeddings", False)
+    missing = []
+    with torch.no_grad():
+        for name, target in model.state_dict().items():  # tensors sharing storage with the model
+            key = name if name in tensors else name[len(prefix):] if name.startswith(prefix) else name
+            if key not in tensors:
+                if not (tied and name == "lm_head.weight"):
+                    missing.append(name)
+                continue
+            value = tensors[key]  # one tensor in memory at a time
+            if tuple(value.shape) != tuple(target.shape):
+                raise CheckpointError(f"config.json does not match the weights: {key} is {list(value.shape)}, "
+                                      f"the config builds {list(target.shape)}")
+            target.copy_(value)
+    if missing:
+        raise CheckpointError(f"{checkpoint.path} lacks {len(missing)} weights the config needs, e.g. {missing[0]}")
+    if tied:
+        model.tie_weights()
+    return model.to(device).eval()

@@ -1,0 +1,123 @@
+"""Evaluation result records: one per checkpoint, flattened into metric rows, written as JSON.
+
+JSON shape: {"checkpoints": [{"path": str, "results": <lm-eval's results dict, unchanged>, "meta": {...}}]}.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from merit_core.errors import ConfigError
+
+_NOT_METRICS = {"alias", "name", "sample_len", "samples", " "}
+
+
+@dataclass
+class CheckpointResult:
+    """lm-eval's per-task results for one checkpoint, with where it came from and how it was evaluated."""
+
+    path: str
+    label: str
+    results: dict[str, dict[str, Any]]
+    meta: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "results": self.results, "meta": self.meta}
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    """One (task, metric) line of the results table, with a value and stderr per checkpoint."""
+
+    task: str
+    metric: str  # 'acc', or 'acc (filter)' for a filter other than lm-eval's 'none'
+    higher_is_better: bool | None
+    values: tuple[float | None, ...]
+    stderrs: tuple[float | None, ...]
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None  # lm-eval writes "N/A" for a stderr it did not compute
+    return float(value)
+
+
+def metric_rows(records: Sequence[CheckpointResult]) -> list[MetricRow]:
+    """Every (task, metric, filter) found in any record, in first-seen order, aligned across records."""
+    keys: dict[tuple[str, str, str], None] = {}
+    for record in records:
+        for task, metrics in record.results.items():
+            for key in metrics:
+                name, _, filt = key.partition(",")
+                if name in _NOT_METRICS or name.endswith("_stderr") or not filt:
+                    continue
+                keys.setdefault((task, name, filt), None)
+    rows = []
+    for task, name, filt in keys:
+        values, stderrs, better = [], [], None
+        for record in records:
+            metrics = record.results.get(task, {})
+            values.append(_number(metrics.get(f"{name},{filt}")))
+            stderrs.append(_number(metrics.get(f"{name}_stderr,{filt}")))
+            hib = ((record.meta.get("eval") or {}).get("higher_is_better") or {}).get(task, {})
+            if better is None and isinstance(hib, dict) and isinstance(hib.get(name), bool):
+                better = hib[name]
+        label = name if filt == "none" else f"{name} ({filt})"
+        rows.append(MetricRow(task, label, better, tuple(values), tuple(stderrs)))
+    return rows
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}" if math.isfinite(value) and abs(value) >= 1e5 else f"{value:.4f}"
+
+
+def format_value(value: float | None, stderr: float | None = None) -> str:
+    """'12.3456 ± 0.0123' (4 decimals, or 4 significant digits from 1e5 on); '-' for a missing value."""
+    if value is None:
+        return "-"
+    return _fmt(value) if stderr is None else f"{_fmt(value)} ± {_fmt(stderr)}"
+
+
+def check_output_path(path: str | os.PathLike) -> Path:
+    """The output path, checked before the evaluation starts: not a folder, and not ending in a folder name."""
+    out = Path(path).expanduser()
+    if out.is_dir():
+        raise ConfigError(f"--output {path}: is a folder; give a file name such as results.json")
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise ConfigError(f"--output {path}: cannot write into {parent}")
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    item = getattr(value, "item", None)  # numpy / torch scalars
+    if callable(item):
+        return item()
+    return str(value)
+
+
+def write_results_json(path: str | os.PathLike, records: Sequence[CheckpointResult]) -> Path:
+    """Write all records to `path` atomically (temp file in the same folder, then rename)."""
+    out = check_output_path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"checkpoints": [r.to_json() for r in records]}, indent=2, default=_jsonable)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out

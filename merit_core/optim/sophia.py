@@ -1,0 +1,179 @@
+"""Sophia-G: the clipped diagonal second-order optimizer of Liu et al. (2023), "Sophia: A Scalable
+Stochastic Second-order Optimizer for Language Model Pre-training" (arXiv 2305.14342), with the
+Gauss-Newton-Bartlett (GNB) Hessian estimator. No library ships it, so it lives here.
+
+One step, for each parameter w with gradient g (Algorithm 3 of the paper)::
+
+    w <- w * (1 - lr * weight_decay)                      # decoupled weight decay
+    m <- b1 * m + (1 - b1) * g
+    w <- w - lr * clip(m / max(rho * h, eps), 1)          # clip(z, 1) = max(min(z, 1), -1)
+
+Every element therefore moves by at most ``lr`` per step (plus the decay). ``h`` is zero until
+the first :meth:`SophiaG.update_hessian`; until then every step is ``lr * sign(m)``.
+
+The Hessian EMA is refreshed by the *training loop* every ``k = opt.hessian_interval`` steps,
+after that step's ``opt.step()`` (the official script: when ``step % k == k - 1``)::
+
+    opt.zero_grad()
+    loss, n = sampled_label_loss(model(x).logits)   # labels drawn from the model's own softmax
+    loss.backward()                                 # with accumulation: (loss / micro).backward(), sum the n
+    opt.update_hessian(n)                           # h <- b2 * h + (1 - b2) * n * g_hat**2
+    opt.zero_grad()
+
+GNB batch-size scaling: ``g_hat`` is the gradient of the *mean* sampled-label loss over the
+``n`` labels, so ``n * g_hat**2`` estimates the per-label Gauss-Newton diagonal (the cross terms
+between labels vanish in expectation because sampled-label gradients have zero mean). Pass the
+total number of sampled labels (tokens) behind ``g_hat``: summed over gradient-accumulation
+micro-batches, and over ranks when gradients are all-reduced (averaged) across them. With this
+per-token scaling ``h`` does not depend on the batch size. The official code instead multiplies
+by a fixed ``bs=5120`` in the step and uses ``rho`` 0.03-0.05 with 480 x 1024-token batches; our
+default ``rho=4e-4`` is its ``rho=0.04`` re-expressed per token (0.04 * 5120 / 491,520).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch.optim import Optimizer
+
+
+class SampledLoss(NamedTuple):
+    """The mean cross-entropy on sampled labels and how many labels it averaged over."""
+
+    loss: torch.Tensor
+    num_samples: int
+
+
+def sampled_label_loss(
+    logits: torch.Tensor,
+    *,
+    mask: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> SampledLoss:
+    """Draw labels from ``softmax(logits)`` (no gradient through the draw) and return their mean cross-entropy.
+
+    ``logits`` is ``[..., vocab]``; ``mask`` (same shape without the vocab dim, bool) keeps only the
+    positions that count (e.g. not padding). Backpropagate ``loss`` and pass ``num_samples`` to
+    :meth:`SophiaG.update_hessian`.
+    """
+    flat = logits.reshape(-1, logits.shape[-1])
+    if mask is not None:
+        flat = flat[mask.reshape(-1).to(torch.bool)]
+    with torch.no_grad():
+        probs = torch.softmax(flat.detach().float(), dim=-1)
+        labels = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    loss = F.cross_entropy(flat.float(), labels)
+    return SampledLoss(loss, int(labels.numel()))
+
+
+class SophiaG(Optimizer):
+    """Sophia-G (see the module docstring for the exact update and the Hessian-refresh protocol).
+
+    Args:
+        params: tensors or param-group dicts; groups may override any hyperparameter but
+            ``hessian_interval``, which is one cadence for the whole optimizer.
+        lr: learning rate; also the largest per-element move of one step.
+        betas: (b1, b2): EMA coefficients of the gradient (every step) and of the Hessian
+            estimate (every ``update_hessian`` call).
+        rho: scales the Hessian in the denominator (the paper's gamma / the code's rho).
+        weight_decay: decoupled (AdamW-style) decay, ``w *= 1 - lr * weight_decay``.
+        eps: floor of ``rho * h`` in the denominator.
+        hessian_interval: k, how often (in steps) the loop should call ``update_hessian``;
+            read it as ``opt.hessian_interval``. The optimizer itself does not count.
+        maximize: maximize the objective instead of minimizing it.
+
+    State per parameter: ``step`` (float tensor), ``exp_avg`` (m) and ``hessian`` (h), both of the
+    parameter's dtype.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.965, 0.99),
+        rho: float = 4e-4,
+        weight_decay: float = 0.1,
+        eps: float = 1e-12,
+        *,
+        hessian_interval: int = 10,
+        maximize: bool = False,
+    ) -> None:
+        if not 0.0 <= lr:
+            raise ValueError(f"lr must be >= 0, got {lr}")
+        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {betas}")
+        if not 0.0 < rho:
+            raise ValueError(f"rho must be > 0, got {rho}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        if not 0.0 < eps:
+            raise ValueError(f"eps must be > 0, got {eps}")
+        if isinstance(hessian_interval, bool) or not isinstance(hessian_interval, int) or hessian_interval < 1:
+            raise ValueError(f"hessian_interval must be an integer >= 1, got {hessian_interval!r}")
+        defaults = dict(
+            lr=lr, betas=tuple(betas), rho=rho, weight_decay=weight_decay, eps=eps,
+            hessian_interval=hessian_interval, maximize=maximize,
+        )
+        super().__init__(params, defaults)
+        if len({g["hessian_interval"] for g in self.param_groups}) != 1:
+            raise ValueError("hessian_interval is one cadence for the whole optimizer; do not set it per group")
+
+    @property
+    def hessian_interval(self) -> int:
+        """k: the loop calls :meth:`update_hessian` every k steps (saved with the param groups)."""
+        return int(self.param_groups[0]["hessian_interval"])
+
+    def _state(self, p: torch.Tensor) -> dict:
+        state = self.state[p]
+        if not state:
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["hessian"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return state
+
+    @torch.no_grad()
+    def update_hessian(self, num_samples: int) -> None:
+        """Fold the current gradients, taken on a sampled-label loss, into the Hessian EMA.
+
+        ``h <- b2 * h + (1 - b2) * num_samples * grad**2`` for every parameter with a gradient;
+        ``num_samples`` is the number of sampled labels the loss averaged over (see module docstring).
+        """
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+        for group in self.param_groups:
+            beta2 = group["betas"][1]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("SophiaG does not support sparse gradients")
+                hess = self._state(p)["hessian"]
+                hess.mul_(beta2).addcmul_(p.grad, p.grad, value=(1.0 - beta2) * num_samples)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One Sophia-G step on every parameter that has a gradient; returns the closure's loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, (beta1, _), rho = group["lr"], group["betas"], group["rho"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("SophiaG does not support sparse gradients")
+                grad = -p.grad if group["maximize"] else p.grad
+                state = self._state(p)
+                state["step"] += 1
+                exp_avg, hess = state["exp_avg"], state["hessian"]
+                if group["weight_decay"] != 0:
+                    p.mul_(1.0 - lr * group["weight_decay"])
+                exp_avg.lerp_(grad, 1.0 - beta1)
+                # clip(m / d, 1) with d = max(rho * h, eps) > 0, i.e. sign(m) * min(|m| / d, 1)
+                update = exp_avg.div((hess * rho).clamp_(min=group["eps"])).clamp_(-1.0, 1.0)
+                p.add_(update, alpha=-lr)
+        return loss
