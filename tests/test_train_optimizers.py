@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from merit_core.optim import OPTIMIZER_NAMES, build_optimizer, default_hparams
+from merit_core.optim import OPTIMIZER_NAMES, default_hparams
 from merit_core.train.config import TrainConfig, resolve
 from merit_core.train.distributed import Parallel
-from merit_core.train.loop import Trainer, hessian_interval
+from merit_core.train.loop import build_trainer, hessian_interval
 from tests.prepared_data import TINY_GPT2
 
 TOKENS = (np.arange(20_000) * 7 % 251).astype(np.uint16)  # a periodic stream: easy to learn
@@ -24,8 +24,7 @@ def make_trainer(optimizer, **changes):
                                  steps=20, eval_batches=1, eval_batch_size=2, out="unused", **changes),
                      optimizer_defaults=default_hparams(optimizer))
     model = build_model(GPT2Config(**{**TINY_GPT2, "vocab_size": 256}), seed=0)
-    opt = build_optimizer(optimizer, model, lr=config.lr, weight_decay=config.weight_decay, **config.optimizer_args)
-    return Trainer(config, model, opt, TOKENS, TOKENS[:2000], Parallel(torch.device("cpu")))
+    return build_trainer(config, model, Parallel(torch.device("cpu")), TOKENS, TOKENS[:2000])
 
 
 @pytest.mark.parametrize("name", OPTIMIZER_NAMES)

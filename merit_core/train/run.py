@@ -163,9 +163,8 @@ class _Run:
 
         from merit_core.data import open_tokens
         from merit_core.models import build_model, model_config
-        from merit_core.optim import build_optimizer
         from merit_core.train.checkpoint import load_model_weights, load_trainer_state, read_trainer_info
-        from merit_core.train.loop import Trainer
+        from merit_core.train.loop import build_trainer
 
         c, device = self.config, self.parallel.device
         eos = meta.eos_token_id
@@ -178,9 +177,8 @@ class _Run:
             self._check_resumable(read_trainer_info(ckpt), ckpt)
             load_model_weights(model, ckpt)
         model.to(device)
-        optimizer = build_optimizer(c.optimizer, model, lr=c.lr, weight_decay=c.weight_decay, **c.optimizer_args)
         train_tokens, val_tokens = open_tokens(data_dir, "train"), open_tokens(data_dir, "val")
-        trainer = Trainer(c, model, optimizer, train_tokens, val_tokens, self.parallel)
+        trainer = build_trainer(c, model, self.parallel, train_tokens, val_tokens)
         if ckpt is not None:
             trainer.load_state_dict(load_trainer_state(ckpt, map_location=device))
         return trainer
