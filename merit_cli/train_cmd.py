@@ -85,10 +85,9 @@ class RichTrainReport(TrainCallbacks):
         self.out.print()
         self.out.print(key_value_table("[bold]Run summary", rows))
         self.out.print()
-        hints = [(f"merit inspect {summary.run_dir}", "max-norms and attention logits of the checkpoints")]
+        hints = [(f"merit inspect {summary.run_dir}", "max-norms and attention logits per checkpoint")]
         if summary.last_checkpoint:
             hints.append((f"merit eval {summary.last_checkpoint}", "zero-shot LAMBADA / WikiText"))
-        hints.append((f"merit train --resume --out {summary.run_dir} --steps {summary.steps * 2}", "train longer"))
         self.out.print(command_hints("[bold]Next", hints))
 
     def close(self) -> None:

@@ -196,7 +196,7 @@ class _Run:
     def run(self) -> RunSummary:
         from merit_core.models import count_parameters
         from merit_core.train.checkpoint import remove_partial
-        from merit_core.train.metrics import MetricsLog
+        from merit_core.train.metrics import MetricsLog, read_metrics
 
         ckpt = _shared(self.parallel, self._check)
         data_dir, meta = self._data()
@@ -208,7 +208,10 @@ class _Run:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             remove_partial(self.run_dir)
             save_config(c, self.run_dir / CONFIG_FILE)
-            self.metrics.truncate_after(trainer.step) if ckpt else self.metrics.reset()
+            if ckpt is None:
+                self.metrics.reset()
+            else:
+                self.metrics.truncate_after(trainer.step)
         self.parallel.barrier()
         self.n_params = count_parameters(trainer.model)
         self.cb.on_start(RunInfo(
@@ -216,8 +219,9 @@ class _Run:
             start_step=trainer.step, total_steps=c.steps, tokens_per_step=c.tokens_per_step,
             world_size=self.parallel.world_size, device=str(self.parallel.device), data_dir=data_dir,
             resumed_from=ckpt))
-        self.last_log: dict[str, Any] = {}
-        self.last_eval: dict[str, Any] = {}
+        previous = read_metrics(self.run_dir) if ckpt is not None else []
+        self.last_log = next((r for r in reversed(previous) if "loss" in r), {})
+        self.last_eval = next((r for r in reversed(previous) if "val_loss" in r), {})
         self.last_ckpt = ckpt
         start = time.perf_counter()
         start_step = trainer.step
