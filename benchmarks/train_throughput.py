@@ -120,7 +120,8 @@ def main() -> None:
         table.add_column(col, justify="left" if col == "optimizer" else "right")
     for n in names:
         med, best = statistics.median(rates[n]), max(rates[n])
-        table.add_row(n, f"{med:,.0f}", f"{best:,.0f}", f"{step_ms[n]:.2f}", f"{med / base:.3f}", f"{best / best_base:.3f}")
+        table.add_row(n, f"{med:,.0f}", f"{best:,.0f}", f"{step_ms[n]:.2f}", f"{med / base:.3f}",
+                      f"{best / best_base:.3f}")
     Console().print(table)
     Console().print("[dim]'best' is each optimizer's fastest round: the least disturbed by other load.[/]")
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from merit_cli.render import (StageProgress, command_hints, console, fmt_count, fmt_duration, fmt_float, key_value_table,
-                               training_progress)
+from merit_cli.render import (StageProgress, command_hints, console, fmt_count, fmt_duration, fmt_float,
+                               key_value_table, training_progress)
 from merit_core.errors import MeritError
 from merit_core.train.run import RunInfo, RunSummary, TrainCallbacks
 
@@ -101,7 +101,7 @@ class RichTrainReport(TrainCallbacks):
 @click.command("train", context_settings={"show_default": True})
 @click.argument("config_file", required=False, metavar="[CONFIG.toml]")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override any config key (TOML value; dotted keys for tables, e.g. optimizer_args.betas=[0.9,0.95]).")
+              help="Override any config key (a TOML value; dotted keys for tables: optimizer_args.betas=[0.9,0.95]).")
 @click.option("--model", help="Named model (gpt2-tiny, gpt2-small, llama-130m, ...) or a config.json path.")
 @click.option("--optimizer", help="Optimizer name from the registry (merit, adamw, lamb, lion, sophiag, ...).")
 @click.option("--lr", type=float, help="Peak learning rate.")

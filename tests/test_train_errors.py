@@ -64,7 +64,8 @@ def test_bad_data_and_resume(tmp_path, monkeypatch, model_cfg, data_dir, empty_d
     fails_cleanly([*base, "--data", str(tmp_path / "no-such-corpus.txt")], work, "no-such-corpus.txt")
     fails_cleanly([*base, "--data", str(empty_data)], work, "tokens")
     fails_cleanly([*base, "--data", str(data_dir), "--seq-len", "100"], work, "beyond the context")
-    line = fails_cleanly([*base, "--data", str(data_dir), "--resume", "--out", str(work / "run")], work, "nothing to resume")
+    resume = [*base, "--data", str(data_dir), "--resume", "--out", str(work / "run")]
+    line = fails_cleanly(resume, work, "nothing to resume")
     assert "drop --resume" in line
     config = tmp_path / "bad.toml"
     config.write_text("optimiser = 'adamw'\n")

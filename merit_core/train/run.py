@@ -318,7 +318,8 @@ class _Run:
         from merit_core.train.plots import plot_curves
 
         c = self.config
-        plot_curves(self.run_dir, title=f"{c.model} · {c.optimizer} · batch {c.batch_size} x {c.seq_len} · lr {c.lr:g}")
+        title = f"{c.model} · {c.optimizer} · batch {c.batch_size} x {c.seq_len} · lr {c.lr:g}"
+        plot_curves(self.run_dir, title=title)
 
 
 def _n_layers(model) -> int:
