@@ -50,6 +50,8 @@ def fails_cleanly(args, cwd, expected):
     (["--model", "gpt2-tiny", "--seq-len", "512"], "seq_len 512 is beyond the context of gpt2-tiny (256 tokens)"),
     (["--resume"], "--resume needs the run folder"),
     (["--device", "tpu"], "device must be"),
+    (["--lr", "fast"], "--lr must be a number, got 'fast'"),
+    (["--batch-size", "1.5"], "--batch-size must be an integer, got '1.5'"),
 ])
 def test_bad_options(args, expected, tmp_path, monkeypatch, data_dir):
     monkeypatch.chdir(tmp_path)  # the default run folder would be ./runs/...
