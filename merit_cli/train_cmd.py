@@ -60,7 +60,7 @@ class RichTrainReport(TrainCallbacks):
         self.fields["max_logit"] = fmt_float(peak, 3)
         if self.progress is not None:
             self.progress.update(self.task, **self.fields)
-            layer = record["max_attention_logit"].index(peak) + 1 if peak is not None else "-"
+            layer = record["max_attention_logit"].index(peak) if peak is not None else "-"
             self.progress.console.print(
                 f"[dim]step {record['step']:>6}[/]  val loss [bold cyan]{fmt_float(record['val_loss'])}[/]  "
                 f"max attention logit [magenta]{fmt_float(peak, 3)}[/] (layer {layer})")
