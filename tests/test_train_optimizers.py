@@ -60,3 +60,22 @@ def test_sophia_hessian_is_refreshed_every_k_steps():
     trainer.train_step()
     assert hessians() == refreshed                   # step 3: unchanged
     assert hessian_interval(make_trainer("adamw").optimizer) is None
+
+
+def test_llama_trains_and_evaluates_per_layer():
+    from transformers import LlamaConfig
+
+    from merit_core.models import build_model
+
+    config = resolve(TrainConfig(model="tiny-llama", optimizer="merit", lr=1e-2, batch_size=4, micro_batch_size=2,
+                                 seq_len=16, steps=5, eval_batches=2, eval_batch_size=2, out="unused"),
+                     optimizer_defaults=default_hparams("merit"))
+    model = build_model(LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                    tie_word_embeddings=False), seed=0)
+    trainer = build_trainer(config, model, Parallel(torch.device("cpu")), TOKENS, TOKENS[:2000])
+    first = trainer.evaluate()
+    for _ in range(5):
+        trainer.train_step()
+    last = trainer.evaluate()
+    assert len(last["max_attention_logit"]) == 3 and last["val_loss"] < first["val_loss"]

@@ -40,9 +40,10 @@ class RunInfo:
 
 @dataclass
 class RunSummary:
-    """How a run ended."""
+    """How a run ended (`config` is the resolved config: actual lr, steps, micro-batch, out)."""
 
     run_dir: Path
+    config: TrainConfig
     steps: int
     tokens: int
     n_params: int
@@ -233,7 +234,7 @@ class _Run:
             self._plot()
         trained_tokens = (trainer.step - start_step) * c.tokens_per_step
         summary = RunSummary(
-            run_dir=self.run_dir, steps=trainer.step, tokens=trainer.step * c.tokens_per_step,
+            run_dir=self.run_dir, config=c, steps=trainer.step, tokens=trainer.step * c.tokens_per_step,
             n_params=self.n_params, elapsed_s=elapsed,
             tokens_per_s=trained_tokens / elapsed if trained_tokens else None,
             final_loss=self.last_log.get("loss"), final_val_loss=self.last_eval.get("val_loss"),
