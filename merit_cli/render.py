@@ -42,6 +42,16 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
+def command_hints(title: str, hints: Iterable[tuple[str, str]]) -> Table:
+    """'What to try next': commands (never wrapped) with a dim note each."""
+    table = Table(title=title, show_header=False, box=None, padding=(0, 2), title_justify="left")
+    table.add_column(no_wrap=True)
+    table.add_column(style="dim")
+    for command, note in hints:
+        table.add_row(command, note)
+    return table
+
+
 def key_value_table(title: str | None, rows: Iterable[tuple[str, Any]]) -> Table:
     """A two-column table: dim keys, plain values."""
     table = Table(title=title, show_header=False, box=None, padding=(0, 2), title_justify="left")
@@ -50,6 +60,31 @@ def key_value_table(title: str | None, rows: Iterable[tuple[str, Any]]) -> Table
     for key, value in rows:
         table.add_row(key, str(value))
     return table
+
+
+class StageProgress:
+    """A transient bar per stage for `progress(stage, done, total)` callbacks (total None: unknown)."""
+
+    def __init__(self, out: Console):
+        from rich.progress import MofNCompleteColumn, SpinnerColumn, TimeElapsedColumn
+
+        self.bar = Progress(SpinnerColumn(), TextColumn("{task.description:<24}"), BarColumn(bar_width=24),
+                            MofNCompleteColumn(), TimeElapsedColumn(), console=out, transient=True)
+        self.tasks: dict[str, Any] = {}
+        self.started = False
+
+    def __call__(self, stage: str, done: int, total: int | None) -> None:
+        if not self.started:
+            self.bar.start()
+            self.started = True
+        if stage not in self.tasks:
+            self.tasks[stage] = self.bar.add_task(stage, total=total)
+        self.bar.update(self.tasks[stage], completed=done, total=total)
+
+    def stop(self) -> None:
+        if self.started:
+            self.bar.stop()
+            self.started = False
 
 
 def training_progress(out: Console) -> Progress:
@@ -62,7 +97,7 @@ def training_progress(out: Console) -> Progress:
         TextColumn("{task.fields[tok_s]} tok/s"),
         TextColumn("logit [magenta]{task.fields[max_logit]}"),
         TextColumn("eta"),
-        TimeRemainingColumn(compact=True, elapsed_when_finished=True),
+        TimeRemainingColumn(compact=True),
         console=out,
         transient=False,
     )

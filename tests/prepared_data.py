@@ -51,7 +51,7 @@ def write_prepared(folder: str | Path, n_sentences: int = 3000, vocab_size: int 
     ids[split:].tofile(folder / "val.bin")
     meta = {"format": "merit-tokens-v1", "dtype": "uint16", "vocab_size": tok.get_vocab_size(),
             "eos_token_id": tok.token_to_id("<|endoftext|>"), "train_tokens": split,
-            "val_tokens": len(ids) - split, "tokenizer": "tokenizer", "source": "synthetic test text"}
+            "val_tokens": len(ids) - split, "tokenizer": "tokenizer", "source": "synthetic test text", "documents": 1}
     (folder / "meta.json").write_text(json.dumps(meta, indent=2))
     return folder
 

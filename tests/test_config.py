@@ -6,16 +6,30 @@ import tomllib
 import pytest
 
 from merit_core.errors import ConfigError
-from merit_core.train.config import (TrainConfig, dumps_toml, load_config, parse_override, resolve,
+from merit_core.train.config import (TUNED_LRS, TrainConfig, dumps_toml, load_config, parse_override, resolve,
                                      save_config)
+
+DEFAULTS = {"lr": 4e-3, "weight_decay": 0.01}  # what the optimizer registry would give
 
 
 def test_defaults_are_the_cpu_default_run():
     c = load_config()
     assert (c.model, c.optimizer, c.data) == ("gpt2-tiny", "merit", None)
-    r = resolve(c, now=datetime.datetime(2026, 1, 2, 3, 4, 5))
+    r = resolve(c, optimizer_defaults=DEFAULTS, now=datetime.datetime(2026, 1, 2, 3, 4, 5))
     assert r.out == "runs/20260102-030405-gpt2-tiny-merit"
     assert r.micro_batch_size == r.batch_size and r.steps > 0 and r.min_lr == pytest.approx(r.lr * r.min_lr_ratio)
+
+
+def test_lr_and_weight_decay_default_to_the_optimizer_registry():
+    r = resolve(load_config(None, ["weight_decay=0.5", "model=gpt2-small"]), optimizer_defaults=DEFAULTS)
+    assert (r.lr, r.weight_decay, r.min_lr) == (4e-3, 0.5, pytest.approx(4e-4))
+    tuned = resolve(load_config(), optimizer_defaults=DEFAULTS)  # the default CPU run has a measured lr
+    assert (tuned.lr, tuned.weight_decay) == (TUNED_LRS[("gpt2-tiny", "merit")], 0.01)
+    assert resolve(load_config(None, ["lr=1e-3"]), optimizer_defaults=DEFAULTS).lr == 1e-3
+    with pytest.raises(ConfigError, match="lr is not set"):
+        resolve(load_config(None, ["model=gpt2-small"]))
+    with pytest.raises(ConfigError, match="top-level key 'lr'"):
+        load_config(None, ["optimizer_args.lr=1"])
 
 
 def test_precedence_file_then_set_then_options(tmp_path):
@@ -71,20 +85,20 @@ def test_unknown_key_in_file_and_missing_file(tmp_path):
 
 def test_resolve_steps_from_tokens_and_world_size():
     c = load_config(None, ["tokens=1000000", "batch_size=32", "seq_len=128", "warmup_ratio=0.1"])
-    r = resolve(c, world_size=2)
+    r = resolve(c, world_size=2, optimizer_defaults=DEFAULTS)
     assert r.steps == 245 and r.tokens is None  # ceil(1e6 / 4096)
     assert r.warmup_steps == 24 and r.micro_batch_size == 16
     with pytest.raises(ConfigError, match="not divisible by the world size 3"):
-        resolve(c, world_size=3)
+        resolve(c, world_size=3, optimizer_defaults=DEFAULTS)
     with pytest.raises(ConfigError, match=r"micro_batch_size 16 x world size 4"):
-        resolve(load_config(None, ["batch_size=32", "micro_batch_size=16"]), world_size=4)
+        resolve(load_config(None, ["batch_size=32", "micro_batch_size=16"]), world_size=4, optimizer_defaults=DEFAULTS)
     with pytest.raises(ConfigError, match="disagree"):
-        resolve(load_config(None, ["tokens=1000", "steps=7"]))
+        resolve(load_config(None, ["tokens=1000", "steps=7"]), optimizer_defaults=DEFAULTS)
 
 
 def test_saved_config_round_trips(tmp_path):
     c = resolve(load_config(None, ['optimizer_args.betas=[0.9, 0.95]', 'out="runs/x \\"q\\""', "lr=1e-05",
-                                   "resume=true"]))
+                                   "resume=true"]), optimizer_defaults=DEFAULTS)
     save_config(c, tmp_path / "config.toml")
     text = (tmp_path / "config.toml").read_text()
     assert "resume" not in text and "tokens" not in text  # None values and the resume action are left out
@@ -95,3 +109,21 @@ def test_saved_config_round_trips(tmp_path):
 def test_dumps_toml_handles_nesting_and_special_floats():
     text = dumps_toml({"a": 1, "b": float("inf"), "s": "x\ny", "t": {"u": [1, 2], "v": {"w": True}}, "n": None})
     assert tomllib.loads(text) == {"a": 1, "b": float("inf"), "s": "x\ny", "t": {"u": [1, 2], "v": {"w": True}}}
+
+
+def test_shipped_configs_are_valid():
+    from pathlib import Path
+
+    from merit_core.optim import default_hparams, resolve_hparams
+
+    paths = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))
+    assert {p.stem for p in paths} >= {"debug", "gpt2-small", "gpt2-medium", "gpt2-large", "llama-130m", "llama-350m",
+                                       "gpt2-small-adamw-480"}
+    for path in paths:
+        c = load_config(path)
+        resolve_hparams(c.optimizer, **c.optimizer_args)
+        for world in ((1,) if path.stem == "debug" else (1, 8)):
+            r = resolve(c, world_size=world, optimizer_defaults=default_hparams(c.optimizer))
+            assert r.batch_size % (r.micro_batch_size * world) == 0
+    small = load_config(paths[[p.stem for p in paths].index("gpt2-small")])
+    assert (small.batch_size, small.seq_len) == (1024, 1024)

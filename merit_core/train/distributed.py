@@ -34,6 +34,9 @@ class Parallel:
     """A single process; the base class of the multi-process schemes."""
 
     name = "single"
+    # True when every process must run the same forward passes (sharded weights are gathered
+    # collectively); evaluation then pads its share of batches instead of skipping.
+    lockstep_forward = False
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -45,11 +48,13 @@ class Parallel:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The module the training forward/backward goes through."""
-        return model
+    def wrap(self, model: torch.nn.Module, compile: bool = False) -> torch.nn.Module:
+        """The module the training forward/backward goes through. Call it before building the
+        optimizer (a sharding scheme replaces the parameters); `model` itself stays usable for
+        evaluation and saving."""
+        return torch.compile(model) if compile else model
 
-    def no_sync(self, wrapped: torch.nn.Module) -> contextlib.AbstractContextManager:
+    def no_sync(self) -> contextlib.AbstractContextManager:
         """Context for accumulation micro-steps whose gradients need no synchronisation yet."""
         return contextlib.nullcontext()
 
@@ -97,14 +102,16 @@ class DDPParallel(Parallel):
         self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
         self._owns_group = owns_group
 
-    def wrap(self, model):
+    def wrap(self, model, compile=False):
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+        self._ddp = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+        # compiling the DDP module lets dynamo split graphs at gradient-bucket boundaries (overlap)
+        return torch.compile(self._ddp) if compile else self._ddp
 
-    def no_sync(self, wrapped):
-        return wrapped.no_sync()
+    def no_sync(self):
+        return self._ddp.no_sync()
 
     def all_reduce(self, tensor, op="sum"):
         import torch.distributed as dist

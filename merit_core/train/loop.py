@@ -45,34 +45,39 @@ def _autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextMan
 
 
 def hessian_interval(optimizer: torch.optim.Optimizer) -> int | None:
-    """Every how many steps the loop must refresh the optimizer's Hessian estimate (Sophia-G), or None."""
+    """Every how many steps the loop refreshes the optimizer's Hessian estimate (Sophia-G), or None."""
     if not callable(getattr(optimizer, "update_hessian", None)):
         return None
-    for name in ("hessian_interval", "update_period", "k"):
-        value = getattr(optimizer, name, None)
-        if value is None and optimizer.defaults:
-            value = optimizer.defaults.get(name)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 10
+    return int(optimizer.hessian_interval)
+
+
+def build_trainer(config: TrainConfig, model: torch.nn.Module, parallel: Parallel, train_tokens: np.ndarray,
+                  val_tokens: np.ndarray) -> "Trainer":
+    """Wrap `model` (on its device) for `parallel`, build the configured optimizer, return the Trainer."""
+    from merit_core.optim import build_optimizer
+
+    forward = parallel.wrap(model, compile=config.compile)
+    optimizer = build_optimizer(config.optimizer, model, lr=config.lr, weight_decay=config.weight_decay,
+                                **config.optimizer_args)
+    return Trainer(config, model, forward, optimizer, train_tokens, val_tokens, parallel)
 
 
 class Trainer:
     """Model + optimizer + data for a resolved TrainConfig, on the processes of `parallel`.
 
-    `model` is the plain transformers module (already on the device); `compile` and the
-    parallel wrapper apply to the training forward only, so evaluation, diagnostics and saving
-    always see the plain module.
+    `model` is the plain transformers module (on the device); `forward` is what training runs
+    through (the parallel wrapper, compiled if asked). Evaluation, diagnostics and saving use
+    the plain module.
     """
 
-    def __init__(self, config: TrainConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 train_tokens: np.ndarray, val_tokens: np.ndarray, parallel: Parallel):
+    def __init__(self, config: TrainConfig, model: torch.nn.Module, forward: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, train_tokens: np.ndarray, val_tokens: np.ndarray,
+                 parallel: Parallel):
         self.config = config
         self.parallel = parallel
         self.device = parallel.device
         self.model = model
-        forward = torch.compile(model) if config.compile else model
-        self.forward = parallel.wrap(forward)
+        self.forward = forward
         self.optimizer = optimizer
         self.lr_scales = [group["lr"] / config.lr for group in optimizer.param_groups]
         self.batches = TrainBatches(train_tokens, config.seq_len, config.seed)
@@ -109,9 +114,9 @@ class Trainer:
         for k, (x, y) in enumerate(micro):
             x = x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True)
-            first = first or (x, y)
+            first = x if first is None else first
             sync = k == self.n_micro - 1
-            with contextlib.nullcontext() if sync else self.parallel.no_sync(self.forward):
+            with contextlib.nullcontext() if sync else self.parallel.no_sync():
                 loss = self._loss(self.forward, x, y, scale)
                 loss.backward()
             loss_sum += loss.detach()
@@ -119,23 +124,25 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.hessian_every and index % self.hessian_every == self.hessian_every - 1:
-            self._refresh_hessian(index, *first)
+            self._refresh_hessian(index, first)
         finite = torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
         self._first_bad = torch.where((self._first_bad == 0) & ~finite, index + 1, self._first_bad)
         self.step += 1
         return StepOutput(loss_sum, grad_norm, lr)
 
-    def _refresh_hessian(self, index: int, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Sophia-G: backward on labels sampled from the model's own predictions, then update_hessian()."""
+    def _refresh_hessian(self, index: int, x: torch.Tensor) -> None:
+        """Sophia-G's Gauss-Newton-Bartlett refresh on this process's first micro-batch: backward on
+        labels sampled from the model's own predictions, then update_hessian(labels behind the
+        gradient, counted over processes since DDP averages the gradient)."""
+        from merit_core.optim.sophia import sampled_label_loss
+
         gen = torch.Generator(device=self.device)
-        gen.manual_seed(hash((self.config.seed, index, self.parallel.rank)) & 0x7FFF_FFFF_FFFF)
+        gen.manual_seed((self.config.seed * 1_000_003 + index) * 4099 + self.parallel.rank)
         with self.autocast():
             logits = self.forward(input_ids=x, use_cache=False).logits
-        probs = torch.softmax(logits.detach().float().flatten(0, 1), dim=-1)
-        sampled = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), sampled, reduction="mean")
+        loss, n_labels = sampled_label_loss(logits, generator=gen)
         loss.backward()
-        self.optimizer.update_hessian()
+        self.optimizer.update_hessian(n_labels * self.parallel.world_size)
         self.optimizer.zero_grad(set_to_none=True)
 
     def first_nonfinite_step(self) -> int | None:
@@ -154,9 +161,13 @@ class Trainer:
         self.model.eval()
         try:
             total = torch.zeros((), device=self.device)
-            for j, (x, y) in enumerate(self.val):
-                if j % self.parallel.world_size == self.parallel.rank:
-                    total += self._loss(self.model, x.to(self.device), y.to(self.device), 1.0)
+            world, rank = self.parallel.world_size, self.parallel.rank
+            mine = list(range(rank, len(self.val), world))
+            rounds = -(-len(self.val) // world) if self.parallel.lockstep_forward else len(mine)
+            for r in range(rounds):  # in lockstep, a process short of batches repeats one with weight 0
+                j, weight = (mine[r], 1.0) if r < len(mine) else (0, 0.0)
+                x, y = self.val[j]
+                total += self._loss(self.model, x.to(self.device), y.to(self.device), weight)
             n_tokens = sum(y.numel() for _, y in self.val)
             val_loss = self.parallel.all_reduce(total, op="sum") / n_tokens
             with self.autocast():

@@ -9,7 +9,7 @@ only the main process writes files and calls the callbacks.
 
 from __future__ import annotations
 
-import difflib
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,9 +40,10 @@ class RunInfo:
 
 @dataclass
 class RunSummary:
-    """How a run ended."""
+    """How a run ended (`config` is the resolved config: actual lr, steps, micro-batch, out)."""
 
     run_dir: Path
+    config: TrainConfig
     steps: int
     tokens: int
     n_params: int
@@ -59,8 +60,11 @@ class RunSummary:
 class TrainCallbacks:
     """Progress hooks; override what you need. Called on the main process only."""
 
-    def on_prepare(self, message: str) -> None:
-        """Data preparation progress (a short status line)."""
+    def on_prepare(self, stage: str, done: int, total: int | None) -> None:
+        """Data preparation progress: `done` of `total` (None: unknown) units of `stage`."""
+
+    def on_data(self, meta) -> None:
+        """The prepared data is ready (`meta`: merit_core.data.DataMeta)."""
 
     def on_start(self, info: RunInfo) -> None:
         """Everything is built and checked; training starts at `info.start_step`."""
@@ -89,15 +93,6 @@ def run_training(config: TrainConfig, callbacks: TrainCallbacks | None = None) -
         parallel.close()
 
 
-def check_optimizer_name(name: str) -> None:
-    from merit_core.optim import OPTIMIZER_NAMES
-
-    if name not in OPTIMIZER_NAMES:
-        close = difflib.get_close_matches(name, list(OPTIMIZER_NAMES), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"unknown optimizer {name!r}: use one of {', '.join(OPTIMIZER_NAMES)}{hint}")
-
-
 def _shared(parallel, fn: Callable[[], Any]) -> Any:
     """Run `fn` on the main process and give its result (or its MeritError) to every process."""
     result: Any = None
@@ -117,8 +112,12 @@ class _Run:
         self.parallel = parallel
         self.cb = callbacks if parallel.is_main else TrainCallbacks()
         if config.resume and config.out is None:
-            raise ConfigError("resume needs the run folder: give --out RUN_DIR (or --resume RUN_DIR)")
-        self.config = resolve(config, parallel.world_size)
+            raise ConfigError("resume needs the run folder: give --out RUN_DIR")
+        from merit_core.optim import canonical_name, default_hparams, resolve_hparams
+
+        config = dataclasses.replace(config, optimizer=canonical_name(config.optimizer))
+        resolve_hparams(config.optimizer, **config.optimizer_args)  # unknown hyperparameters fail here, early
+        self.config = resolve(config, parallel.world_size, default_hparams(config.optimizer))
         self.config.out = parallel.broadcast_object(self.config.out)
         self.run_dir = Path(self.config.out)
 
@@ -128,7 +127,6 @@ class _Run:
         from merit_core.train.checkpoint import latest_checkpoint, list_checkpoints
 
         c = self.config
-        check_optimizer_name(c.optimizer)
         context = context_length(model_config(c.model))
         if c.seq_len > context:
             raise ConfigError(f"seq_len {c.seq_len} is beyond the context of {c.model} ({context} tokens)")
@@ -151,29 +149,27 @@ class _Run:
 
         def prepare():
             path = Path(resolve_data(c.data, tokenizer=c.tokenizer, vocab_size=c.vocab_size,
-                                     progress=self.cb.on_prepare))
+                                     progress=self.cb.on_prepare, text_column=c.text_column,
+                                     dataset_config=c.data_config))
             meta = load_meta(path)
-            for split, name in (("train", "train"), ("val", "validation")):
-                if f"{split}_tokens" in meta:
-                    check_split_length(int(meta[f"{split}_tokens"]), c.seq_len, f"{name} split of {path}")
-            self.cb.on_prepare(f"data: {path} ({meta.get('train_tokens', '?')} train / "
-                               f"{meta.get('val_tokens', '?')} val tokens, vocabulary {meta.get('vocab_size')})")
+            check_split_length(meta.train_tokens, c.seq_len, f"train split of {path}")
+            check_split_length(meta.val_tokens, c.seq_len, f"validation split of {path}")
+            self.cb.on_data(meta)
             return path, meta
 
         return _shared(self.parallel, prepare)
 
-    def _build(self, data_dir: Path, meta: dict[str, Any], ckpt: Path | None):
+    def _build(self, data_dir: Path, meta, ckpt: Path | None):
         import torch
 
         from merit_core.data import open_tokens
         from merit_core.models import build_model, model_config
-        from merit_core.optim import build_optimizer
         from merit_core.train.checkpoint import load_model_weights, load_trainer_state, read_trainer_info
-        from merit_core.train.loop import Trainer
+        from merit_core.train.loop import build_trainer
 
         c, device = self.config, self.parallel.device
-        eos = meta.get("eos_token_id", 0)
-        mconf = model_config(c.model, vocab_size=int(meta["vocab_size"]), special_ids={"bos": eos, "eos": eos})
+        eos = meta.eos_token_id
+        mconf = model_config(c.model, vocab_size=meta.vocab_size, special_ids={"bos": eos, "eos": eos})
         if device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
@@ -182,9 +178,8 @@ class _Run:
             self._check_resumable(read_trainer_info(ckpt), ckpt)
             load_model_weights(model, ckpt)
         model.to(device)
-        optimizer = build_optimizer(c.optimizer, model, lr=c.lr, weight_decay=c.weight_decay, **c.optimizer_args)
         train_tokens, val_tokens = open_tokens(data_dir, "train"), open_tokens(data_dir, "val")
-        trainer = Trainer(c, model, optimizer, train_tokens, val_tokens, self.parallel)
+        trainer = build_trainer(c, model, self.parallel, train_tokens, val_tokens)
         if ckpt is not None:
             trainer.load_state_dict(load_trainer_state(ckpt, map_location=device))
         return trainer
@@ -202,21 +197,22 @@ class _Run:
     def run(self) -> RunSummary:
         from merit_core.models import count_parameters
         from merit_core.train.checkpoint import remove_partial
-        from merit_core.train.metrics import MetricsLog
+        from merit_core.train.metrics import MetricsLog, read_metrics
 
         ckpt = _shared(self.parallel, self._check)
         data_dir, meta = self._data()
         self.trainer = trainer = self._build(data_dir, meta, ckpt)
-        self.tokenizer_dir = data_dir / meta.get("tokenizer", "tokenizer")
-        if not self.tokenizer_dir.is_dir():
-            self.tokenizer_dir = None
+        self.tokenizer_dir = meta.tokenizer_path if meta.tokenizer_path.is_dir() else None
         c = self.config
         self.metrics = MetricsLog(self.run_dir)
         if self.parallel.is_main:  # the first write: all input has been checked
             self.run_dir.mkdir(parents=True, exist_ok=True)
             remove_partial(self.run_dir)
             save_config(c, self.run_dir / CONFIG_FILE)
-            self.metrics.truncate_after(trainer.step) if ckpt else self.metrics.reset()
+            if ckpt is None:
+                self.metrics.reset()
+            else:
+                self.metrics.truncate_after(trainer.step)
         self.parallel.barrier()
         self.n_params = count_parameters(trainer.model)
         self.cb.on_start(RunInfo(
@@ -224,8 +220,9 @@ class _Run:
             start_step=trainer.step, total_steps=c.steps, tokens_per_step=c.tokens_per_step,
             world_size=self.parallel.world_size, device=str(self.parallel.device), data_dir=data_dir,
             resumed_from=ckpt))
-        self.last_log: dict[str, Any] = {}
-        self.last_eval: dict[str, Any] = {}
+        previous = read_metrics(self.run_dir) if ckpt is not None else []
+        self.last_log = next((r for r in reversed(previous) if "loss" in r), {})
+        self.last_eval = next((r for r in reversed(previous) if "val_loss" in r), {})
         self.last_ckpt = ckpt
         start = time.perf_counter()
         start_step = trainer.step
@@ -237,7 +234,7 @@ class _Run:
             self._plot()
         trained_tokens = (trainer.step - start_step) * c.tokens_per_step
         summary = RunSummary(
-            run_dir=self.run_dir, steps=trainer.step, tokens=trainer.step * c.tokens_per_step,
+            run_dir=self.run_dir, config=c, steps=trainer.step, tokens=trainer.step * c.tokens_per_step,
             n_params=self.n_params, elapsed_s=elapsed,
             tokens_per_s=trained_tokens / elapsed if trained_tokens else None,
             final_loss=self.last_log.get("loss"), final_val_loss=self.last_eval.get("val_loss"),
@@ -322,7 +319,8 @@ class _Run:
         from merit_core.train.plots import plot_curves
 
         c = self.config
-        plot_curves(self.run_dir, title=f"{c.model} · {c.optimizer} · batch {c.batch_size} x {c.seq_len} · lr {c.lr:g}")
+        title = f"{c.model} · {c.optimizer} · batch {c.batch_size} x {c.seq_len} · lr {c.lr:g}"
+        plot_curves(self.run_dir, title=title)
 
 
 def _n_layers(model) -> int:
