@@ -17,7 +17,7 @@ from merit_core.train.metrics import read_metrics
 from tests.prepared_data import write_prepared, write_tiny_model_config
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-TRAIN = dict(eval_batches=2, eval_batch_size=4, log_every=1, save_every=2, keep_checkpoints=0)
+TRAIN = dict(eval_batches=2, eval_batch_size=4, eval_every=4, log_every=1, save_every=2, keep_checkpoints=0)
 
 
 @pytest.fixture(scope="module")

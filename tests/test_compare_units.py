@@ -76,11 +76,14 @@ def test_report_is_computed_from_the_numbers():
 
 
 def test_auto_grid_rule():
-    # adamw default 6e-4; width 32 -> scale capped at 8; batch 32 vs smallest 8 -> sqrt(4) = 2
-    assert auto_lr_grid("adamw", 32, 8, 32) == sorted(round_lr(9.6e-3 * f) for f in AUTO_FACTORS)
-    assert 9.6e-3 in auto_lr_grid("adamw", 32, 8, 32)
-    # GPT-2 small width, the smallest batch: the registry default is the centre
-    assert auto_lr_grid("merit", 480, 480, 768)[1] == 2e-4
+    # a small model: AdamW's centre 1e-3 at the smallest batch; batch 32 vs 8 -> x sqrt(4) = 2
+    assert auto_lr_grid("adamw", 32, 8, 32) == sorted(round_lr(2e-3 * f) for f in AUTO_FACTORS)
+    assert 2e-3 in auto_lr_grid("adamw", 32, 8, 32) and auto_lr_grid("adamw", 8, 8, 32, quick=True) == [1e-3]
+    # GPT-2 widths: the recipe values at the smallest batch
+    assert 6e-4 in auto_lr_grid("adamw", 480, 480, 768) and 6e-3 in auto_lr_grid("merit", 480, 480, 1024)
+    # ablations follow MERIT; other optimizers their registry default (x 5/3 on small models)
+    assert auto_lr_grid("merit-noclip", 8, 8, 128) == auto_lr_grid("merit", 8, 8, 128)
+    assert round_lr(1e-4 * 5 / 3) in auto_lr_grid("lion", 8, 8, 128)
 
 
 def test_spec_parsing_and_layers(tmp_path):
@@ -96,7 +99,7 @@ def test_spec_parsing_and_layers(tmp_path):
     assert spec.lrs == {"adamw": [6e-4, 1.2e-3], "merit": "auto"} and spec.tokens == 2_000_000
     assert spec.optimizer_args["merit"] == {"betas": [0.9, 0.99]} and spec.out.name == "compare-gpt2-small"
     runs = plan_runs(spec)
-    merit_lrs = sorted(round_lr(2e-4 * math.sqrt(1024 / 480) * f) for f in AUTO_FACTORS)  # smallest batch: 480
+    merit_lrs = sorted(round_lr(6e-3 * math.sqrt(1024 / 480) * f) for f in AUTO_FACTORS)  # smallest batch: 480
     assert [r.name for r in runs] == ["adamw-b480-lr0.0006", "adamw-b480-lr0.0012", "adamw-b1024-lr0.0006",
                                       "adamw-b1024-lr0.0012", *[f"merit-b1024-lr{lr:.3g}" for lr in merit_lrs]]
     assert {r.steps for r in runs if r.batch_size == 480} == {5}  # ceil(2e6 / (480 * 1024))

@@ -6,11 +6,11 @@ those folders. Modules: spec (settings), grid (lr grids and run configs), runner
 execution), worker (one run in a subprocess), summary, report, plots.
 
 The default comparison (no arguments) is adamw, lamb and merit on gpt2-tiny (1.35M parameters)
-with the built-in corpus, sequence length 128, batch sizes 8 and 64 at 262,144 tokens per run
-(256 and 32 steps), a three-point lr grid each: 18 runs. Sized from throughput measured on the
-2-core CPU of the project machine, which was shared with other jobs at the time (see the
-project README for the numbers); `--quick` keeps the comparison and cuts the budget to 65,536
-tokens per run.
+with the built-in corpus, sequence length 128, batch sizes 8 and 64 (8x apart, as the paper's
+GPT-2 medium 480 -> 4k) at 131,072 tokens per run (128 and 16 steps), a three-point lr grid
+each: 18 runs, two at a time on 2 cores. Sized by measuring on the project's 2-core CPU while
+other jobs shared it (load 4-6): 24 runs of this size took 15.5 min there, so 18 take about 12.
+`--quick` runs the auto grid's centre only, at 65,536 tokens: 6 runs.
 """
 
 from __future__ import annotations
@@ -108,8 +108,8 @@ def _settings(spec: CompareSpec, runs: list[PlannedRun], meta) -> dict[str, Any]
             n_params = read_trainer_info(ckpt).get("n_params")
             break
     grids = lr_grids(spec)
-    rule = ("auto (centre = default lr x width scale x sqrt(batch / smallest batch), x "
-            + ("{1/3, 1, 3}" if not spec.quick else "the quick factors") + ")")
+    rule = ("auto: a centre per optimizer x sqrt(batch / smallest batch), "
+            + ("the centre only (--quick)" if spec.quick else "x {1/3, 1, 3}") + " (see merit_core.compare.grid)")
     explicit = {name for name, setting in spec.lrs.items() if setting != "auto"}
     if explicit:
         rule = ("given lists" if len(explicit) == len(spec.lrs)

@@ -1,18 +1,22 @@
 """The runs of a comparison: the learning-rate grids, and one `merit train` config per run.
 
-The auto grid for optimizer `o` at batch size `B` is centred on
+The auto grid for optimizer `o` at batch size `B` is `centre * AUTO_FACTORS` (x {1/3, 1, 3};
+just the centre with --quick), rounded to three significant digits (run folders are named
+after them), where
 
-    centre = default_lr(o) * width_scale * sqrt(B / B_min)
+    centre = AUTO_CENTRES[scale][o] * sqrt(B / B_min)
 
-- `default_lr(o)`: the registry's default (AdamW 6e-4, LAMB 1e-3, MERIT 2e-4: recipes for
-  GPT-2-sized models at about 0.5M tokens per batch);
-- `width_scale = clamp(768 / d_model, 1, 8)`: narrower models than GPT-2 small take larger
-  steps (Adam-type learning rates scale about as 1 / width);
-- `sqrt(B / B_min)`: the square-root batch-size rule of Adam-type and layer-wise adaptive
-  optimizers, relative to the smallest batch of the comparison;
-
-and the grid is `centre * AUTO_FACTORS` (`QUICK_FACTORS` with --quick), rounded to three
-significant digits (the run folders are named after them).
+- `B_min` is the smallest batch of the comparison; the square-root rule of Adam-type and
+  layer-wise adaptive optimizers shifts the grid up for larger batches (for an 8x larger
+  batch, x2.8, and the x3 grid points then reach both "no shift" and "linear shift");
+- `scale` is "small" for models narrower than 512 (CPU models) and "gpt2" otherwise.
+  Small: measured on gpt2-tiny with the built-in corpus, 131k tokens, seq 128, batch 8 (a
+  pilot sweep over 1e-3..1e-1; best AdamW 1e-3 with 3e-3 next, LAMB 3e-2, MERIT 3e-2).
+  GPT-2: AdamW 6e-4 (nanoGPT's GPT-2 recipe at batch 480); LAMB and MERIT 6e-3 (trust-ratio
+  updates are relative to each weight's norm, so both take the same, larger lr; the
+  starting point of configs/gpt2-small.toml);
+- other optimizers: the MERIT ablations and lamb-ref use MERIT's centre; the rest their
+  registry default lr (x 5/3 for small models, as AdamW's small/GPT-2 ratio).
 """
 
 from __future__ import annotations
@@ -27,7 +31,13 @@ from merit_core.compare.spec import CompareSpec
 from merit_core.errors import ConfigError
 
 AUTO_FACTORS = (1 / 3, 1.0, 3.0)
-QUICK_FACTORS = (1 / 3, 1.0, 3.0)
+QUICK_FACTORS = (1.0,)
+SMALL_WIDTH = 512
+AUTO_CENTRES = {
+    "small": {"adamw": 1e-3, "lamb": 3e-2, "merit": 3e-2},
+    "gpt2": {"adamw": 6e-4, "lamb": 6e-3, "merit": 6e-3},
+}
+TRUST_RATIO_FAMILY = ("merit-noclip", "merit-nobound", "max-lamb", "l2-merit", "lamb-ref")
 RUNS_DIR = "runs"
 # Keys of a run's config.toml that do not change what the run computes; a finished run whose
 # saved config differs from the planned one in any *other* key belongs to another comparison.
@@ -80,13 +90,24 @@ def model_width(model: str) -> int:
     return int(getattr(config, "n_embd", None) or config.hidden_size)
 
 
+def auto_centre(optimizer: str, d_model: int) -> float:
+    """The auto grid's centre at the comparison's smallest batch (see the module docstring)."""
+    from merit_core.optim import default_hparams
+
+    scale = "small" if d_model < SMALL_WIDTH else "gpt2"
+    centres = AUTO_CENTRES[scale]
+    if optimizer in centres:
+        return centres[optimizer]
+    if optimizer in TRUST_RATIO_FAMILY:
+        return centres["merit"]
+    ratio = AUTO_CENTRES["small"]["adamw"] / AUTO_CENTRES["gpt2"]["adamw"] if scale == "small" else 1.0
+    return float(default_hparams(optimizer)["lr"]) * ratio
+
+
 def auto_lr_grid(optimizer: str, batch_size: int, smallest_batch: int, d_model: int,
                  quick: bool = False) -> list[float]:
     """The auto grid (see the module docstring), ascending."""
-    from merit_core.optim import default_hparams
-
-    width_scale = min(8.0, max(1.0, 768 / d_model))
-    centre = float(default_hparams(optimizer)["lr"]) * width_scale * math.sqrt(batch_size / smallest_batch)
+    centre = auto_centre(optimizer, d_model) * math.sqrt(batch_size / smallest_batch)
     factors = QUICK_FACTORS if quick else AUTO_FACTORS
     return sorted({round_lr(centre * f) for f in factors})
 
@@ -122,7 +143,7 @@ def plan_runs(spec: CompareSpec) -> list[PlannedRun]:
             values = {**spec.train, "optimizer": optimizer, "batch_size": batch, "lr": lr, "steps": steps,
                       "optimizer_args": dict(spec.optimizer_args.get(optimizer, {})),
                       "out": str(spec.out / RUNS_DIR / run_name(optimizer, batch, lr))}
-            values.setdefault("eval_every", max(1, steps // 10))
+            values.setdefault("eval_every", max(1, steps // 8))
             values.setdefault("save_every", max(1, math.ceil(steps / 4)))
             values.setdefault("keep_checkpoints", 1)
             config = resolve(from_dict(values), 1, default_hparams(optimizer))

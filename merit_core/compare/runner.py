@@ -186,8 +186,6 @@ def _gpu_count(runs: list[PlannedRun]) -> int:
 
 def _run_parallel(todo: list[PlannedRun], states: dict[str, str], jobs: int, log_dir: Path,
                   callbacks: CompareCallbacks) -> dict[str, str]:
-    from merit_core.train.metrics import read_metrics
-
     n_gpus = _gpu_count(todo)
     pending = deque(todo)
     free = list(range(jobs))
@@ -205,14 +203,12 @@ def _run_parallel(todo: list[PlannedRun], states: dict[str, str], jobs: int, log
                     proc = subprocess.Popen([sys.executable, "-m", "merit_core.compare.worker", json.dumps(config)],
                                             stdout=fh, stderr=subprocess.STDOUT, env=worker_env(slot, jobs, n_gpus))
                 callbacks.on_run_start(run, resume)
-                active[slot] = (run, proc, log, -1)
+                active[slot] = (run, proc, log, _line_count(run))
             time.sleep(0.5)
             for slot, (run, proc, log, seen) in list(active.items()):
-                records = read_metrics(run.run_dir) if run.run_dir.is_dir() else []
-                if records and records[-1].get("step", -1) > seen:
-                    callbacks.on_run_progress(run, records[-1])
-                    active[slot] = (run, proc, log, records[-1]["step"])
-                code = proc.poll()
+                code = proc.poll()  # before reading: a finished run's records are all on disk
+                seen = _forward_new_records(run, seen, callbacks)
+                active[slot] = (run, proc, log, seen)
                 if code is None:
                     continue
                 del active[slot]
@@ -229,6 +225,18 @@ def _run_parallel(todo: list[PlannedRun], states: dict[str, str], jobs: int, log
     return final
 
 
+def _forward_new_records(run: PlannedRun, seen: int, callbacks: CompareCallbacks) -> int:
+    """Pass a worker's metrics records past line `seen` on as progress; return the new count."""
+    from merit_core.train.metrics import read_metrics
+
+    records = read_metrics(run.run_dir) if run.run_dir.is_dir() else []
+    if len(records) < seen:  # a resumed run truncated its metrics file
+        seen = 0
+    for record in records[seen:]:
+        callbacks.on_run_progress(run, record)
+    return max(seen, len(records))
+
+
 def _finish(run: PlannedRun, code: int, log: Path, callbacks: CompareCallbacks) -> str:
     if code == 0:
         callbacks.on_run_end(run, "finished", None)
@@ -241,6 +249,12 @@ def _finish(run: PlannedRun, code: int, log: Path, callbacks: CompareCallbacks) 
     if code == EXIT_USER_ERROR:
         raise MeritError(f"{run.name}: {last}")
     raise RunFailed(f"run {run.name} failed (exit code {code}): {last} (full log: {log})")
+
+
+def _line_count(run: PlannedRun) -> int:
+    from merit_core.train.metrics import read_metrics
+
+    return len(read_metrics(run.run_dir)) if run.run_dir.is_dir() else 0
 
 
 def _last_line(path: Path) -> str:

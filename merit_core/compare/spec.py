@@ -33,9 +33,9 @@ from merit_core.errors import ConfigError
 # throughput on a 2-core CPU (see merit_core.compare.__doc__).
 DEFAULT_OPTIMIZERS = ("adamw", "lamb", "merit")
 DEFAULT_BATCH_SIZES = (8, 64)
-DEFAULT_TOKENS = 262_144
+DEFAULT_TOKENS = 131_072
 DEFAULT_TRAIN: dict[str, Any] = {"model": "gpt2-tiny", "seq_len": 128, "warmup_ratio": 0.1}
-# `--quick`: the same comparison, shorter runs and a smaller auto grid.
+# `--quick`: the same comparison with half the tokens and one lr per optimizer (the auto grid's centre).
 QUICK_TOKENS = 65_536
 
 COMPARE_KEYS = ("optimizers", "batch_sizes", "lrs", "tokens", "jobs", "out", "train", "per_optimizer")
