@@ -121,14 +121,15 @@ def results_table(summary: dict[str, Any]):
 
     settings = summary["settings"]
     best = {(b["optimizer"], b["batch_size"]): b for b in summary["best"]}
-    table = Table(title=f"Best lr per optimizer and batch size: final validation loss and max attention logit "
-                        f"({settings['model']}, {settings['tokens_per_run']:,} tokens per run)",
-                  title_justify="left", header_style="bold")
+    table = Table(title=f"{settings['model']}, {settings['tokens_per_run']:,} tokens per run, best lr per "
+                        "optimizer and batch size b",
+                  caption="loss: final validation loss; logit: max attention logit at the end (max over layers)",
+                  title_justify="left", caption_justify="left", header_style="bold")
     table.add_column("optimizer")
     for b in settings["batch_sizes"]:
-        table.add_column(f"b{b} val loss", justify="right")
+        table.add_column(f"b{b} loss", justify="right")
         table.add_column(f"b{b} lr", justify="right", style="dim")
-        table.add_column(f"b{b} max logit", justify="right")
+        table.add_column(f"b{b} logit", justify="right")
     lowest = {}
     for b in settings["batch_sizes"]:
         for key in ("final_val_loss", "max_attention_logit"):

@@ -198,6 +198,7 @@ def test_other_settings_in_the_same_folder_are_refused(finished, model_cfg, data
     (["--batch-sizes", "8,big"], "'big' is not an integer"),
     (["--batch-sizes", "0,8"], "must be a positive integer"),
     (["--tokens", "0"], "tokens must be a positive integer"),
+    (["--jobs", "0"], "jobs must be a positive integer"),
     (["--model", "gpt9-huge"], "unknown model 'gpt9-huge'"),
     (["--seq-len", "4096"], "beyond the context"),
     (["--set", "lr=1e-3"], "'lr' is set by the comparison"),

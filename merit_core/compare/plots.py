@@ -36,7 +36,7 @@ def plot_compare(summary: dict[str, Any], out_dir: str | Path) -> Path:
             ys = [e["final_val_loss"] for e in entries]
             ax_b.plot(xs, ys, marker="o", color=_color(name, i), label=name, linewidth=1.6)
             for x, y, e in zip(xs, ys, entries):
-                ax_b.annotate(f"lr {e['lr']:.2g}", (x, y), textcoords="offset points", xytext=(5, 4),
+                ax_b.annotate(f"lr {e['lr']:.2g}", (x, y), textcoords="offset points", xytext=(6, 4 - 10 * i),
                               fontsize="x-small", color=_color(name, i))
         plotted = {b for b, _ in points}
         failed = [b for b in batches if (name, b) in best and b not in plotted]
@@ -60,6 +60,7 @@ def plot_compare(summary: dict[str, Any], out_dir: str | Path) -> Path:
         _plot_series(ax_val, curve["step"], curve["val_loss"], label, style)
     ax_logit.set(title=f"Max attention logit vs step, batch {largest}", xlabel="step",
                  ylabel="max over layers and heads of q·k/√d_head")
+    _log_if_spread(ax_logit)
     ax_val.set(title=f"Validation loss vs step, batch {largest}", xlabel="step", ylabel="validation loss (nats/token)")
     for ax in (ax_b, ax_logit, ax_val):
         ax.grid(alpha=0.3)
@@ -73,6 +74,14 @@ def plot_compare(summary: dict[str, Any], out_dir: str | Path) -> Path:
     plt.close(fig)
     os.replace(tmp, out)
     return out
+
+
+def _log_if_spread(ax: Any, ratio: float = 20.0) -> None:
+    """A log y axis when the plotted positive values span more than `ratio` (so small curves stay visible)."""
+    values = [y for line in ax.get_lines() for y in line.get_ydata()]
+    if values and min(values) > 0 and max(values) / min(values) > ratio:
+        ax.set_yscale("log")
+        ax.set_ylabel(ax.get_ylabel() + " (log scale)")
 
 
 def _plot_series(ax: Any, steps: list[int], values: list[float | None], label: str, style: dict[str, Any]) -> None:
