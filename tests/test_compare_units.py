@@ -142,5 +142,8 @@ def test_worker_env_splits_cores_or_gpus(monkeypatch):
     monkeypatch.setattr("merit_core.compare.runner.usable_cores", lambda: 8)
     env = worker_env(slot=1, jobs=4, n_gpus=0)
     assert env["OMP_NUM_THREADS"] == "2" and env["MKL_NUM_THREADS"] == "2"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert worker_env(slot=5, jobs=6, n_gpus=4)["CUDA_VISIBLE_DEVICES"] == "1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert worker_env(slot=5, jobs=6, n_gpus=4)["CUDA_VISIBLE_DEVICES"] == "5"
     assert worker_env(slot=0, jobs=16, n_gpus=0)["OMP_NUM_THREADS"] == "1"

@@ -99,7 +99,7 @@ def _logit_line(batch: int, entries: list[dict[str, Any] | None]) -> str | None:
 def _argmax(entry: dict[str, Any]) -> str:
     layers = entry.get("max_attention_logit_by_layer") or []
     values = [(v, i) for i, v in enumerate(layers) if v is not None]
-    return str(max(values)[1] + 1) if values else "-"
+    return str(max(values)[1]) if values else "-"  # layers count from 0, as in merit train and inspect
 
 
 def _claim_lines(best, optimizers, batches) -> list[str]:

@@ -169,7 +169,8 @@ def worker_env(slot: int, jobs: int, n_gpus: int) -> dict[str, str]:
     """Environment of the worker in `slot`: its GPU, or its share of the CPU cores."""
     env = dict(os.environ)
     if n_gpus:
-        env["CUDA_VISIBLE_DEVICES"] = str(slot % n_gpus)
+        visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        env["CUDA_VISIBLE_DEVICES"] = visible[slot % n_gpus] if len(visible) >= n_gpus else str(slot % n_gpus)
     else:
         threads = str(max(1, usable_cores() // jobs))
         env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
@@ -187,6 +188,7 @@ def _gpu_count(runs: list[PlannedRun]) -> int:
 def _run_parallel(todo: list[PlannedRun], states: dict[str, str], jobs: int, log_dir: Path,
                   callbacks: CompareCallbacks) -> dict[str, str]:
     n_gpus = _gpu_count(todo)
+    jobs = min(jobs, len(todo))
     pending = deque(todo)
     free = list(range(jobs))
     active: dict[int, tuple[PlannedRun, subprocess.Popen, Path, int]] = {}
