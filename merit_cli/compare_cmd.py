@@ -10,6 +10,7 @@ import click
 
 from merit_cli.render import StageProgress, console, fmt_duration, fmt_float
 from merit_core.compare.runner import CompareCallbacks
+from merit_core.compare.spec import DEFAULT_BATCH_SIZES, DEFAULT_OPTIMIZERS, DEFAULT_TOKENS, DEFAULT_TRAIN, QUICK_TOKENS
 
 
 def _lr(value: float) -> str:
@@ -160,18 +161,21 @@ def results_table(summary: dict[str, Any]):
 
 @click.command("compare", context_settings={"show_default": True})
 @click.argument("config_file", required=False, metavar="[CONFIG.toml]")
-@click.option("--optimizers", help="Comma-separated optimizers  [default: adamw,lamb,merit]")
-@click.option("--batch-sizes", help="Comma-separated global batch sizes in sequences  [default: 8,64]")
-@click.option("--lrs", help="'auto' (a grid around each optimizer's default, shifted with batch size) or "
-                            "comma-separated learning rates for every optimizer  [default: auto]")
-@click.option("--tokens", type=int, help="Training tokens per run, the same at every batch size  [default: 262144]")
-@click.option("--model", help="Named model or config.json  [default: gpt2-tiny]")
+@click.option("--optimizers", help=f"Comma-separated optimizers  [default: {','.join(DEFAULT_OPTIMIZERS)}]")
+@click.option("--batch-sizes", help="Comma-separated global batch sizes in sequences  "
+                                    f"[default: {','.join(map(str, DEFAULT_BATCH_SIZES))}]")
+@click.option("--lrs", help="'auto': three lrs (x1/3, x1, x3) around a centre per optimizer, shifted up by "
+                            "sqrt(batch / smallest batch); or comma-separated lrs for every optimizer  [default: auto]")
+@click.option("--tokens", type=int, help=f"Training tokens per run, the same at every batch size  "
+                                         f"[default: {DEFAULT_TOKENS}]")
+@click.option("--model", help=f"Named model or config.json  [default: {DEFAULT_TRAIN['model']}]")
 @click.option("--data", help="Prepared folder, text file/folder or dataset name (default: built-in corpus).")
-@click.option("--seq-len", type=int, help="Tokens per sequence  [default: 128]")
+@click.option("--seq-len", type=int, help=f"Tokens per sequence  [default: {DEFAULT_TRAIN['seq_len']}]")
 @click.option("--device", help="auto, cpu, cuda.")
 @click.option("--out", help="Comparison folder (default runs/compare-<model>); re-running skips finished runs.")
 @click.option("--jobs", type=int, help="Runs at once (default: one per GPU; on CPU one per core, at most 4, sharing the cores).")
-@click.option("--quick", is_flag=True, help="The default comparison at a quarter of the tokens (about 3 minutes on 2 cores).")
+@click.option("--quick", is_flag=True, help=f"A smoke test: {QUICK_TOKENS} tokens per run and only the centre of "
+                                           "each auto grid (6 runs of the default, under 3 minutes on 2 cores).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="A merit train setting for every run (e.g. warmup_ratio=0.05, micro_batch_size=16).")
 def compare(config_file, optimizers, batch_sizes, lrs, tokens, model, data, seq_len, device, out, jobs, quick,

@@ -81,6 +81,11 @@ def test_every_run_is_a_train_run_folder(finished):
         assert r["max_attention_logit_by_layer"] == final["max_attention_logit"]
         assert r["max_attention_logit"] == max(final["max_attention_logit"])
         assert r["status"] == "finished" and math.isfinite(r["final_val_loss"])
+        # merit inspect's max-norm product ||W_Q||_m ||W_K||_m of the final weights, per layer
+        from merit_core.diagnostics.weights import weight_stats
+
+        stats = weight_stats(ckpt, include_other=False)["layers"]
+        assert r["qk_bound_by_layer"] == [layer["q_max_norm"] * layer["k_max_norm"] for layer in stats]
 
 
 def test_summary_json_shape_and_best(finished):

@@ -44,6 +44,9 @@ def findings(summary: dict[str, Any]) -> list[str]:
         line = _logit_line(batch, [best.get((o, batch)) for o in optimizers])
         if line:
             lines.append(line)
+    bound = _bound_line(batches[-1], [best.get((o, batches[-1])) for o in optimizers])
+    if bound:
+        lines.append(bound)
     lines.extend(_claim_lines(best, optimizers, batches))
     return lines
 
@@ -94,6 +97,16 @@ def _logit_line(batch: int, entries: list[dict[str, Any] | None]) -> str | None:
     if len(ranked) > 1 and lo > 0:
         line += f" The largest is {hi / lo:.2f}x the smallest."
     return line
+
+
+def _bound_line(batch: int, entries: list[dict[str, Any] | None]) -> str | None:
+    """The max-norm bound term ||W_Q||_m * ||W_K||_m at the end (max over layers), lowest first."""
+    rows = sorted(((max(e["qk_bound_by_layer"]), e["optimizer"]) for e in entries
+                   if _ok(e) and e.get("qk_bound_by_layer")))
+    if not rows:
+        return None
+    return (f"**||W_Q||_m x ||W_K||_m at the end, batch {batch}** (the max-norm product that bounds the logit; "
+            "max over layers): " + ", ".join(f"{name} {value:.3g}" for value, name in rows) + ".")
 
 
 def _argmax(entry: dict[str, Any]) -> str:

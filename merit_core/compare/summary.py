@@ -49,6 +49,7 @@ def run_record(run: PlannedRun, state: str) -> dict[str, Any]:
         "max_attention_logit": max(logits) if status == "finished" and logits else None,
         "max_attention_logit_by_layer": by_layer if status == "finished" else None,
         "final_train_loss": logs[-1]["loss"] if logs and status == "finished" else None,
+        "qk_bound_by_layer": _qk_bounds(run) if status == "finished" else None,
         "last_step": records[-1]["step"] if records else 0,
         "run_dir": str(run.run_dir),
         "curve": {
@@ -57,6 +58,22 @@ def run_record(run: PlannedRun, state: str) -> dict[str, Any]:
             "max_attention_logit": [_peak(r.get("max_attention_logit")) for r in evals],
         },
     }
+
+
+def _qk_bounds(run: PlannedRun) -> list[float] | None:
+    """||W_Q||_m * ||W_K||_m per layer at the final checkpoint (the paper's bound on the max logit,
+    up to input-norm constants), via merit inspect's weight statistics; None if unreadable."""
+    from merit_core.diagnostics.weights import weight_stats
+    from merit_core.errors import MeritError
+    from merit_core.train.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(run.run_dir)
+    if ckpt is None:
+        return None
+    try:
+        return [layer["bound"] for layer in weight_stats(ckpt, include_other=False)["layers"]]
+    except MeritError:
+        return None
 
 
 def _peak(values: list[float | None] | None) -> float | None:
