@@ -44,14 +44,16 @@ class RichCompareReport(CompareCallbacks):
         steps = ", ".join(f"b{b}: {next(r.steps for r in runs if r.batch_size == b)} steps" for b in batches)
         todo = [r for r in runs if states[r.name] in ("new", "partial")]
         done = len(runs) - len(todo)
+        counts = {state: sum(states[r.name] == state for r in runs) for state in ("finished", "diverged", "partial")}
         self.out.print(
             f"[bold]Comparing[/] {', '.join(dict.fromkeys(r.optimizer for r in runs))} on {first.config.model}, "
             f"seq len {first.config.seq_len}, {max(r.tokens for r in runs):,} tokens per run ({steps})")
         self.out.print(_grid_table(runs))
-        resumed = sum(states[r.name] == "partial" for r in runs)
-        note = f"{done} already done, " if done else ""
-        note += f"{resumed} to resume, " if resumed else ""
-        self.out.print(f"{len(runs)} runs: {note}{len(todo)} to train, {jobs} at a time")
+        parts = [f"{counts['finished']} finished"] if counts["finished"] else []
+        parts += [f"{counts['diverged']} diverged"] if counts["diverged"] else []
+        parts += [f"{len(todo)} to train" + (f" ({counts['partial']} resumed)" if counts["partial"] else "")
+                  + (f", {jobs} at a time" if todo else "")]
+        self.out.print(f"{len(runs)} runs: {', '.join(parts)}")
         self.out.print(f"[dim]runs in {first.run_dir.parent}[/]")
         self.progress = Progress(
             TextColumn("{task.description:<28}"), BarColumn(bar_width=20), MofNCompleteColumn(),
