@@ -1,8 +1,8 @@
-"""How a model is spread over processes: one process, or DDP under torchrun.
+"""How a model is spread over processes: one process, DDP, or FSDP2 under torchrun.
 
-The training loop talks only to the `Parallel` interface (wrap the model, skip gradient sync
-on accumulation micro-steps, reduce metrics, clip, produce full state dicts for saving), so
-another scheme (FSDP2) plugs in as one more subclass.
+The training loop talks only to the `Parallel` interface (place or shard the model, wrap it,
+skip gradient sync on accumulation micro-steps, reduce metrics, clip, produce full state dicts
+and optimizer state for saving); FSDP2 lives in `merit_core.train.fsdp`.
 """
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from merit_core.errors import ConfigError
+from merit_core.errors import CheckpointError, ConfigError
 
 
 def resolve_device(device: str, local_rank: int = 0) -> torch.device:
@@ -34,6 +35,8 @@ class Parallel:
     """A single process; the base class of the multi-process schemes."""
 
     name = "single"
+    sharded_state = False  # True: every process writes part of the optimizer state into the checkpoint
+    collective_forward = False  # True: every forward is a collective (all processes run the same forwards)
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -44,6 +47,11 @@ class Parallel:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def prepare_model(self, model: torch.nn.Module, dtype: str = "auto") -> torch.nn.Module:
+        """Put the freshly built model on this process's device (sharding it, where the scheme
+        shards); build the optimizer on the result. `dtype` is the run's dtype setting."""
+        return model.to(self.device)
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """The module the training forward/backward goes through."""
@@ -70,10 +78,19 @@ class Parallel:
         """Full weights for saving on the main process; None means 'the module's own state dict'."""
         return None
 
-    def optimizer_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    def optimizer_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                             checkpoint_dir: Path | None = None) -> dict[str, Any]:
+        """What trainer_state.pt keeps as the optimizer state; a sharded scheme writes its shards into
+        `checkpoint_dir` (the checkpoint being staged) and returns a marker instead."""
         return optimizer.state_dict()
 
-    def load_optimizer_state_dict(self, model, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    def load_optimizer_state_dict(self, model, optimizer: torch.optim.Optimizer, state: dict[str, Any],
+                                  checkpoint_dir: Path | None = None) -> None:
+        from merit_core.train.fsdp import is_sharded_optimizer_state
+
+        if is_sharded_optimizer_state(state):
+            raise CheckpointError(f"{checkpoint_dir} was written under --parallel fsdp (sharded optimizer state); "
+                                  "resume it with --parallel fsdp under torchrun")
         optimizer.load_state_dict(state)
 
     def broadcast_object(self, obj: Any) -> Any:
@@ -143,12 +160,10 @@ def launched_world_size() -> int:
 
 
 def setup_parallel(kind: str, device: str) -> Parallel:
-    """The Parallel for this process: single, or `kind` ('ddp') when launched with WORLD_SIZE > 1."""
+    """The Parallel for this process: single, or `kind` ('ddp' or 'fsdp') when launched with WORLD_SIZE > 1."""
     world = launched_world_size()
     if world <= 1:
         return Parallel(resolve_device(device))
-    if kind == "fsdp":
-        raise ConfigError("parallel 'fsdp' is not available yet; use parallel = 'ddp'")
     import torch.distributed as dist
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -160,5 +175,8 @@ def setup_parallel(kind: str, device: str) -> Parallel:
         backend = "nccl" if dev.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30),
                                 device_id=dev if dev.type == "cuda" else None)
-    return DDPParallel(dev, dist.get_rank(), local_rank, dist.get_world_size(), owns)
+    cls = DDPParallel
+    if kind == "fsdp":
+        from merit_core.train.fsdp import FSDPParallel as cls
+    return cls(dev, dist.get_rank(), local_rank, dist.get_world_size(), owns)
 
