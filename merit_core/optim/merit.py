@@ -53,9 +53,16 @@ class MERIT(Optimizer):
             default on non-CPU devices), ``"cpp"`` (fused two-pass C++/OpenMP CPU kernel; the
             default on CPU; built once per machine, ~2 s, cached in ``~/.cache/merit-optim``),
             ``"compile"`` (torch.compile of the two passes; opt-in: the first step compiles
-            every distinct parameter shape, ~5-40 s cold on CPU). Tensor subclasses such as
-            DTensor always take the reference path; tensors the chosen path cannot take (e.g.
-            3+ dims or non-contiguous for ``"cpp"``) take the eager path.
+            every distinct parameter shape, ~5-40 s cold on CPU). Other tensor subclasses take
+            the reference path; tensors the chosen path cannot take (e.g. 3+ dims or
+            non-contiguous for ``"cpp"``) take the eager path.
+
+    DTensor parameters (FSDP2's ``Shard(0)``, HSDP, tensor-parallel ``Shard(d)``, ``Replicate``)
+    ignore ``implementation``: all of a group's DTensor parameters take one batched call of
+    :func:`merit_core.optim.merit_sharded.merit_step_sharded`, exact on the global tensors
+    with about one small all-reduce per step. Other placements (``Partial``,
+    ``_StridedShard``) raise ``NotImplementedError`` naming the placement, before any state
+    changes.
 
     State per parameter, exactly AdamW's: ``step`` (a CPU scalar tensor), ``exp_avg``,
     ``exp_avg_sq``. For bf16/fp16 parameters the moments are kept in fp32, all math is fp32,
@@ -122,6 +129,7 @@ class MERIT(Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
+            sharded = []
             for p in group["params"]:
                 grad = p.grad
                 if grad is None:
@@ -130,9 +138,14 @@ class MERIT(Optimizer):
                     raise RuntimeError("MERIT does not support sparse gradients; use dense "
                                        "gradients (e.g. nn.Embedding(sparse=False))")
                 state = self._init_state(p)
+                if not _is_plain(p) and _is_dtensor(p):
+                    sharded.append((p, grad, state))  # one batched step below; it counts the steps
+                    continue
                 state["step"] += 1  # a CPU tensor: reading it below is not a device sync
                 h = _hyper(group, state["step"])
                 _update(group["implementation"], p, grad, state["exp_avg"], state["exp_avg_sq"], h)
+            if sharded:
+                _sharded_update(group, sharded)
         return loss
 
 
@@ -147,6 +160,28 @@ def _hyper(group: dict, step_t: torch.Tensor) -> Hyper:
                  clip=None if group["clip"] is None else float(group["clip"]), norm=group["norm"],
                  elementwise=group["elementwise"], weight_bound=group["weight_bound"],
                  maximize=group["maximize"])
+
+
+def _sharded_update(group: dict, items: list) -> None:
+    """MERIT on a group's DTensor parameters: one call, statistics completed across shards."""
+    from merit_core.optim.merit_sharded import merit_step_sharded
+
+    beta1, beta2 = group["betas"]
+    merit_step_sharded(
+        [p for p, _, _ in items], [g for _, g, _ in items], [s["exp_avg"] for _, _, s in items],
+        [s["exp_avg_sq"] for _, _, s in items], [s["step"] for _, _, s in items],
+        lr=float(group["lr"]), beta1=float(beta1), beta2=float(beta2), eps=float(group["eps"]),
+        weight_decay=float(group["weight_decay"]), norm=group["norm"], elementwise=group["elementwise"],
+        weight_bound=group["weight_bound"], clip=None if group["clip"] is None else float(group["clip"]),
+        bias_correction=group["bias_correction"], maximize=group["maximize"])
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
 
 
 def _is_plain(t: torch.Tensor) -> bool:
