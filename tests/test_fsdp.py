@@ -161,6 +161,13 @@ def test_empty_shards_train_without_hanging(results):
         assert r["weight_diff"] < 1e-6 and r["moved"] > 1e-2
 
 
+@pytest.mark.slow
+def test_bf16_policy_computes_in_bf16_over_fp32_shards(results):
+    mp = results["mixed_precision"]
+    assert mp["auto"] == {"compute": "torch.float32", "weights": ["torch.float32"], "grads": ["torch.float32"]}
+    assert mp["bfloat16"] == {"compute": "torch.bfloat16", "weights": ["torch.float32"], "grads": ["torch.float32"]}
+
+
 def test_refused_optimizer_gets_one_line(tmp_path, monkeypatch):
     from merit_cli.main import cli
 

@@ -13,6 +13,7 @@ Usage: fsdp_checks.py WORK_DIR, where WORK_DIR holds `data/` (a prepared folder)
    (1e-7 relative for fp32; 2^-8 for Muon, whose Newton-Schulz iteration runs in bf16 and so
    depends on the summation order of its sharded matmuls): how far it drifts is the noise floor.
 4. Empty shards: MERIT on a toy model with parameters whose dim 0 is below the world size.
+5. Mixed precision: dtype 'bfloat16' gives bf16 compute over fp32 sharded weights; 'auto' on CPU fp32.
 
 Rank 0 writes WORK_DIR/results.json. Collectives time out after 60 s, so a hang fails.
 """
@@ -178,6 +179,22 @@ def empty_shard_check(parallel) -> dict:
     return {"local_rows": local_rows, "weight_diff": diff, "moved": moved, "steps": STEPS}
 
 
+def mixed_precision_check(parallel, config) -> dict:
+    from transformers import GPT2LMHeadModel
+
+    out = {}
+    for dtype in ("auto", "bfloat16"):
+        torch.manual_seed(0)
+        model = parallel.prepare_model(GPT2LMHeadModel(config), dtype)
+        x = torch.randint(0, config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+        logits = model(input_ids=x).logits
+        logits.float().mean().backward()
+        params = list(model.parameters())
+        out[dtype] = {"compute": str(logits.dtype), "weights": sorted({str(p.dtype) for p in params}),
+                      "grads": sorted({str(p.grad.dtype) for p in params})}
+    return out
+
+
 def main() -> None:
     work = Path(sys.argv[1])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
@@ -196,6 +213,7 @@ def main() -> None:
     timings["optimizer_checks_s"] = time.perf_counter() - start - timings["training_runs_s"]
     results["empty_shard"] = [None] * dist.get_world_size()  # one entry per rank
     dist.all_gather_object(results["empty_shard"], empty_shard_check(parallel))
+    results["mixed_precision"] = mixed_precision_check(parallel, config)
     results["timings"] = timings
     if dist.get_rank() == 0:
         (work / "results.json").write_text(json.dumps(results, indent=1))
