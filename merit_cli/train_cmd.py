@@ -122,7 +122,8 @@ class RichTrainReport(TrainCallbacks):
 @click.option("--save-every", type=int, help="Steps between checkpoints (0: only at the end).")
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model.")
 @click.option("--parallel", type=click.Choice(["ddp", "fsdp"]),
-              help="Under torchrun: ddp (replicated weights, default) or fsdp (FSDP2-sharded weights and state).")
+              help="Under torchrun: ddp (replicated weights; the default) or fsdp (FSDP2: weights, gradients and "
+                   "optimizer state sharded over the processes).")
 def train(config_file, overrides, model, optimizer, lr, batch_size, micro_batch_size, seq_len, steps, tokens, data,
           tokenizer, vocab_size, out, resume, seed, device, eval_every, save_every, compile_, parallel):
     """Pretrain a GPT-2 or Llama model with MERIT or a baseline optimizer.

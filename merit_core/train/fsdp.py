@@ -23,12 +23,17 @@ Choices:
 - The model is built whole on the host before it is sharded (meta-device initialisation for
   models larger than host memory is not done).
 
-Optimizers (see `FSDP_REFUSED`): MERIT and its ablations run exactly on the shards through
-`merit_core.optim.merit_sharded` (one small all-reduce per step for all parameters); AdamW
-(foreach), Lion and Sophia-G are element-wise and need nothing; Muon works because DTensor
-gathers each matrix for the Newton-Schulz iteration (every process then computes the full
-orthogonalisation, so it costs one full matrix of memory and compute per process).
-pytorch_optimizer's Lamb is refused.
+Optimizers under fsdp (each checked against a single process fed the same gradients, see
+tests/dist_scripts/fsdp_checks.py; `FSDP_REFUSED` lists the others):
+- MERIT and its ablations: exact on the shards through `merit_core.optim.merit_sharded`, with
+  one small all-reduce per param group per step (the row/column/tensor max-norm statistics of
+  all its parameters in one buffer).
+- AdamW (foreach; the fused kernel takes no DTensors), Lion, Sophia-G (and its Hessian
+  refresh): element-wise, so the shards need nothing; exact.
+- Muon: correct, but not cheap: DTensor gathers each matrix for the Newton-Schulz iteration
+  (~16 collectives per matrix per step), and every process computes the full bf16
+  orthogonalisation; results match a single process up to bf16 rounding.
+- pytorch_optimizer's Lamb: refused (its in-place clamp of a cross-shard norm fails on DTensor).
 """
 
 from __future__ import annotations
