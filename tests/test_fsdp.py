@@ -151,6 +151,7 @@ def test_every_optimizer_is_exact_under_fsdp_or_refused(results):
         merit_family = r["optimizer"] == "MERIT"
         assert r["all_reduces_per_step"] == (2.0 if merit_family else 0.0), (name, r)  # one per param group
     assert "in-place" in results["optimizers"]["lamb"]["error"]
+    assert results["optimizers"]["adamw"]["kernel"] == {"foreach": True, "fused": None}  # fused takes no DTensors
 
 
 @pytest.mark.slow

@@ -92,7 +92,7 @@ def optimizer_check(name: str, parallel, config) -> dict:
     lr = 1e-2
     opt_s, opt_p, opt_t = (build_optimizer(name, m, lr=lr) for m in (sharded, plain, twin))
     out = {"optimizer": type(opt_s).__name__, "weight_diff": 0.0, "noise_floor": 0.0, "norm_diff": 0.0,
-           "update": 0.0}
+           "update": 0.0, "kernel": {k: opt_s.defaults.get(k) for k in ("foreach", "fused")}}
     rank, world = dist.get_rank(), dist.get_world_size()
     gen = torch.Generator().manual_seed(1)
     calls = []
