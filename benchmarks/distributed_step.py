@@ -96,7 +96,8 @@ def build(name: str, args, parallel):
     from merit_core.optim import build_optimizer
 
     model = build_model(model_config(args.model, vocab_size=args.vocab_size), seed=0)
-    model = parallel.prepare_model(model, "float32")
+    model.to(parallel.device)
+    parallel.wrap(model)
     kind = "merit" if name == "merit-reference" else name
     optimizer = build_optimizer(kind, model, lr=1e-3)
     return model, optimizer
@@ -130,7 +131,7 @@ def worker(rank: int, world: int, port: int, args) -> None:
 
     from merit_core.train.distributed import setup_parallel
 
-    parallel = setup_parallel("fsdp", "cpu")
+    parallel = setup_parallel("fsdp", "cpu", "float32")
     names = ["adamw", "merit"] + (["merit-reference"] if args.reference else [])
     runs = {name: build(name, args, parallel) for name in names}
     stats = CommStats()

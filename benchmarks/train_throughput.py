@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def build_trainer(optimizer: str, args, train_tokens, val_tokens):
     from merit_core.models import build_model, model_config
-    from merit_core.optim import build_optimizer, default_hparams
+    from merit_core.optim import default_hparams
     from merit_core.train.config import TrainConfig, resolve
     from merit_core.train.distributed import Parallel, resolve_device
-    from merit_core.train.loop import Trainer
+    from merit_core.train.loop import build_trainer as trainer_for
 
     config = resolve(TrainConfig(model=args.model, optimizer=optimizer, batch_size=args.batch_size,
                                  micro_batch_size=args.micro_batch_size, seq_len=args.seq_len, steps=10_000,
@@ -36,8 +36,7 @@ def build_trainer(optimizer: str, args, train_tokens, val_tokens):
                      optimizer_defaults=default_hparams(optimizer))
     parallel = Parallel(resolve_device(args.device))
     model = build_model(model_config(args.model, vocab_size=args.vocab_size), seed=0).to(parallel.device)
-    opt = build_optimizer(optimizer, model, lr=config.lr, weight_decay=config.weight_decay)
-    return Trainer(config, model, opt, train_tokens, val_tokens, parallel)
+    return trainer_for(config, model, parallel, train_tokens, val_tokens)
 
 
 def timed_steps(trainer, n: int) -> float:
@@ -121,7 +120,8 @@ def main() -> None:
         table.add_column(col, justify="left" if col == "optimizer" else "right")
     for n in names:
         med, best = statistics.median(rates[n]), max(rates[n])
-        table.add_row(n, f"{med:,.0f}", f"{best:,.0f}", f"{step_ms[n]:.2f}", f"{med / base:.3f}", f"{best / best_base:.3f}")
+        table.add_row(n, f"{med:,.0f}", f"{best:,.0f}", f"{step_ms[n]:.2f}", f"{med / base:.3f}",
+                      f"{best / best_base:.3f}")
     Console().print(table)
     Console().print("[dim]'best' is each optimizer's fastest round: the least disturbed by other load.[/]")
 

@@ -176,3 +176,17 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(model_cfg, data
     assert len(lines) == 1 and "non-finite at step 3" in lines[0] and str(out / "step_2") in lines[0]
     assert [s for s, _ in list_checkpoints(out)] == [2]
     assert read_metrics(out)[-1]["step"] == 3 and read_metrics(out)[-1]["loss"] is None
+
+
+def test_resuming_a_finished_run_trains_nothing_and_reports_it(finished_run):
+    from merit_core.train.config import load_config
+    from merit_core.train.run import run_training
+
+    out, _ = finished_run
+    before = {p.name: p.stat().st_mtime_ns for p in (out / "step_4").iterdir()}
+    summary = run_training(load_config(out / "config.toml", values={"resume": True}))
+    assert summary.steps == 4 and summary.tokens_per_s is None and summary.last_checkpoint == out / "step_4"
+    last_eval = [r for r in read_metrics(out) if "val_loss" in r][-1]
+    assert summary.final_val_loss == last_eval["val_loss"] and summary.max_attention_logit == last_eval[
+        "max_attention_logit"]
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "step_4").iterdir()} == before

@@ -50,6 +50,8 @@ def fails_cleanly(args, cwd, expected):
     (["--model", "gpt2-tiny", "--seq-len", "512"], "seq_len 512 is beyond the context of gpt2-tiny (256 tokens)"),
     (["--resume"], "--resume needs the run folder"),
     (["--device", "tpu"], "device must be"),
+    (["--lr", "fast"], "--lr must be a number, got 'fast'"),
+    (["--batch-size", "1.5"], "--batch-size must be an integer, got '1.5'"),
 ])
 def test_bad_options(args, expected, tmp_path, monkeypatch, data_dir):
     monkeypatch.chdir(tmp_path)  # the default run folder would be ./runs/...
@@ -64,7 +66,8 @@ def test_bad_data_and_resume(tmp_path, monkeypatch, model_cfg, data_dir, empty_d
     fails_cleanly([*base, "--data", str(tmp_path / "no-such-corpus.txt")], work, "no-such-corpus.txt")
     fails_cleanly([*base, "--data", str(empty_data)], work, "tokens")
     fails_cleanly([*base, "--data", str(data_dir), "--seq-len", "100"], work, "beyond the context")
-    line = fails_cleanly([*base, "--data", str(data_dir), "--resume", "--out", str(work / "run")], work, "nothing to resume")
+    resume = [*base, "--data", str(data_dir), "--resume", "--out", str(work / "run")]
+    line = fails_cleanly(resume, work, "nothing to resume")
     assert "drop --resume" in line
     config = tmp_path / "bad.toml"
     config.write_text("optimiser = 'adamw'\n")

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from merit_core.optim import OPTIMIZER_NAMES, build_optimizer, default_hparams
+from merit_core.optim import OPTIMIZER_NAMES, default_hparams
 from merit_core.train.config import TrainConfig, resolve
 from merit_core.train.distributed import Parallel
-from merit_core.train.loop import Trainer, hessian_interval
+from merit_core.train.loop import build_trainer, hessian_interval
 from tests.prepared_data import TINY_GPT2
 
 TOKENS = (np.arange(20_000) * 7 % 251).astype(np.uint16)  # a periodic stream: easy to learn
@@ -24,8 +24,7 @@ def make_trainer(optimizer, **changes):
                                  steps=20, eval_batches=1, eval_batch_size=2, out="unused", **changes),
                      optimizer_defaults=default_hparams(optimizer))
     model = build_model(GPT2Config(**{**TINY_GPT2, "vocab_size": 256}), seed=0)
-    opt = build_optimizer(optimizer, model, lr=config.lr, weight_decay=config.weight_decay, **config.optimizer_args)
-    return Trainer(config, model, opt, TOKENS, TOKENS[:2000], Parallel(torch.device("cpu")))
+    return build_trainer(config, model, Parallel(torch.device("cpu")), TOKENS, TOKENS[:2000])
 
 
 @pytest.mark.parametrize("name", OPTIMIZER_NAMES)
@@ -61,3 +60,22 @@ def test_sophia_hessian_is_refreshed_every_k_steps():
     trainer.train_step()
     assert hessians() == refreshed                   # step 3: unchanged
     assert hessian_interval(make_trainer("adamw").optimizer) is None
+
+
+def test_llama_trains_and_evaluates_per_layer():
+    from transformers import LlamaConfig
+
+    from merit_core.models import build_model
+
+    config = resolve(TrainConfig(model="tiny-llama", optimizer="merit", lr=1e-2, batch_size=4, micro_batch_size=2,
+                                 seq_len=16, steps=5, eval_batches=2, eval_batch_size=2, out="unused"),
+                     optimizer_defaults=default_hparams("merit"))
+    model = build_model(LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                    tie_word_embeddings=False), seed=0)
+    trainer = build_trainer(config, model, Parallel(torch.device("cpu")), TOKENS, TOKENS[:2000])
+    first = trainer.evaluate()
+    for _ in range(5):
+        trainer.train_step()
+    last = trainer.evaluate()
+    assert len(last["max_attention_logit"]) == 3 and last["val_loss"] < first["val_loss"]

@@ -1,1 +1,12 @@
-"""The training loop, its configuration, checkpoints and metrics."""
+"""The training loop, its configuration, checkpoints and metrics.
+
+    from merit_core.train import load_config, run_training
+    summary = run_training(load_config("configs/debug.toml", ["steps=20"]))
+
+Importing this package does not import torch; `run_training` does when it runs.
+"""
+
+from merit_core.train.config import TrainConfig, load_config, resolve
+from merit_core.train.run import RunInfo, RunSummary, TrainCallbacks, run_training
+
+__all__ = ["TrainConfig", "load_config", "resolve", "run_training", "RunInfo", "RunSummary", "TrainCallbacks"]

@@ -36,7 +36,9 @@ class Parallel:
 
     name = "single"
     sharded_state = False  # True: every process writes part of the optimizer state into the checkpoint
-    collective_forward = False  # True: every forward is a collective (all processes run the same forwards)
+    # True when every process must run the same forward passes (sharded weights are gathered
+    # collectively); evaluation then pads its share of batches instead of skipping.
+    lockstep_forward = False
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -48,16 +50,13 @@ class Parallel:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def prepare_model(self, model: torch.nn.Module, dtype: str = "auto") -> torch.nn.Module:
-        """Put the freshly built model on this process's device (sharding it, where the scheme
-        shards); build the optimizer on the result. `dtype` is the run's dtype setting."""
-        return model.to(self.device)
+    def wrap(self, model: torch.nn.Module, compile: bool = False) -> torch.nn.Module:
+        """The module the training forward/backward goes through. Call it before building the
+        optimizer (a sharding scheme replaces the parameters); `model` itself stays usable for
+        evaluation and saving."""
+        return torch.compile(model) if compile else model
 
-    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The module the training forward/backward goes through."""
-        return model
-
-    def no_sync(self, wrapped: torch.nn.Module) -> contextlib.AbstractContextManager:
+    def no_sync(self) -> contextlib.AbstractContextManager:
         """Context for accumulation micro-steps whose gradients need no synchronisation yet."""
         return contextlib.nullcontext()
 
@@ -114,14 +113,16 @@ class DDPParallel(Parallel):
         self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
         self._owns_group = owns_group
 
-    def wrap(self, model):
+    def wrap(self, model, compile=False):
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+        self._ddp = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+        # compiling the DDP module lets dynamo split graphs at gradient-bucket boundaries (overlap)
+        return torch.compile(self._ddp) if compile else self._ddp
 
-    def no_sync(self, wrapped):
-        return wrapped.no_sync()
+    def no_sync(self):
+        return self._ddp.no_sync()
 
     def all_reduce(self, tensor, op="sum"):
         import torch.distributed as dist
@@ -159,8 +160,10 @@ def launched_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def setup_parallel(kind: str, device: str) -> Parallel:
-    """The Parallel for this process: single, or `kind` ('ddp' or 'fsdp') when launched with WORLD_SIZE > 1."""
+def setup_parallel(kind: str, device: str, dtype: str = "auto") -> Parallel:
+    """The Parallel for this process: single, or `kind` ('ddp' or 'fsdp') when launched with WORLD_SIZE > 1.
+
+    `dtype` is the run's dtype setting (fsdp computes in bf16 when it resolves to bf16)."""
     world = launched_world_size()
     if world <= 1:
         return Parallel(resolve_device(device))
@@ -175,8 +178,9 @@ def setup_parallel(kind: str, device: str) -> Parallel:
         backend = "nccl" if dev.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30),
                                 device_id=dev if dev.type == "cuda" else None)
-    cls = DDPParallel
     if kind == "fsdp":
-        from merit_core.train.fsdp import FSDPParallel as cls
-    return cls(dev, dist.get_rank(), local_rank, dist.get_world_size(), owns)
+        from merit_core.train.fsdp import FSDPParallel
+
+        return FSDPParallel(dev, dist.get_rank(), local_rank, dist.get_world_size(), owns, dtype)
+    return DDPParallel(dev, dist.get_rank(), local_rank, dist.get_world_size(), owns)
 

@@ -20,8 +20,8 @@ Choices:
   global shapes and offsets, a run may resume under another world size (the shards are
   redistributed); a single-process or DDP checkpoint cannot be resumed under fsdp, and the
   other way round, since the optimizer states are stored differently.
-- The model is built whole on the host before it is sharded (meta-device initialisation for
-  models larger than host memory is not done).
+- The model is built whole and moved to the device before it is sharded, so one process must
+  hold it once (meta-device initialisation for larger models is not done).
 
 Optimizers under fsdp (each checked against a single process fed the same gradients, see
 tests/dist_scripts/fsdp_checks.py; `FSDP_REFUSED` lists the others):
@@ -86,32 +86,31 @@ class FSDPParallel(DDPParallel):
 
     name = "fsdp"
     sharded_state = True  # every process writes its optimizer shards into the checkpoint folder
-    collective_forward = True  # every forward all-gathers: all processes run the same number
+    lockstep_forward = True  # every forward all-gathers: all processes run the same forwards
 
-    def __init__(self, device: torch.device, rank: int, local_rank: int, world_size: int, owns_group: bool):
+    def __init__(self, device: torch.device, rank: int, local_rank: int, world_size: int, owns_group: bool,
+                 dtype: str = "auto"):
         super().__init__(device, rank, local_rank, world_size, owns_group)
+        self.bf16 = dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda")
         self.module: torch.nn.Module | None = None
 
-    def prepare_model(self, model: torch.nn.Module, dtype: str = "auto") -> torch.nn.Module:
-        """Shard `model` in place (blocks, then the root) and move the shards to the device."""
+    def wrap(self, model, compile=False):
+        """Shard `model` in place (each transformer block, then the root); `model` keeps working for
+        evaluation and saving (its forward gathers the weights), the optimizer sees the shards."""
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mesh = init_device_mesh(self.device.type, (self.world_size,))
-        bf16 = dtype == "bfloat16" or (dtype == "auto" and self.device.type == "cuda")
-        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
+        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if self.bf16
                   else MixedPrecisionPolicy())
         for block in transformer_blocks(model):
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         self.module = model
-        return model
-
-    def wrap(self, model):
-        return model  # already sharded by prepare_model; `model` may be its torch.compile wrapper
+        return torch.compile(model) if compile else model
 
     @contextlib.contextmanager
-    def no_sync(self, wrapped):
+    def no_sync(self):
         self.module.set_requires_gradient_sync(False)
         try:
             yield

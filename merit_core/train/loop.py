@@ -52,22 +52,33 @@ def hessian_interval(optimizer: torch.optim.Optimizer) -> int | None:
     return int(optimizer.hessian_interval)
 
 
+def build_trainer(config: TrainConfig, model: torch.nn.Module, parallel: Parallel, train_tokens: np.ndarray,
+                  val_tokens: np.ndarray) -> "Trainer":
+    """Wrap `model` (on its device) for `parallel`, build the configured optimizer, return the Trainer."""
+    from merit_core.optim import build_optimizer
+
+    forward = parallel.wrap(model, compile=config.compile)
+    optimizer = build_optimizer(config.optimizer, model, lr=config.lr, weight_decay=config.weight_decay,
+                                **config.optimizer_args)
+    return Trainer(config, model, forward, optimizer, train_tokens, val_tokens, parallel)
+
+
 class Trainer:
     """Model + optimizer + data for a resolved TrainConfig, on the processes of `parallel`.
 
-    `model` is the plain transformers module (already on the device); `compile` and the
-    parallel wrapper apply to the training forward only, so evaluation, diagnostics and saving
-    always see the plain module.
+    `model` is the plain transformers module (on the device); `forward` is what training runs
+    through (the parallel wrapper, compiled if asked). Evaluation, diagnostics and saving use
+    the plain module.
     """
 
-    def __init__(self, config: TrainConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 train_tokens: np.ndarray, val_tokens: np.ndarray, parallel: Parallel):
+    def __init__(self, config: TrainConfig, model: torch.nn.Module, forward: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, train_tokens: np.ndarray, val_tokens: np.ndarray,
+                 parallel: Parallel):
         self.config = config
         self.parallel = parallel
         self.device = parallel.device
         self.model = model
-        forward = torch.compile(model) if config.compile else model
-        self.forward = parallel.wrap(forward)
+        self.forward = forward
         self.optimizer = optimizer
         self.lr_scales = [group["lr"] / config.lr for group in optimizer.param_groups]
         self.batches = TrainBatches(train_tokens, config.seq_len, config.seed)
@@ -106,7 +117,7 @@ class Trainer:
             y = y.to(self.device, non_blocking=True)
             first = x if first is None else first
             sync = k == self.n_micro - 1
-            with contextlib.nullcontext() if sync else self.parallel.no_sync(self.forward):
+            with contextlib.nullcontext() if sync else self.parallel.no_sync():
                 loss = self._loss(self.forward, x, y, scale)
                 loss.backward()
             loss_sum += loss.detach()
@@ -151,13 +162,13 @@ class Trainer:
         self.model.eval()
         try:
             total = torch.zeros((), device=self.device)
-            world, n_val = self.parallel.world_size, len(self.val)
-            for j in range(self.parallel.rank, -(-n_val // world) * world, world):  # batches j = rank mod world
-                if j < n_val:
-                    x, y = self.val[j]
-                    total += self._loss(self.model, x.to(self.device), y.to(self.device), 1.0)
-                elif self.parallel.collective_forward:  # sharded weights: join the others' last forward
-                    self.model(input_ids=self.val[0][0].to(self.device), use_cache=False)
+            world, rank = self.parallel.world_size, self.parallel.rank
+            mine = list(range(rank, len(self.val), world))
+            rounds = -(-len(self.val) // world) if self.parallel.lockstep_forward else len(mine)
+            for r in range(rounds):  # in lockstep, a process short of batches repeats one with weight 0
+                j, weight = (mine[r], 1.0) if r < len(mine) else (0, 0.0)
+                x, y = self.val[j]
+                total += self._loss(self.model, x.to(self.device), y.to(self.device), weight)
             n_tokens = sum(y.numel() for _, y in self.val)
             val_loss = self.parallel.all_reduce(total, op="sum") / n_tokens
             with self.autocast():

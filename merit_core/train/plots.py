@@ -58,5 +58,5 @@ def _plot_logits(ax: Any, logits: list[tuple[int, list[float | None]]]) -> None:
         points = [(s, v[layer]) for s, v in logits if layer < len(v) and v[layer] is not None]
         if points:
             color = cmap(layer / max(1, n_layers - 1))
-            ax.plot(*zip(*points), label=f"layer {layer + 1}", color=color, marker=".", linewidth=1.2)
-    ax.legend(fontsize="small", ncol=1 if n_layers <= 12 else 2, loc="best")
+            ax.plot(*zip(*points), label=f"layer {layer}", color=color, marker=".", linewidth=1.2)
+    ax.legend(fontsize="small", ncol=1 + n_layers // 13, loc="best")

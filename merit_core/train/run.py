@@ -40,9 +40,10 @@ class RunInfo:
 
 @dataclass
 class RunSummary:
-    """How a run ended."""
+    """How a run ended (`config` is the resolved config: actual lr, steps, micro-batch, out)."""
 
     run_dir: Path
+    config: TrainConfig
     steps: int
     tokens: int
     n_params: int
@@ -85,7 +86,7 @@ def run_training(config: TrainConfig, callbacks: TrainCallbacks | None = None) -
     """Train as `config` says; return the summary. Raises MeritError subclasses on bad input."""
     from merit_core.train.distributed import setup_parallel
 
-    parallel = setup_parallel(config.parallel, config.device)
+    parallel = setup_parallel(config.parallel, config.device, config.dtype)
     try:
         return _Run(config, callbacks or TrainCallbacks(), parallel).run()
     finally:
@@ -167,9 +168,8 @@ class _Run:
 
         from merit_core.data import open_tokens
         from merit_core.models import build_model, model_config
-        from merit_core.optim import build_optimizer
         from merit_core.train.checkpoint import load_model_weights, load_trainer_state, read_trainer_info
-        from merit_core.train.loop import Trainer
+        from merit_core.train.loop import build_trainer
 
         c, device = self.config, self.parallel.device
         eos = meta.eos_token_id
@@ -181,10 +181,9 @@ class _Run:
         if ckpt is not None:
             self._check_resumable(read_trainer_info(ckpt), ckpt)
             load_model_weights(model, ckpt)
-        model = self.parallel.prepare_model(model, c.dtype)  # on the device; sharded under fsdp
-        optimizer = build_optimizer(c.optimizer, model, lr=c.lr, weight_decay=c.weight_decay, **c.optimizer_args)
+        model.to(device)
         train_tokens, val_tokens = open_tokens(data_dir, "train"), open_tokens(data_dir, "val")
-        trainer = Trainer(c, model, optimizer, train_tokens, val_tokens, self.parallel)
+        trainer = build_trainer(c, model, self.parallel, train_tokens, val_tokens)
         if ckpt is not None:
             trainer.load_state_dict(load_trainer_state(ckpt, map_location=device), ckpt)
         return trainer
@@ -202,7 +201,7 @@ class _Run:
     def run(self) -> RunSummary:
         from merit_core.models import count_parameters
         from merit_core.train.checkpoint import remove_partial
-        from merit_core.train.metrics import MetricsLog
+        from merit_core.train.metrics import MetricsLog, read_metrics
 
         ckpt = _shared(self.parallel, self._check)
         data_dir, meta = self._data()
@@ -214,7 +213,10 @@ class _Run:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             remove_partial(self.run_dir)
             save_config(c, self.run_dir / CONFIG_FILE)
-            self.metrics.truncate_after(trainer.step) if ckpt else self.metrics.reset()
+            if ckpt is None:
+                self.metrics.reset()
+            else:
+                self.metrics.truncate_after(trainer.step)
         self.parallel.barrier()
         self.n_params = count_parameters(trainer.model)
         self.cb.on_start(RunInfo(
@@ -222,8 +224,9 @@ class _Run:
             start_step=trainer.step, total_steps=c.steps, tokens_per_step=c.tokens_per_step,
             world_size=self.parallel.world_size, device=str(self.parallel.device), data_dir=data_dir,
             resumed_from=ckpt))
-        self.last_log: dict[str, Any] = {}
-        self.last_eval: dict[str, Any] = {}
+        previous = read_metrics(self.run_dir) if ckpt is not None else []
+        self.last_log = next((r for r in reversed(previous) if "loss" in r), {})
+        self.last_eval = next((r for r in reversed(previous) if "val_loss" in r), {})
         self.last_ckpt = ckpt
         start = time.perf_counter()
         start_step = trainer.step
@@ -235,7 +238,7 @@ class _Run:
             self._plot()
         trained_tokens = (trainer.step - start_step) * c.tokens_per_step
         summary = RunSummary(
-            run_dir=self.run_dir, steps=trainer.step, tokens=trainer.step * c.tokens_per_step,
+            run_dir=self.run_dir, config=c, steps=trainer.step, tokens=trainer.step * c.tokens_per_step,
             n_params=self.n_params, elapsed_s=elapsed,
             tokens_per_s=trained_tokens / elapsed if trained_tokens else None,
             final_loss=self.last_log.get("loss"), final_val_loss=self.last_eval.get("val_loss"),
@@ -326,7 +329,8 @@ class _Run:
         from merit_core.train.plots import plot_curves
 
         c = self.config
-        plot_curves(self.run_dir, title=f"{c.model} · {c.optimizer} · batch {c.batch_size} x {c.seq_len} · lr {c.lr:g}")
+        title = f"{c.model} · {c.optimizer} · batch {c.batch_size} x {c.seq_len} · lr {c.lr:g}"
+        plot_curves(self.run_dir, title=title)
 
 
 def _n_layers(model) -> int:

@@ -85,7 +85,7 @@ def optimizer_check(name: str, parallel, config) -> dict:
 
     torch.manual_seed(0)
     base = GPT2LMHeadModel(config)
-    plain, twin, sharded = copy.deepcopy(base), copy.deepcopy(base), parallel.prepare_model(copy.deepcopy(base))
+    plain, twin, sharded = copy.deepcopy(base), copy.deepcopy(base), parallel.wrap(copy.deepcopy(base))
     single = Parallel(torch.device("cpu"))
     noise = torch.Generator().manual_seed(3)
     scale = 2.0**-8 if name == "muon" else 1e-7
@@ -103,7 +103,7 @@ def optimizer_check(name: str, parallel, config) -> dict:
             mine = x[rank::world]
             for k in range(2):  # two micro-batches per rank: the first without gradient sync
                 xb = mine[2 * k: 2 * k + 2]
-                ctx = parallel.no_sync(sharded) if k == 0 else torch.enable_grad()
+                ctx = parallel.no_sync() if k == 0 else torch.enable_grad()
                 with ctx:
                     logits = sharded(input_ids=xb[:, :-1]).logits
                     loss = F.cross_entropy(logits.flatten(0, 1), xb[:, 1:].flatten(), reduction="sum") / (4 * 16)
@@ -161,7 +161,7 @@ def empty_shard_check(parallel) -> dict:
 
     torch.manual_seed(0)
     base = Toy()
-    plain, sharded = copy.deepcopy(base), parallel.prepare_model(copy.deepcopy(base))
+    plain, sharded = copy.deepcopy(base), parallel.wrap(copy.deepcopy(base))
     local_rows = [p.to_local().shape[0] for p in sharded.parameters()]
     opt_s, opt_p = MERIT(sharded.parameters(), lr=0.05, weight_decay=0.1), MERIT(plain.parameters(), lr=0.05,
                                                                                   weight_decay=0.1)
@@ -179,13 +179,15 @@ def empty_shard_check(parallel) -> dict:
     return {"local_rows": local_rows, "weight_diff": diff, "moved": moved, "steps": STEPS}
 
 
-def mixed_precision_check(parallel, config) -> dict:
+def mixed_precision_check(config) -> dict:
     from transformers import GPT2LMHeadModel
+
+    from merit_core.train.distributed import setup_parallel
 
     out = {}
     for dtype in ("auto", "bfloat16"):
         torch.manual_seed(0)
-        model = parallel.prepare_model(GPT2LMHeadModel(config), dtype)
+        model = setup_parallel("fsdp", "cpu", dtype).wrap(GPT2LMHeadModel(config))
         x = torch.randint(0, config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
         logits = model(input_ids=x).logits
         logits.float().mean().backward()
@@ -213,7 +215,7 @@ def main() -> None:
     timings["optimizer_checks_s"] = time.perf_counter() - start - timings["training_runs_s"]
     results["empty_shard"] = [None] * dist.get_world_size()  # one entry per rank
     dist.all_gather_object(results["empty_shard"], empty_shard_check(parallel))
-    results["mixed_precision"] = mixed_precision_check(parallel, config)
+    results["mixed_precision"] = mixed_precision_check(config)
     results["timings"] = timings
     if dist.get_rank() == 0:
         (work / "results.json").write_text(json.dumps(results, indent=1))
