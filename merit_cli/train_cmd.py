@@ -38,7 +38,7 @@ class RichTrainReport(TrainCallbacks):
 
     def on_start(self, info: RunInfo) -> None:
         c = info.config
-        world = f" x {info.world_size} processes" if info.world_size > 1 else ""
+        world = f" x {info.world_size} processes ({c.parallel})" if info.world_size > 1 else ""
         verb = f"Resuming from {info.resumed_from}" if info.resumed_from else "Training"
         self.out.print(
             f"[bold]{verb}[/] {c.model} ({fmt_count(info.n_params)} parameters) with [bold]{c.optimizer}[/], "
