@@ -73,6 +73,41 @@ def literal_merit(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, wd=0.0):
     return step
 
 
+def foreach_merit(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6):
+    """A multi-tensor sketch: moments and u for all parameters with torch._foreach_* ops (u is
+    materialized for every parameter at once), then the per-tensor ratios. Benchmark only: it
+    shows what the foreach route costs on this machine."""
+    ms = [torch.zeros_like(p) for p in params]
+    vs = [torch.zeros_like(p) for p in params]
+
+    def step():
+        with torch.no_grad():
+            gs = [p.grad for p in params]
+            torch._foreach_lerp_(ms, gs, 1 - betas[0])
+            torch._foreach_mul_(vs, betas[1])
+            torch._foreach_addcmul_(vs, gs, gs, value=1 - betas[1])
+            us = torch._foreach_sqrt(vs)
+            torch._foreach_add_(us, eps)
+            torch._foreach_div_(us, ms)
+            torch._foreach_reciprocal_(us)  # u = m / (sqrt(v) + eps)
+            for w, u in zip(params, us):
+                inf = float("inf")
+                bw, bu = torch.linalg.vector_norm(w, inf), torch.linalg.vector_norm(u, inf)
+                b = torch.where((bw == 0) | (bu == 0), torch.ones_like(bw), bw / bu)
+                if w.ndim >= 2:
+                    rw, ru = torch.linalg.vector_norm(w, inf, 1, True), torch.linalg.vector_norm(u, inf, 1, True)
+                    cw, cu = torch.linalg.vector_norm(w, inf, 0, True), torch.linalg.vector_norm(u, inf, 0, True)
+                    s = torch.maximum(torch.maximum(rw / ru, cw / cu), b)
+                    u.mul_(torch.where((rw == 0) | (ru == 0) | (cw == 0) | (cu == 0), torch.ones_like(s), s))
+                else:
+                    u.mul_(b)
+            torch._foreach_clamp_min_(us, -1.0)
+            torch._foreach_clamp_max_(us, 1.0)
+            torch._foreach_add_(params, us, alpha=-lr)
+
+    return step
+
+
 def _rss_now() -> int | None:
     try:
         with open("/proc/self/statm") as f:
@@ -127,7 +162,8 @@ def candidates(params, args):
     out = [("AdamW(fused=True)", lambda: torch.optim.AdamW(params, lr=1e-3, fused=True).step)]
     out += [("AdamW(foreach=True)", lambda: torch.optim.AdamW(params, lr=1e-3, foreach=True).step),
             ("pytorch_optimizer.Lamb", lambda: Lamb(params, lr=1e-3).step),
-            ("literal per-parameter MERIT", lambda: literal_merit(params))]
+            ("literal per-parameter MERIT", lambda: literal_merit(params)),
+            ("foreach MERIT sketch", lambda: foreach_merit(params))]
     out += [("MERIT() default", lambda: MERIT(params).step)]
     impls = ["reference", "eager", "cpp"] + (["compile"] if args.compile else [])
     out += [(f"MERIT(implementation={i!r})", lambda i=i: MERIT(params, implementation=i).step) for i in impls]

@@ -105,8 +105,7 @@ template <class S> inline S ratio_or_one(S wn, S un) {
   return (wn > 0 && un > 0) ? wn / un : (S)1;
 }
 
-// Rows [lo, hi) of thread t out of n_threads: the same split in both passes, so pass 2 (which
-// walks its rows backwards) starts on the data this thread touched last, still in cache.
+// Rows [lo, hi) of this thread: the same split in both passes.
 inline void split(int64_t rows, int64_t& lo, int64_t& hi) {
   const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
   lo = rows * t / n; hi = rows * (t + 1) / n;
@@ -195,10 +194,9 @@ int step_impl(const W* g, W* w, typename Math<W>::S* m, typename Math<W>::S* v, 
       }
     }  // implicit barrier
 
-    // Pass 2, rows in reverse: recompute u, scale by s (1 where a feeding max is zero), clip,
-    // write w rounded once.
+    // Pass 2: recompute u, scale by s (1 where a feeding max is zero), clip, write w rounded once.
     const S* cs = col_s.data();
-    for (int64_t i = hi - 1; i >= lo; --i) {
+    for (int64_t i = lo; i < hi; ++i) {
       const int64_t base = i * cols, len = (base + cols <= numel) ? cols : numel - base;
       W* wi = w + base; const S* mi = m + base; const S* vi = v + base;
       S r = uniform_s;
@@ -256,6 +254,8 @@ int merit_step_bf16(const void* g, void* w, void* m, void* v, int64_t r, int64_t
 """
 
 _CFLAGS = ["-O3", "-march=native", "-std=c++17", "-fopenmp", "-fno-math-errno", "-fPIC", "-shared"]
+if platform.machine() in ("x86_64", "AMD64"):
+    _CFLAGS.append("-mprefer-vector-width=512")  # gcc defaults to 256-bit vectors on AVX-512 CPUs
 _FUNCS = {
     torch.float32: "merit_step_f32",
     torch.float64: "merit_step_f64",
@@ -348,17 +348,18 @@ def kernel_info() -> dict:
 
 def supports(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor) -> bool:
     """True if the kernel can update this parameter: plain contiguous CPU tensors of <= 2 dims."""
+    state_dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
     return (
         type(grad) is torch.Tensor
         and type(p) in (torch.Tensor, torch.nn.Parameter)
         and p.device.type == "cpu"
         and p.dtype in _FUNCS
-        and grad.dtype == p.dtype
         and p.dim() <= 2
-        and p.is_contiguous()
-        and grad.is_contiguous()
-        and exp_avg.is_contiguous()
-        and exp_avg_sq.is_contiguous()
+        and grad.dtype == p.dtype
+        and exp_avg.dtype == exp_avg_sq.dtype == state_dtype
+        and grad.device == exp_avg.device == exp_avg_sq.device == p.device
+        and p.shape == grad.shape == exp_avg.shape == exp_avg_sq.shape
+        and all(t.is_contiguous() for t in (p, grad, exp_avg, exp_avg_sq))
     )
 
 
