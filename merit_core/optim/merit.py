@@ -76,14 +76,16 @@ class MERIT(Optimizer):
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict) -> None:
-        super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        where = f" (param group {len(self.param_groups) - 1})"
-        _validate(group, where)
-        for p in group["params"]:
-            if p.dtype not in _SUPPORTED_DTYPES:
+        """As torch's, but the group's hyperparameters and dtypes are checked before it is added."""
+        where = f" (param group {len(self.param_groups)})"
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        _validate({**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}, where)
+        for p in params:
+            if isinstance(p, torch.Tensor) and p.dtype not in _SUPPORTED_DTYPES:
                 raise TypeError(f"MERIT supports float16, bfloat16, float32 and float64 parameters, "
                                 f"got one of dtype {p.dtype}{where}")
+        super().add_param_group({**param_group, "params": params})
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
