@@ -1,6 +1,5 @@
 """The C++ CPU kernel's build, cache and fallback, and which path a parameter takes."""
 
-import os
 import stat
 
 import pytest
@@ -12,7 +11,8 @@ from merit_core.optim.merit import MERIT
 
 def _fresh_kernel_state(monkeypatch, cache):
     monkeypatch.setenv("MERIT_KERNEL_CACHE", str(cache))
-    monkeypatch.setattr(merit_kernels, "_state", dict(loaded=False, lib=None, error=None, path=None, build_s=None))
+    fresh = dict(loaded=False, lib=None, error=None, path=None, build_s=None)
+    monkeypatch.setattr(merit_kernels, "_state", fresh)
 
 
 def _steps(impl, **kw):

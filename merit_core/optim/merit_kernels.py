@@ -245,15 +245,23 @@ int step(const void* g, void* w, void* m, void* v, int64_t rows, int64_t cols, c
 
 extern "C" {
 int merit_step_f32(const void* g, void* w, void* m, void* v, int64_t r, int64_t c,
-                   const double* hp, int flags, int nth) { return step<float>(g, w, m, v, r, c, hp, flags, nth); }
+    const double* hp, int flags, int nth) {
+  return step<float>(g, w, m, v, r, c, hp, flags, nth);
+}
 int merit_step_f64(const void* g, void* w, void* m, void* v, int64_t r, int64_t c,
-                   const double* hp, int flags, int nth) { return step<double>(g, w, m, v, r, c, hp, flags, nth); }
+    const double* hp, int flags, int nth) {
+  return step<double>(g, w, m, v, r, c, hp, flags, nth);
+}
 #ifdef __FLT16_MAX__
 int merit_step_f16(const void* g, void* w, void* m, void* v, int64_t r, int64_t c,
-                   const double* hp, int flags, int nth) { return step<_Float16>(g, w, m, v, r, c, hp, flags, nth); }
+    const double* hp, int flags, int nth) {
+  return step<_Float16>(g, w, m, v, r, c, hp, flags, nth);
+}
 #endif
 int merit_step_bf16(const void* g, void* w, void* m, void* v, int64_t r, int64_t c,
-                    const double* hp, int flags, int nth) { return step<bf16>(g, w, m, v, r, c, hp, flags, nth); }
+    const double* hp, int flags, int nth) {
+  return step<bf16>(g, w, m, v, r, c, hp, flags, nth);
+}
 }
 """
 
