@@ -9,7 +9,9 @@
 Gradients are random (fixed per run). Each optimizer gets `--warmup` untimed steps, then the
 median of `--steps` timed steps is reported with its ratio to AdamW(fused=True). Optimizers run
 one after another (only one set of optimizer state is alive at a time); AdamW(fused=True) is
-timed first and last and the mean is the baseline, so drift on a shared machine shows.
+timed first and last and the mean is the baseline, so drift on a shared machine shows. Last,
+AdamW(fused=True) and the default MERIT() step alternately, and the median of the per-round
+ratios is printed: the number to trust when the machine is shared.
 
 Extra memory of a step is measured after all timings: glibc is told to serve every allocation
 of 64 KiB or more with its own mmap (mallopt), so each temporary is resident while alive and
@@ -160,6 +162,22 @@ def time_steps(step, warmup: int, steps: int) -> tuple[float, float]:
     return first, statistics.median(times)
 
 
+def head_to_head(params, rounds: int, warmup: int) -> tuple[float, float, float]:
+    """AdamW(fused=True) and MERIT() stepping alternately: (median AdamW s, median MERIT s,
+    median of the per-round ratios). Robust to load that changes during the run."""
+    adamw, merit = torch.optim.AdamW(params, lr=1e-3, fused=True), MERIT(params)
+    for _ in range(warmup):
+        adamw.step()
+        merit.step()
+    ta, tm = [], []
+    for _ in range(rounds):
+        for opt, times in ((adamw, ta), (merit, tm)):
+            t0 = time.perf_counter()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(ta), statistics.median(tm), statistics.median(m / a for a, m in zip(ta, tm))
+
+
 def candidates(params, args):
     from pytorch_optimizer import Lamb
 
@@ -224,6 +242,9 @@ def main() -> None:
     for name, first, med, extra in rows:
         mem = "" if extra is None else f"{extra / 2**20:8.1f} MiB = {extra / largest:4.2f}x"
         print(f"{name:34} {first:10.3f}s {med:11.3f}s {med / base:13.2f}x {mem:>22}")
+    a, m, r = head_to_head(params, max(args.steps, 5), args.warmup)
+    print(f"\nhead to head, alternating steps: AdamW(fused=True) {a:.3f} s, MERIT() {m:.3f} s, "
+          f"median ratio {r:.2f}x")
     biggest = max(shapes, key=lambda s: torch.Size(s).numel())
     print(f"\nbaseline AdamW(fused=True): {base:.3f} s (mean of first and last run); largest parameter: "
           f"{tuple(biggest)} = {largest / 2**20:.1f} MiB. Extra memory: peak RSS growth during one "

@@ -7,9 +7,14 @@ import torch
 from merit_core.optim.merit import MERIT
 
 
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
+
 @pytest.fixture(autouse=True)
 def inductor_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()  # count only this test's graphs, whatever ran before in the process
+    torch._dynamo.utils.counters.clear()
 
 
 def test_compiled_path_matches_reference_and_never_recompiles_for_a_new_lr():
