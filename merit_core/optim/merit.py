@@ -51,7 +51,7 @@ class MERIT(Optimizer):
             ``"reference"`` (readable single-tensor torch code; any device),
             ``"eager"`` (same math in fewer passes, one temporary of the parameter's size;
             default on non-CPU devices), ``"cpp"`` (fused two-pass C++/OpenMP CPU kernel; the
-            default on CPU; built once per machine, ~2 s, cached in ``~/.cache/merit-optim``),
+            default on CPU; built once per machine, ~2 s, cached in ``~/.cache/merit/kernels``),
             ``"compile"`` (torch.compile of the two passes; opt-in: the first step compiles
             every distinct parameter shape, ~40 s for GPT-2 small on a 2-core CPU with a cold
             Inductor cache, a few seconds with a warm one). Other tensor subclasses take

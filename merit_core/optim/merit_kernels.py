@@ -3,8 +3,8 @@
 The kernel is plain C++ (no torch headers), so a cold build takes about a second instead of the
 ~30 s that `torch.utils.cpp_extension` needs for `torch/extension.h`. It is compiled with the
 system C++ compiler (``$CXX``, else ``g++``/``c++``) into a user cache directory
-(``$MERIT_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/merit-optim/kernels``, else
-``~/.cache/merit-optim/kernels``), keyed by a hash of the source, the compiler and the CPU, and
+(``$MERIT_KERNEL_CACHE``, else the ``kernels`` folder of merit's cache: ``$MERIT_CACHE_DIR``,
+``$XDG_CACHE_HOME/merit`` or ``~/.cache/merit``), keyed by a hash of the source, the compiler and the CPU, and
 loaded with :mod:`ctypes`. If it cannot be built, :func:`load_kernel` returns ``None`` and says
 why once (``RuntimeWarning``); MERIT then uses its pure-torch path.
 
@@ -34,6 +34,8 @@ import warnings
 from pathlib import Path
 
 import torch
+
+from merit_core import paths
 
 log = logging.getLogger(__name__)
 
@@ -279,11 +281,10 @@ _state: dict = {"loaded": False, "lib": None, "error": None, "path": None, "buil
 
 
 def cache_dir() -> Path:
-    """Where built kernels are kept: $MERIT_KERNEL_CACHE, else the user cache directory."""
+    """Where built kernels are kept: $MERIT_KERNEL_CACHE, else merit's cache folder + /kernels."""
     if os.environ.get("MERIT_KERNEL_CACHE"):
         return Path(os.environ["MERIT_KERNEL_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "merit-optim" / "kernels"
+    return paths.cache_dir("kernels")
 
 
 def _compiler() -> str | None:
