@@ -38,7 +38,7 @@ class RichTrainReport(TrainCallbacks):
 
     def on_start(self, info: RunInfo) -> None:
         c = info.config
-        world = f" x {info.world_size} processes" if info.world_size > 1 else ""
+        world = f" x {info.world_size} processes ({c.parallel})" if info.world_size > 1 else ""
         verb = f"Resuming from {info.resumed_from}" if info.resumed_from else "Training"
         self.out.print(
             f"[bold]{verb}[/] {c.model} ({fmt_count(info.n_params)} parameters) with [bold]{c.optimizer}[/], "
@@ -138,12 +138,15 @@ def _number(kind: type):
 @click.option("--eval-every", callback=_number(int), help="Steps between evaluations (0: only at the end).")
 @click.option("--save-every", callback=_number(int), help="Steps between checkpoints (0: only at the end).")
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model.")
+@click.option("--parallel", type=click.Choice(["ddp", "fsdp"]),
+              help="Under torchrun: ddp (replicated weights; the default) or fsdp (FSDP2: weights, gradients and "
+                   "optimizer state sharded over the processes).")
 def train(config_file, overrides, model, optimizer, lr, batch_size, micro_batch_size, seq_len, steps, tokens, data,
-          tokenizer, vocab_size, out, resume, seed, device, eval_every, save_every, compile_):
+          tokenizer, vocab_size, out, resume, seed, device, eval_every, save_every, compile_, parallel):
     """Pretrain a GPT-2 or Llama model with MERIT or a baseline optimizer.
 
     With no arguments: a tiny GPT-2 trained with MERIT on the built-in corpus (a few minutes on a CPU).
-    Under `torchrun --nproc_per_node N -m merit_cli train ...` it trains with DDP.
+    Under `torchrun --nproc_per_node N -m merit_cli train ...` it trains with DDP, or with FSDP2 given --parallel fsdp.
     """
     from merit_core.hub import prefer_offline
 
@@ -151,7 +154,7 @@ def train(config_file, overrides, model, optimizer, lr, batch_size, micro_batch_
     values = dict(model=model, optimizer=optimizer, lr=lr, batch_size=batch_size, micro_batch_size=micro_batch_size,
                   seq_len=seq_len, steps=steps, tokens=tokens, data=data, tokenizer=tokenizer, vocab_size=vocab_size,
                   out=out, resume=resume, seed=seed, device=device, eval_every=eval_every, save_every=save_every,
-                  compile=compile_)
+                  compile=compile_, parallel=parallel)
     main = int(os.environ.get("RANK", "0")) == 0
     try:
         summary_config = _load(config_file, overrides, values)

@@ -1,8 +1,6 @@
 """MERIT: every implementation path against a literal loop transcription of the algorithm, the
 paper's ablations as formulas, and the optimizer contract (validation, state, dtypes, groups)."""
 
-import copy
-import io
 import itertools
 import math
 
@@ -128,6 +126,10 @@ CONFIGS = {
 
 
 # ---- parity with the literal transcription --------------------------------------------------
+def test_every_implementation_is_covered():
+    assert set(FAST_PATHS) | {"compile"} == set(IMPLEMENTATIONS)  # compile: test_merit_compile.py
+
+
 @pytest.mark.parametrize("impl", FAST_PATHS)
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_every_path_matches_literal_transcription(impl, config):
@@ -270,5 +272,6 @@ def test_three_dim_tensor_is_a_stack_of_matrices_along_trailing_dims():
     grads = [torch.randn(4, 3, 2, generator=gen, dtype=torch.float64) for _ in range(3)]
     whole, _ = _run([w], [[g] for g in grads], weight_bound=False)
     for k in range(2):
-        part, _ = _run([w[..., k].contiguous()], [[g[..., k].contiguous()] for g in grads], weight_bound=False)
+        part, _ = _run([w[..., k].contiguous()], [[g[..., k].contiguous()] for g in grads],
+                       weight_bound=False)
         torch.testing.assert_close(whole[0][..., k], part[0], rtol=1e-12, atol=1e-12)

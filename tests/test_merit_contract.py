@@ -53,6 +53,10 @@ def test_param_group_overrides_are_validated_and_used():
         MERIT([{"params": _params()[:1]}, {"params": _params()[1:], "clip": -2.0}])
     with pytest.raises(TypeError, match="complex64"):
         MERIT([torch.nn.Parameter(torch.zeros(3, dtype=torch.complex64))])
+    opt = MERIT(_params()[:1])
+    with pytest.raises(ValueError, match=r"lr must be .*\(param group 1\)"):
+        opt.add_param_group({"params": _params()[1:], "lr": -1.0})
+    assert len(opt.param_groups) == 1  # a rejected group is not half-added
 
     frozen, l2 = _params(1)[:2], _params(2)
     opt = MERIT([{"params": frozen, "lr": 0.0}, {"params": l2, "norm": "l2", "clip": None}], lr=0.1)

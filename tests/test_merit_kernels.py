@@ -1,6 +1,5 @@
 """The C++ CPU kernel's build, cache and fallback, and which path a parameter takes."""
 
-import os
 import stat
 
 import pytest
@@ -12,7 +11,8 @@ from merit_core.optim.merit import MERIT
 
 def _fresh_kernel_state(monkeypatch, cache):
     monkeypatch.setenv("MERIT_KERNEL_CACHE", str(cache))
-    monkeypatch.setattr(merit_kernels, "_state", dict(loaded=False, lib=None, error=None, path=None, build_s=None))
+    fresh = dict(loaded=False, lib=None, error=None, path=None, build_s=None)
+    monkeypatch.setattr(merit_kernels, "_state", fresh)
 
 
 def _steps(impl, **kw):
@@ -85,7 +85,7 @@ def one_process_group(tmp_path):
     dist.destroy_process_group()
 
 
-def test_dtensor_params_take_the_reference_path(one_process_group, monkeypatch, tmp_path):
+def test_dtensor_params_bypass_the_kernel_and_match_the_reference(one_process_group, monkeypatch, tmp_path):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 

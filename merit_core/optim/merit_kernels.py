@@ -3,8 +3,8 @@
 The kernel is plain C++ (no torch headers), so a cold build takes about a second instead of the
 ~30 s that `torch.utils.cpp_extension` needs for `torch/extension.h`. It is compiled with the
 system C++ compiler (``$CXX``, else ``g++``/``c++``) into a user cache directory
-(``$MERIT_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/merit-optim/kernels``, else
-``~/.cache/merit-optim/kernels``), keyed by a hash of the source, the compiler and the CPU, and
+(``$MERIT_KERNEL_CACHE``, else the ``kernels`` folder of merit's cache: ``$MERIT_CACHE_DIR``,
+``$XDG_CACHE_HOME/merit`` or ``~/.cache/merit``), keyed by a hash of the source, the compiler and the CPU, and
 loaded with :mod:`ctypes`. If it cannot be built, :func:`load_kernel` returns ``None`` and says
 why once (``RuntimeWarning``); MERIT then uses its pure-torch path.
 
@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from merit_core import paths
+
 log = logging.getLogger(__name__)
 
 BUILD_TIMEOUT_S = 300  # a cold build takes ~1-3 s; this only bounds a pathological compiler.
@@ -55,13 +57,15 @@ struct bf16 { uint16_t x; };
 
 inline float  load(const float* p)    { return *p; }
 inline double load(const double* p)   { return *p; }
+#ifdef __FLT16_MAX__  // _Float16: gcc >= 12 / clang on x86-64 and aarch64
 inline float  load(const _Float16* p) { return (float)*p; }
+inline void store(_Float16* p, float x) { *p = (_Float16)x; }
+#endif
 inline float  load(const bf16* p) {
   uint32_t u = (uint32_t)p->x << 16; float f; std::memcpy(&f, &u, 4); return f;
 }
 inline void store(float* p, float x)    { *p = x; }
 inline void store(double* p, double x)  { *p = x; }
-inline void store(_Float16* p, float x) { *p = (_Float16)x; }
 inline void store(bf16* p, float x) {  // round to nearest even, as torch does
   uint32_t u; std::memcpy(&u, &x, 4);
   if ((u & 0x7fffffffu) > 0x7f800000u) { p->x = (uint16_t)((u >> 16) | 0x40u); return; }
@@ -105,8 +109,7 @@ template <class S> inline S ratio_or_one(S wn, S un) {
   return (wn > 0 && un > 0) ? wn / un : (S)1;
 }
 
-// Rows [lo, hi) of thread t out of n_threads: the same split in both passes, so pass 2 (which
-// walks its rows backwards) starts on the data this thread touched last, still in cache.
+// Rows [lo, hi) of this thread: the same split in both passes.
 inline void split(int64_t rows, int64_t& lo, int64_t& hi) {
   const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
   lo = rows * t / n; hi = rows * (t + 1) / n;
@@ -195,10 +198,9 @@ int step_impl(const W* g, W* w, typename Math<W>::S* m, typename Math<W>::S* v, 
       }
     }  // implicit barrier
 
-    // Pass 2, rows in reverse: recompute u, scale by s (1 where a feeding max is zero), clip,
-    // write w rounded once.
+    // Pass 2: recompute u, scale by s (1 where a feeding max is zero), clip, write w rounded once.
     const S* cs = col_s.data();
-    for (int64_t i = hi - 1; i >= lo; --i) {
+    for (int64_t i = lo; i < hi; ++i) {
       const int64_t base = i * cols, len = (base + cols <= numel) ? cols : numel - base;
       W* wi = w + base; const S* mi = m + base; const S* vi = v + base;
       S r = uniform_s;
@@ -245,17 +247,29 @@ int step(const void* g, void* w, void* m, void* v, int64_t rows, int64_t cols, c
 
 extern "C" {
 int merit_step_f32(const void* g, void* w, void* m, void* v, int64_t r, int64_t c,
-                   const double* hp, int flags, int nth) { return step<float>(g, w, m, v, r, c, hp, flags, nth); }
+    const double* hp, int flags, int nth) {
+  return step<float>(g, w, m, v, r, c, hp, flags, nth);
+}
 int merit_step_f64(const void* g, void* w, void* m, void* v, int64_t r, int64_t c,
-                   const double* hp, int flags, int nth) { return step<double>(g, w, m, v, r, c, hp, flags, nth); }
+    const double* hp, int flags, int nth) {
+  return step<double>(g, w, m, v, r, c, hp, flags, nth);
+}
+#ifdef __FLT16_MAX__
 int merit_step_f16(const void* g, void* w, void* m, void* v, int64_t r, int64_t c,
-                   const double* hp, int flags, int nth) { return step<_Float16>(g, w, m, v, r, c, hp, flags, nth); }
+    const double* hp, int flags, int nth) {
+  return step<_Float16>(g, w, m, v, r, c, hp, flags, nth);
+}
+#endif
 int merit_step_bf16(const void* g, void* w, void* m, void* v, int64_t r, int64_t c,
-                    const double* hp, int flags, int nth) { return step<bf16>(g, w, m, v, r, c, hp, flags, nth); }
+    const double* hp, int flags, int nth) {
+  return step<bf16>(g, w, m, v, r, c, hp, flags, nth);
+}
 }
 """
 
 _CFLAGS = ["-O3", "-march=native", "-std=c++17", "-fopenmp", "-fno-math-errno", "-fPIC", "-shared"]
+if platform.machine() in ("x86_64", "AMD64"):
+    _CFLAGS.append("-mprefer-vector-width=512")  # gcc defaults to 256-bit vectors on AVX-512 CPUs
 _FUNCS = {
     torch.float32: "merit_step_f32",
     torch.float64: "merit_step_f64",
@@ -267,11 +281,10 @@ _state: dict = {"loaded": False, "lib": None, "error": None, "path": None, "buil
 
 
 def cache_dir() -> Path:
-    """Where built kernels are kept: $MERIT_KERNEL_CACHE, else the user cache directory."""
+    """Where built kernels are kept: $MERIT_KERNEL_CACHE, else merit's cache folder + /kernels."""
     if os.environ.get("MERIT_KERNEL_CACHE"):
         return Path(os.environ["MERIT_KERNEL_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "merit-optim" / "kernels"
+    return paths.cache_dir("kernels")
 
 
 def _compiler() -> str | None:
@@ -314,8 +327,9 @@ def _build(compiler: str) -> Path:
     return out
 
 
-def load_kernel():
-    """The loaded kernel library, building it on first use; None (and one warning) if impossible."""
+def load_kernel() -> dict | None:
+    """The kernel's entry points by parameter dtype, building it on first use; None (and one
+    warning) if that is impossible."""
     if _state["loaded"]:
         return _state["lib"]
     with _lock:
@@ -327,12 +341,15 @@ def load_kernel():
                 raise RuntimeError("no C++ compiler found (set $CXX or install g++)")
             path = _build(compiler)
             lib = ctypes.CDLL(str(path))
-            for name in _FUNCS.values():
-                fn = getattr(lib, name)
-                fn.restype = ctypes.c_int
-                fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_int64,
-                                                       ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-            _state.update(lib=lib, path=path)
+            funcs = {}
+            for dtype, name in _FUNCS.items():
+                fn = getattr(lib, name, None)  # float16 needs a compiler with _Float16
+                if fn is not None:
+                    fn.restype = ctypes.c_int
+                    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_int64,
+                                                           ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+                    funcs[dtype] = fn
+            _state.update(lib=funcs, path=path)
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             _state["error"] = str(e)
             warnings.warn(f"MERIT: the C++ CPU kernel is unavailable ({e}); using the pure-torch "
@@ -346,19 +363,21 @@ def kernel_info() -> dict:
     return {k: _state[k] for k in ("path", "build_s", "error")} | {"available": _state["lib"] is not None}
 
 
-def supports(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor) -> bool:
+def supports(lib: dict, p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
+             exp_avg_sq: torch.Tensor) -> bool:
     """True if the kernel can update this parameter: plain contiguous CPU tensors of <= 2 dims."""
+    state_dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
     return (
         type(grad) is torch.Tensor
         and type(p) in (torch.Tensor, torch.nn.Parameter)
         and p.device.type == "cpu"
-        and p.dtype in _FUNCS
-        and grad.dtype == p.dtype
+        and p.dtype in lib
         and p.dim() <= 2
-        and p.is_contiguous()
-        and grad.is_contiguous()
-        and exp_avg.is_contiguous()
-        and exp_avg_sq.is_contiguous()
+        and grad.dtype == p.dtype
+        and exp_avg.dtype == exp_avg_sq.dtype == state_dtype
+        and grad.device == exp_avg.device == exp_avg_sq.device == p.device
+        and p.shape == grad.shape == exp_avg.shape == exp_avg_sq.shape
+        and all(t.is_contiguous() for t in (p, grad, exp_avg, exp_avg_sq))
     )
 
 
@@ -372,7 +391,7 @@ def kernel_step(lib, p, grad, exp_avg, exp_avg_sq, hyper, flags: int) -> None:
     if p.dim() < 2:
         flags &= ~FLAG_ELEMENTWISE  # the 1-D rule: one ratio for the whole vector
     nth = torch.get_num_threads() if n >= PARALLEL_MIN_NUMEL else 1
-    rc = getattr(lib, _FUNCS[p.dtype])(grad.data_ptr(), p.data_ptr(), exp_avg.data_ptr(),
+    rc = lib[p.dtype](grad.data_ptr(), p.data_ptr(), exp_avg.data_ptr(),
                                        exp_avg_sq.data_ptr(), rows, cols, ctypes.addressof(hyper),
                                        flags, nth)
     if rc != 0:

@@ -16,8 +16,8 @@ from typing import NamedTuple
 import torch
 
 # Rows of the largest slice the eager path scales at once: its temporary is at most this many
-# elements (16 MiB of fp32), far below one copy of a large parameter.
-EAGER_CHUNK_NUMEL = 1 << 22
+# elements (4 MiB of fp32), far below one copy of a large parameter.
+EAGER_CHUNK_NUMEL = 1 << 20
 
 
 class Hyper(NamedTuple):
@@ -83,10 +83,11 @@ def reference_update(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
 
 
 def _abs_max(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    # The inf-norm is the max-norm, reduced in one pass without an |x| temporary of x's size.
+    # max|x| = max(max x, -min x): two plain reductions, no |x| temporary of x's size. (On CPU
+    # this is several times faster than amax(|x|), aminmax or vector_norm(ord=inf).)
     if dim is None:
-        return torch.linalg.vector_norm(x, ord=math.inf)
-    return torch.linalg.vector_norm(x, ord=math.inf, dim=dim, keepdim=True)
+        return torch.maximum(x.amax(), x.amin().neg())
+    return torch.maximum(x.amax(dim=dim, keepdim=True), x.amin(dim=dim, keepdim=True).neg())
 
 
 def _norms(x: torch.Tensor, kind: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

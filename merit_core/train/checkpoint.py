@@ -4,7 +4,9 @@ A checkpoint holds `config.json`, `model.safetensors`, the tokenizer files (so i
 `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained` and lm-eval on its
 own), `trainer_state.json` (step, tokens, lr, model, optimizer, batch shape: what tools read)
 and `trainer_state.pt` (optimizer state, RNG states, data position; tensors and plain
-containers only, so it loads with `torch.load(weights_only=True)`). It is written into
+containers only, so it loads with `torch.load(weights_only=True)`). Under fsdp the optimizer
+state is instead an `optimizer/` folder of torch.distributed.checkpoint shards, which every
+process writes into the staged folder (`begin_checkpoint`). It is written into
 `<run>/.tmp-step_<N>` and renamed into place, so a crash never leaves half a checkpoint;
 a folder counts as complete only when both trainer-state files are in it.
 """
@@ -59,19 +61,27 @@ def remove_partial(run_dir: str | Path) -> None:
             shutil.rmtree(child, ignore_errors=True)
 
 
+def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
+    """An empty staging folder for `step_<step>/` (for files other processes write before `save_checkpoint`)."""
+    tmp = Path(run_dir) / f"{_TMP_PREFIX}{checkpoint_path(run_dir, step).name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
 def save_checkpoint(run_dir: str | Path, step: int, *, model, state_dict: dict[str, torch.Tensor] | None,
-                    tokenizer_dir: str | Path | None, info: dict[str, Any], state: dict[str, Any]) -> Path:
+                    tokenizer_dir: str | Path | None, info: dict[str, Any], state: dict[str, Any],
+                    staging: Path | None = None) -> Path:
     """Write `step_<step>/` atomically and return its path.
 
     model: the unwrapped transformers model (its config and save_pretrained are used);
     state_dict: full weights to save instead of the model's own (sharded training);
-    info: the JSON trainer state; state: the tensor trainer state for trainer_state.pt.
+    info: the JSON trainer state; state: the tensor trainer state for trainer_state.pt;
+    staging: the folder from `begin_checkpoint` when other files were already written into it.
     """
     run_dir = Path(run_dir)
     final = checkpoint_path(run_dir, step)
-    tmp = run_dir / f"{_TMP_PREFIX}{final.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = staging if staging is not None else begin_checkpoint(run_dir, step)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Writing model shards" bars would break the caller's progress display

@@ -50,7 +50,9 @@ class TrainConfig:
         logit is measured.
     grad_clip: max global gradient norm; 0 disables clipping (the norm is still reported).
     keep_checkpoints: how many `step_N/` folders to keep (0 keeps all).
-    parallel: how to spread the model under torchrun ('ddp'; 'fsdp' planned).
+    parallel: how to spread the model under torchrun: 'ddp' (replicas) or 'fsdp' (FSDP2 shards;
+        see merit_core.train.fsdp). A single process ignores it, except that fsdp refuses the
+        optimizers it cannot run.
     """
 
     model: str = "gpt2-tiny"

@@ -1,8 +1,8 @@
-"""How a model is spread over processes: one process, or DDP under torchrun.
+"""How a model is spread over processes: one process, DDP, or FSDP2 under torchrun.
 
-The training loop talks only to the `Parallel` interface (wrap the model, skip gradient sync
-on accumulation micro-steps, reduce metrics, clip, produce full state dicts for saving), so
-another scheme (FSDP2) plugs in as one more subclass.
+The training loop talks only to the `Parallel` interface (place or shard the model, wrap it,
+skip gradient sync on accumulation micro-steps, reduce metrics, clip, produce full state dicts
+and optimizer state for saving); FSDP2 lives in `merit_core.train.fsdp`.
 """
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from merit_core.errors import ConfigError
+from merit_core.errors import CheckpointError, ConfigError
 
 
 def resolve_device(device: str, local_rank: int = 0) -> torch.device:
@@ -34,6 +35,7 @@ class Parallel:
     """A single process; the base class of the multi-process schemes."""
 
     name = "single"
+    sharded_state = False  # True: every process writes part of the optimizer state into the checkpoint
     # True when every process must run the same forward passes (sharded weights are gathered
     # collectively); evaluation then pads its share of batches instead of skipping.
     lockstep_forward = False
@@ -75,10 +77,19 @@ class Parallel:
         """Full weights for saving on the main process; None means 'the module's own state dict'."""
         return None
 
-    def optimizer_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    def optimizer_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                             checkpoint_dir: Path | None = None) -> dict[str, Any]:
+        """What trainer_state.pt keeps as the optimizer state; a sharded scheme writes its shards into
+        `checkpoint_dir` (the checkpoint being staged) and returns a marker instead."""
         return optimizer.state_dict()
 
-    def load_optimizer_state_dict(self, model, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    def load_optimizer_state_dict(self, model, optimizer: torch.optim.Optimizer, state: dict[str, Any],
+                                  checkpoint_dir: Path | None = None) -> None:
+        from merit_core.train.fsdp import is_sharded_optimizer_state
+
+        if is_sharded_optimizer_state(state):
+            raise CheckpointError(f"{checkpoint_dir} was written under --parallel fsdp (sharded optimizer state); "
+                                  "resume it with --parallel fsdp under torchrun")
         optimizer.load_state_dict(state)
 
     def broadcast_object(self, obj: Any) -> Any:
@@ -149,13 +160,13 @@ def launched_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def setup_parallel(kind: str, device: str) -> Parallel:
-    """The Parallel for this process: single, or `kind` ('ddp') when launched with WORLD_SIZE > 1."""
+def setup_parallel(kind: str, device: str, dtype: str = "auto") -> Parallel:
+    """The Parallel for this process: single, or `kind` ('ddp' or 'fsdp') when launched with WORLD_SIZE > 1.
+
+    `dtype` is the run's dtype setting (fsdp computes in bf16 when it resolves to bf16)."""
     world = launched_world_size()
     if world <= 1:
         return Parallel(resolve_device(device))
-    if kind == "fsdp":
-        raise ConfigError("parallel 'fsdp' is not available yet; use parallel = 'ddp'")
     import torch.distributed as dist
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -167,5 +178,9 @@ def setup_parallel(kind: str, device: str) -> Parallel:
         backend = "nccl" if dev.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30),
                                 device_id=dev if dev.type == "cuda" else None)
+    if kind == "fsdp":
+        from merit_core.train.fsdp import FSDPParallel
+
+        return FSDPParallel(dev, dist.get_rank(), local_rank, dist.get_world_size(), owns, dtype)
     return DDPParallel(dev, dist.get_rank(), local_rank, dist.get_world_size(), owns)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -177,20 +178,22 @@ class Trainer:
         return {"val_loss": float(val_loss.item()), "max_attention_logit": per_head.amax(dim=1).tolist()}
 
     # -- state --------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Tensor state for trainer_state.pt (collective under sharded parallelism)."""
+    def state_dict(self, checkpoint_dir: Path | None = None) -> dict[str, Any]:
+        """Tensor state for trainer_state.pt (collective under sharded parallelism, which writes the
+        optimizer shards into `checkpoint_dir`, the checkpoint being staged)."""
         rng: dict[str, Any] = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
         return {
             "step": self.step,
-            "optimizer": self.parallel.optimizer_state_dict(self.model, self.optimizer),
+            "optimizer": self.parallel.optimizer_state_dict(self.model, self.optimizer, checkpoint_dir),
             "rng": rng,
             "data": {"seed": self.config.seed, "next_batch": self.step},
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.parallel.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+    def load_state_dict(self, state: dict[str, Any], checkpoint_dir: Path | None = None) -> None:
+        """Restore from trainer_state.pt's `state` (and `checkpoint_dir`, the folder it came from)."""
+        self.parallel.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], checkpoint_dir)
         self.step = int(state["step"])
         torch.set_rng_state(state["rng"]["torch"])
         if "cuda" in state["rng"] and torch.cuda.is_available():

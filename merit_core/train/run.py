@@ -86,7 +86,7 @@ def run_training(config: TrainConfig, callbacks: TrainCallbacks | None = None) -
     """Train as `config` says; return the summary. Raises MeritError subclasses on bad input."""
     from merit_core.train.distributed import setup_parallel
 
-    parallel = setup_parallel(config.parallel, config.device)
+    parallel = setup_parallel(config.parallel, config.device, config.dtype)
     try:
         return _Run(config, callbacks or TrainCallbacks(), parallel).run()
     finally:
@@ -117,6 +117,10 @@ class _Run:
 
         config = dataclasses.replace(config, optimizer=canonical_name(config.optimizer))
         resolve_hparams(config.optimizer, **config.optimizer_args)  # unknown hyperparameters fail here, early
+        if config.parallel == "fsdp":
+            from merit_core.train.fsdp import check_fsdp_optimizer
+
+            check_fsdp_optimizer(config.optimizer)
         self.config = resolve(config, parallel.world_size, default_hparams(config.optimizer))
         self.config.out = parallel.broadcast_object(self.config.out)
         self.run_dir = Path(self.config.out)
@@ -181,7 +185,7 @@ class _Run:
         train_tokens, val_tokens = open_tokens(data_dir, "train"), open_tokens(data_dir, "val")
         trainer = build_trainer(c, model, self.parallel, train_tokens, val_tokens)
         if ckpt is not None:
-            trainer.load_state_dict(load_trainer_state(ckpt, map_location=device))
+            trainer.load_state_dict(load_trainer_state(ckpt, map_location=device), ckpt)
         return trainer
 
     def _check_resumable(self, info: dict[str, Any], ckpt: Path) -> None:
@@ -294,22 +298,28 @@ class _Run:
             "Try a lower --lr, more warmup, or gradient clipping (grad_clip).")
 
     def _save(self) -> None:
-        from merit_core.train.checkpoint import prune_checkpoints, save_checkpoint
+        from merit_core.train.checkpoint import begin_checkpoint, prune_checkpoints, save_checkpoint
 
         trainer, c = self.trainer, self.config
-        state = trainer.state_dict()
+        staging = None
+        if self.parallel.sharded_state:  # every process writes its optimizer shards into the staged folder
+            staging = _shared(self.parallel, lambda: begin_checkpoint(self.run_dir, trainer.step))
+        state = trainer.state_dict(staging)
         full = self.parallel.full_model_state_dict(trainer.model)
+        if staging is not None:
+            self.parallel.barrier()  # all shards are on disk before rank 0 renames the folder
         if self.parallel.is_main:
             info = {
                 "step": trainer.step, "tokens": trainer.step * c.tokens_per_step, "total_steps": c.steps,
                 "lr": trainer.lr_for(trainer.step - 1), "model": c.model, "optimizer": c.optimizer,
                 "global_batch_size": c.batch_size, "micro_batch_size": c.micro_batch_size, "seq_len": c.seq_len,
-                "world_size": self.parallel.world_size, "seed": c.seed, "n_params": self.n_params,
+                "world_size": self.parallel.world_size, "parallel": self.parallel.name, "seed": c.seed,
+                "n_params": self.n_params,
                 "loss": self.last_log.get("loss"), "val_loss": self.last_eval.get("val_loss"),
                 "max_attention_logit": self.last_eval.get("max_attention_logit"),
             }
             path = save_checkpoint(self.run_dir, trainer.step, model=trainer.model, state_dict=full,
-                                   tokenizer_dir=self.tokenizer_dir, info=info, state=state)
+                                   tokenizer_dir=self.tokenizer_dir, info=info, state=state, staging=staging)
             prune_checkpoints(self.run_dir, c.keep_checkpoints)
             self.last_ckpt = path
             self.cb.on_checkpoint(trainer.step, path)

@@ -1,0 +1,189 @@
+"""FSDP2 under torchrun: every transformer block and the root sharded with `fully_shard`.
+
+Parameters, gradients and optimizer state become `DTensor`s sharded along dim 0 over a 1-D
+device mesh of all processes (gloo on CPU, nccl on GPU). On GPU with bf16 (dtype 'auto' or
+'bfloat16') the forward/backward run with bf16 parameters and gradients are reduced in fp32
+(`MixedPrecisionPolicy`); the sharded master weights and the optimizer state stay fp32.
+
+Choices:
+- Gradient accumulation: non-final micro-steps run with `set_requires_gradient_sync(False)`,
+  so gradients accumulate unsharded and are reduce-scattered once per update (one reduction
+  per step, as with DDP's `no_sync`; the price is one full-size gradient per process between
+  micro-steps). Parameters are still resharded after every forward and backward.
+- Gradient clipping: the norm of the sharded gradients is completed over processes (a full
+  norm, equal to the unsharded one) and the clip factor is applied to the local shards.
+- Checkpoints: rank 0 writes the Hugging Face folder from a gathered full state dict
+  (`cpu_offload`, so the full model never sits on an accelerator; a tied LM head is saved once,
+  as transformers does), and every rank writes its optimizer shards with
+  `torch.distributed.checkpoint` into `<checkpoint>/optimizer/`. The folder needs a file
+  system all ranks see (one machine, or a shared file system across nodes). Because DCP stores
+  global shapes and offsets, a run may resume under another world size (the shards are
+  redistributed); a single-process or DDP checkpoint cannot be resumed under fsdp, and the
+  other way round, since the optimizer states are stored differently.
+- The model is built whole and moved to the device before it is sharded, so one process must
+  hold it once (meta-device initialisation for larger models is not done).
+
+Optimizers under fsdp (each checked against a single process fed the same gradients, see
+tests/dist_scripts/fsdp_checks.py; `FSDP_REFUSED` lists the others):
+- MERIT and its ablations: exact on the shards through `merit_core.optim.merit_sharded`, with
+  one small all-reduce per param group per step (the row/column/tensor max-norm statistics of
+  all its parameters in one buffer).
+- AdamW (foreach; the fused kernel takes no DTensors), Lion, Sophia-G (and its Hessian
+  refresh): element-wise, so the shards need nothing; exact.
+- Muon: correct, but not cheap: DTensor gathers each matrix for the Newton-Schulz iteration
+  (~16 collectives per matrix per step), and every process computes the full bf16
+  orthogonalisation; results match a single process up to bf16 rounding.
+- pytorch_optimizer's Lamb: refused (its in-place clamp of a cross-shard norm fails on DTensor).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from merit_core.errors import CheckpointError, ConfigError
+from merit_core.train.distributed import DDPParallel
+
+OPTIMIZER_DIR = "optimizer"
+DCP_FORMAT = "torch.distributed.checkpoint"
+
+# Registry optimizers that cannot train sharded parameters, with the reason (checked numerically
+# against a single process; see tests/dist_scripts/fsdp_checks.py).
+FSDP_REFUSED: dict[str, str] = {
+    "lamb": "pytorch_optimizer's Lamb clamps its trust-ratio norms in place, which DTensor shards do not "
+            "support; use 'lamb-ref' (LAMB as MERIT's ablation, exact under fsdp) or --parallel ddp",
+}
+
+
+def check_fsdp_optimizer(name: str) -> None:
+    """ConfigError when registry optimizer `name` (canonical) cannot run under fsdp."""
+    reason = FSDP_REFUSED.get(name)
+    if reason is not None:
+        raise ConfigError(f"optimizer '{name}' does not support --parallel fsdp: {reason}")
+
+
+def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated decoder layers of a transformers model (its `_no_split_modules` classes)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:  # fall back to the longest ModuleList (GPT-2's `h`, Llama's `layers`)
+        lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+        blocks = list(max(lists, key=len)) if lists else []
+    return blocks
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+class FSDPParallel(DDPParallel):
+    """FSDP2 (`fully_shard` per transformer block and at the root) over all processes."""
+
+    name = "fsdp"
+    sharded_state = True  # every process writes its optimizer shards into the checkpoint folder
+    lockstep_forward = True  # every forward all-gathers: all processes run the same forwards
+
+    def __init__(self, device: torch.device, rank: int, local_rank: int, world_size: int, owns_group: bool,
+                 dtype: str = "auto"):
+        super().__init__(device, rank, local_rank, world_size, owns_group)
+        self.bf16 = dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda")
+        self.module: torch.nn.Module | None = None
+
+    def wrap(self, model, compile=False):
+        """Shard `model` in place (each transformer block, then the root); `model` keeps working for
+        evaluation and saving (its forward gathers the weights), the optimizer sees the shards."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if self.bf16
+                  else MixedPrecisionPolicy())
+        for block in transformer_blocks(model):
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        self.module = model
+        return torch.compile(model) if compile else model
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self.module.set_requires_gradient_sync(True)
+
+    def clip_grad_norm(self, model, max_norm):
+        params = [p for p in model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+        if _is_dtensor(norm):
+            norm = norm.full_tensor()  # the per-shard norms completed over processes
+        if max_norm > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+        return norm
+
+    def reshard(self) -> None:
+        """Put the sharded parameters back on every module: the root keeps its weights gathered after
+        a forward without backward (evaluation), and state dicts must see the sharded ones."""
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in self.module.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+
+    def full_model_state_dict(self, model):
+        """The unsharded weights on rank 0 (CPU tensors), {} elsewhere; collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        self.reshard()
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if getattr(model.config, "tie_word_embeddings", False) and head is not None:
+            full.pop(_prefix(model, head) + "weight", None)  # tied head: re-tied from the input embedding on load
+        return full
+
+    def optimizer_state_dict(self, model, optimizer, checkpoint_dir: Path | None = None) -> dict[str, Any]:
+        """Write the sharded optimizer state into `checkpoint_dir/optimizer/` (collective) and
+        return the marker that trainer_state.pt keeps in its place."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        if checkpoint_dir is None:
+            raise ValueError("under fsdp the optimizer state is written into a checkpoint folder")
+        self.reshard()
+        dcp.save(get_optimizer_state_dict(model, optimizer), checkpoint_id=Path(checkpoint_dir) / OPTIMIZER_DIR)
+        return {"format": DCP_FORMAT, "path": OPTIMIZER_DIR, "world_size": self.world_size}
+
+    def load_optimizer_state_dict(self, model, optimizer, state, checkpoint_dir: Path | None = None) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+        if not is_sharded_optimizer_state(state):
+            raise CheckpointError(f"{checkpoint_dir} was written by a single-process or DDP run; "
+                                  "resume it with --parallel ddp")
+        folder = Path(checkpoint_dir) / state["path"]
+        if not (folder / ".metadata").is_file():
+            raise CheckpointError(f"{folder} is missing or incomplete (no .metadata); this checkpoint "
+                                  "cannot be resumed")
+        self.reshard()
+        target = get_optimizer_state_dict(model, optimizer)  # initialises the state (zero-lr step)
+        try:
+            dcp.load(target, checkpoint_id=folder)
+        except Exception as exc:  # shape/key mismatch or unreadable shards
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CheckpointError(f"{folder} cannot be loaded into this optimizer: {message}") from None
+        set_optimizer_state_dict(model, optimizer, target)
+
+
+def is_sharded_optimizer_state(state: Any) -> bool:
+    """True for the marker fsdp checkpoints keep in trainer_state.pt instead of the optimizer state."""
+    return isinstance(state, dict) and state.get("format") == DCP_FORMAT
+
+
+def _prefix(model: torch.nn.Module, module: torch.nn.Module) -> str:
+    """`module`'s qualified name in `model` followed by a dot."""
+    return next(name for name, m in model.named_modules() if m is module) + "."
