@@ -147,3 +147,14 @@ def test_worker_env_splits_cores_or_gpus(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     assert worker_env(slot=5, jobs=6, n_gpus=4)["CUDA_VISIBLE_DEVICES"] == "5"
     assert worker_env(slot=0, jobs=16, n_gpus=0)["OMP_NUM_THREADS"] == "1"
+
+
+@pytest.mark.parametrize("name", ["compare-gpt2-small", "compare-gpt2-medium"])
+def test_shipped_compare_configs_plan_the_paper_runs(name):
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "configs" / f"{name}.toml"
+    runs = plan_runs(load_spec(path))
+    assert {r.optimizer for r in runs} >= {"adamw", "merit"}
+    assert 480 in {r.batch_size for r in runs if r.optimizer == "adamw"}
+    assert max(r.batch_size for r in runs if r.optimizer == "merit") >= 1024
