@@ -8,21 +8,8 @@ from pathlib import Path
 
 import click
 
+from merit_cli.options import number
 from merit_core.errors import ConfigError
-
-
-def _parsed(kind: type, name: str):
-    """A click callback turning an option's text into `kind`, with a one-line ConfigError on failure."""
-
-    def convert(ctx, param, value):
-        if value is None:
-            return None
-        try:
-            return kind(value)
-        except ValueError:
-            raise ConfigError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}") from None
-
-    return convert
 
 
 class _RichProgress:
@@ -86,16 +73,16 @@ def _summary(meta, seconds: float):
               help="Prepare the built-in corpus (stdlib docstrings) into the merit cache, or into --out.")
 @click.option("--tokenizer", default=None, metavar="NAME|PATH",
               help="Hub tokenizer (e.g. gpt2) or local folder. Default: train a byte-level BPE on the corpus.")
-@click.option("--vocab-size", default="4096", metavar="N", callback=_parsed(int, "--vocab-size"), show_default=True,
+@click.option("--vocab-size", default="4096", metavar="N", callback=number(int), show_default=True,
               help="Vocabulary size of the trained BPE.")
-@click.option("--val-fraction", default=None, metavar="F", callback=_parsed(float, "--val-fraction"),
+@click.option("--val-fraction", default=None, metavar="F", callback=number(float),
               help="Share of tokens held out (whole documents) for validation. [default: 0.01; builtin 0.02]")
 @click.option("--text-column", default="text", metavar="NAME", show_default=True, help="Column holding the text (.jsonl/.parquet/hub).")
 @click.option("--dataset-config", default=None, help="Configuration of a hub dataset (e.g. 'en' for allenai/c4).")
 @click.option("--split", default="train", show_default=True, help="Split of a hub dataset to read.")
-@click.option("--max-documents", default=None, metavar="N", callback=_parsed(int, "--max-documents"),
+@click.option("--max-documents", default=None, metavar="N", callback=number(int),
               help="Read at most this many documents (for large hub datasets).")
-@click.option("--seed", default="0", metavar="N", callback=_parsed(int, "--seed"), show_default=True,
+@click.option("--seed", default="0", metavar="N", callback=number(int), show_default=True,
               help="Seed of the validation hold-out.")
 @click.option("--json", "as_json", is_flag=True, help="Print meta.json (with its path) instead of a table.")
 def prepare(source, out, builtin, tokenizer, vocab_size, val_fraction, text_column, dataset_config, split,

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from merit_cli.options import number
 from merit_cli.render import (StageProgress, command_hints, console, fmt_count, fmt_duration, fmt_float,
                                key_value_table, training_progress)
 from merit_core.errors import MeritError
@@ -98,45 +99,28 @@ class RichTrainReport(TrainCallbacks):
             self.progress = None
 
 
-def _number(kind: type):
-    """A click callback: text -> int/float, or a one-line ConfigError naming the option."""
-
-    def convert(ctx, param, value):
-        if value is None:
-            return None
-        try:
-            return kind(value)
-        except ValueError:
-            from merit_core.errors import ConfigError
-
-            word = "an integer" if kind is int else "a number"
-            raise ConfigError(f"--{param.name.replace('_', '-')} must be {word}, got {value!r}") from None
-
-    return convert
-
-
 @click.command("train", context_settings={"show_default": True})
 @click.argument("config_file", required=False, metavar="[CONFIG.toml]")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override any config key (a TOML value; dotted keys for tables: optimizer_args.betas=[0.9,0.95]).")
 @click.option("--model", help="Named model (gpt2-tiny, gpt2-small, llama-130m, ...) or a config.json path.")
 @click.option("--optimizer", help="Optimizer name from the registry (merit, adamw, lamb, lion, sophiag, ...).")
-@click.option("--lr", callback=_number(float), help="Peak learning rate (default: tuned or the optimizer's default).")
-@click.option("--batch-size", callback=_number(int), help="Global batch size in sequences (default 16).")
-@click.option("--micro-batch-size", callback=_number(int),
+@click.option("--lr", callback=number(float), help="Peak learning rate (default: tuned or the optimizer's default).")
+@click.option("--batch-size", callback=number(int), help="Global batch size in sequences (default 16).")
+@click.option("--micro-batch-size", callback=number(int),
               help="Sequences per forward pass per process; smaller means gradient accumulation.")
-@click.option("--seq-len", callback=_number(int), help="Tokens per sequence (default 128).")
-@click.option("--steps", callback=_number(int), help="Optimizer updates (default 300).")
-@click.option("--tokens", callback=_number(int), help="Training tokens (instead of --steps).")
+@click.option("--seq-len", callback=number(int), help="Tokens per sequence (default 128).")
+@click.option("--steps", callback=number(int), help="Optimizer updates (default 300).")
+@click.option("--tokens", callback=number(int), help="Training tokens (instead of --steps).")
 @click.option("--data", help="Prepared folder, text file/folder or dataset name (default: built-in corpus).")
 @click.option("--tokenizer", help="Tokenizer name or path when data must be prepared (default: train a BPE).")
-@click.option("--vocab-size", callback=_number(int), help="Vocabulary of a BPE trained on the data (default 4096).")
+@click.option("--vocab-size", callback=number(int), help="Vocabulary of a BPE trained on the data (default 4096).")
 @click.option("--out", help="Run folder (default runs/<date>-<model>-<optimizer>).")
 @click.option("--resume", is_flag=True, default=None, help="Continue the run in --out from its latest checkpoint.")
-@click.option("--seed", callback=_number(int), help="Seed of the initialisation and the batch order (default 0).")
+@click.option("--seed", callback=number(int), help="Seed of the initialisation and the batch order (default 0).")
 @click.option("--device", help="auto (default), cpu, cuda, cuda:N.")
-@click.option("--eval-every", callback=_number(int), help="Steps between evaluations (0: only at the end).")
-@click.option("--save-every", callback=_number(int), help="Steps between checkpoints (0: only at the end).")
+@click.option("--eval-every", callback=number(int), help="Steps between evaluations (0: only at the end).")
+@click.option("--save-every", callback=number(int), help="Steps between checkpoints (0: only at the end).")
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model.")
 @click.option("--parallel", type=click.Choice(["ddp", "fsdp"]),
               help="Under torchrun: ddp (replicated weights; the default) or fsdp (FSDP2: weights, gradients and "
