@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from merit_cli.render import StageProgress, console, fmt_duration, fmt_float
+from merit_cli.render import LiveReport, fmt_duration, fmt_float
 from merit_core.compare.runner import CompareCallbacks
 from merit_core.compare.spec import DEFAULT_BATCH_SIZES, DEFAULT_OPTIMIZERS, DEFAULT_TOKENS, DEFAULT_TRAIN, QUICK_TOKENS
 
@@ -17,22 +17,15 @@ def _lr(value: float) -> str:
     return f"{value:.3g}"
 
 
-class RichCompareReport(CompareCallbacks):
+class RichCompareReport(LiveReport, CompareCallbacks):
     """Renders a comparison: the plan and grids, an overall bar plus one bar per running run, a line per run."""
 
     def __init__(self):
-        self.out = console()
-        self.stages: StageProgress | None = None
-        self.progress = None
+        super().__init__()
         self.overall = None
         self.tasks: dict[str, Any] = {}
         self.started: dict[str, float] = {}
         self.last: dict[str, dict[str, Any]] = {}
-
-    def on_prepare(self, stage: str, done: int, total: int | None) -> None:
-        if self.stages is None:
-            self.stages = StageProgress(self.out)
-        self.stages(stage, done, total)
 
     def on_plan(self, runs, states, jobs) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -93,12 +86,6 @@ class RichCompareReport(CompareCallbacks):
         else:
             self.progress.console.print(f"[red]diverged[/] {run.name:<22} [dim]{message}[/]")
 
-    def close(self) -> None:
-        if self.stages is not None:
-            self.stages.stop()
-        if self.progress is not None:
-            self.progress.stop()
-            self.progress = None
 
 
 def _grid_table(runs):

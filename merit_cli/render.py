@@ -101,3 +101,25 @@ def training_progress(out: Console) -> Progress:
         console=out,
         transient=False,
     )
+
+
+class LiveReport:
+    """Base of the commands' rich callbacks: a console, stage bars started on the first
+    `on_prepare`, a main progress bar set by the subclass, and `close()` that stops both."""
+
+    def __init__(self):
+        self.out = console()
+        self.stages: StageProgress | None = None
+        self.progress = None
+
+    def on_prepare(self, stage: str, done: int, total: int | None) -> None:
+        if self.stages is None:
+            self.stages = StageProgress(self.out)
+        self.stages(stage, done, total)
+
+    def close(self) -> None:
+        if self.stages is not None:
+            self.stages.stop()
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None

@@ -10,26 +10,19 @@ from typing import Any
 import click
 
 from merit_cli.options import number
-from merit_cli.render import (StageProgress, command_hints, console, fmt_count, fmt_duration, fmt_float,
-                               key_value_table, training_progress)
+from merit_cli.render import (LiveReport, command_hints, fmt_count, fmt_duration, fmt_float, key_value_table,
+                               training_progress)
 from merit_core.errors import MeritError
 from merit_core.train.run import RunInfo, RunSummary, TrainCallbacks
 
 
-class RichTrainReport(TrainCallbacks):
+class RichTrainReport(LiveReport, TrainCallbacks):
     """Renders a run: a header, a live progress bar, eval lines, and a summary table."""
 
     def __init__(self):
-        self.out = console()
-        self.progress = None
-        self.stages = None
+        super().__init__()
         self.task = None
         self.fields = {"loss": "-", "lr": "-", "tok_s": "-", "max_logit": "-"}
-
-    def on_prepare(self, stage: str, done: int, total: int | None) -> None:
-        if self.stages is None:
-            self.stages = StageProgress(self.out)
-        self.stages(stage, done, total)
 
     def on_data(self, meta) -> None:
         if self.stages is not None:
@@ -91,12 +84,6 @@ class RichTrainReport(TrainCallbacks):
             hints.append((f"merit eval {summary.last_checkpoint}", "zero-shot LAMBADA / WikiText"))
         self.out.print(command_hints("[bold]Next", hints))
 
-    def close(self) -> None:
-        if self.stages is not None:
-            self.stages.stop()
-        if self.progress is not None:
-            self.progress.stop()
-            self.progress = None
 
 
 @click.command("train", context_settings={"show_default": True})

@@ -3,6 +3,8 @@
 import os
 import tempfile
 
+import pytest
+
 _TMP = tempfile.mkdtemp(prefix="merit-tests-")
 for key, value in {
     "HF_HUB_OFFLINE": "1",
@@ -19,3 +21,19 @@ for key, value in {
     os.environ[key] = value
 # Compiled kernels (Inductor / C++ extensions) may reuse a persistent cache across runs.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "merit-inductor-cache"))
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """A small prepared-data folder (tokens + tokenizer), one per test module."""
+    from tests.prepared_data import write_prepared
+
+    return write_prepared(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="module")
+def model_cfg(tmp_path_factory):
+    """A tiny GPT-2 config.json, one per test module."""
+    from tests.prepared_data import write_tiny_model_config
+
+    return write_tiny_model_config(tmp_path_factory.mktemp("model"))

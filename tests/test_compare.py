@@ -14,20 +14,9 @@ from merit_core.compare import CompareCallbacks, load_spec, plan_compare, run_co
 from merit_core.compare.runner import STATUS_FILE, run_state
 from merit_core.train.checkpoint import list_checkpoints, read_trainer_info
 from merit_core.train.metrics import read_metrics
-from tests.prepared_data import write_prepared, write_tiny_model_config
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TRAIN = dict(eval_batches=2, eval_batch_size=4, eval_every=4, log_every=1, save_every=2, keep_checkpoints=0)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return write_prepared(tmp_path_factory.mktemp("data"))
-
-
-@pytest.fixture(scope="module")
-def model_cfg(tmp_path_factory):
-    return write_tiny_model_config(tmp_path_factory.mktemp("model"))
 
 
 class Counting(CompareCallbacks):

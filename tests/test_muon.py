@@ -9,13 +9,6 @@ from torch import nn
 from merit_core.optim.muon import MuonWithAdamW, muon_param_groups
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-
-
 def tiny_gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
 

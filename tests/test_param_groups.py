@@ -8,13 +8,6 @@ from merit_core.errors import ConfigError
 from merit_core.optim.param_groups import build_param_groups, classify_parameters
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-
-
 def tiny_gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
 

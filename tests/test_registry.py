@@ -23,13 +23,6 @@ from merit_core.optim import (
 )
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-
-
 @pytest.fixture(scope="module")
 def gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel

@@ -9,17 +9,6 @@ from click.testing import CliRunner
 from merit_cli.main import cli
 from merit_core.train.checkpoint import list_checkpoints, load_trainer_state, read_trainer_info
 from merit_core.train.metrics import read_metrics
-from tests.prepared_data import write_prepared, write_tiny_model_config
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return write_prepared(tmp_path_factory.mktemp("data"))
-
-
-@pytest.fixture(scope="module")
-def model_cfg(tmp_path_factory):
-    return write_tiny_model_config(tmp_path_factory.mktemp("model"))
 
 
 TINY = dict(batch_size=8, micro_batch_size=4, seq_len=32, lr=3e-3, eval_every=2, save_every=2, log_every=1,
