@@ -110,9 +110,20 @@ def reference_step(optimizer) -> None:
 
     for group in optimizer.param_groups:
         beta1, beta2 = group["betas"]
-        hyper = Hyper(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-                      bias_correction1=1.0, bias_correction2=1.0, clip=group["clip"], norm=group["norm"],
-                      elementwise=group["elementwise"], weight_bound=group["weight_bound"], maximize=False)
+        hyper = Hyper(
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            bias_correction1=1.0,
+            bias_correction2=1.0,
+            clip=group["clip"],
+            norm=group["norm"],
+            elementwise=group["elementwise"],
+            weight_bound=group["weight_bound"],
+            maximize=False,
+        )
         for p in group["params"]:
             if p.grad is None:
                 continue
@@ -123,8 +134,9 @@ def reference_step(optimizer) -> None:
 
 
 def worker(rank: int, world: int, port: int, args) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(minutes=5))
     from torch.distributed.tensor.debug import CommDebugMode
@@ -169,8 +181,13 @@ def worker(rank: int, world: int, port: int, args) -> None:
                 times[name]["fwd_bwd"].append(fwd_bwd)
                 times[name]["step"].append(step)
                 times[name]["total"].append(fwd_bwd + step)
-                comm[name].append((stats.calls["all_reduce"] + dtensor_calls, stats.bytes["all_reduce"],
-                                   _slowest(stats.seconds["all_reduce"])))
+                comm[name].append(
+                    (
+                        stats.calls["all_reduce"] + dtensor_calls,
+                        stats.bytes["all_reduce"],
+                        _slowest(stats.seconds["all_reduce"]),
+                    )
+                )
                 fsdp_comm.append(fsdp)
     if rank == 0:
         report(args, world, names, times, comm, fsdp_comm, runs)
@@ -184,11 +201,15 @@ def report(args, world, names, times, comm, fsdp_comm, runs) -> None:
     med = {n: {k: statistics.median(v) for k, v in times[n].items()} for n in names}
     base = med["adamw"]
     n_params = count_parameters(runs["adamw"][0])
-    print(f"\nFSDP2 on CPU (gloo), {world} processes x {args.threads} thread(s); {args.model} "
-          f"({n_params / 1e6:.2f}M params); batch {args.batch_size} x {args.seq_len} per process; "
-          f"median of {args.rounds} rounds after {args.warmup} warm-up\n")
-    head = (f"{'optimizer':<16}{'fwd+bwd ms':>11}{'step ms':>9}{'step/AdamW':>11}{'total ms':>10}{'total/AdamW':>12}"
-            f"{'extra all-reduces':>18}{'extra KiB':>10}{'in them ms':>11}{'% of step':>10}")
+    print(
+        f"\nFSDP2 on CPU (gloo), {world} processes x {args.threads} thread(s); {args.model} "
+        f"({n_params / 1e6:.2f}M params); batch {args.batch_size} x {args.seq_len} per process; "
+        f"median of {args.rounds} rounds after {args.warmup} warm-up\n"
+    )
+    head = (
+        f"{'optimizer':<16}{'fwd+bwd ms':>11}{'step ms':>9}{'step/AdamW':>11}{'total ms':>10}{'total/AdamW':>12}"
+        f"{'extra all-reduces':>18}{'extra KiB':>10}{'in them ms':>11}{'% of step':>10}"
+    )
     print(head)
     print("-" * len(head))
     for n in names:
@@ -201,16 +222,22 @@ def report(args, world, names, times, comm, fsdp_comm, runs) -> None:
         kib_s = f"{kib:.2f}" if measured else "-"
         secs_s = f"{1e3 * secs:.2f}" if measured else "-"
         share = f"{100 * secs / m['step']:.1f}" if measured else "-"
-        print(f"{n:<16}{1e3 * m['fwd_bwd']:>11.1f}{1e3 * m['step']:>9.1f}{m['step'] / base['step']:>11.2f}"
-              f"{1e3 * m['total']:>10.1f}{m['total'] / base['total']:>12.2f}{extra:>18}"
-              f"{kib_s:>10}{secs_s:>11}{share:>10}")
+        print(
+            f"{n:<16}{1e3 * m['fwd_bwd']:>11.1f}{1e3 * m['step']:>9.1f}{m['step'] / base['step']:>11.2f}"
+            f"{1e3 * m['total']:>10.1f}{m['total'] / base['total']:>12.2f}{extra:>18}"
+            f"{kib_s:>10}{secs_s:>11}{share:>10}"
+        )
     calls, nbytes = fsdp_comm[0]
-    print(f"\nFSDP's own collectives per step (forward+backward, per process): "
-          f"{calls['all_gather_single']} all-gathers ({nbytes['all_gather_single'] / 2**20:.2f} MiB in), "
-          f"{calls['reduce_scatter_single']} reduce-scatters ({nbytes['reduce_scatter_single'] / 2**20:.2f} MiB in)")
-    print("extra all-reduces: issued by the optimizer step (MERIT: one per param group with DTensor params, all "
-          "parameters' statistics in one buffer; 'in them': launch to completed wait, skew between processes "
-          "included); merit-reference: the collectives DTensor ops issue (counted, not timed)")
+    print(
+        f"\nFSDP's own collectives per step (forward+backward, per process): "
+        f"{calls['all_gather_single']} all-gathers ({nbytes['all_gather_single'] / 2**20:.2f} MiB in), "
+        f"{calls['reduce_scatter_single']} reduce-scatters ({nbytes['reduce_scatter_single'] / 2**20:.2f} MiB in)"
+    )
+    print(
+        "extra all-reduces: issued by the optimizer step (MERIT: one per param group with DTensor params, all "
+        "parameters' statistics in one buffer; 'in them': launch to completed wait, skew between processes "
+        "included); merit-reference: the collectives DTensor ops issue (counted, not timed)"
+    )
 
 
 def main() -> None:
@@ -223,8 +250,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--no-reference", dest="reference", action="store_false",
-                        help="skip the per-tensor DTensor reference row")
+    parser.add_argument(
+        "--no-reference", dest="reference", action="store_false", help="skip the per-tensor DTensor reference row"
+    )
     args = parser.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -49,15 +49,30 @@ print(json.dumps({"seconds": elapsed, "peak_mib": peak, "base_mib": base, "layer
 
 def gpt2_small_shapes() -> dict[str, tuple[int, ...]]:
     d, n_layer, vocab, ctx = 768, 12, 50257, 1024
-    shapes = {"transformer.wte.weight": (vocab, d), "transformer.wpe.weight": (ctx, d),
-              "transformer.ln_f.weight": (d,), "transformer.ln_f.bias": (d,)}
+    shapes = {
+        "transformer.wte.weight": (vocab, d),
+        "transformer.wpe.weight": (ctx, d),
+        "transformer.ln_f.weight": (d,),
+        "transformer.ln_f.bias": (d,),
+    }
     for i in range(n_layer):
         p = f"transformer.h.{i}."
-        shapes.update({p + "ln_1.weight": (d,), p + "ln_1.bias": (d,), p + "ln_2.weight": (d,), p + "ln_2.bias": (d,),
-                       p + "attn.c_attn.weight": (d, 3 * d), p + "attn.c_attn.bias": (3 * d,),
-                       p + "attn.c_proj.weight": (d, d), p + "attn.c_proj.bias": (d,),
-                       p + "mlp.c_fc.weight": (d, 4 * d), p + "mlp.c_fc.bias": (4 * d,),
-                       p + "mlp.c_proj.weight": (4 * d, d), p + "mlp.c_proj.bias": (d,)})
+        shapes.update(
+            {
+                p + "ln_1.weight": (d,),
+                p + "ln_1.bias": (d,),
+                p + "ln_2.weight": (d,),
+                p + "ln_2.bias": (d,),
+                p + "attn.c_attn.weight": (d, 3 * d),
+                p + "attn.c_attn.bias": (3 * d,),
+                p + "attn.c_proj.weight": (d, d),
+                p + "attn.c_proj.bias": (d,),
+                p + "mlp.c_fc.weight": (d, 4 * d),
+                p + "mlp.c_fc.bias": (4 * d,),
+                p + "mlp.c_proj.weight": (4 * d, d),
+                p + "mlp.c_proj.bias": (d,),
+            }
+        )
     return shapes
 
 
@@ -66,10 +81,16 @@ def llama_130m_shapes() -> dict[str, tuple[int, ...]]:
     shapes = {"model.embed_tokens.weight": (vocab, d), "model.norm.weight": (d,), "lm_head.weight": (vocab, d)}
     for i in range(n_layer):
         p = f"model.layers.{i}."
-        shapes.update({p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,),
-                       **{p + f"self_attn.{n}_proj.weight": (d, d) for n in "qkvo"},
-                       p + "mlp.gate_proj.weight": (ff, d), p + "mlp.up_proj.weight": (ff, d),
-                       p + "mlp.down_proj.weight": (d, ff)})
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (d,),
+                p + "post_attention_layernorm.weight": (d,),
+                **{p + f"self_attn.{n}_proj.weight": (d, d) for n in "qkvo"},
+                p + "mlp.gate_proj.weight": (ff, d),
+                p + "mlp.up_proj.weight": (ff, d),
+                p + "mlp.down_proj.weight": (d, ff),
+            }
+        )
     return shapes
 
 
@@ -92,8 +113,9 @@ def write_checkpoint(folder: Path, family: str) -> tuple[int, int]:
 
 def run_child(mode: str, path: Path, threads: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads)}
-    out = subprocess.run([sys.executable, "-c", CHILD, mode, str(path)], capture_output=True, text=True, env=env,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, mode, str(path)], capture_output=True, text=True, env=env, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -104,8 +126,13 @@ def torch_threads() -> int:
 def run_cli(path: Path) -> float:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "merit_cli", "inspect", str(path), "--no-logits", "--no-weights"],
-                   capture_output=True, env=env, check=True, cwd=ROOT)
+    subprocess.run(
+        [sys.executable, "-m", "merit_cli", "inspect", str(path), "--no-logits", "--no-weights"],
+        capture_output=True,
+        env=env,
+        check=True,
+        cwd=ROOT,
+    )
     return time.perf_counter() - t0
 
 
@@ -122,8 +149,11 @@ def main() -> None:
         folder = root / family
         t0 = time.perf_counter()
         n_params, n_bytes = write_checkpoint(folder, family)
-        print(f"{name}: {n_params / 1e6:.1f}M params, {n_bytes / 2**20:.0f} MiB file, written in "
-              f"{time.perf_counter() - t0:.1f} s", flush=True)
+        print(
+            f"{name}: {n_params / 1e6:.1f}M params, {n_bytes / 2**20:.0f} MiB file, written in "
+            f"{time.perf_counter() - t0:.1f} s",
+            flush=True,
+        )
         results = {}
         for mode, threads in (("baseline", args.threads), ("lazy", args.threads), ("lazy", 1)):
             runs = sorted((run_child(mode, folder, threads) for _ in range(args.repeats)), key=lambda r: r["seconds"])
@@ -133,20 +163,30 @@ def main() -> None:
         rows.append((name, n_bytes, results, cli))
     t = args.threads
     print()
-    print(f"{'checkpoint':<12} {'method':<28} {'time s':>7} {'x base':>7} {'peak RSS MiB':>13} "
-          f"{'above import':>13} {'x base':>7}")
-    for name, n_bytes, res, cli in rows:
+    print(
+        f"{'checkpoint':<12} {'method':<28} {'time s':>7} {'x base':>7} {'peak RSS MiB':>13} "
+        f"{'above import':>13} {'x base':>7}"
+    )
+    for name, _n_bytes, res, cli in rows:
         base = res[("baseline", t)]
         above_base = base["peak_mib"] - base["base_mib"]
-        for label, key in ((f"load_file + stats ({t} thr)", ("baseline", t)),
-                           (f"weight_stats lazy ({t} thr)", ("lazy", t)), ("weight_stats lazy (1 thr)", ("lazy", 1))):
+        for label, key in (
+            (f"load_file + stats ({t} thr)", ("baseline", t)),
+            (f"weight_stats lazy ({t} thr)", ("lazy", t)),
+            ("weight_stats lazy (1 thr)", ("lazy", 1)),
+        ):
             r = res[key]
             above = r["peak_mib"] - r["base_mib"]
-            print(f"{name:<12} {label:<28} {r['seconds']:>7.2f} {r['seconds'] / base['seconds']:>7.2f} "
-                  f"{r['peak_mib']:>13.0f} {above:>13.0f} {above / above_base:>7.2f}")
+            print(
+                f"{name:<12} {label:<28} {r['seconds']:>7.2f} {r['seconds'] / base['seconds']:>7.2f} "
+                f"{r['peak_mib']:>13.0f} {above:>13.0f} {above / above_base:>7.2f}"
+            )
         print(f"{name:<12} {'merit inspect --no-logits':<28} {cli:>7.2f}   (end to end, imports and rendering)")
-    print("\nfile sizes: " + ", ".join(f"{n}: {s / 2**20:.0f} MiB" for n, s, _, _ in rows)
-          + f"; median of {args.repeats} runs; load average at the end: {os.getloadavg()[0]:.1f}")
+    print(
+        "\nfile sizes: "
+        + ", ".join(f"{n}: {s / 2**20:.0f} MiB" for n, s, _, _ in rows)
+        + f"; median of {args.repeats} runs; load average at the end: {os.getloadavg()[0]:.1f}"
+    )
     if tmp is not None:
         tmp.cleanup()
 

@@ -44,8 +44,7 @@ def gpt2_shapes(n_layer=12, d=768, vocab=50257, ctx=1024) -> list[tuple[int, ...
     """Parameter shapes of a GPT-2 LM (HF layout: Conv1D weights are [in, out]; head tied)."""
     shapes = [(vocab, d), (ctx, d)]
     for _ in range(n_layer):
-        shapes += [(d,), (d,), (d, 3 * d), (3 * d,), (d, d), (d,),
-                   (d,), (d,), (d, 4 * d), (4 * d,), (4 * d, d), (d,)]
+        shapes += [(d,), (d,), (d, 3 * d), (3 * d,), (d, d), (d,), (d,), (d,), (d, 4 * d), (4 * d,), (4 * d, d), (d,)]
     return shapes + [(d,), (d,)]
 
 
@@ -182,10 +181,12 @@ def candidates(params, args):
     from pytorch_optimizer import Lamb
 
     out = [("AdamW(fused=True)", lambda: torch.optim.AdamW(params, lr=1e-3, fused=True).step)]
-    out += [("AdamW(foreach=True)", lambda: torch.optim.AdamW(params, lr=1e-3, foreach=True).step),
-            ("pytorch_optimizer.Lamb", lambda: Lamb(params, lr=1e-3).step),
-            ("literal per-parameter MERIT", lambda: literal_merit(params)),
-            ("foreach MERIT sketch", lambda: foreach_merit(params))]
+    out += [
+        ("AdamW(foreach=True)", lambda: torch.optim.AdamW(params, lr=1e-3, foreach=True).step),
+        ("pytorch_optimizer.Lamb", lambda: Lamb(params, lr=1e-3).step),
+        ("literal per-parameter MERIT", lambda: literal_merit(params)),
+        ("foreach MERIT sketch", lambda: foreach_merit(params)),
+    ]
     out += [("MERIT() default", lambda: MERIT(params).step)]
     impls = ["reference", "eager", "cpp"] + (["compile"] if args.compile else [])
     out += [(f"MERIT(implementation={i!r})", lambda i=i: MERIT(params, implementation=i).step) for i in impls]
@@ -198,8 +199,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5, help="timed steps per optimizer (median reported)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (state init, compilation)")
     ap.add_argument("--small", action="store_true", help="a 2-layer, 64-wide GPT-2 instead of GPT-2 small")
-    ap.add_argument("--compile", action="store_true",
-                    help="also time implementation='compile' (its first step compiles: ~40 s cold)")
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time implementation='compile' (its first step compiles: ~40 s cold)",
+    )
     ap.add_argument("--only", default="", help="comma-separated substrings: time only matching optimizers")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -213,15 +217,23 @@ def main() -> None:
     t0 = time.perf_counter()
     merit_kernels.load_kernel()
     info = merit_kernels.kernel_info()
-    kernel = (f"built in {info['build_s']:.1f} s" if info["build_s"] is not None else "loaded from cache") \
-        if info["available"] else f"unavailable: {info['error']}"
-    print(f"{len(shapes)} tensors, {numel / 1e6:.1f}M params, {args.threads} threads, "
-          f"torch {torch.__version__}; C++ kernel {kernel} ({time.perf_counter() - t0:.1f} s)")
+    kernel = (
+        (f"built in {info['build_s']:.1f} s" if info["build_s"] is not None else "loaded from cache")
+        if info["available"]
+        else f"unavailable: {info['error']}"
+    )
+    print(
+        f"{len(shapes)} tensors, {numel / 1e6:.1f}M params, {args.threads} threads, "
+        f"torch {torch.__version__}; C++ kernel {kernel} ({time.perf_counter() - t0:.1f} s)"
+    )
 
     rows = []
     only = [s for s in args.only.split(",") if s]
-    chosen = [(n, mk) for n, mk in candidates(params, args)
-              if not only or any(s in n for s in only) or n.startswith("AdamW(fused=True)")]
+    chosen = [
+        (n, mk)
+        for n, mk in candidates(params, args)
+        if not only or any(s in n for s in only) or n.startswith("AdamW(fused=True)")
+    ]
     for name, make in chosen:
         step = make()
         first, med = time_steps(step, args.warmup, args.steps)
@@ -243,12 +255,13 @@ def main() -> None:
         mem = "" if extra is None else f"{extra / 2**20:8.1f} MiB = {extra / largest:4.2f}x"
         print(f"{name:34} {first:10.3f}s {med:11.3f}s {med / base:13.2f}x {mem:>22}")
     a, m, r = head_to_head(params, max(args.steps, 5), args.warmup)
-    print(f"\nhead to head, alternating steps: AdamW(fused=True) {a:.3f} s, MERIT() {m:.3f} s, "
-          f"median ratio {r:.2f}x")
+    print(f"\nhead to head, alternating steps: AdamW(fused=True) {a:.3f} s, MERIT() {m:.3f} s, median ratio {r:.2f}x")
     biggest = max(shapes, key=lambda s: torch.Size(s).numel())
-    print(f"\nbaseline AdamW(fused=True): {base:.3f} s (mean of first and last run); largest parameter: "
-          f"{tuple(biggest)} = {largest / 2**20:.1f} MiB. Extra memory: peak RSS growth during one "
-          "step with every allocation >= 64 KiB mmapped.")
+    print(
+        f"\nbaseline AdamW(fused=True): {base:.3f} s (mean of first and last run); largest parameter: "
+        f"{tuple(biggest)} = {largest / 2**20:.1f} MiB. Extra memory: peak RSS growth during one "
+        "step with every allocation >= 64 KiB mmapped."
+    )
 
 
 if __name__ == "__main__":

@@ -27,13 +27,24 @@ def build_trainer(optimizer: str, args, train_tokens, val_tokens):
     from merit_core.optim import default_hparams
     from merit_core.train.config import TrainConfig, resolve
     from merit_core.train.distributed import Parallel, resolve_device
-    from merit_core.train.loop import build_trainer as trainer_for
+    from merit_core.train.trainer import build_trainer as trainer_for
 
-    config = resolve(TrainConfig(model=args.model, optimizer=optimizer, batch_size=args.batch_size,
-                                 micro_batch_size=args.micro_batch_size, seq_len=args.seq_len, steps=10_000,
-                                 eval_batches=1, eval_batch_size=1, device=args.device, compile=args.compile,
-                                 out="unused"),
-                     optimizer_defaults=default_hparams(optimizer))
+    config = resolve(
+        TrainConfig(
+            model=args.model,
+            optimizer=optimizer,
+            batch_size=args.batch_size,
+            micro_batch_size=args.micro_batch_size,
+            seq_len=args.seq_len,
+            steps=10_000,
+            eval_batches=1,
+            eval_batch_size=1,
+            device=args.device,
+            compile=args.compile,
+            out="unused",
+        ),
+        optimizer_defaults=default_hparams(optimizer),
+    )
     parallel = Parallel(resolve_device(args.device))
     model = build_model(model_config(args.model, vocab_size=args.vocab_size), seed=0).to(parallel.device)
     return trainer_for(config, model, parallel, train_tokens, val_tokens)
@@ -112,16 +123,25 @@ def main() -> None:
     step_ms = {n: 1e3 * optimizer_step_time(trainers[n]) for n in names}
 
     base = statistics.median(rates[names[0]])
-    table = Table(title=f"Training throughput: {args.model}, batch {args.batch_size} x {args.seq_len}, "
-                        f"{args.device}, {torch.get_num_threads()} threads, {args.rounds} rounds x {args.steps} steps")
+    table = Table(
+        title=f"Training throughput: {args.model}, batch {args.batch_size} x {args.seq_len}, "
+        f"{args.device}, {torch.get_num_threads()} threads, {args.rounds} rounds x {args.steps} steps"
+    )
     best_base = max(rates[names[0]])
-    for col in ("optimizer", "tokens/s median", "tokens/s best", "optimizer step ms", f"median vs {names[0]}",
-                f"best vs {names[0]}"):
+    for col in (
+        "optimizer",
+        "tokens/s median",
+        "tokens/s best",
+        "optimizer step ms",
+        f"median vs {names[0]}",
+        f"best vs {names[0]}",
+    ):
         table.add_column(col, justify="left" if col == "optimizer" else "right")
     for n in names:
         med, best = statistics.median(rates[n]), max(rates[n])
-        table.add_row(n, f"{med:,.0f}", f"{best:,.0f}", f"{step_ms[n]:.2f}", f"{med / base:.3f}",
-                      f"{best / best_base:.3f}")
+        table.add_row(
+            n, f"{med:,.0f}", f"{best:,.0f}", f"{step_ms[n]:.2f}", f"{med / base:.3f}", f"{best / best_base:.3f}"
+        )
     Console().print(table)
     Console().print("[dim]'best' is each optimizer's fastest round: the least disturbed by other load.[/]")
 

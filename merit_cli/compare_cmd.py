@@ -40,17 +40,27 @@ class RichCompareReport(LiveReport, CompareCallbacks):
         counts = {state: sum(states[r.name] == state for r in runs) for state in ("finished", "diverged", "partial")}
         self.out.print(
             f"[bold]Comparing[/] {', '.join(dict.fromkeys(r.optimizer for r in runs))} on {first.config.model}, "
-            f"seq len {first.config.seq_len}, {max(r.tokens for r in runs):,} tokens per run ({steps})")
+            f"seq len {first.config.seq_len}, {max(r.tokens for r in runs):,} tokens per run ({steps})"
+        )
         self.out.print(_grid_table(runs))
         parts = [f"{counts['finished']} finished"] if counts["finished"] else []
         parts += [f"{counts['diverged']} diverged"] if counts["diverged"] else []
-        parts += [f"{len(todo)} to train" + (f" ({counts['partial']} resumed)" if counts["partial"] else "")
-                  + (f", {jobs} at a time" if todo else "")]
+        parts += [
+            f"{len(todo)} to train"
+            + (f" ({counts['partial']} resumed)" if counts["partial"] else "")
+            + (f", {jobs} at a time" if todo else "")
+        ]
         self.out.print(f"{len(runs)} runs: {', '.join(parts)}")
         self.out.print(f"[dim]runs in {first.run_dir.parent}[/]")
         self.progress = Progress(
-            TextColumn("{task.description:<28}"), BarColumn(bar_width=20), MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.out, transient=True)
+            TextColumn("{task.description:<28}"),
+            BarColumn(bar_width=20),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=self.out,
+            transient=True,
+        )
         self.progress.start()
         self.overall = self.progress.add_task("all runs", total=len(runs), completed=done, info="")
 
@@ -82,10 +92,10 @@ class RichCompareReport(LiveReport, CompareCallbacks):
             peak = fmt_float(max(logits), 3) if logits else "-"
             self.progress.console.print(
                 f"[green]done[/] {run.name:<26} val loss [bold cyan]{fmt_float(last.get('val_loss'))}[/]  "
-                f"max logit [magenta]{peak}[/]  [dim]{took}[/]")
+                f"max logit [magenta]{peak}[/]  [dim]{took}[/]"
+            )
         else:
             self.progress.console.print(f"[red]diverged[/] {run.name:<22} [dim]{message}[/]")
-
 
 
 def _grid_table(runs):
@@ -111,10 +121,14 @@ def results_table(summary: dict[str, Any]):
 
     settings = summary["settings"]
     best = {(b["optimizer"], b["batch_size"]): b for b in summary["best"]}
-    table = Table(title=f"{settings['model']}, {settings['tokens_per_run']:,} tokens per run, best lr per "
-                        "optimizer and batch size b",
-                  caption="loss: final validation loss; logit: max attention logit at the end (max over layers)",
-                  title_justify="left", caption_justify="left", header_style="bold")
+    table = Table(
+        title=f"{settings['model']}, {settings['tokens_per_run']:,} tokens per run, best lr per "
+        "optimizer and batch size b",
+        caption="loss: final validation loss; logit: max attention logit at the end (max over layers)",
+        title_justify="left",
+        caption_justify="left",
+        header_style="bold",
+    )
     table.add_column("optimizer")
     for b in settings["batch_sizes"]:
         table.add_column(f"b{b} loss", justify="right")
@@ -123,8 +137,11 @@ def results_table(summary: dict[str, Any]):
     lowest = {}
     for b in settings["batch_sizes"]:
         for key in ("final_val_loss", "max_attention_logit"):
-            values = [e[key] for (o, bb), e in best.items() if bb == b and e["status"] == "finished"
-                      and e[key] is not None and math.isfinite(e[key])]
+            values = [
+                e[key]
+                for (o, bb), e in best.items()
+                if bb == b and e["status"] == "finished" and e[key] is not None and math.isfinite(e[key])
+            ]
             lowest[b, key] = min(values) if len(values) > 1 else None
     for name in settings["optimizers"]:
         cells = [name]
@@ -151,24 +168,42 @@ def results_table(summary: dict[str, Any]):
 @click.command("compare", context_settings={"show_default": True})
 @click.argument("config_file", required=False, metavar="[CONFIG.toml]")
 @click.option("--optimizers", help=f"Comma-separated optimizers  [default: {','.join(DEFAULT_OPTIMIZERS)}]")
-@click.option("--batch-sizes", help="Comma-separated global batch sizes in sequences  "
-                                    f"[default: {','.join(map(str, DEFAULT_BATCH_SIZES))}]")
-@click.option("--lrs", help="'auto': three lrs (x1/3, x1, x3) around a centre per optimizer, shifted up by "
-                            "sqrt(batch / smallest batch); or comma-separated lrs for every optimizer  [default: auto]")
-@click.option("--tokens", type=int, help=f"Training tokens per run, the same at every batch size  "
-                                         f"[default: {DEFAULT_TOKENS}]")
+@click.option(
+    "--batch-sizes",
+    help=f"Comma-separated global batch sizes in sequences  [default: {','.join(map(str, DEFAULT_BATCH_SIZES))}]",
+)
+@click.option(
+    "--lrs",
+    help="'auto': three lrs (x1/3, x1, x3) around a centre per optimizer, shifted up by "
+    "sqrt(batch / smallest batch); or comma-separated lrs for every optimizer  [default: auto]",
+)
+@click.option(
+    "--tokens", type=int, help=f"Training tokens per run, the same at every batch size  [default: {DEFAULT_TOKENS}]"
+)
 @click.option("--model", help=f"Named model or config.json  [default: {DEFAULT_TRAIN['model']}]")
 @click.option("--data", help="Prepared folder, text file/folder or dataset name (default: built-in corpus).")
 @click.option("--seq-len", type=int, help=f"Tokens per sequence  [default: {DEFAULT_TRAIN['seq_len']}]")
 @click.option("--device", help="auto, cpu, cuda.")
 @click.option("--out", help="Comparison folder (default runs/compare-<model>); re-running skips finished runs.")
-@click.option("--jobs", type=int, help="Runs at once (default: one per GPU; on CPU one per core, at most 4, sharing the cores).")
-@click.option("--quick", is_flag=True, help=f"A smoke test: {QUICK_TOKENS} tokens per run and only the centre of "
-                                           "each auto grid (6 runs of the default, under 3 minutes on 2 cores).")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="A merit train setting for every run (e.g. warmup_ratio=0.05, micro_batch_size=16).")
-def compare(config_file, optimizers, batch_sizes, lrs, tokens, model, data, seq_len, device, out, jobs, quick,
-            overrides):
+@click.option(
+    "--jobs", type=int, help="Runs at once (default: one per GPU; on CPU one per core, at most 4, sharing the cores)."
+)
+@click.option(
+    "--quick",
+    is_flag=True,
+    help=f"A smoke test: {QUICK_TOKENS} tokens per run and only the centre of "
+    "each auto grid (6 runs of the default, under 3 minutes on 2 cores).",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A merit train setting for every run (e.g. warmup_ratio=0.05, micro_batch_size=16).",
+)
+def compare(
+    config_file, optimizers, batch_sizes, lrs, tokens, model, data, seq_len, device, out, jobs, quick, overrides
+):
     """Compare optimizers at a small and a large batch, same token budget, each at its best lr.
 
     Every run is an ordinary `merit train` run folder under OUT/runs/; OUT gets summary.json,
@@ -179,9 +214,18 @@ def compare(config_file, optimizers, batch_sizes, lrs, tokens, model, data, seq_
     from merit_core.hub import prefer_offline
 
     prefer_offline()
-    spec = load_spec(config_file, optimizers=optimizers, batch_sizes=batch_sizes, lrs=lrs, tokens=tokens, out=out,
-                     jobs=jobs, quick=quick, overrides=overrides,
-                     train_values=dict(model=model, data=data, seq_len=seq_len, device=device))
+    spec = load_spec(
+        config_file,
+        optimizers=optimizers,
+        batch_sizes=batch_sizes,
+        lrs=lrs,
+        tokens=tokens,
+        out=out,
+        jobs=jobs,
+        quick=quick,
+        overrides=overrides,
+        train_values=dict(model=model, data=data, seq_len=seq_len, device=device),
+    )
     report = RichCompareReport()
     try:
         result = run_compare(spec, report)
@@ -196,7 +240,9 @@ def compare(config_file, optimizers, batch_sizes, lrs, tokens, model, data, seq_
     if any(b.get("lr_at_edge") for b in result.summary["best"]):
         out_console.print("[dim]↓/↑: the best lr is the smallest/largest of its grid; the optimum may lie outside.[/]")
     trained = len(result.trained)
-    out_console.print(f"\n{trained} run(s) trained, {len(result.states_before) - trained} skipped, "
-                      f"in {fmt_duration(result.elapsed_s)}")
+    out_console.print(
+        f"\n{trained} run(s) trained, {len(result.states_before) - trained} skipped, "
+        f"in {fmt_duration(result.elapsed_s)}"
+    )
     for path in (result.summary_path, result.plot_path, result.report_path):
         out_console.print(f"  {path}")

@@ -12,12 +12,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from merit_core.errors import ConfigError
-from merit_core.evaluation_results import CheckpointResult, check_output_path, format_value, metric_rows
-from merit_core.evaluation_tasks import ALIASES, list_local_tasks, split_task_list
+from merit_core.evaluation.results import CheckpointResult, check_output_path, format_value, metric_rows
+from merit_core.evaluation.tasks import ALIASES, list_local_tasks, split_task_list
 
 _NOISY_LOGGERS = ("lm_eval", "transformers", "datasets", "accelerate", "huggingface_hub")
-_STAGES = {"checkpoints": "checking checkpoints", "tasks": "loading tasks and datasets", "model": "loading model",
-           "done": "done"}
+_STAGES = {
+    "checkpoints": "checking checkpoints",
+    "tasks": "loading tasks and datasets",
+    "model": "loading model",
+    "done": "done",
+}
 
 
 def _quiet_libraries() -> None:
@@ -106,18 +110,36 @@ class _ProgressDisplay:
 @click.command("eval")
 @click.argument("checkpoints", nargs=-1, metavar="CKPT...")
 @click.option("--tasks", "-t", default=None, help="Comma-separated tasks or aliases, e.g. lambada,wikitext,superglue.")
-@click.option("--include-path", type=str, default=None, metavar="DIR", help="Folder of lm-eval task YAMLs (local data).")
+@click.option(
+    "--include-path", type=str, default=None, metavar="DIR", help="Folder of lm-eval task YAMLs (local data)."
+)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option("--dtype", default="auto", show_default=True, help="auto (bf16 on CUDA, fp32 on CPU), bfloat16, float16, float32.")
+@click.option(
+    "--dtype", default="auto", show_default=True, help="auto (bf16 on CUDA, fp32 on CPU), bfloat16, float16, float32."
+)
 @click.option("--batch-size", default="auto", show_default=True, help="Sequences per forward pass, or auto.")
 @click.option("--limit", type=int, default=None, help="Score only the first N documents of each task (quick runs).")
 @click.option("--num-fewshot", type=int, default=0, show_default=True, help="Few-shot examples per prompt.")
-@click.option("--bootstrap-iters", type=int, default=1000, show_default=True, help="Bootstrap draws for stderrs (0: none).")
+@click.option(
+    "--bootstrap-iters", type=int, default=1000, show_default=True, help="Bootstrap draws for stderrs (0: none)."
+)
 @click.option("--output", "-o", type=str, default=None, metavar="FILE.json", help="Write all results as JSON.")
 @click.option("--list-tasks", is_flag=True, help="Show the task aliases (and --include-path tasks) and exit.")
 @click.option("--verbose", "-v", is_flag=True, help="Show lm-eval's own logs and progress bars.")
-def eval_cmd(checkpoints, tasks, include_path, device, dtype, batch_size, limit, num_fewshot, bootstrap_iters,
-             output, list_tasks, verbose):
+def eval_cmd(
+    checkpoints,
+    tasks,
+    include_path,
+    device,
+    dtype,
+    batch_size,
+    limit,
+    num_fewshot,
+    bootstrap_iters,
+    output,
+    list_tasks,
+    verbose,
+):
     """Zero-shot evaluation of checkpoints with lm-evaluation-harness.
 
     CKPT is a Hugging Face model folder, a `merit train` run folder (its latest step_N is used) or a
@@ -141,8 +163,14 @@ def eval_cmd(checkpoints, tasks, include_path, device, dtype, batch_size, limit,
     if not tasks or not split_task_list(tasks):
         raise ConfigError("no task given: pass --tasks, e.g. --tasks lambada,wikitext (see --list-tasks)")
     settings = EvalSettings(
-        tasks=split_task_list(tasks), include_path=include_path, device=device, dtype=dtype,
-        batch_size=batch_size, limit=limit, num_fewshot=num_fewshot, bootstrap_iters=bootstrap_iters,
+        tasks=split_task_list(tasks),
+        include_path=include_path,
+        device=device,
+        dtype=dtype,
+        batch_size=batch_size,
+        limit=limit,
+        num_fewshot=num_fewshot,
+        bootstrap_iters=bootstrap_iters,
     ).validated()
     if output:
         check_output_path(output)
@@ -153,16 +181,30 @@ def eval_cmd(checkpoints, tasks, include_path, device, dtype, batch_size, limit,
     if not verbose:
         _quiet_libraries()
     from merit_core.evaluation import evaluate_checkpoints
-    from merit_core.evaluation_results import write_results_json
+    from merit_core.evaluation.results import write_results_json
 
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
     # The display holds its own stderr: in quiet mode the library silences sys.stderr and fd 2 while it runs.
     own = _display_stream()
     try:
         display = Console(file=own or sys.stderr, stderr=own is None)
-        with Progress(*columns, console=display, transient=True, redirect_stdout=False, redirect_stderr=False,
-                      disable=not display.is_terminal) as bar:
-            records = evaluate_checkpoints(list(checkpoints), settings, progress=_ProgressDisplay(bar), quiet=not verbose)
+        with Progress(
+            *columns,
+            console=display,
+            transient=True,
+            redirect_stdout=False,
+            redirect_stderr=False,
+            disable=not display.is_terminal,
+        ) as bar:
+            records = evaluate_checkpoints(
+                list(checkpoints), settings, progress=_ProgressDisplay(bar), quiet=not verbose
+            )
     finally:
         if own is not None:
             own.close()

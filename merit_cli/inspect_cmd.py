@@ -54,8 +54,15 @@ def _layer_tables(ckpt: dict):
     title += f", step {ckpt['step']})" if ckpt.get("step") is not None else ")"
     layers = ckpt["layers"]
     norms = Table(title=title + ": W_Q / W_K norms", title_justify="left", header_style="bold")
-    columns = [("‖Q‖m", "q_max_norm"), ("‖K‖m", "k_max_norm"), ("‖Q‖m·‖K‖m", "bound"), ("‖Q‖F", "q_l2_norm"),
-               ("‖K‖F", "k_l2_norm"), ("‖Q‖m/‖Q‖F", "q_max_over_l2"), ("‖K‖m/‖K‖F", "k_max_over_l2")]
+    columns = [
+        ("‖Q‖m", "q_max_norm"),
+        ("‖K‖m", "k_max_norm"),
+        ("‖Q‖m·‖K‖m", "bound"),
+        ("‖Q‖F", "q_l2_norm"),
+        ("‖K‖F", "k_l2_norm"),
+        ("‖Q‖m/‖Q‖F", "q_max_over_l2"),
+        ("‖K‖m/‖K‖F", "k_max_over_l2"),
+    ]
     norms.add_column("layer", justify="right")
     for name, _ in columns:
         norms.add_column(name, justify="right")
@@ -65,17 +72,24 @@ def _layer_tables(ckpt: dict):
 
     # out-features are split into heads: stored rows for Llama Linear, columns for GPT-2 Conv1D
     axis, out_key = ("row", "rows") if ckpt["row_axis"] == "output" else ("col", "cols")
-    probe = Table(title=f"{ckpt['label']}: max attention logit and largest output features",
-                  title_justify="left", header_style="bold")
+    probe = Table(
+        title=f"{ckpt['label']}: max attention logit and largest output features",
+        title_justify="left",
+        header_style="bold",
+    )
     for name in ("layer", "max logit", "top head", f"top W_Q {axis}", f"top W_K {axis}"):
         probe.add_column(name, justify="right" if name in ("layer", "max logit") else "left")
     logit_cells = _highlighted([l.get("max_attention_logit") for l in layers])
     for i, layer in enumerate(layers):
         heads = [h for h in layer["heads"] if h.get("max_attention_logit") is not None]
         top = max(heads, key=lambda h: h["max_attention_logit"]) if heads else None
-        probe.add_row(str(layer["layer"]), logit_cells[i],
-                      f"h{top['head']} ({_fmt(top['max_attention_logit'])})" if top else "-",
-                      _outlier_text(layer[f"q_{out_key}"], axis), _outlier_text(layer[f"k_{out_key}"], axis))
+        probe.add_row(
+            str(layer["layer"]),
+            logit_cells[i],
+            f"h{top['head']} ({_fmt(top['max_attention_logit'])})" if top else "-",
+            _outlier_text(layer[f"q_{out_key}"], axis),
+            _outlier_text(layer[f"k_{out_key}"], axis),
+        )
     return norms, probe
 
 
@@ -83,8 +97,11 @@ def _head_table(ckpt: dict):
     from rich.table import Table
 
     key = "max_attention_logit" if any(l["max_attention_logit"] is not None for l in ckpt["layers"]) else "bound"
-    table = Table(title=f"{ckpt['label']}: {'max attention logit' if key != 'bound' else '‖Q_h‖m·‖K_h‖m'} per head",
-                  title_justify="left", header_style="bold")
+    table = Table(
+        title=f"{ckpt['label']}: {'max attention logit' if key != 'bound' else '‖Q_h‖m·‖K_h‖m'} per head",
+        title_justify="left",
+        header_style="bold",
+    )
     table.add_column("layer", justify="right")
     n = max(len(l["heads"]) for l in ckpt["layers"])
     for h in range(n):
@@ -118,8 +135,11 @@ def _side_by_side(checkpoints: list[dict]):
     from rich.table import Table
 
     shown = _pick(checkpoints, MAX_SIDE_BY_SIDE)
-    key = ("max_attention_logit" if all(any(l["max_attention_logit"] is not None for l in c["layers"]) for c in shown)
-           else "bound")
+    key = (
+        "max_attention_logit"
+        if all(any(l["max_attention_logit"] is not None for l in c["layers"]) for c in shown)
+        else "bound"
+    )
     what = "max attention logit" if key != "bound" else "‖Q‖m·‖K‖m"
     note = f" ({len(shown)} of {len(checkpoints)} checkpoints)" if len(shown) < len(checkpoints) else ""
     table = Table(title=f"{what} per layer, side by side{note}", title_justify="left", header_style="bold")
@@ -127,8 +147,10 @@ def _side_by_side(checkpoints: list[dict]):
     for label in short_labels([c["label"] for c in shown]):
         table.add_column(label, justify="right")
     n_layers = max(c["n_layers"] for c in shown)
-    cols = [_highlighted([c["layers"][i].get(key) if i < len(c["layers"]) else None for i in range(n_layers)])
-            for c in shown]
+    cols = [
+        _highlighted([c["layers"][i].get(key) if i < len(c["layers"]) else None for i in range(n_layers)])
+        for c in shown
+    ]
     for i in range(n_layers):
         table.add_row(str(i), *(col[i] for col in cols))
     return table
@@ -138,8 +160,15 @@ def _summary_table(checkpoints: list[dict]):
     from rich.table import Table
 
     table = Table(title="per checkpoint (max over layers)", title_justify="left", header_style="bold")
-    cols = [("checkpoint", "left"), ("step", "right"), ("optimizer", "left"), ("‖Q‖m", "right"),
-            ("‖K‖m", "right"), ("max bound (layer)", "right"), ("max logit (layer)", "right")]
+    cols = [
+        ("checkpoint", "left"),
+        ("step", "right"),
+        ("optimizer", "left"),
+        ("‖Q‖m", "right"),
+        ("‖K‖m", "right"),
+        ("max bound (layer)", "right"),
+        ("max logit (layer)", "right"),
+    ]
     with_h = any(c.get("hessian") for c in checkpoints)
     if with_h:
         cols += [("top Hessian eig", "right"), ("Hessian trace ± se", "right")]
@@ -150,9 +179,15 @@ def _summary_table(checkpoints: list[dict]):
     bd, lg = _highlighted([x["bound"] for x in s]), _highlighted([x["max_attention_logit"] for x in s])
     labels = short_labels([c["label"] for c in checkpoints])
     for i, c in enumerate(checkpoints):
-        row = [labels[i], _fmt(c.get("step")), str(c.get("optimizer") or "-"), qm[i], km[i],
-               f"{bd[i]} ({s[i]['bound_layer']})",
-               f"{lg[i]} ({s[i]['max_attention_logit_layer']})" if s[i]["max_attention_logit"] is not None else "-"]
+        row = [
+            labels[i],
+            _fmt(c.get("step")),
+            str(c.get("optimizer") or "-"),
+            qm[i],
+            km[i],
+            f"{bd[i]} ({s[i]['bound_layer']})",
+            f"{lg[i]} ({s[i]['max_attention_logit_layer']})" if s[i]["max_attention_logit"] is not None else "-",
+        ]
         if with_h:
             h = c.get("hessian") or {}
             conv = "" if h.get("eigen_converged", True) else " (not converged)"
@@ -194,25 +229,70 @@ def render(console, report: dict, per_head: bool, show_weights: bool | None) -> 
 @click.option("--text-file", type=click.Path(path_type=Path), help="Read the probe text from a file.")
 @click.option("--seq-len", type=click.IntRange(min=2), help="Probe length in tokens [default: min(context, 256)].")
 @click.option("--heads", "n_heads", type=click.IntRange(min=1), help="Head count, for weights without config.json.")
-@click.option("--top-k", default=3, show_default=True, type=click.IntRange(min=1),
-              help="Outlier rows / columns named per matrix (in --json).")
-@click.option("--logits/--no-logits", default=True, show_default=True,
-              help="Build the model and measure max attention logits (needs config.json).")
+@click.option(
+    "--top-k",
+    default=3,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Outlier rows / columns named per matrix (in --json).",
+)
+@click.option(
+    "--logits/--no-logits",
+    default=True,
+    show_default=True,
+    help="Build the model and measure max attention logits (needs config.json).",
+)
 @click.option("--hessian", is_flag=True, help="Also estimate the top Hessian eigenvalue and trace on the probe batch.")
-@click.option("--hessian-iters", default=20, show_default=True, type=click.IntRange(min=1),
-              help="Power iterations for the top eigenvalue.")
-@click.option("--hutchinson-samples", default=10, show_default=True, type=click.IntRange(min=1),
-              help="Rademacher samples for the Hutchinson trace.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed for the Hessian estimates and random probes.")
+@click.option(
+    "--hessian-iters",
+    default=20,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Power iterations for the top eigenvalue.",
+)
+@click.option(
+    "--hutchinson-samples",
+    default=10,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Rademacher samples for the Hutchinson trace.",
+)
+@click.option(
+    "--seed", default=0, show_default=True, type=int, help="Seed for the Hessian estimates and random probes."
+)
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]))
 @click.option("--per-head", is_flag=True, help="Also print a layer x head table.")
-@click.option("--weights/--no-weights", "show_weights", default=None,
-              help="Print the table of every 2-D weight [default: for a single checkpoint].")
+@click.option(
+    "--weights/--no-weights",
+    "show_weights",
+    default=None,
+    help="Print the table of every 2-D weight [default: for a single checkpoint].",
+)
 @click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), help="Write the report as JSON.")
-@click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="Figure: per-layer bars, or the trajectory over steps for a run folder (.png/.pdf/.svg).")
-def inspect_cmd(paths, text, text_file, seq_len, n_heads, top_k, logits, hessian, hessian_iters, hutchinson_samples,
-                seed, device, per_head, show_weights, json_path, plot_path):
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Figure: per-layer bars, or the trajectory over steps for a run folder (.png/.pdf/.svg).",
+)
+def inspect_cmd(
+    paths,
+    text,
+    text_file,
+    seq_len,
+    n_heads,
+    top_k,
+    logits,
+    hessian,
+    hessian_iters,
+    hutchinson_samples,
+    seed,
+    device,
+    per_head,
+    show_weights,
+    json_path,
+    plot_path,
+):
     """Max-norms of W_Q / W_K, max attention logits and Hessian estimates of checkpoints.
 
     Each PATH is a .safetensors file, a sharded model.safetensors.index.json, a Hugging Face
@@ -245,9 +325,19 @@ def inspect_cmd(paths, text, text_file, seq_len, n_heads, top_k, logits, hessian
         device = "cuda" if torch.cuda.is_available() else "cpu"
     from merit_core.diagnostics.report import InspectOptions, inspect_paths, write_json
 
-    opts = InspectOptions(n_heads=n_heads, top_k=top_k, logits=logits, text=text, text_source=source,
-                          seq_len=seq_len, hessian=hessian, hessian_iters=hessian_iters,
-                          hutchinson_samples=hutchinson_samples, seed=seed, device=device)
+    opts = InspectOptions(
+        n_heads=n_heads,
+        top_k=top_k,
+        logits=logits,
+        text=text,
+        text_source=source,
+        seq_len=seq_len,
+        hessian=hessian,
+        hessian_iters=hessian_iters,
+        hutchinson_samples=hutchinson_samples,
+        seed=seed,
+        device=device,
+    )
     console = Console()
     if not console.is_terminal:  # piped / redirected: no terminal width to respect
         console = Console(width=160)

@@ -16,12 +16,26 @@ class _RichProgress:
     """The `progress(stage, done, total)` callback of merit_core.data, drawn as rich progress bars."""
 
     def __init__(self, console):
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                                   TimeElapsedColumn, TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
-        self.bar = Progress(SpinnerColumn(), TextColumn("{task.description:<28}"), BarColumn(),
-                            MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-                            console=console, transient=True)
+        self.bar = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description:<28}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+        )
         self.tasks: dict[str, int] = {}
         self.last: str | None = None
 
@@ -55,8 +69,10 @@ def _summary(meta, seconds: float):
     extra = meta.extra
     table.add_row("source", str(meta.source))
     table.add_row("folder", str(meta.path))
-    table.add_row("documents", f"{meta.documents:,} ({extra.get('train_documents', '?'):,} train, "
-                               f"{extra.get('val_documents', '?'):,} val)")
+    table.add_row(
+        "documents",
+        f"{meta.documents:,} ({extra.get('train_documents', '?'):,} train, {extra.get('val_documents', '?'):,} val)",
+    )
     table.add_row("tokens train", f"{meta.train_tokens:,}")
     table.add_row("tokens val", f"{meta.val_tokens:,}")
     table.add_row("vocab", f"{meta.vocab_size:,} ({extra.get('tokenizer_source', meta.tokenizer)})")
@@ -67,26 +83,73 @@ def _summary(meta, seconds: float):
 
 @click.command("prepare")
 @click.argument("source", required=False)
-@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Folder to write (train.bin, val.bin, meta.json, tokenizer/). Required with SOURCE.")
-@click.option("--builtin", is_flag=True,
-              help="Prepare the built-in corpus (stdlib docstrings) into the merit cache, or into --out.")
-@click.option("--tokenizer", default=None, metavar="NAME|PATH",
-              help="Hub tokenizer (e.g. gpt2) or local folder. Default: train a byte-level BPE on the corpus.")
-@click.option("--vocab-size", default="4096", metavar="N", callback=number(int), show_default=True,
-              help="Vocabulary size of the trained BPE.")
-@click.option("--val-fraction", default=None, metavar="F", callback=number(float),
-              help="Share of tokens held out (whole documents) for validation. [default: 0.01; builtin 0.02]")
-@click.option("--text-column", default="text", metavar="NAME", show_default=True, help="Column holding the text (.jsonl/.parquet/hub).")
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder to write (train.bin, val.bin, meta.json, tokenizer/). Required with SOURCE.",
+)
+@click.option(
+    "--builtin",
+    is_flag=True,
+    help="Prepare the built-in corpus (stdlib docstrings) into the merit cache, or into --out.",
+)
+@click.option(
+    "--tokenizer",
+    default=None,
+    metavar="NAME|PATH",
+    help="Hub tokenizer (e.g. gpt2) or local folder. Default: train a byte-level BPE on the corpus.",
+)
+@click.option(
+    "--vocab-size",
+    default="4096",
+    metavar="N",
+    callback=number(int),
+    show_default=True,
+    help="Vocabulary size of the trained BPE.",
+)
+@click.option(
+    "--val-fraction",
+    default=None,
+    metavar="F",
+    callback=number(float),
+    help="Share of tokens held out (whole documents) for validation. [default: 0.01; builtin 0.02]",
+)
+@click.option(
+    "--text-column",
+    default="text",
+    metavar="NAME",
+    show_default=True,
+    help="Column holding the text (.jsonl/.parquet/hub).",
+)
 @click.option("--dataset-config", default=None, help="Configuration of a hub dataset (e.g. 'en' for allenai/c4).")
 @click.option("--split", default="train", show_default=True, help="Split of a hub dataset to read.")
-@click.option("--max-documents", default=None, metavar="N", callback=number(int),
-              help="Read at most this many documents (for large hub datasets).")
-@click.option("--seed", default="0", metavar="N", callback=number(int), show_default=True,
-              help="Seed of the validation hold-out.")
+@click.option(
+    "--max-documents",
+    default=None,
+    metavar="N",
+    callback=number(int),
+    help="Read at most this many documents (for large hub datasets).",
+)
+@click.option(
+    "--seed", default="0", metavar="N", callback=number(int), show_default=True, help="Seed of the validation hold-out."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print meta.json (with its path) instead of a table.")
-def prepare(source, out, builtin, tokenizer, vocab_size, val_fraction, text_column, dataset_config, split,
-            max_documents, seed, as_json):
+def prepare(
+    source,
+    out,
+    builtin,
+    tokenizer,
+    vocab_size,
+    val_fraction,
+    text_column,
+    dataset_config,
+    split,
+    max_documents,
+    seed,
+    as_json,
+):
     """Tokenize SOURCE (a .txt/.jsonl/.json/.parquet file or folder, or a hub dataset name) into --out.
 
     A .txt file holds one document per blank-line-separated block; other formats one per row.
@@ -112,15 +175,30 @@ def prepare(source, out, builtin, tokenizer, vocab_size, val_fraction, text_colu
                 path = builtin_data(vocab_size, tokenizer=tokenizer, progress=progress)
                 meta = load_meta(path)
             else:
-                meta = prepare_builtin(out, tokenizer=tokenizer, vocab_size=vocab_size, seed=seed,
-                                       val_fraction=val_fraction or BUILTIN_VAL_FRACTION, progress=progress)
+                meta = prepare_builtin(
+                    out,
+                    tokenizer=tokenizer,
+                    vocab_size=vocab_size,
+                    seed=seed,
+                    val_fraction=val_fraction or BUILTIN_VAL_FRACTION,
+                    progress=progress,
+                )
         else:
             from merit_core.data import prepare_corpus
 
-            meta = prepare_corpus(source, out, tokenizer=tokenizer, vocab_size=vocab_size,
-                                  val_fraction=0.01 if val_fraction is None else val_fraction, seed=seed,
-                                  progress=progress, text_column=text_column, dataset_config=dataset_config,
-                                  split=split, max_documents=max_documents)
+            meta = prepare_corpus(
+                source,
+                out,
+                tokenizer=tokenizer,
+                vocab_size=vocab_size,
+                val_fraction=0.01 if val_fraction is None else val_fraction,
+                seed=seed,
+                progress=progress,
+                text_column=text_column,
+                dataset_config=dataset_config,
+                split=split,
+                max_documents=max_documents,
+            )
     seconds = time.perf_counter() - start
 
     if as_json:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -68,8 +69,15 @@ class StageProgress:
     def __init__(self, out: Console):
         from rich.progress import MofNCompleteColumn, SpinnerColumn, TimeElapsedColumn
 
-        self.bar = Progress(SpinnerColumn(), TextColumn("{task.description:<24}"), BarColumn(bar_width=24),
-                            MofNCompleteColumn(), TimeElapsedColumn(), console=out, transient=True)
+        self.bar = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description:<24}"),
+            BarColumn(bar_width=24),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=out,
+            transient=True,
+        )
         self.tasks: dict[str, Any] = {}
         self.started = False
 

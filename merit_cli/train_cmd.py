@@ -10,10 +10,17 @@ from typing import Any
 import click
 
 from merit_cli.options import number
-from merit_cli.render import (LiveReport, command_hints, fmt_count, fmt_duration, fmt_float, key_value_table,
-                               training_progress)
+from merit_cli.render import (
+    LiveReport,
+    command_hints,
+    fmt_count,
+    fmt_duration,
+    fmt_float,
+    key_value_table,
+    training_progress,
+)
 from merit_core.errors import MeritError
-from merit_core.train.run import RunInfo, RunSummary, TrainCallbacks
+from merit_core.train.training_run import RunInfo, RunSummary, TrainCallbacks
 
 
 class RichTrainReport(LiveReport, TrainCallbacks):
@@ -27,8 +34,10 @@ class RichTrainReport(LiveReport, TrainCallbacks):
     def on_data(self, meta) -> None:
         if self.stages is not None:
             self.stages.stop()
-        self.out.print(f"[dim]data {meta.path}: {fmt_count(meta.train_tokens)} train / {fmt_count(meta.val_tokens)} "
-                       f"val tokens, vocabulary {meta.vocab_size}[/]")
+        self.out.print(
+            f"[dim]data {meta.path}: {fmt_count(meta.train_tokens)} train / {fmt_count(meta.val_tokens)} "
+            f"val tokens, vocabulary {meta.vocab_size}[/]"
+        )
 
     def on_start(self, info: RunInfo) -> None:
         c = info.config
@@ -37,15 +46,17 @@ class RichTrainReport(LiveReport, TrainCallbacks):
         self.out.print(
             f"[bold]{verb}[/] {c.model} ({fmt_count(info.n_params)} parameters) with [bold]{c.optimizer}[/], "
             f"lr {c.lr:g}, batch {c.batch_size} x {c.seq_len} = {fmt_count(info.tokens_per_step)} tokens/step "
-            f"(micro-batch {c.micro_batch_size}), {info.total_steps} steps on {info.device}{world}")
+            f"(micro-batch {c.micro_batch_size}), {info.total_steps} steps on {info.device}{world}"
+        )
         self.out.print(f"[dim]run folder {info.run_dir}[/]")
         self.progress = training_progress(self.out)
         self.progress.start()
         self.task = self.progress.add_task("train", total=info.total_steps, completed=info.start_step, **self.fields)
 
     def on_log(self, record: dict[str, Any]) -> None:
-        self.fields.update(loss=fmt_float(record["loss"]), lr=f"{record['lr']:.1e}",
-                           tok_s=fmt_count(record["tokens_per_s"]))
+        self.fields.update(
+            loss=fmt_float(record["loss"]), lr=f"{record['lr']:.1e}", tok_s=fmt_count(record["tokens_per_s"])
+        )
         self.progress.update(self.task, completed=record["step"], **self.fields)
 
     def on_eval(self, record: dict[str, Any]) -> None:
@@ -57,7 +68,8 @@ class RichTrainReport(LiveReport, TrainCallbacks):
             layer = record["max_attention_logit"].index(peak) if peak is not None else "-"
             self.progress.console.print(
                 f"[dim]step {record['step']:>6}[/]  val loss [bold cyan]{fmt_float(record['val_loss'])}[/]  "
-                f"max attention logit [magenta]{fmt_float(peak, 3)}[/] (layer {layer})")
+                f"max attention logit [magenta]{fmt_float(peak, 3)}[/] (layer {layer})"
+            )
 
     def on_checkpoint(self, step: int, path: Path) -> None:
         if self.progress is not None:
@@ -85,17 +97,24 @@ class RichTrainReport(LiveReport, TrainCallbacks):
         self.out.print(command_hints("[bold]Next", hints))
 
 
-
 @click.command("train", context_settings={"show_default": True})
 @click.argument("config_file", required=False, metavar="[CONFIG.toml]")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override any config key (a TOML value; dotted keys for tables: optimizer_args.betas=[0.9,0.95]).")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override any config key (a TOML value; dotted keys for tables: optimizer_args.betas=[0.9,0.95]).",
+)
 @click.option("--model", help="Named model (gpt2-tiny, gpt2-small, llama-130m, ...) or a config.json path.")
 @click.option("--optimizer", help="Optimizer name from the registry (merit, adamw, lamb, lion, sophiag, ...).")
 @click.option("--lr", callback=number(float), help="Peak learning rate (default: tuned or the optimizer's default).")
 @click.option("--batch-size", callback=number(int), help="Global batch size in sequences (default 16).")
-@click.option("--micro-batch-size", callback=number(int),
-              help="Sequences per forward pass per process; smaller means gradient accumulation.")
+@click.option(
+    "--micro-batch-size",
+    callback=number(int),
+    help="Sequences per forward pass per process; smaller means gradient accumulation.",
+)
 @click.option("--seq-len", callback=number(int), help="Tokens per sequence (default 128).")
 @click.option("--steps", callback=number(int), help="Optimizer updates (default 300).")
 @click.option("--tokens", callback=number(int), help="Training tokens (instead of --steps).")
@@ -109,11 +128,35 @@ class RichTrainReport(LiveReport, TrainCallbacks):
 @click.option("--eval-every", callback=number(int), help="Steps between evaluations (0: only at the end).")
 @click.option("--save-every", callback=number(int), help="Steps between checkpoints (0: only at the end).")
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model.")
-@click.option("--parallel", type=click.Choice(["ddp", "fsdp"]),
-              help="Under torchrun: ddp (replicated weights; the default) or fsdp (FSDP2: weights, gradients and "
-                   "optimizer state sharded over the processes).")
-def train(config_file, overrides, model, optimizer, lr, batch_size, micro_batch_size, seq_len, steps, tokens, data,
-          tokenizer, vocab_size, out, resume, seed, device, eval_every, save_every, compile_, parallel):
+@click.option(
+    "--parallel",
+    type=click.Choice(["ddp", "fsdp"]),
+    help="Under torchrun: ddp (replicated weights; the default) or fsdp (FSDP2: weights, gradients and "
+    "optimizer state sharded over the processes).",
+)
+def train(
+    config_file,
+    overrides,
+    model,
+    optimizer,
+    lr,
+    batch_size,
+    micro_batch_size,
+    seq_len,
+    steps,
+    tokens,
+    data,
+    tokenizer,
+    vocab_size,
+    out,
+    resume,
+    seed,
+    device,
+    eval_every,
+    save_every,
+    compile_,
+    parallel,
+):
     """Pretrain a GPT-2 or Llama model with MERIT or a baseline optimizer.
 
     With no arguments: a tiny GPT-2 trained with MERIT on the built-in corpus (a few minutes on a CPU).
@@ -122,14 +165,31 @@ def train(config_file, overrides, model, optimizer, lr, batch_size, micro_batch_
     from merit_core.hub import prefer_offline
 
     prefer_offline()
-    values = dict(model=model, optimizer=optimizer, lr=lr, batch_size=batch_size, micro_batch_size=micro_batch_size,
-                  seq_len=seq_len, steps=steps, tokens=tokens, data=data, tokenizer=tokenizer, vocab_size=vocab_size,
-                  out=out, resume=resume, seed=seed, device=device, eval_every=eval_every, save_every=save_every,
-                  compile=compile_, parallel=parallel)
+    values = dict(
+        model=model,
+        optimizer=optimizer,
+        lr=lr,
+        batch_size=batch_size,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        steps=steps,
+        tokens=tokens,
+        data=data,
+        tokenizer=tokenizer,
+        vocab_size=vocab_size,
+        out=out,
+        resume=resume,
+        seed=seed,
+        device=device,
+        eval_every=eval_every,
+        save_every=save_every,
+        compile=compile_,
+        parallel=parallel,
+    )
     main = int(os.environ.get("RANK", "0")) == 0
     try:
         summary_config = _load(config_file, overrides, values)
-        from merit_core.train.run import run_training
+        from merit_core.train.training_run import run_training
 
         report = RichTrainReport() if main else None
         try:
@@ -147,7 +207,7 @@ def _load(config_file, overrides, values):
     """Defaults < CONFIG.toml (or the resumed run's config.toml) < --set < options."""
     from merit_core.errors import ConfigError
     from merit_core.train.config import load_config
-    from merit_core.train.run import CONFIG_FILE
+    from merit_core.train.training_run import CONFIG_FILE
 
     base = config_file
     if values.get("resume"):

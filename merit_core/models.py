@@ -48,18 +48,31 @@ def _spec_config(spec: ModelSpec, vocab_size: int, context: int, special_ids: di
         from transformers import GPT2Config
 
         return GPT2Config(
-            vocab_size=vocab_size, n_positions=context, n_embd=spec.d_model, n_layer=spec.n_layer,
-            n_head=spec.n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-            bos_token_id=special_ids.get("bos", 0), eos_token_id=special_ids.get("eos", 0),
+            vocab_size=vocab_size,
+            n_positions=context,
+            n_embd=spec.d_model,
+            n_layer=spec.n_layer,
+            n_head=spec.n_head,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=special_ids.get("bos", 0),
+            eos_token_id=special_ids.get("eos", 0),
         )
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=vocab_size, hidden_size=spec.d_model, intermediate_size=spec.d_ff,
-        num_hidden_layers=spec.n_layer, num_attention_heads=spec.n_head,
-        num_key_value_heads=spec.n_kv_head or spec.n_head, max_position_embeddings=context,
-        tie_word_embeddings=False, attention_dropout=0.0,
-        bos_token_id=special_ids.get("bos", 0), eos_token_id=special_ids.get("eos", 0),
+        vocab_size=vocab_size,
+        hidden_size=spec.d_model,
+        intermediate_size=spec.d_ff,
+        num_hidden_layers=spec.n_layer,
+        num_attention_heads=spec.n_head,
+        num_key_value_heads=spec.n_kv_head or spec.n_head,
+        max_position_embeddings=context,
+        tie_word_embeddings=False,
+        attention_dropout=0.0,
+        bos_token_id=special_ids.get("bos", 0),
+        eos_token_id=special_ids.get("eos", 0),
         pad_token_id=special_ids.get("pad"),
     )
 
@@ -68,8 +81,12 @@ def model_names() -> list[str]:
     return list(NAMED_MODELS)
 
 
-def model_config(name_or_path: str, vocab_size: int | None = None, context: int | None = None,
-                 special_ids: dict[str, int] | None = None):
+def model_config(
+    name_or_path: str,
+    vocab_size: int | None = None,
+    context: int | None = None,
+    special_ids: dict[str, int] | None = None,
+):
     """A transformers config for a named model or a config.json path (file or folder).
 
     `vocab_size` and `context` override the named defaults (a config file keeps its own

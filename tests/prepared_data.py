@@ -39,26 +39,50 @@ def write_prepared(folder: str | Path, n_sentences: int = 3000, vocab_size: int 
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator([text], trainer)
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-                                 unk_token="<|endoftext|>")
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>"
+    )
     hf.save_pretrained(folder / "tokenizer")
     ids = np.asarray(tok.encode(text).ids, dtype=np.uint16)
     split = int(len(ids) * 0.9)
     ids[:split].tofile(folder / "train.bin")
     ids[split:].tofile(folder / "val.bin")
-    meta = {"format": "merit-tokens-v1", "dtype": "uint16", "vocab_size": tok.get_vocab_size(),
-            "eos_token_id": tok.token_to_id("<|endoftext|>"), "train_tokens": split,
-            "val_tokens": len(ids) - split, "tokenizer": "tokenizer", "source": "synthetic test text", "documents": 1}
+    meta = {
+        "format": "merit-tokens-v1",
+        "dtype": "uint16",
+        "vocab_size": tok.get_vocab_size(),
+        "eos_token_id": tok.token_to_id("<|endoftext|>"),
+        "train_tokens": split,
+        "val_tokens": len(ids) - split,
+        "tokenizer": "tokenizer",
+        "source": "synthetic test text",
+        "documents": 1,
+    }
     (folder / "meta.json").write_text(json.dumps(meta, indent=2))
     return folder
 
 
-TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 4, "n_positions": 64,
-             "vocab_size": 320, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-             "bos_token_id": 0, "eos_token_id": 0}
+TINY_GPT2 = {
+    "model_type": "gpt2",
+    "n_layer": 2,
+    "n_embd": 32,
+    "n_head": 4,
+    "n_positions": 64,
+    "vocab_size": 320,
+    "resid_pdrop": 0.0,
+    "embd_pdrop": 0.0,
+    "attn_pdrop": 0.0,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+}
 
 
 def write_tiny_model_config(folder: str | Path, **changes) -> Path:

@@ -27,8 +27,17 @@ from merit_core.compare.summary import SUMMARY_FILE, build_summary, select_best,
 
 REPORT_FILE = "REPORT.md"
 
-__all__ = ["CompareSpec", "CompareCallbacks", "CompareResult", "PlannedRun", "load_spec", "plan_compare",
-           "run_compare", "select_best", "lr_grids"]
+__all__ = [
+    "CompareSpec",
+    "CompareCallbacks",
+    "CompareResult",
+    "PlannedRun",
+    "load_spec",
+    "plan_compare",
+    "run_compare",
+    "select_best",
+    "lr_grids",
+]
 
 
 @dataclass
@@ -84,16 +93,21 @@ def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) ->
     tmp.write_text(render_report(summary))
     tmp.replace(report_path)
     trained = [name for name, state in plan.states.items() if state in ("new", "partial")]
-    return CompareResult(spec.out, summary, summary_path, plot_path, report_path, plan.states, trained,
-                         time.perf_counter() - start)
+    return CompareResult(
+        spec.out, summary, summary_path, plot_path, report_path, plan.states, trained, time.perf_counter() - start
+    )
 
 
 def _prepare_data(spec: CompareSpec, callbacks: CompareCallbacks):
     """Prepare the shared data once, before any run (the runs then find it in the cache)."""
     from merit_core.data import load_meta, resolve_data
 
-    path = resolve_data(spec.train.get("data"), tokenizer=spec.train.get("tokenizer"),
-                        vocab_size=int(spec.train.get("vocab_size", 4096)), progress=callbacks.on_prepare)
+    path = resolve_data(
+        spec.train.get("data"),
+        tokenizer=spec.train.get("tokenizer"),
+        vocab_size=int(spec.train.get("vocab_size", 4096)),
+        progress=callbacks.on_prepare,
+    )
     return load_meta(path)
 
 
@@ -108,26 +122,40 @@ def _settings(spec: CompareSpec, runs: list[PlannedRun], meta) -> dict[str, Any]
             n_params = read_trainer_info(ckpt).get("n_params")
             break
     grids = lr_grids(spec)
-    rule = ("auto: a centre per optimizer x sqrt(batch / smallest batch), "
-            + ("the centre only (--quick)" if spec.quick else "x {1/3, 1, 3}") + " (see merit_core.compare.grid)")
+    rule = (
+        "auto: a centre per optimizer x sqrt(batch / smallest batch), "
+        + ("the centre only (--quick)" if spec.quick else "x {1/3, 1, 3}")
+        + " (see merit_core.compare.grid)"
+    )
     explicit = {name for name, setting in spec.lrs.items() if setting != "auto"}
     if explicit:
-        rule = ("given lists" if len(explicit) == len(spec.lrs)
-                else f"given lists for {', '.join(sorted(explicit))}, otherwise {rule}")
+        rule = (
+            "given lists"
+            if len(explicit) == len(spec.lrs)
+            else f"given lists for {', '.join(sorted(explicit))}, otherwise {rule}"
+        )
     data = spec.train.get("data") or "built-in corpus (Python standard-library docstrings)"
     return {
-        "model": str(first.model), "n_params": n_params, "optimizers": spec.optimizers,
-        "batch_sizes": spec.all_batch_sizes, "seq_len": int(first.seq_len), "tokens": spec.tokens,
+        "model": str(first.model),
+        "n_params": n_params,
+        "optimizers": spec.optimizers,
+        "batch_sizes": spec.all_batch_sizes,
+        "seq_len": int(first.seq_len),
+        "tokens": spec.tokens,
         "tokens_per_run": max(run.tokens for run in runs),
         "steps": {str(b): next(r.steps for r in runs if r.batch_size == b) for b in spec.all_batch_sizes},
         "data": f"{data}: {meta.train_tokens:,} train / {meta.val_tokens:,} validation tokens, "
-                f"vocabulary {meta.vocab_size}",
+        f"vocabulary {meta.vocab_size}",
         "lr_rule": rule,
         "lr_grids": [{"optimizer": o, "batch_size": b, "lrs": lrs} for (o, b), lrs in grids.items()],
-        "warmup_steps": {str(b): next(int(r.config.warmup_steps) for r in runs if r.batch_size == b)
-                         for b in spec.all_batch_sizes},
+        "warmup_steps": {
+            str(b): next(int(r.config.warmup_steps) for r in runs if r.batch_size == b) for b in spec.all_batch_sizes
+        },
         "min_lr_ratio": float(first.min_lr_ratio),
-        "grad_clip": float(first.grad_clip), "seed": int(first.seed), "dtype": str(first.dtype),
+        "grad_clip": float(first.grad_clip),
+        "seed": int(first.seed),
+        "dtype": str(first.dtype),
         "eval_tokens": int(first.eval_batches * first.eval_batch_size * first.seq_len),
-        "out": str(spec.out), "quick": spec.quick,
+        "out": str(spec.out),
+        "quick": spec.quick,
     }

@@ -14,7 +14,7 @@ after them), where
   pilot sweep over 1e-3..1e-1; best AdamW 1e-3 with 3e-3 next, LAMB 3e-2, MERIT 3e-2).
   GPT-2: AdamW 6e-4 (nanoGPT's GPT-2 recipe at batch 480); LAMB and MERIT 6e-3 (trust-ratio
   updates are relative to each weight's norm, so both take the same, larger lr; the
-  starting point of configs/gpt2-small.toml);
+  starting point of merit_core/configs/gpt2-small.toml);
 - other optimizers: the MERIT ablations and lamb-ref use MERIT's centre; the rest their
   registry default lr (x 5/3 for small models, as AdamW's small/GPT-2 ratio).
 """
@@ -41,8 +41,20 @@ TRUST_RATIO_FAMILY = ("merit-noclip", "merit-nobound", "max-lamb", "l2-merit", "
 RUNS_DIR = "runs"
 # Keys of a run's config.toml that do not change what the run computes; a finished run whose
 # saved config differs from the planned one in any *other* key belongs to another comparison.
-NON_IDENTITY_KEYS = frozenset({"out", "resume", "device", "compile", "micro_batch_size", "log_every", "save_every",
-                               "keep_checkpoints", "eval_every", "parallel"})
+NON_IDENTITY_KEYS = frozenset(
+    {
+        "out",
+        "resume",
+        "device",
+        "compile",
+        "micro_batch_size",
+        "log_every",
+        "save_every",
+        "keep_checkpoints",
+        "eval_every",
+        "parallel",
+    }
+)
 MAIN_KEYS = ("model", "data", "seq_len", "steps", "optimizer", "batch_size", "lr")  # reported first when they differ
 
 
@@ -104,8 +116,9 @@ def auto_centre(optimizer: str, d_model: int) -> float:
     return float(default_hparams(optimizer)["lr"]) * ratio
 
 
-def auto_lr_grid(optimizer: str, batch_size: int, smallest_batch: int, d_model: int,
-                 quick: bool = False) -> list[float]:
+def auto_lr_grid(
+    optimizer: str, batch_size: int, smallest_batch: int, d_model: int, quick: bool = False
+) -> list[float]:
     """The auto grid (see the module docstring), ascending."""
     centre = auto_centre(optimizer, d_model) * math.sqrt(batch_size / smallest_batch)
     factors = QUICK_FACTORS if quick else AUTO_FACTORS
@@ -120,8 +133,11 @@ def lr_grids(spec: CompareSpec) -> dict[tuple[str, int], list[float]]:
     for name in spec.optimizers:
         for batch in spec.batch_sizes[name]:
             setting = spec.lrs[name]
-            grids[name, batch] = (auto_lr_grid(name, batch, smallest, d_model, spec.quick) if setting == "auto"
-                                  else sorted({round_lr(v) for v in setting}))
+            grids[name, batch] = (
+                auto_lr_grid(name, batch, smallest, d_model, spec.quick)
+                if setting == "auto"
+                else sorted({round_lr(v) for v in setting})
+            )
     return grids
 
 
@@ -140,9 +156,15 @@ def plan_runs(spec: CompareSpec) -> list[PlannedRun]:
     for (optimizer, batch), grid in lr_grids(spec).items():
         steps = max(1, math.ceil(spec.tokens / (batch * seq_len)))
         for lr in grid:
-            values = {**spec.train, "optimizer": optimizer, "batch_size": batch, "lr": lr, "steps": steps,
-                      "optimizer_args": dict(spec.optimizer_args.get(optimizer, {})),
-                      "out": str(spec.out / RUNS_DIR / run_name(optimizer, batch, lr))}
+            values = {
+                **spec.train,
+                "optimizer": optimizer,
+                "batch_size": batch,
+                "lr": lr,
+                "steps": steps,
+                "optimizer_args": dict(spec.optimizer_args.get(optimizer, {})),
+                "out": str(spec.out / RUNS_DIR / run_name(optimizer, batch, lr)),
+            }
             values.setdefault("eval_every", max(1, steps // 8))
             values.setdefault("save_every", max(1, math.ceil(steps / 4)))
             values.setdefault("keep_checkpoints", 1)

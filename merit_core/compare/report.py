@@ -58,12 +58,17 @@ def _loss_line(batch: int, entries: list[dict[str, Any] | None]) -> str:
     if not ranked:
         return f"**Batch {batch}:** no optimizer finished with a finite validation loss.{tail}"
     top = ranked[0]
-    text = (f"**Batch {batch}:** {top['optimizer']} had the lowest final validation loss, "
-            f"{_f(top['final_val_loss'])} (lr {_lr(top['lr'])})")
+    text = (
+        f"**Batch {batch}:** {top['optimizer']} had the lowest final validation loss, "
+        f"{_f(top['final_val_loss'])} (lr {_lr(top['lr'])})"
+    )
     if len(ranked) == 1:
         return text + "." + tail
-    gaps = [f"{e['optimizer']} {_f(e['final_val_loss'])} (+{_f(e['final_val_loss'] - top['final_val_loss'])}, "
-            f"{100 * (e['final_val_loss'] / top['final_val_loss'] - 1):+.1f}%)" for e in ranked[1:]]
+    gaps = [
+        f"{e['optimizer']} {_f(e['final_val_loss'])} (+{_f(e['final_val_loss'] - top['final_val_loss'])}, "
+        f"{100 * (e['final_val_loss'] / top['final_val_loss'] - 1):+.1f}%)"
+        for e in ranked[1:]
+    ]
     return f"{text}; then {', '.join(gaps)}.{tail}"
 
 
@@ -76,19 +81,26 @@ def _degradation_lines(best, optimizers, small: int, large: int) -> list[str]:
     if not rows:
         return []
     rows.sort(key=lambda r: r[1])
-    parts = [f"{name} {_f(a['final_val_loss'])} -> {_f(b['final_val_loss'])} ({delta:+.4f})"
-             for name, delta, a, b in rows]
-    line = (f"**Batch {small} -> {large}** (same tokens, {large / small:.3g}x fewer steps), best-lr validation loss: "
-            + "; ".join(parts) + ".")
+    parts = [
+        f"{name} {_f(a['final_val_loss'])} -> {_f(b['final_val_loss'])} ({delta:+.4f})" for name, delta, a, b in rows
+    ]
+    line = (
+        f"**Batch {small} -> {large}** (same tokens, {large / small:.3g}x fewer steps), best-lr validation loss: "
+        + "; ".join(parts)
+        + "."
+    )
     if len(rows) > 1:
-        line += (f" The smallest change: {rows[0][0]} ({rows[0][1]:+.4f}); "
-                 f"the largest: {rows[-1][0]} ({rows[-1][1]:+.4f}).")
+        line += (
+            f" The smallest change: {rows[0][0]} ({rows[0][1]:+.4f}); the largest: {rows[-1][0]} ({rows[-1][1]:+.4f})."
+        )
     return [line]
 
 
 def _logit_line(batch: int, entries: list[dict[str, Any] | None]) -> str | None:
-    ranked = sorted((e for e in entries if _ok(e) and e.get("max_attention_logit") is not None),
-                    key=lambda e: e["max_attention_logit"])
+    ranked = sorted(
+        (e for e in entries if _ok(e) and e.get("max_attention_logit") is not None),
+        key=lambda e: e["max_attention_logit"],
+    )
     if not ranked:
         return None
     parts = [f"{e['optimizer']} {_f(e['max_attention_logit'], 2)} (layer {_argmax(e)})" for e in ranked]
@@ -101,12 +113,15 @@ def _logit_line(batch: int, entries: list[dict[str, Any] | None]) -> str | None:
 
 def _bound_line(batch: int, entries: list[dict[str, Any] | None]) -> str | None:
     """The max-norm bound term ||W_Q||_m * ||W_K||_m at the end (max over layers), lowest first."""
-    rows = sorted(((max(e["qk_bound_by_layer"]), e["optimizer"]) for e in entries
-                   if _ok(e) and e.get("qk_bound_by_layer")))
+    rows = sorted(
+        (max(e["qk_bound_by_layer"]), e["optimizer"]) for e in entries if _ok(e) and e.get("qk_bound_by_layer")
+    )
     if not rows:
         return None
-    return (f"**||W_Q||_m x ||W_K||_m at the end, batch {batch}** (the max-norm product that bounds the logit; "
-            "max over layers): " + ", ".join(f"{name} {value:.3g}" for value, name in rows) + ".")
+    return (
+        f"**||W_Q||_m x ||W_K||_m at the end, batch {batch}** (the max-norm product that bounds the logit; "
+        "max over layers): " + ", ".join(f"{name} {value:.3g}" for value, name in rows) + "."
+    )
 
 
 def _argmax(entry: dict[str, Any]) -> str:
@@ -131,7 +146,8 @@ def _claim_lines(best, optimizers, batches) -> list[str]:
     lines.append(
         f"Paper claim 1 (MERIT has the lowest loss at large batch): at batch {large}, "
         + ("**holds here**" if lowest else "**does not hold here**")
-        + f": MERIT's loss minus the best other optimizer's is {-gap:+.4f}.")
+        + f": MERIT's loss minus the best other optimizer's is {-gap:+.4f}."
+    )
     with_logit = {o: e for o, e in others.items() if e.get("max_attention_logit") is not None}
     if merit.get("max_attention_logit") is not None and with_logit:
         smallest = all(merit["max_attention_logit"] < e["max_attention_logit"] for e in with_logit.values())
@@ -139,7 +155,9 @@ def _claim_lines(best, optimizers, batches) -> list[str]:
             f"Paper claim 2 (MERIT keeps the max attention logit lower): at batch {large}, "
             + ("**holds here**" if smallest else "**does not hold here**")
             + f": MERIT {_f(merit['max_attention_logit'], 2)} vs "
-            + ", ".join(f"{o} {_f(e['max_attention_logit'], 2)}" for o, e in with_logit.items()) + ".")
+            + ", ".join(f"{o} {_f(e['max_attention_logit'], 2)}" for o, e in with_logit.items())
+            + "."
+        )
     return lines
 
 
@@ -195,12 +213,17 @@ def caveats(summary: dict[str, Any]) -> list[str]:
     for b in summary["best"]:
         if b.get("lr_at_edge"):
             side = "smallest" if b["lr_at_edge"] == "low" else "largest"
-            lines.append(f"{b['optimizer']} at batch {b['batch_size']}: the best lr ({_lr(b['lr'])}) is the {side} "
-                         "of its grid, so its optimum may lie outside the grid (try --lrs with a wider list).")
+            lines.append(
+                f"{b['optimizer']} at batch {b['batch_size']}: the best lr ({_lr(b['lr'])}) is the {side} "
+                "of its grid, so its optimum may lie outside the grid (try --lrs with a wider list)."
+            )
     diverged = [r for r in summary["runs"] if r["status"] == "diverged"]
     if diverged:
-        lines.append("Diverged runs (non-finite loss; ranked last): "
-                     + ", ".join(f"{r['optimizer']} b{r['batch_size']} lr {_lr(r['lr'])}" for r in diverged) + ".")
+        lines.append(
+            "Diverged runs (non-finite loss; ranked last): "
+            + ", ".join(f"{r['optimizer']} b{r['batch_size']} lr {_lr(r['lr'])}" for r in diverged)
+            + "."
+        )
     return lines
 
 
@@ -224,12 +247,31 @@ def render_report(summary: dict[str, Any]) -> str:
     """The whole REPORT.md."""
     s = summary["settings"]
     title = " vs ".join(s["optimizers"])
-    parts = [f"# merit compare: {title} on {s['model']}", "",
-             "Each optimizer at its best learning rate (by final validation loss) for each batch size, "
-             "all at the same token budget. Generated from `summary.json`.", "",
-             "## Results", "", *results_table(summary), "",
-             "## What the numbers show", "", *[f"- {line}" for line in findings(summary)], "",
-             "## Caveats", "", *[f"- {line}" for line in caveats(summary)], "",
-             "## Learning-rate grid", "", *grid_table(summary), "",
-             "## Setup", "", *setup_lines(summary), ""]
+    parts = [
+        f"# merit compare: {title} on {s['model']}",
+        "",
+        "Each optimizer at its best learning rate (by final validation loss) for each batch size, "
+        "all at the same token budget. Generated from `summary.json`.",
+        "",
+        "## Results",
+        "",
+        *results_table(summary),
+        "",
+        "## What the numbers show",
+        "",
+        *[f"- {line}" for line in findings(summary)],
+        "",
+        "## Caveats",
+        "",
+        *[f"- {line}" for line in caveats(summary)],
+        "",
+        "## Learning-rate grid",
+        "",
+        *grid_table(summary),
+        "",
+        "## Setup",
+        "",
+        *setup_lines(summary),
+        "",
+    ]
     return "\n".join(parts)

@@ -23,7 +23,7 @@ from typing import Any
 
 from merit_core.compare.grid import PlannedRun, config_mismatch
 from merit_core.errors import ConfigError, MeritError
-from merit_core.train.run import TrainCallbacks
+from merit_core.train.training_run import TrainCallbacks
 
 STATUS_FILE = "compare_status.json"
 LOGS_DIR = "logs"
@@ -63,7 +63,7 @@ def run_state(run: PlannedRun) -> str:
     """
     from merit_core.train.checkpoint import latest_checkpoint, read_trainer_info
     from merit_core.train.config import read_toml
-    from merit_core.train.run import CONFIG_FILE
+    from merit_core.train.training_run import CONFIG_FILE
 
     status = read_status(run.run_dir)
     config_path = run.run_dir / CONFIG_FILE
@@ -74,8 +74,9 @@ def run_state(run: PlannedRun) -> str:
         return "new"
     diff = config_mismatch(saved, run.config)
     if diff is not None:
-        raise ConfigError(f"{run.run_dir} holds a run with other settings ({diff}); "
-                          "choose another --out or remove that folder")
+        raise ConfigError(
+            f"{run.run_dir} holds a run with other settings ({diff}); choose another --out or remove that folder"
+        )
     if status.get("state") == "diverged":
         return "diverged"
     ckpt = latest_checkpoint(run.run_dir)
@@ -124,8 +125,9 @@ def default_jobs(device: str = "auto", n_runs: int | None = None) -> int:
     return max(1, min(jobs, n_runs)) if n_runs else jobs
 
 
-def execute(runs: list[PlannedRun], states: dict[str, str], jobs: int, log_dir: Path,
-            callbacks: CompareCallbacks) -> dict[str, str]:
+def execute(
+    runs: list[PlannedRun], states: dict[str, str], jobs: int, log_dir: Path, callbacks: CompareCallbacks
+) -> dict[str, str]:
     """Train every 'new' or 'partial' run; return the state of every run afterwards."""
     todo = [run for run in runs if states[run.name] in ("new", "partial")]
     final = dict(states)
@@ -138,8 +140,8 @@ def execute(runs: list[PlannedRun], states: dict[str, str], jobs: int, log_dir: 
 
 
 def _run_here(run: PlannedRun, resume: bool, callbacks: CompareCallbacks) -> str:
-    from merit_core.train.loop import TrainingDiverged
-    from merit_core.train.run import run_training
+    from merit_core.train.trainer import TrainingDiverged
+    from merit_core.train.training_run import run_training
 
     callbacks.on_run_start(run, resume)
     try:
@@ -185,8 +187,9 @@ def _gpu_count(runs: list[PlannedRun]) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _run_parallel(todo: list[PlannedRun], states: dict[str, str], jobs: int, log_dir: Path,
-                  callbacks: CompareCallbacks) -> dict[str, str]:
+def _run_parallel(
+    todo: list[PlannedRun], states: dict[str, str], jobs: int, log_dir: Path, callbacks: CompareCallbacks
+) -> dict[str, str]:
     n_gpus = _gpu_count(todo)
     jobs = min(jobs, len(todo))
     pending = deque(todo)
@@ -202,8 +205,12 @@ def _run_parallel(todo: list[PlannedRun], states: dict[str, str], jobs: int, log
                 config = dataclasses.asdict(dataclasses.replace(run.config, resume=resume))
                 log = log_dir / f"{run.name}.log"
                 with log.open("w") as fh:
-                    proc = subprocess.Popen([sys.executable, "-m", "merit_core.compare.worker", json.dumps(config)],
-                                            stdout=fh, stderr=subprocess.STDOUT, env=worker_env(slot, jobs, n_gpus))
+                    proc = subprocess.Popen(
+                        [sys.executable, "-m", "merit_core.compare.worker", json.dumps(config)],
+                        stdout=fh,
+                        stderr=subprocess.STDOUT,
+                        env=worker_env(slot, jobs, n_gpus),
+                    )
                 callbacks.on_run_start(run, resume)
                 active[slot] = (run, proc, log, _line_count(run))
             time.sleep(0.5)
@@ -217,9 +224,9 @@ def _run_parallel(todo: list[PlannedRun], states: dict[str, str], jobs: int, log
                 free.append(slot)
                 final[run.name] = _finish(run, code, log, callbacks)
     finally:
-        for run, proc, _, _ in active.values():
+        for _, proc, _, _ in active.values():
             proc.terminate()
-        for run, proc, _, _ in active.values():
+        for _, proc, _, _ in active.values():
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:

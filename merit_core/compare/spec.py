@@ -21,10 +21,10 @@ length, out, resume); setting them under [train] is a ConfigError that says wher
 from __future__ import annotations
 
 import math
-import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from merit_core.errors import ConfigError
 
@@ -74,10 +74,19 @@ class CompareSpec:
         return sorted({b for sizes in self.batch_sizes.values() for b in sizes})
 
 
-def load_spec(path: str | Path | None = None, *, optimizers: str | None = None, batch_sizes: str | None = None,
-              lrs: str | None = None, tokens: int | None = None, out: str | None = None, jobs: int | None = None,
-              quick: bool = False, train_values: dict[str, Any] | None = None,
-              overrides: Iterable[str] = ()) -> CompareSpec:
+def load_spec(
+    path: str | Path | None = None,
+    *,
+    optimizers: str | None = None,
+    batch_sizes: str | None = None,
+    lrs: str | None = None,
+    tokens: int | None = None,
+    out: str | None = None,
+    jobs: int | None = None,
+    quick: bool = False,
+    train_values: dict[str, Any] | None = None,
+    overrides: Iterable[str] = (),
+) -> CompareSpec:
     """The comparison from defaults < `path` (a compare TOML) < the given values.
 
     String values are the command-line forms: comma-separated optimizers and batch sizes, and
@@ -93,10 +102,16 @@ def load_spec(path: str | Path | None = None, *, optimizers: str | None = None, 
         hint = " (a merit train key? put it under [train])" if _is_train_key(key) else ""
         raise ConfigError(f"unknown compare key {key!r} in {path}{hint}; known keys: {', '.join(COMPARE_KEYS)}")
 
-    opt_list = parse_optimizers(optimizers) if optimizers is not None else _optimizer_list(
-        raw.get("optimizers", list(DEFAULT_OPTIMIZERS)))
-    default_batches = (parse_batch_sizes(batch_sizes) if batch_sizes is not None
-                       else _batch_list(raw.get("batch_sizes", list(DEFAULT_BATCH_SIZES)), "batch_sizes"))
+    opt_list = (
+        parse_optimizers(optimizers)
+        if optimizers is not None
+        else _optimizer_list(raw.get("optimizers", list(DEFAULT_OPTIMIZERS)))
+    )
+    default_batches = (
+        parse_batch_sizes(batch_sizes)
+        if batch_sizes is not None
+        else _batch_list(raw.get("batch_sizes", list(DEFAULT_BATCH_SIZES)), "batch_sizes")
+    )
     if lrs is not None:
         lr_setting: Any = parse_lrs(lrs)
     else:
@@ -117,10 +132,14 @@ def load_spec(path: str | Path | None = None, *, optimizers: str | None = None, 
             raise ConfigError(f"per_optimizer.{name} must be a table")
         bad = set(table) - set(PER_OPTIMIZER_KEYS)
         if bad:
-            raise ConfigError(f"unknown key {sorted(bad)[0]!r} in per_optimizer.{name}; "
-                              f"known: {', '.join(PER_OPTIMIZER_KEYS)}")
-        batches[name] = (default_batches if batch_sizes is not None or "batch_sizes" not in table
-                         else _batch_list(table["batch_sizes"], f"per_optimizer.{name}.batch_sizes"))
+            raise ConfigError(
+                f"unknown key {sorted(bad)[0]!r} in per_optimizer.{name}; known: {', '.join(PER_OPTIMIZER_KEYS)}"
+            )
+        batches[name] = (
+            default_batches
+            if batch_sizes is not None or "batch_sizes" not in table
+            else _batch_list(table["batch_sizes"], f"per_optimizer.{name}.batch_sizes")
+        )
         setting = lr_setting if lrs is not None else table.get("lrs", lr_setting)
         grids[name] = _lr_setting(setting, name)
         args[name] = _optimizer_args(name, table.get("optimizer_args", {}))
@@ -132,8 +151,17 @@ def load_spec(path: str | Path | None = None, *, optimizers: str | None = None, 
     n_jobs = jobs if jobs is not None else raw.get("jobs")
     if n_jobs is not None:
         n_jobs = _positive_int(n_jobs, "jobs")
-    return CompareSpec(optimizers=opt_list, batch_sizes=batches, lrs=grids, tokens=budget, train=train,
-                       optimizer_args=args, out=Path(out_dir), jobs=n_jobs, quick=quick)
+    return CompareSpec(
+        optimizers=opt_list,
+        batch_sizes=batches,
+        lrs=grids,
+        tokens=budget,
+        train=train,
+        optimizer_args=args,
+        out=Path(out_dir),
+        jobs=n_jobs,
+        quick=quick,
+    )
 
 
 # -- parsing the command-line forms ---------------------------------------------------------

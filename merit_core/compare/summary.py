@@ -102,8 +102,9 @@ def select_best(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         edge = None
         if len(lrs) > 1 and winner["status"] == "finished":
             edge = "low" if winner["lr"] == lrs[0] else "high" if winner["lr"] == lrs[-1] else None
-        best.append({**winner, "grid": lrs, "n_diverged": sum(r["status"] == "diverged" for r in group),
-                     "lr_at_edge": edge})
+        best.append(
+            {**winner, "grid": lrs, "n_diverged": sum(r["status"] == "diverged" for r in group), "lr_at_edge": edge}
+        )
     return best
 
 

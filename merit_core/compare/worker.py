@@ -16,8 +16,8 @@ from merit_core.errors import MeritError
 
 def main(argv: list[str]) -> int:
     from merit_core.train.config import from_dict
-    from merit_core.train.loop import TrainingDiverged
-    from merit_core.train.run import run_training
+    from merit_core.train.trainer import TrainingDiverged
+    from merit_core.train.training_run import run_training
 
     try:
         run_training(from_dict(json.loads(argv[0])))

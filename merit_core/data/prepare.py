@@ -160,7 +160,7 @@ def prepare_documents(
             "val_fraction": val_fraction,
             "seed": seed,
             "seconds": round(time.perf_counter() - start, 3),
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         }
         (tmp / META_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         report("splitting", int(lengths.sum()), int(lengths.sum()))
@@ -175,8 +175,7 @@ def _train_tokenizer(batches: Batches, vocab_size: int, source: str, total: int 
 
     def texts() -> Iterator[str]:
         for docs, size in batches():
-            for doc in docs:
-                yield doc
+            yield from docs
             seen["docs"] += len(docs)
             seen["chars"] += sum(map(len, docs))
             seen["done"] += size

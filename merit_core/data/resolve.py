@@ -24,8 +24,9 @@ def tokenizer_identity(tokenizer: str | None, vocab_size: int) -> str:
     return f"hub:{tokenizer}"
 
 
-def cache_key(source: str, *, tokenizer: str | None, vocab_size: int, text_column: str = "text",
-              dataset_config: str | None = None) -> str:
+def cache_key(
+    source: str, *, tokenizer: str | None, vocab_size: int, text_column: str = "text", dataset_config: str | None = None
+) -> str:
     """Cache-folder name for a raw source: changes with the files (path, size, mtime) and the tokenizer."""
     src = resolve_source(source, text_column=text_column, dataset_config=dataset_config)
     identity = "\n".join([FORMAT, src.identity(), tokenizer_identity(tokenizer, vocab_size)])
@@ -50,12 +51,20 @@ def resolve_data(
     path = Path(data).expanduser()
     if is_prepared(path):
         return path.resolve()
-    key = cache_key(data, tokenizer=tokenizer, vocab_size=vocab_size, text_column=text_column,
-                    dataset_config=dataset_config)
+    key = cache_key(
+        data, tokenizer=tokenizer, vocab_size=vocab_size, text_column=text_column, dataset_config=dataset_config
+    )
     target = cache_dir("data") / key
     if not is_prepared(target):
         with build_lock(target):
             if not is_prepared(target):
-                prepare_corpus(data, target, tokenizer=tokenizer, vocab_size=vocab_size, progress=progress,
-                               text_column=text_column, dataset_config=dataset_config)
+                prepare_corpus(
+                    data,
+                    target,
+                    tokenizer=tokenizer,
+                    vocab_size=vocab_size,
+                    progress=progress,
+                    text_column=text_column,
+                    dataset_config=dataset_config,
+                )
     return target

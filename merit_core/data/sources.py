@@ -73,7 +73,9 @@ def resolve_source(
         files = sorted(
             p.resolve()
             for p in path.rglob("*")
-            if p.is_file() and p.suffix.lower() in BUILDERS and not any(s.startswith(".") for s in p.relative_to(path).parts)
+            if p.is_file()
+            and p.suffix.lower() in BUILDERS
+            and not any(s.startswith(".") for s in p.relative_to(path).parts)
         )
         if not files:
             raise DataError(f"no {SUPPORTED} files in folder {path}")

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
 PROBE_NAME = "merit_logit_probe"
 _registered = False
 _register_lock = threading.Lock()
-_active: "LogitRecorder | None" = None
+_active: LogitRecorder | None = None
 
 
 class LogitRecorder:
@@ -125,8 +125,9 @@ def record_attention_logits(model, query_chunk: int = 128) -> Iterator[LogitReco
 
 
 @torch.no_grad()
-def max_attention_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                         query_chunk: int = 128) -> torch.Tensor:
+def max_attention_logits(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, query_chunk: int = 128
+) -> torch.Tensor:
     """Max attention logit per layer and head, [n_layers, n_heads], on one batch of token ids."""
     was_training = model.training
     model.eval()

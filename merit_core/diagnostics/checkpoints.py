@@ -18,9 +18,9 @@ import json
 import math
 import re
 import struct
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping
 
 from merit_core.errors import CheckpointError
 
@@ -29,8 +29,21 @@ INDEX_NAME = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _DTYPE_BYTES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
 }
 _MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit
 
@@ -39,11 +52,11 @@ _MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit
 class Checkpoint:
     """One model's weights: the safetensors files, the folder holding them, and where it came from."""
 
-    path: Path                      # what identifies it: a file or a folder
-    files: list[Path]               # the safetensors files holding its tensors
-    folder: Path                    # where config.json / tokenizer files would sit
-    step: int | None = None         # training step, for `merit train` checkpoints
-    run: Path | None = None         # the run folder it belongs to, if any
+    path: Path  # what identifies it: a file or a folder
+    files: list[Path]  # the safetensors files holding its tensors
+    folder: Path  # where config.json / tokenizer files would sit
+    step: int | None = None  # training step, for `merit train` checkpoints
+    run: Path | None = None  # the run folder it belongs to, if any
     notes: list[str] = field(default_factory=list)
     tensors: dict[str, tuple[Path, str, tuple[int, ...]]] = field(default_factory=dict)  # name -> (file, dtype, shape)
 
@@ -93,7 +106,8 @@ def validate_safetensors(path: Path) -> dict[str, dict]:
                 raise CheckpointError(f"{path} is not a safetensors file: implausible header length {n}")
             if 8 + n > size:
                 raise CheckpointError(
-                    f"{path} is truncated or not safetensors: header of {n} bytes but the file has {size}")
+                    f"{path} is truncated or not safetensors: header of {n} bytes but the file has {size}"
+                )
             raw = fh.read(n)
     except OSError as exc:
         raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
@@ -115,7 +129,8 @@ def validate_safetensors(path: Path) -> dict[str, dict]:
             raise CheckpointError(f"{path} has a corrupt safetensors header: offsets of {name!r} do not fit its shape")
         if end > available:
             raise CheckpointError(
-                f"{path} is truncated: tensor {name!r} ends at byte {end} of the data but only {available} are there")
+                f"{path} is truncated: tensor {name!r} ends at byte {end} of the data but only {available} are there"
+            )
     if not header:
         raise CheckpointError(f"{path} holds no tensors")
     return header
@@ -191,9 +206,12 @@ def _from_folder(folder: Path) -> list[Checkpoint]:
         return steps
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
     if pickles:
-        raise _refuse_pickle(folder / pickles[0], f"a pickle-based checkpoint ({pickles[0]}) with no safetensors weights")
+        raise _refuse_pickle(
+            folder / pickles[0], f"a pickle-based checkpoint ({pickles[0]}) with no safetensors weights"
+        )
     raise CheckpointError(
-        f"no checkpoint in {folder}: expected {WEIGHTS_NAME}, {INDEX_NAME} or step_* folders; {_describe(folder)}")
+        f"no checkpoint in {folder}: expected {WEIGHTS_NAME}, {INDEX_NAME} or step_* folders; {_describe(folder)}"
+    )
 
 
 def find_checkpoints(path: str | Path) -> list[Checkpoint]:

@@ -79,8 +79,12 @@ def plot_layers(checkpoints: list[dict], path: str | Path) -> None:
         ax.set_ylabel(ylabel)
         ax.set_xticks(range(n_layers))
         ax.grid(axis="y", alpha=0.3)
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center",
-               ncols=min(4, len(checkpoints)), fontsize="small")
+    fig.legend(
+        *axes[0].get_legend_handles_labels(),
+        loc="outside lower center",
+        ncols=min(4, len(checkpoints)),
+        fontsize="small",
+    )
     fig.suptitle("Query/key max-norms and attention logits per layer")
     _save(plt, fig, Path(path))
 
@@ -102,25 +106,48 @@ def plot_trajectory(checkpoints: list[dict], path: str | Path) -> None:
         for ax, (key, title, ylabel) in zip(axes, panels):
             for layer in range(n_layers):
                 ys = [c["layers"][layer].get(key) if layer < len(c["layers"]) else None for c in cks]
-                ax.plot(steps, [float("nan") if y is None else y for y in ys], marker="o", markersize=3,
-                        color=cmap(layer / max(1, n_layers - 1)), label=f"layer {layer}")
+                ax.plot(
+                    steps,
+                    [float("nan") if y is None else y for y in ys],
+                    marker="o",
+                    markersize=3,
+                    color=cmap(layer / max(1, n_layers - 1)),
+                    label=f"layer {layer}",
+                )
             ax.set_title(title)
+            ax.set_xlabel("step")
+            ax.set_ylabel(ylabel)
         handles, labels = axes[0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="outside right center", fontsize="small", title="layer",
-                   ncols=1 if n_layers <= 16 else 2)
+        fig.legend(
+            handles,
+            labels,
+            loc="outside right center",
+            fontsize="small",
+            title="layer",
+            ncols=1 if n_layers <= 16 else 2,
+        )
         fig.suptitle(f"{Path(next(iter(runs))).name}: per-layer trajectory over training steps")
     else:
         cmap = plt.get_cmap("tab10")
         names = short_labels(list(runs))
         for ax, (key, title, ylabel) in zip(axes, panels):
-            for i, (run, cks) in enumerate(runs.items()):
+            for i, cks in enumerate(runs.values()):
                 steps = [c.get("step") or 0 for c in cks]
                 ys = [c["summary"].get(key) for c in cks]
-                ax.plot(steps, [float("nan") if y is None else y for y in ys], marker="o", markersize=3,
-                        color=cmap(i % 10), label=names[i])
+                ax.plot(
+                    steps,
+                    [float("nan") if y is None else y for y in ys],
+                    marker="o",
+                    markersize=3,
+                    color=cmap(i % 10),
+                    label=names[i],
+                )
             ax.set_title(f"{title}, max over layers")
-        fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center",
-                   ncols=min(4, len(runs)), fontsize="small")
+            ax.set_xlabel("step")
+            ax.set_ylabel(ylabel)
+        fig.legend(
+            *axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=min(4, len(runs)), fontsize="small"
+        )
         fig.suptitle("Trajectories over training steps")
     for ax, (_, _, ylabel) in zip(axes, panels):
         ax.set_xlabel("training step")

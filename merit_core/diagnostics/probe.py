@@ -33,7 +33,7 @@ class ProbeBatch:
     """Token ids [1, T] and how they were made."""
 
     input_ids: torch.Tensor
-    source: str                     # 'builtin' | 'text' | 'file' | 'random-ids'
+    source: str  # 'builtin' | 'text' | 'file' | 'random-ids'
     notes: list[str] = field(default_factory=list)
 
     def describe(self) -> dict:
@@ -64,8 +64,9 @@ def _tokenize(folder: Path, text: str) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
-def make_probe_batch(folder: Path, vocab_size: int, seq_len: int, text: str | None = None,
-                     source: str = "builtin", seed: int = 0) -> ProbeBatch:
+def make_probe_batch(
+    folder: Path, vocab_size: int, seq_len: int, text: str | None = None, source: str = "builtin", seed: int = 0
+) -> ProbeBatch:
     """`seq_len` token ids for the probe: the text tokenized (repeated to fill `seq_len`), or seeded ids."""
     if seq_len < 2:
         raise DataError(f"--seq-len must be at least 2, got {seq_len}")
@@ -79,11 +80,12 @@ def make_probe_batch(folder: Path, vocab_size: int, seq_len: int, text: str | No
         if len(ids) < seq_len:
             reps = -(-seq_len // len(ids))
             notes.append(f"probe text has {len(ids)} tokens; repeated {reps}x to fill {seq_len}")
-            ids = (ids * reps)
+            ids = ids * reps
         ids = ids[:seq_len]
         if max(ids) >= vocab_size:
-            raise CheckpointError(f"the tokenizer in {folder} produces id {max(ids)} but the model has "
-                                  f"only {vocab_size} embeddings")
+            raise CheckpointError(
+                f"the tokenizer in {folder} produces id {max(ids)} but the model has only {vocab_size} embeddings"
+            )
         return ProbeBatch(torch.tensor([ids], dtype=torch.long), source, notes)
     gen = torch.Generator().manual_seed(seed)
     notes.append(f"no tokenizer next to the weights: probing with {seq_len} seeded random token ids (seed {seed})")
@@ -99,8 +101,8 @@ def load_model(checkpoint, tensors, device: str | torch.device = "cpu"):
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from merit_core.models import family
     from merit_core.diagnostics.weights import read_config
+    from merit_core.models import family
 
     raw = read_config(checkpoint.config_path)
     if raw is None:
@@ -118,15 +120,17 @@ def load_model(checkpoint, tensors, device: str | torch.device = "cpu"):
     missing = []
     with torch.no_grad():
         for name, target in model.state_dict().items():  # tensors sharing storage with the model
-            key = name if name in tensors else name[len(prefix):] if name.startswith(prefix) else name
+            key = name if name in tensors else name[len(prefix) :] if name.startswith(prefix) else name
             if key not in tensors:
                 if not (tied and name == "lm_head.weight"):
                     missing.append(name)
                 continue
             value = tensors[key]  # one tensor in memory at a time
             if tuple(value.shape) != tuple(target.shape):
-                raise CheckpointError(f"config.json does not match the weights: {key} is {list(value.shape)}, "
-                                      f"the config builds {list(target.shape)}")
+                raise CheckpointError(
+                    f"config.json does not match the weights: {key} is {list(value.shape)}, "
+                    f"the config builds {list(target.shape)}"
+                )
             target.copy_(value)
     if missing:
         raise CheckpointError(f"{checkpoint.path} lacks {len(missing)} weights the config needs, e.g. {missing[0]}")

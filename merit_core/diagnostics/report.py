@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from merit_core.diagnostics.checkpoints import Checkpoint, SafetensorsReader, find_checkpoints
 from merit_core.diagnostics.weights import attention_weight_stats, checkpoint_context, read_config
@@ -27,12 +27,12 @@ from merit_core.diagnostics.weights import attention_weight_stats, checkpoint_co
 class InspectOptions:
     """What to compute besides the weight statistics, and how."""
 
-    n_heads: int | None = None          # head count when there is no config.json
-    top_k: int = 3                      # outlier rows / columns named per matrix
-    logits: bool = True                 # build the model and measure max attention logits (needs config.json)
-    text: str | None = None             # probe text; None = the built-in paragraph
-    text_source: str = "builtin"        # 'builtin' | 'text' | 'file', recorded in the report
-    seq_len: int | None = None          # default min(context, 256)
+    n_heads: int | None = None  # head count when there is no config.json
+    top_k: int = 3  # outlier rows / columns named per matrix
+    logits: bool = True  # build the model and measure max attention logits (needs config.json)
+    text: str | None = None  # probe text; None = the built-in paragraph
+    text_source: str = "builtin"  # 'builtin' | 'text' | 'file', recorded in the report
+    seq_len: int | None = None  # default min(context, 256)
     query_chunk: int = 128
     hessian: bool = False
     hessian_iters: int = 20
@@ -97,8 +97,10 @@ def _measure(ckpt: Checkpoint, reader, stats: dict, opts: InspectOptions, progre
     if opts.hessian:
         from merit_core.diagnostics.hessian import model_hessian
 
-        progress(f"{ckpt.label}: Hessian ({opts.hessian_iters} power iterations, "
-                 f"{opts.hutchinson_samples} Hutchinson samples)")
+        progress(
+            f"{ckpt.label}: Hessian ({opts.hessian_iters} power iterations, "
+            f"{opts.hutchinson_samples} Hutchinson samples)"
+        )
         est = model_hessian(model, ids, opts.hessian_iters, opts.hutchinson_samples, opts.seed)
         stats["hessian"] = {**est.to_dict(), "seq_len": seq_len, "seed": opts.seed}
     del model
@@ -106,8 +108,9 @@ def _measure(ckpt: Checkpoint, reader, stats: dict, opts: InspectOptions, progre
         torch.cuda.empty_cache()
 
 
-def inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions | None = None,
-                       progress: Callable[[str], None] | None = None) -> dict:
+def inspect_checkpoint(
+    ckpt: Checkpoint, opts: InspectOptions | None = None, progress: Callable[[str], None] | None = None
+) -> dict:
     """Weight statistics, then (with a config.json) max attention logits and optionally the Hessian."""
     opts = opts or InspectOptions()
     progress = progress or (lambda msg: None)
@@ -119,26 +122,39 @@ def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: Callab
     reader = SafetensorsReader(ckpt)
     progress(f"{ckpt.label}: weight statistics")
     stats = attention_weight_stats(reader, read_config(ckpt.config_path), opts.n_heads, opts.top_k)
-    stats = {"path": str(ckpt.path), "label": ckpt.label, "step": ckpt.step,
-             "run": str(ckpt.run) if ckpt.run else None, **_trainer_state(ckpt), **stats,
-             "probe": None, "hessian": None}
+    stats = {
+        "path": str(ckpt.path),
+        "label": ckpt.label,
+        "step": ckpt.step,
+        "run": str(ckpt.run) if ckpt.run else None,
+        **_trainer_state(ckpt),
+        **stats,
+        "probe": None,
+        "hessian": None,
+    }
     stats["notes"] = ckpt.notes + stats["notes"]
     if opts.logits or opts.hessian:
         if ckpt.config_path is None:
-            stats["notes"].append("no config.json next to the weights: max attention logit"
-                                  + (" and Hessian" if opts.hessian else "") + " not measured")
+            stats["notes"].append(
+                "no config.json next to the weights: max attention logit"
+                + (" and Hessian" if opts.hessian else "")
+                + " not measured"
+            )
         else:
             _measure(ckpt, reader, stats, opts, progress)
     stats["summary"] = summarize(stats)
     return stats
 
 
-def inspect_paths(paths: Sequence[str | Path], opts: InspectOptions | None = None,
-                  progress: Callable[[str], None] | None = None) -> dict:
+def inspect_paths(
+    paths: Sequence[str | Path], opts: InspectOptions | None = None, progress: Callable[[str], None] | None = None
+) -> dict:
     """Inspect every checkpoint the paths resolve to (all are validated before any work starts)."""
     resolved = [(Path(p), find_checkpoints(p)) for p in paths]
-    inputs = [{"path": str(p), "kind": "run" if any(c.run for c in cks) else "checkpoint",
-               "n_checkpoints": len(cks)} for p, cks in resolved]
+    inputs = [
+        {"path": str(p), "kind": "run" if any(c.run for c in cks) else "checkpoint", "n_checkpoints": len(cks)}
+        for p, cks in resolved
+    ]
     checkpoints = [inspect_checkpoint(c, opts, progress) for _, cks in resolved for c in cks]
     return {"inputs": inputs, "checkpoints": checkpoints}
 

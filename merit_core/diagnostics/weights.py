@@ -19,9 +19,9 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 import torch
 
@@ -37,11 +37,11 @@ PERCENTILES = (50, 90, 99)
 class AttentionLayout:
     """Where the attention weights sit and how they split into heads."""
 
-    family: str                 # 'gpt2' | 'llama'
-    prefix: str                 # 'transformer.' / 'model.' / '' (older GPT-2 checkpoints)
+    family: str  # 'gpt2' | 'llama'
+    prefix: str  # 'transformer.' / 'model.' / '' (older GPT-2 checkpoints)
     n_layers: int
     d_model: int
-    n_heads: int | None         # None: unknown (no config and none given), no per-head stats
+    n_heads: int | None  # None: unknown (no config and none given), no per-head stats
     n_kv_heads: int | None
     head_dim: int | None
 
@@ -70,7 +70,8 @@ def _unknown_naming(names: list[str]) -> CheckpointError:
     sample = ", ".join(sorted(names)[:6]) or "no tensors"
     return CheckpointError(
         "unknown architecture: no GPT-2 ('h.N.attn.c_attn.weight') or Llama ('layers.N.self_attn.q_proj.weight') "
-        f"attention weights among {len(names)} tensors, e.g. {sample}")
+        f"attention weights among {len(names)} tensors, e.g. {sample}"
+    )
 
 
 def read_config(path: Path | None) -> dict | None:
@@ -95,8 +96,10 @@ def detect_layout(tensors: Mapping, config: dict | None = None, n_heads: int | N
     names = list(tensors.keys())
     model_type = (config or {}).get("model_type")
     if config is not None and model_type not in FAMILIES:
-        raise ConfigError(f"unknown architecture: config.json has model_type {model_type!r}; "
-                          "merit inspects 'gpt2' and 'llama' checkpoints")
+        raise ConfigError(
+            f"unknown architecture: config.json has model_type {model_type!r}; "
+            "merit inspects 'gpt2' and 'llama' checkpoints"
+        )
     found = {}
     for fam, pattern in (("gpt2", _GPT2_QKV), ("llama", _LLAMA_Q)):
         hits = [m for m in map(pattern.match, names) if m]
@@ -182,8 +185,12 @@ def _distribution(maxes: torch.Tensor, top_k: int, head_dim: int | None) -> dict
     k = min(top_k, maxes.numel())
     vals, idx = torch.topk(maxes, k)
     dist["outliers"] = [
-        {"index": int(i), "max_norm": float(v), "x_median": float(v) / median if median > 0 else None,
-         **({"head": int(i) // head_dim} if head_dim else {})}
+        {
+            "index": int(i),
+            "max_norm": float(v),
+            "x_median": float(v) / median if median > 0 else None,
+            **({"head": int(i) // head_dim} if head_dim else {}),
+        }
         for v, i in zip(vals, idx)
     ]
     return dist
@@ -201,8 +208,10 @@ def matrix_stats(w: torch.Tensor, top_k: int = 3, head_axis: int | None = None, 
     row_max, col_max = a.amax(dim=1), a.amax(dim=0)
     del a
     max_norm = float(row_max.max())
-    out = {"rows": _distribution(row_max, top_k, head_dim if head_axis == 0 else None),
-           "cols": _distribution(col_max, top_k, head_dim if head_axis == 1 else None)}
+    out = {
+        "rows": _distribution(row_max, top_k, head_dim if head_axis == 0 else None),
+        "cols": _distribution(col_max, top_k, head_dim if head_axis == 1 else None),
+    }
     if head_axis is None:
         l2 = float(torch.linalg.vector_norm(w))
     else:
@@ -219,7 +228,7 @@ def _qk(tensors: Mapping, layout: AttentionLayout, layer: int) -> tuple[torch.Te
     if layout.family == "gpt2":
         qkv = tensors[layout.q_name(layer)]
         d = layout.d_model
-        return qkv[:, :d], qkv[:, d:2 * d]
+        return qkv[:, :d], qkv[:, d : 2 * d]
     return tensors[layout.q_name(layer)], tensors[layout.k_name(layer)]
 
 
@@ -231,23 +240,37 @@ def layer_stats(tensors: Mapping, layout: AttentionLayout, layer: int, top_k: in
     qs, ks = matrix_stats(q, top_k, axis, hd), matrix_stats(k, top_k, axis, hd)
     out = {
         "layer": layer,
-        "q_max_norm": qs["max_norm"], "k_max_norm": ks["max_norm"],
-        "q_l2_norm": qs["l2_norm"], "k_l2_norm": ks["l2_norm"],
-        "q_max_over_l2": qs["max_over_l2"], "k_max_over_l2": ks["max_over_l2"],
+        "q_max_norm": qs["max_norm"],
+        "k_max_norm": ks["max_norm"],
+        "q_l2_norm": qs["l2_norm"],
+        "k_l2_norm": ks["l2_norm"],
+        "q_max_over_l2": qs["max_over_l2"],
+        "k_max_over_l2": ks["max_over_l2"],
         "bound": qs["max_norm"] * ks["max_norm"],
         "max_attention_logit": None,
         "heads": [],
-        "q_rows": qs["rows"], "q_cols": qs["cols"], "k_rows": ks["rows"], "k_cols": ks["cols"],
+        "q_rows": qs["rows"],
+        "q_cols": qs["cols"],
+        "k_rows": ks["rows"],
+        "k_cols": ks["cols"],
     }
     if layout.n_heads:
         qm, ql, km, kl = qs["head_max_norm"], qs["head_l2_norm"], ks["head_max_norm"], ks["head_l2_norm"]
         group = layout.n_heads // layout.n_kv_heads
         for h in range(layout.n_heads):
             kv = h // group
-            out["heads"].append({
-                "head": h, "kv_head": kv, "q_max_norm": qm[h], "k_max_norm": km[kv], "q_l2_norm": ql[h],
-                "k_l2_norm": kl[kv], "bound": qm[h] * km[kv], "max_attention_logit": None,
-            })
+            out["heads"].append(
+                {
+                    "head": h,
+                    "kv_head": kv,
+                    "q_max_norm": qm[h],
+                    "k_max_norm": km[kv],
+                    "q_l2_norm": ql[h],
+                    "k_l2_norm": kl[kv],
+                    "bound": qm[h] * km[kv],
+                    "max_attention_logit": None,
+                }
+            )
     return out
 
 
@@ -265,14 +288,21 @@ def other_weights(tensors: Mapping) -> list[dict]:
         w = tensors[name].detach()
         if not w.is_floating_point():
             continue
-        out.append({"name": name, "shape": list(w.shape), "max_norm": _max_abs(w),
-                    "l2_norm": float(torch.linalg.vector_norm(w, dtype=torch.float32))})
+        out.append(
+            {
+                "name": name,
+                "shape": list(w.shape),
+                "max_norm": _max_abs(w),
+                "l2_norm": float(torch.linalg.vector_norm(w, dtype=torch.float32)),
+            }
+        )
         del w
     return out
 
 
-def attention_weight_stats(tensors: Mapping, config: dict | None = None, n_heads: int | None = None,
-                           top_k: int = 3, include_other: bool = True) -> dict:
+def attention_weight_stats(
+    tensors: Mapping, config: dict | None = None, n_heads: int | None = None, top_k: int = 3, include_other: bool = True
+) -> dict:
     """Statistics of one set of weights (a lazy checkpoint reader or a state dict), in the JSON shape.
 
     Returns {"architecture", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_model",
@@ -283,8 +313,12 @@ def attention_weight_stats(tensors: Mapping, config: dict | None = None, n_heads
     if not layout.n_heads:
         notes.append("per-head statistics need the head count: no config.json next to the weights (pass --heads N)")
     return {
-        "architecture": layout.family, "n_layers": layout.n_layers, "n_heads": layout.n_heads,
-        "n_kv_heads": layout.n_kv_heads, "head_dim": layout.head_dim, "d_model": layout.d_model,
+        "architecture": layout.family,
+        "n_layers": layout.n_layers,
+        "n_heads": layout.n_heads,
+        "n_kv_heads": layout.n_kv_heads,
+        "head_dim": layout.head_dim,
+        "d_model": layout.d_model,
         "row_axis": layout.row_axis,
         "layers": [layer_stats(tensors, layout, i, top_k) for i in range(layout.n_layers)],
         "weights": other_weights(tensors) if include_other else [],
@@ -308,8 +342,9 @@ def model_weight_stats(model, top_k: int = 3, include_other: bool = False) -> di
     for wrapper in ("_orig_mod", "module"):  # torch.compile / DDP wrappers
         model = getattr(model, wrapper, model)
     with torch.no_grad():
-        return attention_weight_stats(model.state_dict(), model.config.to_dict(), top_k=top_k,
-                                      include_other=include_other)
+        return attention_weight_stats(
+            model.state_dict(), model.config.to_dict(), top_k=top_k, include_other=include_other
+        )
 
 
 def weight_stats(path, n_heads: int | None = None, top_k: int = 3, include_other: bool = True) -> dict:
@@ -328,7 +363,8 @@ def weight_stats(path, n_heads: int | None = None, top_k: int = 3, include_other
             raise CheckpointError(f"{path} holds {len(found)} checkpoints; pass one of its step_* folders")
         ckpt = found[0]
     with checkpoint_context(ckpt.path):
-        stats = attention_weight_stats(SafetensorsReader(ckpt), read_config(ckpt.config_path), n_heads, top_k,
-                                       include_other)
+        stats = attention_weight_stats(
+            SafetensorsReader(ckpt), read_config(ckpt.config_path), n_heads, top_k, include_other
+        )
     stats["notes"] = ckpt.notes + stats["notes"]
     return {"path": str(ckpt.path), "label": ckpt.label, "step": ckpt.step, **stats}

@@ -70,15 +70,35 @@ class MERIT(Optimizer):
     and the new weight is rounded to the parameter's dtype once.
     """
 
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.0, *, norm: str = "max",
-                 elementwise: bool = True, weight_bound: bool = True, clip: float | None = 1.0,
-                 bias_correction: bool = False, maximize: bool = False,
-                 implementation: str | None = None):
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, norm=norm,
-                        elementwise=elementwise, weight_bound=weight_bound, clip=clip,
-                        bias_correction=bias_correction, maximize=maximize,
-                        implementation=implementation)
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        *,
+        norm: str = "max",
+        elementwise: bool = True,
+        weight_bound: bool = True,
+        clip: float | None = 1.0,
+        bias_correction: bool = False,
+        maximize: bool = False,
+        implementation: str | None = None,
+    ):
+        defaults = dict(
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            norm=norm,
+            elementwise=elementwise,
+            weight_bound=weight_bound,
+            clip=clip,
+            bias_correction=bias_correction,
+            maximize=maximize,
+            implementation=implementation,
+        )
         _validate(defaults)
         super().__init__(params, defaults)
 
@@ -90,8 +110,10 @@ class MERIT(Optimizer):
         _validate({**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}, where)
         for p in params:
             if isinstance(p, torch.Tensor) and p.dtype not in _SUPPORTED_DTYPES:
-                raise TypeError(f"MERIT supports float16, bfloat16, float32 and float64 parameters, "
-                                f"got one of dtype {p.dtype}{where}")
+                raise TypeError(
+                    f"MERIT supports float16, bfloat16, float32 and float64 parameters, "
+                    f"got one of dtype {p.dtype}{where}"
+                )
         super().add_param_group({**param_group, "params": params})
 
     def __setstate__(self, state: dict) -> None:
@@ -138,8 +160,9 @@ class MERIT(Optimizer):
                 if grad is None:
                     continue
                 if grad.is_sparse:
-                    raise RuntimeError("MERIT does not support sparse gradients; use dense "
-                                       "gradients (e.g. nn.Embedding(sparse=False))")
+                    raise RuntimeError(
+                        "MERIT does not support sparse gradients; use dense gradients (e.g. nn.Embedding(sparse=False))"
+                    )
                 state = self._init_state(p)
                 if not _is_plain(p) and _is_dtensor(p):
                     sharded.append((p, grad, state))  # one batched step below; it counts the steps
@@ -158,11 +181,20 @@ def _hyper(group: dict, step_t: torch.Tensor) -> Hyper:
     if group["bias_correction"]:
         step = float(step_t)
         bc1, bc2 = 1 - beta1**step, 1 - beta2**step
-    return Hyper(lr=float(group["lr"]), beta1=float(beta1), beta2=float(beta2), eps=float(group["eps"]),
-                 weight_decay=float(group["weight_decay"]), bias_correction1=bc1, bias_correction2=bc2,
-                 clip=None if group["clip"] is None else float(group["clip"]), norm=group["norm"],
-                 elementwise=group["elementwise"], weight_bound=group["weight_bound"],
-                 maximize=group["maximize"])
+    return Hyper(
+        lr=float(group["lr"]),
+        beta1=float(beta1),
+        beta2=float(beta2),
+        eps=float(group["eps"]),
+        weight_decay=float(group["weight_decay"]),
+        bias_correction1=bc1,
+        bias_correction2=bc2,
+        clip=None if group["clip"] is None else float(group["clip"]),
+        norm=group["norm"],
+        elementwise=group["elementwise"],
+        weight_bound=group["weight_bound"],
+        maximize=group["maximize"],
+    )
 
 
 def _sharded_update(group: dict, items: list) -> None:
@@ -171,12 +203,23 @@ def _sharded_update(group: dict, items: list) -> None:
 
     beta1, beta2 = group["betas"]
     merit_step_sharded(
-        [p for p, _, _ in items], [g for _, g, _ in items], [s["exp_avg"] for _, _, s in items],
-        [s["exp_avg_sq"] for _, _, s in items], [s["step"] for _, _, s in items],
-        lr=float(group["lr"]), beta1=float(beta1), beta2=float(beta2), eps=float(group["eps"]),
-        weight_decay=float(group["weight_decay"]), norm=group["norm"], elementwise=group["elementwise"],
-        weight_bound=group["weight_bound"], clip=None if group["clip"] is None else float(group["clip"]),
-        bias_correction=group["bias_correction"], maximize=group["maximize"])
+        [p for p, _, _ in items],
+        [g for _, g, _ in items],
+        [s["exp_avg"] for _, _, s in items],
+        [s["exp_avg_sq"] for _, _, s in items],
+        [s["step"] for _, _, s in items],
+        lr=float(group["lr"]),
+        beta1=float(beta1),
+        beta2=float(beta2),
+        eps=float(group["eps"]),
+        weight_decay=float(group["weight_decay"]),
+        norm=group["norm"],
+        elementwise=group["elementwise"],
+        weight_bound=group["weight_bound"],
+        clip=None if group["clip"] is None else float(group["clip"]),
+        bias_correction=group["bias_correction"],
+        maximize=group["maximize"],
+    )
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -201,8 +244,10 @@ def _update(impl: str | None, p, grad, exp_avg, exp_avg_sq, h: Hyper) -> None:
     if impl == "cpp" or (impl is None and p.device.type == "cpu"):
         lib = merit_kernels.load_kernel()
         if lib is None and impl == "cpp":
-            raise RuntimeError("MERIT(implementation='cpp'): the C++ CPU kernel is unavailable: "
-                               f"{merit_kernels.kernel_info()['error']}")
+            raise RuntimeError(
+                "MERIT(implementation='cpp'): the C++ CPU kernel is unavailable: "
+                f"{merit_kernels.kernel_info()['error']}"
+            )
         if lib is not None and merit_kernels.supports(lib, p, grad, exp_avg, exp_avg_sq):
             return _kernel_update(lib, p, grad, exp_avg, exp_avg_sq, h)
     return eager_update(p, grad, exp_avg, exp_avg_sq, h)
@@ -210,12 +255,21 @@ def _update(impl: str | None, p, grad, exp_avg, exp_avg_sq, h: Hyper) -> None:
 
 def _kernel_update(lib, p, grad, exp_avg, exp_avg_sq, h: Hyper) -> None:
     hyper = (ctypes.c_double * 8)(
-        h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, 1 / h.bias_correction1,
-        1 / math.sqrt(h.bias_correction2), math.inf if h.clip is None else h.clip)
-    flags = ((merit_kernels.FLAG_MAXIMIZE if h.maximize else 0)
-             | (merit_kernels.FLAG_L2 if h.norm == "l2" else 0)
-             | (merit_kernels.FLAG_ELEMENTWISE if h.elementwise else 0)
-             | (merit_kernels.FLAG_BOUND if h.weight_bound else 0))
+        h.lr,
+        h.beta1,
+        h.beta2,
+        h.eps,
+        h.weight_decay,
+        1 / h.bias_correction1,
+        1 / math.sqrt(h.bias_correction2),
+        math.inf if h.clip is None else h.clip,
+    )
+    flags = (
+        (merit_kernels.FLAG_MAXIMIZE if h.maximize else 0)
+        | (merit_kernels.FLAG_L2 if h.norm == "l2" else 0)
+        | (merit_kernels.FLAG_ELEMENTWISE if h.elementwise else 0)
+        | (merit_kernels.FLAG_BOUND if h.weight_bound else 0)
+    )
     merit_kernels.kernel_step(lib, p, grad, exp_avg, exp_avg_sq, hyper, flags)
 
 
@@ -232,8 +286,7 @@ def _validate(g: dict, where: str = "") -> None:
     if not (_is_number(g["lr"]) and g["lr"] >= 0):
         bad("lr", "a finite float >= 0")
     betas = g["betas"]
-    if not (isinstance(betas, (tuple, list)) and len(betas) == 2
-            and all(_is_number(b) and 0 <= b < 1 for b in betas)):
+    if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(_is_number(b) and 0 <= b < 1 for b in betas)):
         bad("betas", "a pair of floats, each in [0, 1)")
     if not (_is_number(g["eps"]) and g["eps"] > 0):
         bad("eps", "a finite float > 0")

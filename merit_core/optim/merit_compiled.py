@@ -42,8 +42,14 @@ def _pass1(g, w, m, v, hp, norm: str, per_element: bool, maximize: bool):
     w = w.to(m.dtype)
     u = _direction(m, v, w, hp)
     if per_element:
-        return (_abs_norm(w, norm, 1), _abs_norm(u, norm, 1), _abs_norm(w, norm, 0),
-                _abs_norm(u, norm, 0), _abs_norm(w, norm, None), _abs_norm(u, norm, None))
+        return (
+            _abs_norm(w, norm, 1),
+            _abs_norm(u, norm, 1),
+            _abs_norm(w, norm, 0),
+            _abs_norm(u, norm, 0),
+            _abs_norm(w, norm, None),
+            _abs_norm(u, norm, None),
+        )
     return _abs_norm(w, norm, None), _abs_norm(u, norm, None)
 
 
@@ -77,14 +83,24 @@ def _get(name: str):
     return _compiled[name]
 
 
-def compiled_update(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
-                    exp_avg_sq: torch.Tensor, h: Hyper) -> None:
+def compiled_update(
+    p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, h: Hyper
+) -> None:
     """One MERIT step of a plain tensor p in place, through the two compiled passes."""
-    hp = torch.tensor([h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, 1 / h.bias_correction1,
-                       1 / math.sqrt(h.bias_correction2), math.inf if h.clip is None else h.clip],
-                      dtype=exp_avg.dtype).to(p.device, non_blocking=True)
+    hp = torch.tensor(
+        [
+            h.lr,
+            h.beta1,
+            h.beta2,
+            h.eps,
+            h.weight_decay,
+            1 / h.bias_correction1,
+            1 / math.sqrt(h.bias_correction2),
+            math.inf if h.clip is None else h.clip,
+        ],
+        dtype=exp_avg.dtype,
+    ).to(p.device, non_blocking=True)
     per_element = p.dim() >= 2 and h.elementwise
-    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT,
-                                    accumulated_recompile_limit=RECOMPILE_LIMIT * 4):
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, accumulated_recompile_limit=RECOMPILE_LIMIT * 4):
         stats = _get("pass1")(grad, p, exp_avg, exp_avg_sq, hp, h.norm, per_element, h.maximize)
         _get("pass2")(p, exp_avg, exp_avg_sq, hp, stats, per_element, h.weight_bound, h.clip is not None)

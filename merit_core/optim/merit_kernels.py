@@ -316,8 +316,9 @@ def _build(compiler: str) -> Path:
         src = Path(tmp) / "merit_kernels.cpp"
         src.write_text(_SOURCE)
         lib = Path(tmp) / out.name
-        proc = subprocess.run([compiler, *_CFLAGS, str(src), "-o", str(lib)],
-                              capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        proc = subprocess.run(
+            [compiler, *_CFLAGS, str(src), "-o", str(lib)], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
+        )
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise RuntimeError(f"{Path(compiler).name} exited with {proc.returncode}: {last}")
@@ -346,14 +347,22 @@ def load_kernel() -> dict | None:
                 fn = getattr(lib, name, None)  # float16 needs a compiler with _Float16
                 if fn is not None:
                     fn.restype = ctypes.c_int
-                    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_int64,
-                                                           ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+                    fn.argtypes = [ctypes.c_void_p] * 4 + [
+                        ctypes.c_int64,
+                        ctypes.c_int64,
+                        ctypes.c_void_p,
+                        ctypes.c_int,
+                        ctypes.c_int,
+                    ]
                     funcs[dtype] = fn
             _state.update(lib=funcs, path=path)
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             _state["error"] = str(e)
-            warnings.warn(f"MERIT: the C++ CPU kernel is unavailable ({e}); using the pure-torch "
-                          "path instead", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"MERIT: the C++ CPU kernel is unavailable ({e}); using the pure-torch path instead",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         _state["loaded"] = True
         return _state["lib"]
 
@@ -363,8 +372,7 @@ def kernel_info() -> dict:
     return {k: _state[k] for k in ("path", "build_s", "error")} | {"available": _state["lib"] is not None}
 
 
-def supports(lib: dict, p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
-             exp_avg_sq: torch.Tensor) -> bool:
+def supports(lib: dict, p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor) -> bool:
     """True if the kernel can update this parameter: plain contiguous CPU tensors of <= 2 dims."""
     state_dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
     return (
@@ -391,8 +399,16 @@ def kernel_step(lib, p, grad, exp_avg, exp_avg_sq, hyper, flags: int) -> None:
     if p.dim() < 2:
         flags &= ~FLAG_ELEMENTWISE  # the 1-D rule: one ratio for the whole vector
     nth = torch.get_num_threads() if n >= PARALLEL_MIN_NUMEL else 1
-    rc = lib[p.dtype](grad.data_ptr(), p.data_ptr(), exp_avg.data_ptr(),
-                                       exp_avg_sq.data_ptr(), rows, cols, ctypes.addressof(hyper),
-                                       flags, nth)
+    rc = lib[p.dtype](
+        grad.data_ptr(),
+        p.data_ptr(),
+        exp_avg.data_ptr(),
+        exp_avg_sq.data_ptr(),
+        rows,
+        cols,
+        ctypes.addressof(hyper),
+        flags,
+        nth,
+    )
     if rc != 0:
         raise MemoryError(f"MERIT CPU kernel could not allocate its row/column buffers for {tuple(p.shape)}")

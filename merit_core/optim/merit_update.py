@@ -49,8 +49,9 @@ def _ratio(wn: torch.Tensor, un: torch.Tensor) -> torch.Tensor:
     return torch.where((wn == 0) | (un == 0), torch.ones_like(wn), wn / un)
 
 
-def reference_update(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
-                     exp_avg_sq: torch.Tensor, h: Hyper) -> None:
+def reference_update(
+    p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, h: Hyper
+) -> None:
     """One MERIT step of p in place, transcribed directly from the algorithm."""
     g = grad.to(exp_avg.dtype)
     if h.maximize:
@@ -109,8 +110,9 @@ def _nan_where_zero(wn: torch.Tensor, un: torch.Tensor) -> torch.Tensor:
     return torch.where((wn == 0) | (un == 0), torch.full_like(wn, math.nan), wn / un)
 
 
-def eager_update(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
-                 exp_avg_sq: torch.Tensor, h: Hyper) -> None:
+def eager_update(
+    p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, h: Hyper
+) -> None:
     """The same step as `reference_update` with fewer passes and one temporary of p's size (u);
     the element-wise scale is applied in row slices of at most EAGER_CHUNK_NUMEL elements."""
     sign = -1.0 if h.maximize else 1.0
@@ -133,8 +135,8 @@ def eager_update(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
             c = torch.maximum(c, _ratio(bw, bu))  # the floor b, folded into the column ratios
         step_rows = max(1, EAGER_CHUNK_NUMEL // max(1, u[0].numel()))
         for lo in range(0, p.shape[0], step_rows):
-            uc = u[lo:lo + step_rows]
-            uc.mul_(torch.maximum(r[lo:lo + step_rows], c).nan_to_num_(nan=1.0, posinf=math.inf))
+            uc = u[lo : lo + step_rows]
+            uc.mul_(torch.maximum(r[lo : lo + step_rows], c).nan_to_num_(nan=1.0, posinf=math.inf))
     else:
         u.mul_(_ratio(_global_norm(p, h.norm, u.dtype), _global_norm(u, h.norm, u.dtype)))
     if h.clip is not None:

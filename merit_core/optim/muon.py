@@ -121,8 +121,12 @@ class MuonWithAdamW(Optimizer):
     ) -> None:
         muon_groups, adamw_groups = _split(params)
         self._muon_defaults = dict(
-            lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
-            weight_decay=weight_decay, adjust_lr_fn=adjust_lr_fn,
+            lr=lr,
+            momentum=momentum,
+            nesterov=nesterov,
+            ns_steps=ns_steps,
+            weight_decay=weight_decay,
+            adjust_lr_fn=adjust_lr_fn,
         )
         self._adamw_defaults = dict(
             lr=adamw_lr, betas=tuple(adamw_betas), eps=adamw_eps, weight_decay=adamw_weight_decay

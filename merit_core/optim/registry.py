@@ -44,8 +44,15 @@ _KINDS = {
     **dict.fromkeys(("betas", "adamw_betas"), "pair"),
     **dict.fromkeys(("ns_steps", "hessian_interval"), "int"),
     **dict.fromkeys(
-        ("maximize", "nesterov", "elementwise", "weight_bound", "bias_correction", "decay_embeddings",
-         "weight_decouple"),
+        (
+            "maximize",
+            "nesterov",
+            "elementwise",
+            "weight_bound",
+            "bias_correction",
+            "decay_embeddings",
+            "weight_decouple",
+        ),
         "bool",
     ),
     **dict.fromkeys(("fused", "foreach"), "bool?"),
@@ -54,8 +61,14 @@ _KINDS = {
     **dict.fromkeys(("adjust_lr_fn", "implementation"), "str?"),
 }
 _KIND_TEXT = {
-    "float": "a number", "float?": "a number or None", "pair": "a pair of numbers", "int": "an integer",
-    "bool": "true or false", "bool?": "true, false or None", "str": "a string", "str?": "a string or None",
+    "float": "a number",
+    "float?": "a number or None",
+    "pair": "a pair of numbers",
+    "int": "an integer",
+    "bool": "true or false",
+    "bool?": "true, false or None",
+    "str": "a string",
+    "str?": "a string or None",
 }
 
 
@@ -159,18 +172,38 @@ def _build_muon(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimize
 _MERIT_SWITCHES = ("norm", "elementwise", "weight_bound", "clip")
 # The reference README's language-model example: lr 2e-4, betas (0.9, 0.95), weight decay 1e-2.
 _MERIT_DEFAULTS = dict(
-    lr=2e-4, betas=(0.9, 0.95), eps=1e-6, weight_decay=1e-2,
-    norm="max", elementwise=True, weight_bound=True, clip=1.0,
-    bias_correction=False, maximize=False, implementation=None, decay_embeddings=True,
+    lr=2e-4,
+    betas=(0.9, 0.95),
+    eps=1e-6,
+    weight_decay=1e-2,
+    norm="max",
+    elementwise=True,
+    weight_bound=True,
+    clip=1.0,
+    bias_correction=False,
+    maximize=False,
+    implementation=None,
+    decay_embeddings=True,
 )
 # nanoGPT's GPT-2 recipe.
 _ADAMW_DEFAULTS = dict(
-    lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, maximize=False, fused=None, foreach=None,
+    lr=6e-4,
+    betas=(0.9, 0.95),
+    eps=1e-8,
+    weight_decay=0.1,
+    maximize=False,
+    fused=None,
+    foreach=None,
     decay_embeddings=True,
 )
 # Same betas / eps / decay as MERIT, so the two differ only in the ratio; the library's default lr.
 _LAMB_DEFAULTS = dict(
-    lr=1e-3, betas=(0.9, 0.95), eps=1e-6, weight_decay=1e-2, weight_decouple=False, maximize=False,
+    lr=1e-3,
+    betas=(0.9, 0.95),
+    eps=1e-6,
+    weight_decay=1e-2,
+    weight_decouple=False,
+    maximize=False,
     decay_embeddings=True,
 )
 # Lion paper's advice: lr 3-10x below AdamW's, decay 3-10x above (here lr*wd = 6e-5 as AdamW's),
@@ -179,14 +212,29 @@ _LION_DEFAULTS = dict(lr=1e-4, betas=(0.95, 0.98), weight_decay=0.6, maximize=Fa
 # The official SophiaG class defaults (lr 1e-4, betas, rho 0.04 at B = 5120, wd 0.1, k = 10);
 # rho re-expressed per sampled token, see merit_core.optim.sophia.
 _SOPHIAG_DEFAULTS = dict(
-    lr=1e-4, betas=(0.965, 0.99), rho=4e-4, weight_decay=0.1, eps=1e-12, hessian_interval=10, maximize=False,
+    lr=1e-4,
+    betas=(0.965, 0.99),
+    rho=4e-4,
+    weight_decay=0.1,
+    eps=1e-12,
+    hessian_interval=10,
+    maximize=False,
     decay_embeddings=True,
 )
 # Keller Jordan's Muon README (MuonWithAuxAdam example): Muon lr 0.02, wd 0.01, momentum 0.95,
 # nesterov, 5 Newton-Schulz steps; AdamW lr 3e-4, betas (0.9, 0.95), wd 0.01, eps 1e-10.
 _MUON_DEFAULTS = dict(
-    lr=0.02, momentum=0.95, nesterov=True, ns_steps=5, weight_decay=0.01, adjust_lr_fn=None,
-    adamw_lr=3e-4, adamw_betas=(0.9, 0.95), adamw_eps=1e-10, adamw_weight_decay=0.01, decay_embeddings=True,
+    lr=0.02,
+    momentum=0.95,
+    nesterov=True,
+    ns_steps=5,
+    weight_decay=0.01,
+    adjust_lr_fn=None,
+    adamw_lr=3e-4,
+    adamw_betas=(0.9, 0.95),
+    adamw_eps=1e-10,
+    adamw_weight_decay=0.01,
+    decay_embeddings=True,
 )
 
 
@@ -199,25 +247,52 @@ def _merit_variant(name: str, summary: str, **switches: Any) -> OptimizerSpec:
 _SPECS: dict[str, OptimizerSpec] = {
     spec.name: spec
     for spec in (
-        OptimizerSpec("merit", "MERIT: max-norm element-wise trust ratios, clipped (Luo et al. 2025)",
-                      _MERIT_DEFAULTS, _build_merit),
-        OptimizerSpec("adamw", "torch AdamW, decoupled decay (fused kernel on CPU/CUDA, else foreach)",
-                      _ADAMW_DEFAULTS, _build_adamw),
-        OptimizerSpec("lamb", "pytorch_optimizer Lamb (step / (1 - b1^t)); decay inside the trust-ratio update",
-                      _LAMB_DEFAULTS, _build_lamb),
-        OptimizerSpec("lion", "pytorch_optimizer Lion: signed momentum updates, decoupled decay",
-                      _LION_DEFAULTS, _build_lion),
-        OptimizerSpec("sophiag", "Sophia-G (Liu et al. 2023); the loop refreshes its Hessian every hessian_interval",
-                      _SOPHIAG_DEFAULTS, _build_sophiag),
-        OptimizerSpec("muon", "torch Muon on 2-D hidden weights + AdamW (adamw_*) on embeddings, head and 1-D params",
-                      _MUON_DEFAULTS, _build_muon),
+        OptimizerSpec(
+            "merit",
+            "MERIT: max-norm element-wise trust ratios, clipped (Luo et al. 2025)",
+            _MERIT_DEFAULTS,
+            _build_merit,
+        ),
+        OptimizerSpec(
+            "adamw",
+            "torch AdamW, decoupled decay (fused kernel on CPU/CUDA, else foreach)",
+            _ADAMW_DEFAULTS,
+            _build_adamw,
+        ),
+        OptimizerSpec(
+            "lamb",
+            "pytorch_optimizer Lamb (step / (1 - b1^t)); decay inside the trust-ratio update",
+            _LAMB_DEFAULTS,
+            _build_lamb,
+        ),
+        OptimizerSpec(
+            "lion", "pytorch_optimizer Lion: signed momentum updates, decoupled decay", _LION_DEFAULTS, _build_lion
+        ),
+        OptimizerSpec(
+            "sophiag",
+            "Sophia-G (Liu et al. 2023); the loop refreshes its Hessian every hessian_interval",
+            _SOPHIAG_DEFAULTS,
+            _build_sophiag,
+        ),
+        OptimizerSpec(
+            "muon",
+            "torch Muon on 2-D hidden weights + AdamW (adamw_*) on embeddings, head and 1-D params",
+            _MUON_DEFAULTS,
+            _build_muon,
+        ),
         _merit_variant("merit-noclip", "MERIT ablation: no element-wise clipping", clip=None),
-        _merit_variant("merit-nobound", "MERIT ablation: no weight-wise ratio bound (s = max(r_i, c_j))",
-                       weight_bound=False),
+        _merit_variant(
+            "merit-nobound", "MERIT ablation: no weight-wise ratio bound (s = max(r_i, c_j))", weight_bound=False
+        ),
         _merit_variant("max-lamb", "MERIT ablation: one max-norm weight-wise ratio per tensor", elementwise=False),
         _merit_variant("l2-merit", "MERIT ablation: l2-norm ratios, element-wise construction", norm="l2"),
-        _merit_variant("lamb-ref", "LAMB as MERIT's ablation: l2-norm, weight-wise, no clip, no bias correction",
-                       norm="l2", elementwise=False, clip=None),
+        _merit_variant(
+            "lamb-ref",
+            "LAMB as MERIT's ablation: l2-norm, weight-wise, no clip, no bias correction",
+            norm="l2",
+            elementwise=False,
+            clip=None,
+        ),
     )
 }
 

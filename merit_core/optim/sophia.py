@@ -113,8 +113,13 @@ class SophiaG(Optimizer):
         if isinstance(hessian_interval, bool) or not isinstance(hessian_interval, int) or hessian_interval < 1:
             raise ValueError(f"hessian_interval must be an integer >= 1, got {hessian_interval!r}")
         defaults = dict(
-            lr=lr, betas=tuple(betas), rho=rho, weight_decay=weight_decay, eps=eps,
-            hessian_interval=hessian_interval, maximize=maximize,
+            lr=lr,
+            betas=tuple(betas),
+            rho=rho,
+            weight_decay=weight_decay,
+            eps=eps,
+            hessian_interval=hessian_interval,
+            maximize=maximize,
         )
         super().__init__(params, defaults)
         if len({g["hessian_interval"] for g in self.param_groups}) != 1:

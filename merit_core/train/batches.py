@@ -9,7 +9,7 @@ uninterrupted single-process run. Validation batches are evenly spaced fixed win
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -22,11 +22,12 @@ def check_split_length(n_tokens: int, seq_len: int, split: str) -> None:
     if n_tokens < seq_len + 1:
         raise DataError(
             f"the {split} split has {n_tokens} tokens, fewer than one sequence of seq_len + 1 = {seq_len + 1}; "
-            "use more data or a shorter --seq-len")
+            "use more data or a shorter --seq-len"
+        )
 
 
 def _windows(tokens: np.ndarray, offsets: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = np.stack([np.asarray(tokens[o:o + seq_len + 1]) for o in offsets]).astype(np.int64)
+    rows = np.stack([np.asarray(tokens[o : o + seq_len + 1]) for o in offsets]).astype(np.int64)
     data = torch.from_numpy(rows)
     return data[:, :-1], data[:, 1:]
 
@@ -45,17 +46,19 @@ class TrainBatches:
         rng = np.random.default_rng([self.seed, step])
         return rng.integers(0, len(self.tokens) - self.seq_len, size=batch_size, dtype=np.int64)
 
-    def micro_batches(self, step: int, *, batch_size: int, micro_batch_size: int, rank: int = 0,
-                      world_size: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def micro_batches(
+        self, step: int, *, batch_size: int, micro_batch_size: int, rank: int = 0, world_size: int = 1
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """(input_ids, labels) int64 CPU tensors [micro, seq_len] for this rank, in order."""
         per_rank = batch_size // world_size
-        mine = self.offsets(step, batch_size)[rank * per_rank:(rank + 1) * per_rank]
+        mine = self.offsets(step, batch_size)[rank * per_rank : (rank + 1) * per_rank]
         for start in range(0, per_rank, micro_batch_size):
-            yield _windows(self.tokens, mine[start:start + micro_batch_size], self.seq_len)
+            yield _windows(self.tokens, mine[start : start + micro_batch_size], self.seq_len)
 
 
-def val_batches(tokens: np.ndarray, n_batches: int, batch_size: int, seq_len: int
-                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def val_batches(
+    tokens: np.ndarray, n_batches: int, batch_size: int, seq_len: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """`n_batches` fixed (input_ids, labels) batches of evenly spaced windows over the val split.
 
     Independent of the seed, so runs being compared are scored on the same tokens. The first
@@ -64,4 +67,4 @@ def val_batches(tokens: np.ndarray, n_batches: int, batch_size: int, seq_len: in
     check_split_length(len(tokens), seq_len, "validation")
     count = n_batches * batch_size
     offsets = np.linspace(0, len(tokens) - seq_len - 1, num=count).astype(np.int64)
-    return [_windows(tokens, offsets[i:i + batch_size], seq_len) for i in range(0, count, batch_size)]
+    return [_windows(tokens, offsets[i : i + batch_size], seq_len) for i in range(0, count, batch_size)]

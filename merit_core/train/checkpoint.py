@@ -69,9 +69,17 @@ def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
     return tmp
 
 
-def save_checkpoint(run_dir: str | Path, step: int, *, model, state_dict: dict[str, torch.Tensor] | None,
-                    tokenizer_dir: str | Path | None, info: dict[str, Any], state: dict[str, Any],
-                    staging: Path | None = None) -> Path:
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    *,
+    model,
+    state_dict: dict[str, torch.Tensor] | None,
+    tokenizer_dir: str | Path | None,
+    info: dict[str, Any],
+    state: dict[str, Any],
+    staging: Path | None = None,
+) -> Path:
     """Write `step_<step>/` atomically and return its path.
 
     model: the unwrapped transformers model (its config and save_pretrained are used);
@@ -150,4 +158,5 @@ def load_model_weights(model: torch.nn.Module, checkpoint: str | Path) -> None:
     if unexpected or set(missing) - tied:
         raise CheckpointError(
             f"{checkpoint} does not match the model: missing {sorted(set(missing) - tied)[:3]}, "
-            f"unexpected {sorted(unexpected)[:3]}")
+            f"unexpected {sorted(unexpected)[:3]}"
+        )

@@ -18,9 +18,10 @@ import re
 import tomllib
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from merit_core.errors import ConfigError
 
@@ -111,8 +112,9 @@ _HINTS = typing.get_type_hints(TrainConfig)
 
 
 # -- building a config ---------------------------------------------------------------------
-def load_config(path: str | Path | None = None, overrides: Iterable[str] = (),
-                values: dict[str, Any] | None = None) -> TrainConfig:
+def load_config(
+    path: str | Path | None = None, overrides: Iterable[str] = (), values: dict[str, Any] | None = None
+) -> TrainConfig:
     """A validated TrainConfig from defaults < TOML file < `key=value` overrides < `values`.
 
     `values` holds already-typed settings (CLI options); None entries are ignored.
@@ -169,14 +171,33 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
 
 def validate(config: TrainConfig) -> None:
     """Value checks that need no model, data or process group."""
-    positive = ["batch_size", "seq_len", "eval_batches", "eval_batch_size", "log_every", "vocab_size", "lr",
-                "micro_batch_size", "steps", "tokens"]
+    positive = [
+        "batch_size",
+        "seq_len",
+        "eval_batches",
+        "eval_batch_size",
+        "log_every",
+        "vocab_size",
+        "lr",
+        "micro_batch_size",
+        "steps",
+        "tokens",
+    ]
     for name in positive:
         value = getattr(config, name)
         if value is not None and not value > 0:
             raise ConfigError(f"{name} must be positive, got {value}")
-    for name in ("weight_decay", "grad_clip", "eval_every", "save_every", "keep_checkpoints", "min_lr_ratio",
-                 "warmup_ratio", "warmup_steps", "min_lr"):
+    for name in (
+        "weight_decay",
+        "grad_clip",
+        "eval_every",
+        "save_every",
+        "keep_checkpoints",
+        "min_lr_ratio",
+        "warmup_ratio",
+        "warmup_steps",
+        "min_lr",
+    ):
         value = getattr(config, name)
         if value is not None and value < 0:
             raise ConfigError(f"{name} must be >= 0, got {value}")
@@ -195,14 +216,19 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {config.device!r}")
     if config.micro_batch_size is not None and config.batch_size % config.micro_batch_size:
         raise ConfigError(
-            f"batch_size {config.batch_size} is not divisible by micro_batch_size {config.micro_batch_size}")
+            f"batch_size {config.batch_size} is not divisible by micro_batch_size {config.micro_batch_size}"
+        )
     for key in config.optimizer_args:
         if not isinstance(key, str) or not key.isidentifier():
             raise ConfigError(f"optimizer_args key {key!r} is not a valid name")
 
 
-def resolve(config: TrainConfig, world_size: int = 1, optimizer_defaults: dict[str, Any] | None = None,
-            now: datetime.datetime | None = None) -> TrainConfig:
+def resolve(
+    config: TrainConfig,
+    world_size: int = 1,
+    optimizer_defaults: dict[str, Any] | None = None,
+    now: datetime.datetime | None = None,
+) -> TrainConfig:
     """A copy with derived fields filled: lr and weight_decay (from `optimizer_defaults`, the
     registry's defaults for the optimizer), steps, warmup_steps, min_lr, micro_batch_size, out.
 
@@ -236,7 +262,8 @@ def resolve(config: TrainConfig, world_size: int = 1, optimizer_defaults: dict[s
     if per_rank % c.micro_batch_size:
         raise ConfigError(
             f"batch_size {c.batch_size} is not divisible by micro_batch_size {c.micro_batch_size} x world size "
-            f"{world_size}; pick a micro-batch that divides {per_rank}")
+            f"{world_size}; pick a micro-batch that divides {per_rank}"
+        )
     if c.out is None:
         stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
         model = Path(c.model).parent.name if c.model.endswith(".json") else Path(c.model).name

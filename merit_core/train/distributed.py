@@ -77,19 +77,23 @@ class Parallel:
         """Full weights for saving on the main process; None means 'the module's own state dict'."""
         return None
 
-    def optimizer_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                             checkpoint_dir: Path | None = None) -> dict[str, Any]:
+    def optimizer_state_dict(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, checkpoint_dir: Path | None = None
+    ) -> dict[str, Any]:
         """What trainer_state.pt keeps as the optimizer state; a sharded scheme writes its shards into
         `checkpoint_dir` (the checkpoint being staged) and returns a marker instead."""
         return optimizer.state_dict()
 
-    def load_optimizer_state_dict(self, model, optimizer: torch.optim.Optimizer, state: dict[str, Any],
-                                  checkpoint_dir: Path | None = None) -> None:
+    def load_optimizer_state_dict(
+        self, model, optimizer: torch.optim.Optimizer, state: dict[str, Any], checkpoint_dir: Path | None = None
+    ) -> None:
         from merit_core.train.fsdp import is_sharded_optimizer_state
 
         if is_sharded_optimizer_state(state):
-            raise CheckpointError(f"{checkpoint_dir} was written under --parallel fsdp (sharded optimizer state); "
-                                  "resume it with --parallel fsdp under torchrun")
+            raise CheckpointError(
+                f"{checkpoint_dir} was written under --parallel fsdp (sharded optimizer state); "
+                "resume it with --parallel fsdp under torchrun"
+            )
         optimizer.load_state_dict(state)
 
     def broadcast_object(self, obj: Any) -> Any:
@@ -127,8 +131,7 @@ class DDPParallel(Parallel):
     def all_reduce(self, tensor, op="sum"):
         import torch.distributed as dist
 
-        ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
-               "max": dist.ReduceOp.MAX}
+        ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
         out = tensor.clone()
         dist.all_reduce(out, op=ops[op])
         return out / self.world_size if op == "mean" else out
@@ -176,11 +179,11 @@ def setup_parallel(kind: str, device: str, dtype: str = "auto") -> Parallel:
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
         backend = "nccl" if dev.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30),
-                                device_id=dev if dev.type == "cuda" else None)
+        dist.init_process_group(
+            backend=backend, timeout=datetime.timedelta(minutes=30), device_id=dev if dev.type == "cuda" else None
+        )
     if kind == "fsdp":
         from merit_core.train.fsdp import FSDPParallel
 
         return FSDPParallel(dev, dist.get_rank(), local_rank, dist.get_world_size(), owns, dtype)
     return DDPParallel(dev, dist.get_rank(), local_rank, dist.get_world_size(), owns)
-

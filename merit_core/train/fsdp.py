@@ -54,7 +54,7 @@ DCP_FORMAT = "torch.distributed.checkpoint"
 # against a single process; see tests/dist_scripts/fsdp_checks.py).
 FSDP_REFUSED: dict[str, str] = {
     "lamb": "pytorch_optimizer's Lamb clamps its trust-ratio norms in place, which DTensor shards do not "
-            "support; use 'lamb-ref' (LAMB as MERIT's ablation, exact under fsdp) or --parallel ddp",
+    "support; use 'lamb-ref' (LAMB as MERIT's ablation, exact under fsdp) or --parallel ddp",
 }
 
 
@@ -88,8 +88,9 @@ class FSDPParallel(DDPParallel):
     sharded_state = True  # every process writes its optimizer shards into the checkpoint folder
     lockstep_forward = True  # every forward all-gathers: all processes run the same forwards
 
-    def __init__(self, device: torch.device, rank: int, local_rank: int, world_size: int, owns_group: bool,
-                 dtype: str = "auto"):
+    def __init__(
+        self, device: torch.device, rank: int, local_rank: int, world_size: int, owns_group: bool, dtype: str = "auto"
+    ):
         super().__init__(device, rank, local_rank, world_size, owns_group)
         self.bf16 = dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda")
         self.module: torch.nn.Module | None = None
@@ -101,8 +102,11 @@ class FSDPParallel(DDPParallel):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mesh = init_device_mesh(self.device.type, (self.world_size,))
-        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if self.bf16
-                  else MixedPrecisionPolicy())
+        policy = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if self.bf16
+            else MixedPrecisionPolicy()
+        )
         for block in transformer_blocks(model):
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
@@ -163,12 +167,14 @@ class FSDPParallel(DDPParallel):
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
         if not is_sharded_optimizer_state(state):
-            raise CheckpointError(f"{checkpoint_dir} was written by a single-process or DDP run; "
-                                  "resume it with --parallel ddp")
+            raise CheckpointError(
+                f"{checkpoint_dir} was written by a single-process or DDP run; resume it with --parallel ddp"
+            )
         folder = Path(checkpoint_dir) / state["path"]
         if not (folder / ".metadata").is_file():
-            raise CheckpointError(f"{folder} is missing or incomplete (no .metadata); this checkpoint "
-                                  "cannot be resumed")
+            raise CheckpointError(
+                f"{folder} is missing or incomplete (no .metadata); this checkpoint cannot be resumed"
+            )
         self.reshard()
         target = get_optimizer_state_dict(model, optimizer)  # initialises the state (zero-lr step)
         try:

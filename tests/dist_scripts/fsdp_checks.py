@@ -33,26 +33,50 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 STEPS = 3
-COMMON = {"batch_size": 8, "micro_batch_size": 2, "seq_len": 32, "steps": 4, "eval_every": 2, "save_every": 2,
-          "log_every": 1, "eval_batches": 3, "eval_batch_size": 4}  # 3 eval batches: uneven over 2 ranks
+COMMON = {
+    "batch_size": 8,
+    "micro_batch_size": 2,
+    "seq_len": 32,
+    "steps": 4,
+    "eval_every": 2,
+    "save_every": 2,
+    "log_every": 1,
+    "eval_batches": 3,
+    "eval_batch_size": 4,
+}  # 3 eval batches: uneven over 2 ranks
 LRS = {"merit": 2e-2, "adamw": 3e-3}
 
 
 def train_runs(work: Path) -> None:
     from merit_core.train.config import load_config
-    from merit_core.train.run import run_training
+    from merit_core.train.training_run import run_training
 
     model, data = str(work / "model" / "config.json"), str(work / "data")
     for name in ("merit", "adamw"):
-        values = {**COMMON, "optimizer": name, "lr": LRS[name], "model": model, "data": data,
-                  "out": str(work / f"fsdp_{name}"), "parallel": "fsdp"}
+        values = {
+            **COMMON,
+            "optimizer": name,
+            "lr": LRS[name],
+            "model": model,
+            "data": data,
+            "out": str(work / f"fsdp_{name}"),
+            "parallel": "fsdp",
+        }
         run_training(load_config(values=values))
     resumed = work / "resumed"
     if dist.get_rank() == 0:
         shutil.copytree(work / "fsdp_merit", resumed, ignore=shutil.ignore_patterns("step_4"))
     dist.barrier()
-    values = {**COMMON, "optimizer": "merit", "lr": LRS["merit"], "model": model, "data": data,
-              "out": str(resumed), "parallel": "fsdp", "resume": True}
+    values = {
+        **COMMON,
+        "optimizer": "merit",
+        "lr": LRS["merit"],
+        "model": model,
+        "data": data,
+        "out": str(resumed),
+        "parallel": "fsdp",
+        "resume": True,
+    }
     run_training(load_config(values=values))
 
 
@@ -62,8 +86,9 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def _copy_grads(sharded: torch.nn.Module, plain: torch.nn.Module, noise: torch.Generator | None = None,
-                scale: float = 0.0) -> None:
+def _copy_grads(
+    sharded: torch.nn.Module, plain: torch.nn.Module, noise: torch.Generator | None = None, scale: float = 0.0
+) -> None:
     for p, q in zip(sharded.parameters(), plain.parameters()):
         q.grad = _full(p.grad).clone()
         if noise is not None:
@@ -71,8 +96,9 @@ def _copy_grads(sharded: torch.nn.Module, plain: torch.nn.Module, noise: torch.G
 
 
 def _weight_diff(sharded: torch.nn.Module, plain: torch.nn.Module) -> float:
-    return max((_full(p.detach()) - q.detach()).abs().max().item()
-               for p, q in zip(sharded.parameters(), plain.parameters()))
+    return max(
+        (_full(p.detach()) - q.detach()).abs().max().item() for p, q in zip(sharded.parameters(), plain.parameters())
+    )
 
 
 def optimizer_check(name: str, parallel, config) -> dict:
@@ -91,8 +117,14 @@ def optimizer_check(name: str, parallel, config) -> dict:
     scale = 2.0**-8 if name == "muon" else 1e-7
     lr = 1e-2
     opt_s, opt_p, opt_t = (build_optimizer(name, m, lr=lr) for m in (sharded, plain, twin))
-    out = {"optimizer": type(opt_s).__name__, "weight_diff": 0.0, "noise_floor": 0.0, "norm_diff": 0.0,
-           "update": 0.0, "kernel": {k: opt_s.defaults.get(k) for k in ("foreach", "fused")}}
+    out = {
+        "optimizer": type(opt_s).__name__,
+        "weight_diff": 0.0,
+        "noise_floor": 0.0,
+        "norm_diff": 0.0,
+        "update": 0.0,
+        "kernel": {k: opt_s.defaults.get(k) for k in ("foreach", "fused")},
+    }
     rank, world = dist.get_rank(), dist.get_world_size()
     gen = torch.Generator().manual_seed(1)
     calls = []
@@ -102,7 +134,7 @@ def optimizer_check(name: str, parallel, config) -> dict:
             x = torch.randint(0, config.vocab_size, (8, 17), generator=gen)
             mine = x[rank::world]
             for k in range(2):  # two micro-batches per rank: the first without gradient sync
-                xb = mine[2 * k: 2 * k + 2]
+                xb = mine[2 * k : 2 * k + 2]
                 ctx = parallel.no_sync() if k == 0 else torch.enable_grad()
                 with ctx:
                     logits = sharded(input_ids=xb[:, :-1]).logits
@@ -120,8 +152,9 @@ def optimizer_check(name: str, parallel, config) -> dict:
             dist.all_reduce = real_all_reduce
             opt_p.step()
             opt_t.step()
-            out["update"] = max(out["update"], max((q.detach() - b).abs().max().item()
-                                                   for q, b in zip(plain.parameters(), before)))
+            out["update"] = max(
+                out["update"], max((q.detach() - b).abs().max().item() for q, b in zip(plain.parameters(), before))
+            )
             for opt in (opt_s, opt_p, opt_t):
                 opt.zero_grad(set_to_none=True)
             if hasattr(opt_s, "update_hessian") and step == 1:  # Sophia-G's refresh, same sampled labels
@@ -163,8 +196,10 @@ def empty_shard_check(parallel) -> dict:
     base = Toy()
     plain, sharded = copy.deepcopy(base), parallel.wrap(copy.deepcopy(base))
     local_rows = [p.to_local().shape[0] for p in sharded.parameters()]
-    opt_s, opt_p = MERIT(sharded.parameters(), lr=0.05, weight_decay=0.1), MERIT(plain.parameters(), lr=0.05,
-                                                                                  weight_decay=0.1)
+    opt_s, opt_p = (
+        MERIT(sharded.parameters(), lr=0.05, weight_decay=0.1),
+        MERIT(plain.parameters(), lr=0.05, weight_decay=0.1),
+    )
     x = torch.randn(8, 5, generator=torch.Generator().manual_seed(2))
     diff = 0.0
     for _ in range(STEPS):
@@ -192,8 +227,11 @@ def mixed_precision_check(config) -> dict:
         logits = model(input_ids=x).logits
         logits.float().mean().backward()
         params = list(model.parameters())
-        out[dtype] = {"compute": str(logits.dtype), "weights": sorted({str(p.dtype) for p in params}),
-                      "grads": sorted({str(p.grad.dtype) for p in params})}
+        out[dtype] = {
+            "compute": str(logits.dtype),
+            "weights": sorted({str(p.dtype) for p in params}),
+            "grads": sorted({str(p.grad.dtype) for p in params}),
+        }
     return out
 
 
@@ -210,8 +248,10 @@ def main() -> None:
     timings = {"training_runs_s": time.perf_counter() - start}
     parallel = setup_parallel("fsdp", "cpu")
     config = GPT2Config(**json.loads((work / "model" / "config.json").read_text()))
-    results = {"world_size": dist.get_world_size(),
-               "optimizers": {name: optimizer_check(name, parallel, config) for name in OPTIMIZER_NAMES}}
+    results = {
+        "world_size": dist.get_world_size(),
+        "optimizers": {name: optimizer_check(name, parallel, config) for name in OPTIMIZER_NAMES},
+    }
     timings["optimizer_checks_s"] = time.perf_counter() - start - timings["training_runs_s"]
     results["empty_shard"] = [None] * dist.get_world_size()  # one entry per rank
     dist.all_gather_object(results["empty_shard"], empty_shard_check(parallel))

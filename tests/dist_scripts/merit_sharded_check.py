@@ -67,8 +67,25 @@ def _norm(xs: list[float], norm: str) -> float:
 CLIPPED = [0]  # how many elements the reference clipped (sanity: the test exercises clipping)
 
 
-def reference_step(w, g, m, v, t, *, lr, beta1, beta2, eps, weight_decay, norm, elementwise,
-                   weight_bound, clip, bias_correction, maximize):
+def reference_step(
+    w,
+    g,
+    m,
+    v,
+    t,
+    *,
+    lr,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
+    norm,
+    elementwise,
+    weight_bound,
+    clip,
+    bias_correction,
+    maximize,
+):
     """One MERIT step on full float64 tensors, written element by element; returns (w, m, v).
 
     t is the 1-based step number. A tensor is indexed [i][j][k]: rows i (dim 0), columns j
@@ -125,9 +142,17 @@ def combos() -> list[dict]:
     for k, (norm, elementwise, weight_bound, clip) in enumerate(
         itertools.product(("max", "l2"), (True, False), (True, False), (0.5, None))
     ):
-        out.append(dict(norm=norm, elementwise=elementwise, weight_bound=weight_bound, clip=clip,
-                        bias_correction=k % 2 == 1, maximize=k % 3 == 2,
-                        weight_decay=0.0 if k % 4 == 3 else 0.1))
+        out.append(
+            dict(
+                norm=norm,
+                elementwise=elementwise,
+                weight_bound=weight_bound,
+                clip=clip,
+                bias_correction=k % 2 == 1,
+                maximize=k % 3 == 2,
+                weight_decay=0.0 if k % 4 == 3 else 0.1,
+            )
+        )
     return out
 
 
@@ -161,18 +186,21 @@ def layouts(world: int):
     if world == 2:
         items += [
             ("hsdp_1x2", (1, 2), ("rep", "shard"), lambda s: (Replicate(), Shard(0)), one),
-            ("2d_2x1", (2, 1), ("dp", "tp"),
-             lambda s: (Shard(0), Shard(1) if len(s) >= 2 else Replicate()), one),
+            ("2d_2x1", (2, 1), ("dp", "tp"), lambda s: (Shard(0), Shard(1) if len(s) >= 2 else Replicate()), one),
         ]
     if world == 4:
         items += [
             ("hsdp_2x2", (2, 2), ("rep", "shard"), lambda s: (Replicate(), Shard(0)), one),
             ("nested_2x2", (2, 2), ("a", "b"), lambda s: (Shard(0), Shard(0)), lambda *_: 2),
-            ("2d_2x2", (2, 2), ("dp", "tp"),
-             lambda s: (Shard(0), Shard(1) if len(s) >= 2 else Replicate()),
-             # rows over tp + cols over dp (round 0); the tensor-wide norms of 2-D params
-             # also need tp in round 1; without elementwise, 2-D totals go dp then tp.
-             lambda elementwise, weight_bound: 3 if elementwise and weight_bound else 2),
+            (
+                "2d_2x2",
+                (2, 2),
+                ("dp", "tp"),
+                lambda s: (Shard(0), Shard(1) if len(s) >= 2 else Replicate()),
+                # rows over tp + cols over dp (round 0); the tensor-wide norms of 2-D params
+                # also need tp in round 1; without elementwise, 2-D totals go dp then tp.
+                lambda elementwise, weight_bound: 3 if elementwise and weight_bound else 2,
+            ),
         ]
     return items
 
@@ -200,10 +228,11 @@ def check_layout(name, mesh, placements_of, expected, weights, grads, references
 
     worst = 0.0
     # Scatter once per layout; every combo starts from (local) clones of these DTensors.
-    d_weights = {p: distribute_tensor(w.to(dtype, copy=True), mesh, placements_of(w.shape))
-                 for p, w in weights.items()}
-    d_grads = [[distribute_tensor(grads[p][t].to(dtype, copy=True), mesh, placements_of(w.shape))
-                for p, w in weights.items()] for t in range(STEPS)]
+    d_weights = {p: distribute_tensor(w.to(dtype, copy=True), mesh, placements_of(w.shape)) for p, w in weights.items()}
+    d_grads = [
+        [distribute_tensor(grads[p][t].to(dtype, copy=True), mesh, placements_of(w.shape)) for p, w in weights.items()]
+        for t in range(STEPS)
+    ]
     for opts, ref in zip(combos(), references):
         params = {p: w.clone() for p, w in d_weights.items()}
         ms = {p: torch.zeros_like(w) for p, w in params.items()}
@@ -212,8 +241,18 @@ def check_layout(name, mesh, placements_of, expected, weights, grads, references
         for t in range(STEPS):
             gs = d_grads[t]
             before = counter.calls
-            merit_step_sharded(list(params.values()), gs, list(ms.values()), list(vs.values()), steps,
-                               lr=HP["lr"], beta1=HP["beta1"], beta2=HP["beta2"], eps=HP["eps"], **opts)
+            merit_step_sharded(
+                list(params.values()),
+                gs,
+                list(ms.values()),
+                list(vs.values()),
+                steps,
+                lr=HP["lr"],
+                beta1=HP["beta1"],
+                beta2=HP["beta2"],
+                eps=HP["eps"],
+                **opts,
+            )
             calls = counter.calls - before
             want = expected(opts["elementwise"], opts["weight_bound"])
             assert calls == want, f"{name} {opts}: {calls} all-reduces in one step, expected {want}"
@@ -232,15 +271,27 @@ def check_refusals(mesh):
 
     from merit_core.optim.merit_sharded import merit_step_sharded
 
-    kw = dict(lr=0.1, beta1=0.9, beta2=0.99, eps=1e-6, weight_decay=0.0, norm="max", elementwise=True,
-              weight_bound=True, clip=1.0, bias_correction=False, maximize=False)
+    kw = dict(
+        lr=0.1,
+        beta1=0.9,
+        beta2=0.99,
+        eps=1e-6,
+        weight_decay=0.0,
+        norm="max",
+        elementwise=True,
+        weight_bound=True,
+        clip=1.0,
+        bias_correction=False,
+        maximize=False,
+    )
     local = torch.ones(2, 3)
     partial = DTensor.from_local(local, mesh, (Partial(),), run_check=False)
     replicated = DTensor.from_local(local, mesh, (Replicate(),), run_check=False)
     for params, grads, needle in (([partial], [partial], "Partial"), ([replicated], [partial], "differ")):
         try:
-            merit_step_sharded(params, grads, [torch.zeros_like(params[0])], [torch.zeros_like(params[0])],
-                               [torch.tensor(0.0)], **kw)
+            merit_step_sharded(
+                params, grads, [torch.zeros_like(params[0])], [torch.zeros_like(params[0])], [torch.tensor(0.0)], **kw
+            )
         except NotImplementedError as exc:
             assert needle in str(exc), f"unhelpful error: {exc}"
         else:
@@ -271,9 +322,18 @@ def check_fully_shard(mesh) -> float:
     for t in range(1, STEPS + 1):
         model(x).square().mean().backward()
         grads = {k: p.grad.full_tensor() for k, p in params.items()}
-        merit_step_sharded(list(params.values()), [p.grad for p in params.values()], list(ms.values()),
-                           list(vs.values()), steps, lr=HP["lr"], beta1=HP["beta1"], beta2=HP["beta2"],
-                           eps=HP["eps"], **opts)
+        merit_step_sharded(
+            list(params.values()),
+            [p.grad for p in params.values()],
+            list(ms.values()),
+            list(vs.values()),
+            steps,
+            lr=HP["lr"],
+            beta1=HP["beta1"],
+            beta2=HP["beta2"],
+            eps=HP["eps"],
+            **opts,
+        )
         model.zero_grad()
         for k in full:
             full[k], ref_m[k], ref_v[k] = reference_step(full[k], grads[k], ref_m[k], ref_v[k], t, **HP, **opts)
@@ -300,16 +360,30 @@ def main() -> int:
     for name, shape, dim_names, placements_of, expected in layouts(world):
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=dim_names)
         t = time.perf_counter()
-        worst = check_layout(name, mesh, placements_of, expected, weights, grads, references, counter,
-                             torch.float64, atol=1e-12)
+        worst = check_layout(
+            name, mesh, placements_of, expected, weights, grads, references, counter, torch.float64, atol=1e-12
+        )
         if rank == 0:
-            print(f"CONFIG {name} mesh={shape} combos={len(references)} steps={STEPS} "
-                  f"max_abs_err={worst:.2e} all_reduces_per_step={expected(True, True)} "
-                  f"time={time.perf_counter() - t:.2f}s", flush=True)
+            print(
+                f"CONFIG {name} mesh={shape} combos={len(references)} steps={STEPS} "
+                f"max_abs_err={worst:.2e} all_reduces_per_step={expected(True, True)} "
+                f"time={time.perf_counter() - t:.2f}s",
+                flush=True,
+            )
 
     mesh = init_device_mesh("cpu", (world,))
-    worst = check_layout("fsdp_fp32", mesh, lambda s: (Shard(0),),
-                         lambda *_: 1, weights, grads, references, counter, torch.float32, atol=2e-5)
+    worst = check_layout(
+        "fsdp_fp32",
+        mesh,
+        lambda s: (Shard(0),),
+        lambda *_: 1,
+        weights,
+        grads,
+        references,
+        counter,
+        torch.float32,
+        atol=2e-5,
+    )
     check_refusals(mesh)
     worst_fs = check_fully_shard(mesh)
     if rank == 0:

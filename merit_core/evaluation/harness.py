@@ -1,0 +1,276 @@
+"""Zero-shot evaluation of checkpoints with lm-evaluation-harness: checkpoints -> HFLM -> result records.
+
+`evaluate_checkpoints` is the entry point. lm-eval, torch and transformers are imported inside the
+functions, so importing this module is cheap. Task names and aliases live in `tasks`, checkpoint
+lookup and loading in `checkpoint`, result records and JSON in `results` (all in this package).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from merit_core.errors import ConfigError
+from merit_core.evaluation.checkpoint import (
+    CheckpointRef,
+    check_causal_lm,
+    load_model_and_tokenizer,
+    resolve_checkpoint,
+    resolve_device,
+    resolve_dtype,
+)
+from merit_core.evaluation.results import CheckpointResult
+from merit_core.evaluation.tasks import load_tasks, resolve_tasks
+
+CPU_BATCH_SIZE = 8  # what batch size "auto" means on CPU (lm-eval's search for the largest one is for GPUs)
+REQUEST_TYPES = ("loglikelihood", "loglikelihood_rolling", "generate_until")
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """What to evaluate and how; the defaults are the paper's zero-shot protocol."""
+
+    tasks: Sequence[str]
+    include_path: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    batch_size: int | str = "auto"
+    limit: int | None = None
+    num_fewshot: int = 0
+    bootstrap_iters: int = 1000
+
+    def validated(self) -> EvalSettings:
+        """Raise ConfigError for values lm-eval would reject late or silently misread."""
+        if self.limit is not None and (
+            isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1
+        ):
+            raise ConfigError(f"--limit must be a positive number of documents per task, got {self.limit}")
+        if self.num_fewshot < 0:
+            raise ConfigError(f"--num-fewshot must be 0 or more, got {self.num_fewshot}")
+        if self.bootstrap_iters < 0:
+            raise ConfigError(f"--bootstrap-iters must be 0 or more, got {self.bootstrap_iters}")
+        parse_batch_size(self.batch_size)
+        return self
+
+
+@dataclass(frozen=True)
+class EvalProgress:
+    """One progress report: checkpoint `index` of `count` is in `stage`.
+
+    Stages: 'checkpoints' and 'tasks' (once, before any model is loaded), then per checkpoint
+    'model', 'requests' (with `done` of `total` requests of `request_type`) and 'done'.
+    """
+
+    index: int
+    count: int
+    label: str
+    stage: str
+    request_type: str = ""
+    done: int = 0
+    total: int = 0
+
+
+ProgressFn = Callable[[EvalProgress], None]
+
+
+def parse_batch_size(value: int | str) -> int | str:
+    """'auto' or a positive int (also given as a string)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        size = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"--batch-size must be 'auto' or a positive integer, got {value!r}") from None
+    if size < 1:
+        raise ConfigError(f"--batch-size must be 'auto' or a positive integer, got {value!r}")
+    return size
+
+
+@dataclass
+class _Run:
+    settings: EvalSettings
+    progress: ProgressFn | None
+    refs: list[CheckpointRef] = field(default_factory=list)
+
+    def report(self, index: int, stage: str, **kw: Any) -> None:
+        if self.progress is not None:
+            self.progress(EvalProgress(index, len(self.refs), self.refs[index].label, stage, **kw))
+
+
+def _request_size(instance: Any) -> int:
+    return sum(len(a) for a in instance.args if isinstance(a, str))
+
+
+def report_request_progress(lm: Any, on_chunk: Callable[[str, int, int], None], min_chunk: int = 512) -> None:
+    """Make `lm` score requests in chunks and call `on_chunk(type, done, total)` after each.
+
+    Each request's score does not depend on the others, so the results are those of one call; the
+    chunks (about 40 per call) only give the progress display something to count. Loglikelihood and
+    generation requests are cut longest first, as HFLM sorts them anyway; rolling ones (which HFLM
+    batches in request order) are cut in order.
+    """
+    for request_type in REQUEST_TYPES:
+        original = getattr(lm, request_type, None)
+        if original is None:
+            continue
+
+        def chunked(requests, disable_tqdm=False, _original=original, _type=request_type):
+            total = len(requests)
+            order = list(range(total))
+            if _type != "loglikelihood_rolling":
+                order.sort(key=lambda i: -_request_size(requests[i]))
+            size = max(min_chunk, math.ceil(total / 40))
+            out: list[Any] = [None] * total
+            on_chunk(_type, 0, total)
+            for start in range(0, total, size):
+                part = order[start : start + size]
+                for i, result in zip(part, _original([requests[i] for i in part], disable_tqdm=True)):
+                    out[i] = result
+                on_chunk(_type, min(start + size, total), total)
+            return out
+
+        setattr(lm, request_type, chunked)
+
+
+def build_lm(model: Any, tokenizer: Any, batch_size: int | str, device: str) -> tuple[Any, int | str]:
+    """An lm-eval HFLM around an in-memory model; 'auto' becomes a fixed size (searched once on GPU).
+
+    A bf16/fp16 model gets its log-softmax in fp32, so perplexities keep their precision.
+    """
+    import torch
+    from lm_eval.models.huggingface import HFLM
+
+    if batch_size == "auto" and not device.startswith("cuda"):
+        batch_size = CPU_BATCH_SIZE
+    half = next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
+    lm = HFLM(
+        pretrained=model,
+        tokenizer=tokenizer,
+        backend="causal",
+        batch_size=batch_size,
+        max_batch_size=64,
+        softmax_dtype=torch.float32 if half else None,
+    )
+    if batch_size == "auto":
+        detect = getattr(lm, "_detect_batch_size", None)
+        if detect is not None:  # one search at full context length instead of one per chunk of requests
+            batch_size = int(detect())
+            lm.batch_size_per_gpu = batch_size
+    return lm, batch_size
+
+
+def _count_params(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@contextlib.contextmanager
+def _silenced(enabled: bool):
+    """Swallow what the libraries print: Python-level (tqdm bars, bootstrap notices) and, on file
+    descriptor 2, what their subprocesses write (lm-eval runs `git describe`, which complains outside a repo)."""
+    if not enabled:
+        yield
+        return
+    sink = io.StringIO()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(contextlib.redirect_stdout(sink))
+        stack.enter_context(contextlib.redirect_stderr(sink))
+        try:
+            saved = os.dup(2)
+        except OSError:
+            saved = None
+        if saved is not None:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 2)
+            os.close(devnull)
+
+            def restore() -> None:
+                os.dup2(saved, 2)
+                os.close(saved)
+
+            stack.callback(restore)
+        yield
+
+
+def evaluate_checkpoints(
+    checkpoints: Sequence[str], settings: EvalSettings, progress: ProgressFn | None = None, quiet: bool = False
+) -> list[CheckpointResult]:
+    """Evaluate each checkpoint on the settings' tasks; one result record per checkpoint, in order.
+
+    All checkpoints, task names and datasets are checked before the first model is loaded, so bad
+    input fails in seconds (CheckpointError, ConfigError, DataError) rather than after a long run.
+    `quiet` swallows lm-eval's own prints and bars, file descriptor 2 included: a caller drawing its
+    own progress must then write to a stream it holds on a duplicate of that descriptor.
+    """
+    import lm_eval
+
+    settings = settings.validated()
+    if not checkpoints:
+        raise ConfigError("no checkpoint given: pass one or more model folders, run folders or hub names")
+    run = _Run(settings, progress, [resolve_checkpoint(c) for c in checkpoints])
+    run.report(0, "checkpoints")
+    device = resolve_device(settings.device)
+    dtype = resolve_dtype(settings.dtype, device)
+    configs = [check_causal_lm(ref) for ref in run.refs]
+
+    run.report(0, "tasks")
+    with _silenced(quiet):
+        resolved = resolve_tasks(settings.tasks, settings.include_path)
+        task_objects = load_tasks(resolved)
+
+    records = []
+    for index, (ref, config) in enumerate(zip(run.refs, configs)):
+        run.report(index, "model")
+        with _silenced(quiet):
+            model, tokenizer = load_model_and_tokenizer(ref, device, dtype)
+            lm, batch_size = build_lm(model, tokenizer, parse_batch_size(settings.batch_size), device)
+            report_request_progress(
+                lm,
+                lambda kind, done, total, i=index: run.report(i, "requests", request_type=kind, done=done, total=total),
+            )
+            out = lm_eval.simple_evaluate(
+                model=lm,
+                tasks=task_objects,
+                task_manager=resolved.manager,
+                num_fewshot=settings.num_fewshot,
+                limit=settings.limit,
+                bootstrap_iters=settings.bootstrap_iters,
+                log_samples=False,
+            )
+        meta = {
+            **ref.meta,
+            "model_type": config.model_type,
+            "parameters": _count_params(model),
+            "eval": {
+                "tasks": resolved.names,
+                "num_fewshot": settings.num_fewshot,
+                "limit": settings.limit,
+                "device": device,
+                "dtype": dtype,
+                "batch_size": batch_size,
+                "bootstrap_iters": settings.bootstrap_iters,
+                "lm_eval_version": out.get("lm_eval_version"),
+                "n-shot": out.get("n-shot"),
+                "n-samples": out.get("n-samples"),
+                "higher_is_better": out.get("higher_is_better"),
+                "versions": out.get("versions"),
+            },
+        }
+        records.append(CheckpointResult(path=ref.location, label=ref.label, results=out["results"], meta=meta))
+        run.report(index, "done")
+        del lm, model, tokenizer
+        _release_memory(device)
+    return records
+
+
+def _release_memory(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()

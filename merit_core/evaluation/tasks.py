@@ -1,0 +1,240 @@
+"""Evaluation task names: merit's aliases, lookup in lm-eval's task index, and dataset loading.
+
+lm-eval indexes its ~15k built-in task YAMLs in about 15 s. The tasks the paper uses live in a few
+known folders of that tree, so when only those (or `--include-path` tasks) are asked for, only
+those folders are indexed. Other names are first looked for in the raw YAML text (about 1 s, which
+is enough to reject a misspelt name) and only then in the full index.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from merit_core.errors import ConfigError, DataError
+
+
+@dataclass(frozen=True)
+class TaskAlias:
+    """A merit shorthand that stands for one or more lm-eval tasks."""
+
+    name: str
+    tasks: tuple[str, ...]
+    description: str
+
+
+# lm-eval names SuperGLUE's RTE `sglue_rte`; its plain `rte` is the GLUE copy (another dataset).
+ALIASES: dict[str, TaskAlias] = {
+    a.name: a
+    for a in (
+        TaskAlias(
+            "lambada",
+            ("lambada_openai", "lambada_standard"),
+            "LAMBADA last-word prediction, OpenAI and standard versions: perplexity, accuracy",
+        ),
+        TaskAlias(
+            "wikitext",
+            ("wikitext",),
+            "WikiText-2 documents, rolling log-likelihood: word/byte perplexity, bits per byte",
+        ),
+        TaskAlias(
+            "superglue",
+            ("boolq", "cb", "copa", "multirc", "record", "sglue_rte", "wic", "wsc"),
+            "SuperGLUE, the paper's zero-shot suite: accuracy (plus F1 for cb, F1/EM for record)",
+        ),
+    )
+}
+
+# Built-in task name -> folder of lm_eval/tasks that defines it (indexed alone, in well under 1 s).
+_BUILTIN_FOLDERS: dict[str, str] = {
+    "lambada": "lambada",
+    "lambada_openai": "lambada",
+    "lambada_standard": "lambada",
+    "wikitext": "wikitext",
+    "super-glue-lm-eval-v1": "super_glue",
+    **{name: "super_glue" for name in ALIASES["superglue"].tasks},
+}
+
+
+@dataclass
+class ResolvedTasks:
+    """Task names after alias expansion, and the lm-eval TaskManager that knows all of them."""
+
+    names: list[str]
+    manager: Any  # lm_eval.tasks.TaskManager
+    index: str  # "include-path", "known-folders" or "full": which task YAMLs were indexed
+
+
+def split_task_list(tasks: str | Iterable[str]) -> list[str]:
+    """Split 'a,b' / ['a', 'b,c'] into clean names, keeping order and dropping duplicates."""
+    parts = [tasks] if isinstance(tasks, str) else list(tasks)
+    names = [n.strip() for p in parts for n in p.split(",")]
+    return list(dict.fromkeys(n for n in names if n))
+
+
+def expand_aliases(names: Iterable[str]) -> list[str]:
+    """Replace merit aliases by their lm-eval task names, keeping order and dropping duplicates."""
+    out: list[str] = []
+    for name in names:
+        alias = ALIASES.get(name.lower())
+        out.extend(alias.tasks if alias else (name,))
+    return list(dict.fromkeys(out))
+
+
+def _builtin_tasks_dir() -> Path:
+    import lm_eval.tasks
+
+    return Path(lm_eval.tasks.__file__).parent
+
+
+def _task_manager(paths: Sequence[Path], include_defaults: bool) -> Any:
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=[str(p) for p in paths] or None, include_defaults=include_defaults)
+
+
+def _suggest(name: str, candidates: Iterable[str]) -> list[str]:
+    pool = {c.lower(): c for c in candidates}
+    return [pool[m] for m in difflib.get_close_matches(name.lower(), list(pool), n=4, cutoff=0.6)]
+
+
+def unknown_task_error(unknown: Sequence[str], candidates: Iterable[str]) -> ConfigError:
+    """A one-line ConfigError naming the unknown tasks and, for each, the closest known names."""
+    candidates = list(candidates)
+    described = []
+    for name in unknown:
+        close = _suggest(name, candidates)
+        described.append(f"{name!r} (did you mean {', '.join(close)}?)" if close else repr(name))
+    plural = "s" if len(unknown) > 1 else ""
+    return ConfigError(
+        f"unknown task{plural} {', '.join(described)}: `merit eval --list-tasks` shows the aliases; "
+        "any lm-eval task name works, and --include-path DIR adds local task YAMLs"
+    )
+
+
+def resolve_tasks(tasks: str | Iterable[str], include_path: str | os.PathLike | None = None) -> ResolvedTasks:
+    """Expand aliases and build the smallest TaskManager that knows every requested task.
+
+    Raises ConfigError for an empty list, a bad include path, or an unknown task name.
+    """
+    requested = split_task_list(tasks)
+    if not requested:
+        raise ConfigError("no task given: pass --tasks, e.g. --tasks lambada,wikitext")
+    names = expand_aliases(requested)
+
+    user_paths: list[Path] = []
+    local: set[str] = set()
+    if include_path is not None:
+        path = Path(include_path).expanduser()
+        if not path.is_dir():
+            raise ConfigError(f"--include-path {include_path}: not a folder of lm-eval task YAML files")
+        user_paths.append(path.resolve())
+        manager = _task_manager(user_paths, include_defaults=False)
+        local = set(manager.all_tasks)
+        if not local:
+            raise ConfigError(f"--include-path {include_path}: no lm-eval task YAML found in it")
+        if all(n in local for n in names):
+            return ResolvedTasks(names, manager, "include-path")
+
+    rest = [n for n in names if n not in local]
+    builtin_root = _builtin_tasks_dir()
+    folders = [builtin_root / _BUILTIN_FOLDERS[n] for n in rest if n in _BUILTIN_FOLDERS]
+    if len(folders) == len(rest) and all(f.is_dir() for f in folders):
+        # Built-ins first, the user's folder last: later paths override earlier ones, as in lm-eval.
+        manager = _task_manager(list(dict.fromkeys(folders)) + user_paths, include_defaults=False)
+        if all(n in manager.all_tasks for n in names):
+            return ResolvedTasks(names, manager, "known-folders")
+
+    # A built-in task name is written literally in some YAML under lm_eval/tasks: a name found in
+    # none of them is unknown, which a 1 s text scan decides without the 15 s full index.
+    mentioned, candidates = _scan_builtin_yamls(builtin_root, rest)
+    unknown = [n for n in rest if n not in mentioned]
+    if unknown:
+        raise unknown_task_error(unknown, [*ALIASES, *local, *candidates])
+    manager = _task_manager(user_paths, include_defaults=True)
+    known = set(manager.all_tasks)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise unknown_task_error(unknown, [*ALIASES, *known])
+    return ResolvedTasks(names, manager, "full")
+
+
+_DECLARED_NAME = re.compile(r"^(?:task|group):\s*[\"']?([^\s\"'#]+)", re.MULTILINE)
+
+
+def _scan_builtin_yamls(root: Path, names: Sequence[str]) -> tuple[set[str], set[str]]:
+    """Which of `names` occur in the text of lm-eval's built-in YAMLs, and the task/group names declared there."""
+    mentioned: set[str] = set()
+    declared: set[str] = set()
+    for folder, _, files in os.walk(root):
+        for file in files:
+            if not file.endswith((".yaml", ".yml")):
+                continue
+            try:
+                text = Path(folder, file).read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            mentioned.update(n for n in names if n not in mentioned and n in text)
+            declared.update(_DECLARED_NAME.findall(text))
+    return mentioned, declared
+
+
+_HUB_NAME = re.compile(r"'([^']+)' on the Hub")
+
+
+def _dataset_of(manager: Any, name: str, exc: BaseException) -> str:
+    match = _HUB_NAME.search(str(exc))
+    if match:
+        return match.group(1)
+    entry = manager.task_index.get(name)
+    cfg = getattr(entry, "cfg", None) or {}
+    return str(cfg.get("dataset_path") or f"the dataset of {name}")
+
+
+def load_tasks(resolved: ResolvedTasks) -> list[Any]:
+    """Build the lm-eval Task/Group objects (downloading or reading their datasets), in request order.
+
+    Raises DataError when a dataset is neither cached nor reachable, or a local data file is missing.
+    """
+    manager = resolved.manager
+    objects: list[Any] = []
+    seen: set[str] = set()
+    for name in resolved.names:
+        if name in seen:
+            continue
+        try:
+            loaded = manager.load([name])
+        except ConnectionError as exc:
+            dataset = _dataset_of(manager, name, exc)
+            raise DataError(
+                f"task {name!r} needs the dataset {dataset!r}, which is not in the local cache and the "
+                "Hugging Face hub is unreachable: run once online to cache it, set HF_DATASETS_CACHE to a "
+                "cache that holds it, or use --include-path with local task YAMLs"
+            ) from None
+        except FileNotFoundError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise DataError(f"task {name!r}: data not found ({first}); use absolute data_files paths") from None
+        groups, tasks = loaded.get("groups", {}), loaded["tasks"]
+        if name in groups:
+            objects.append(groups[name])
+            seen.update(tasks)
+        elif name in tasks:
+            objects.append(tasks[name])
+        else:  # a tag: it stands for several tasks
+            objects.extend(t for n, t in tasks.items() if n not in seen)
+            seen.update(tasks)
+        seen.add(name)
+    return objects
+
+
+def list_local_tasks(include_path: str | os.PathLike) -> list[str]:
+    """Task names defined by the YAML files under `include_path` (for --list-tasks)."""
+    path = Path(include_path).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"--include-path {include_path}: not a folder of lm-eval task YAML files")
+    return list(_task_manager([path.resolve()], include_defaults=False).all_tasks)

@@ -1,0 +1,216 @@
+"""The Trainer: one optimizer update per `train_step`, evaluation, and its checkpointable state.
+
+One code path for every batch size: the global batch is split over processes and then into
+micro-batches whose gradients accumulate; the loss is normalised over the global batch, so
+the gradient does not depend on how the batch is split. No host synchronisation happens in
+`train_step`: loss, gradient norm and a first-non-finite-step marker stay on the device until
+the caller reads them on log steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from merit_core.errors import MeritError
+from merit_core.train.batches import TrainBatches, val_batches
+from merit_core.train.config import TrainConfig
+from merit_core.train.distributed import Parallel
+from merit_core.train.schedule import lr_at
+
+
+class TrainingDiverged(MeritError):
+    """The loss or the gradient norm became nan or inf."""
+
+
+@dataclass
+class StepOutput:
+    """What one update leaves on the device: this process's loss share and the global grad norm."""
+
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+    lr: float
+
+
+def _autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
+    use_bf16 = dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda")
+    if not use_bf16:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def hessian_interval(optimizer: torch.optim.Optimizer) -> int | None:
+    """Every how many steps the loop refreshes the optimizer's Hessian estimate (Sophia-G), or None."""
+    if not callable(getattr(optimizer, "update_hessian", None)):
+        return None
+    return int(optimizer.hessian_interval)
+
+
+def build_trainer(
+    config: TrainConfig, model: torch.nn.Module, parallel: Parallel, train_tokens: np.ndarray, val_tokens: np.ndarray
+) -> Trainer:
+    """Wrap `model` (on its device) for `parallel`, build the configured optimizer, return the Trainer."""
+    from merit_core.optim import build_optimizer
+
+    forward = parallel.wrap(model, compile=config.compile)
+    optimizer = build_optimizer(
+        config.optimizer, model, lr=config.lr, weight_decay=config.weight_decay, **config.optimizer_args
+    )
+    return Trainer(config, model, forward, optimizer, train_tokens, val_tokens, parallel)
+
+
+class Trainer:
+    """Model + optimizer + data for a resolved TrainConfig, on the processes of `parallel`.
+
+    `model` is the plain transformers module (on the device); `forward` is what training runs
+    through (the parallel wrapper, compiled if asked). Evaluation, diagnostics and saving use
+    the plain module.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        model: torch.nn.Module,
+        forward: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        train_tokens: np.ndarray,
+        val_tokens: np.ndarray,
+        parallel: Parallel,
+    ):
+        self.config = config
+        self.parallel = parallel
+        self.device = parallel.device
+        self.model = model
+        self.forward = forward
+        self.optimizer = optimizer
+        self.lr_scales = [group["lr"] / config.lr for group in optimizer.param_groups]
+        self.batches = TrainBatches(train_tokens, config.seq_len, config.seed)
+        self.val = val_batches(val_tokens, config.eval_batches, config.eval_batch_size, config.seq_len)
+        self.autocast = lambda: _autocast(self.device, config.dtype)
+        self.per_rank = config.batch_size // parallel.world_size
+        self.n_micro = self.per_rank // config.micro_batch_size
+        self.hessian_every = hessian_interval(optimizer)
+        self.step = 0  # completed updates
+        self._first_bad = torch.zeros((), dtype=torch.int64, device=self.device)  # 0: all finite so far
+
+    # -- training ----------------------------------------------------------------------------
+    def lr_for(self, index: int) -> float:
+        c = self.config
+        return lr_at(index, lr=c.lr, min_lr=c.min_lr, warmup_steps=c.warmup_steps, total_steps=c.steps)
+
+    def _loss(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
+        with self.autocast():
+            logits = module(input_ids=x, use_cache=False).logits
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum") * scale
+
+    def train_step(self) -> StepOutput:
+        """One optimizer update on global batch number `self.step`."""
+        c = self.config
+        index = self.step
+        lr = self.lr_for(index)
+        for group, scale in zip(self.optimizer.param_groups, self.lr_scales):
+            group["lr"] = lr * scale
+        scale = 1.0 / (self.per_rank * c.seq_len)  # DDP averages over ranks -> global-batch mean
+        loss_sum = torch.zeros((), device=self.device)
+        first = None
+        micro = self.batches.micro_batches(
+            index,
+            batch_size=c.batch_size,
+            micro_batch_size=c.micro_batch_size,
+            rank=self.parallel.rank,
+            world_size=self.parallel.world_size,
+        )
+        for k, (x, y) in enumerate(micro):
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
+            first = x if first is None else first
+            sync = k == self.n_micro - 1
+            with contextlib.nullcontext() if sync else self.parallel.no_sync():
+                loss = self._loss(self.forward, x, y, scale)
+                loss.backward()
+            loss_sum += loss.detach()
+        grad_norm = self.parallel.clip_grad_norm(self.model, c.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.hessian_every and index % self.hessian_every == self.hessian_every - 1:
+            self._refresh_hessian(index, first)
+        finite = torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
+        self._first_bad = torch.where((self._first_bad == 0) & ~finite, index + 1, self._first_bad)
+        self.step += 1
+        return StepOutput(loss_sum, grad_norm, lr)
+
+    def _refresh_hessian(self, index: int, x: torch.Tensor) -> None:
+        """Sophia-G's Gauss-Newton-Bartlett refresh on this process's first micro-batch: backward on
+        labels sampled from the model's own predictions, then update_hessian(labels behind the
+        gradient, counted over processes since DDP averages the gradient)."""
+        from merit_core.optim.sophia import sampled_label_loss
+
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed((self.config.seed * 1_000_003 + index) * 4099 + self.parallel.rank)
+        with self.autocast():
+            logits = self.forward(input_ids=x, use_cache=False).logits
+        loss, n_labels = sampled_label_loss(logits, generator=gen)
+        loss.backward()
+        self.optimizer.update_hessian(n_labels * self.parallel.world_size)
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def first_nonfinite_step(self) -> int | None:
+        """The first update (1-based) whose loss or grad norm was not finite on any process (syncs)."""
+        bad = self.parallel.all_reduce(torch.where(self._first_bad > 0, self._first_bad, 1 << 62), op="min")
+        value = int(bad.item())
+        return None if value == 1 << 62 else value
+
+    # -- evaluation --------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        """Validation loss over the fixed val batches, and the max attention logit per layer
+        (max over heads) on the first val batch."""
+        from merit_core.diagnostics.attention import max_attention_logits
+
+        self.model.eval()
+        try:
+            total = torch.zeros((), device=self.device)
+            world, rank = self.parallel.world_size, self.parallel.rank
+            mine = list(range(rank, len(self.val), world))
+            rounds = -(-len(self.val) // world) if self.parallel.lockstep_forward else len(mine)
+            for r in range(rounds):  # in lockstep, a process short of batches repeats one with weight 0
+                j, weight = (mine[r], 1.0) if r < len(mine) else (0, 0.0)
+                x, y = self.val[j]
+                total += self._loss(self.model, x.to(self.device), y.to(self.device), weight)
+            n_tokens = sum(y.numel() for _, y in self.val)
+            val_loss = self.parallel.all_reduce(total, op="sum") / n_tokens
+            with self.autocast():
+                per_head = max_attention_logits(self.model, self.val[0][0].to(self.device))
+        finally:
+            self.model.train()
+        return {"val_loss": float(val_loss.item()), "max_attention_logit": per_head.amax(dim=1).tolist()}
+
+    # -- state --------------------------------------------------------------------------------
+    def state_dict(self, checkpoint_dir: Path | None = None) -> dict[str, Any]:
+        """Tensor state for trainer_state.pt (collective under sharded parallelism, which writes the
+        optimizer shards into `checkpoint_dir`, the checkpoint being staged)."""
+        rng: dict[str, Any] = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        return {
+            "step": self.step,
+            "optimizer": self.parallel.optimizer_state_dict(self.model, self.optimizer, checkpoint_dir),
+            "rng": rng,
+            "data": {"seed": self.config.seed, "next_batch": self.step},
+        }
+
+    def load_state_dict(self, state: dict[str, Any], checkpoint_dir: Path | None = None) -> None:
+        """Restore from trainer_state.pt's `state` (and `checkpoint_dir`, the folder it came from)."""
+        self.parallel.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], checkpoint_dir)
+        self.step = int(state["step"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if "cuda" in state["rng"] and torch.cuda.is_available():
+            cuda_states = state["rng"]["cuda"]
+            if len(cuda_states) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(cuda_states)

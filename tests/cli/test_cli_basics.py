@@ -1,0 +1,27 @@
+"""The `merit` entry points: version, help, module execution, one-line errors."""
+
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from merit_cli.main import cli
+from merit_core.version import __version__
+
+
+def test_version_and_help():
+    runner = CliRunner()
+    out = runner.invoke(cli, ["--version"])
+    assert out.exit_code == 0 and __version__ in out.output
+    out = runner.invoke(cli, ["--help"])
+    assert out.exit_code == 0 and "merit" in out.output
+
+
+def test_python_dash_m_works():
+    proc = subprocess.run([sys.executable, "-m", "merit_cli", "--version"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and __version__ in proc.stdout
+
+
+def test_unknown_command_exits_2():
+    out = CliRunner().invoke(cli, ["frobnicate"])
+    assert out.exit_code == 2

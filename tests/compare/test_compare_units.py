@@ -1,0 +1,208 @@
+"""merit compare without training: spec parsing, lr grids, best-lr selection, report text, worker env."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from merit_core.compare.grid import AUTO_FACTORS, auto_lr_grid, config_mismatch, plan_runs, round_lr, run_name
+from merit_core.compare.report import render_report
+from merit_core.compare.runner import worker_env
+from merit_core.compare.spec import load_spec, parse_batch_sizes, parse_lrs, parse_optimizers
+from merit_core.compare.summary import rank_key, select_best
+from merit_core.errors import ConfigError
+
+
+def record(optimizer, batch, lr, loss, status="finished", logit=5.0):
+    return {
+        "name": run_name(optimizer, batch, lr),
+        "optimizer": optimizer,
+        "batch_size": batch,
+        "lr": lr,
+        "tokens": 1024,
+        "steps": 1024 // batch,
+        "status": status,
+        "final_val_loss": loss,
+        "max_attention_logit": logit if status == "finished" else None,
+        "max_attention_logit_by_layer": [logit / 2, logit] if status == "finished" else None,
+        "message": None if status == "finished" else "non-finite",
+        "run_dir": "x",
+        "curve": {"step": [0, 10], "val_loss": [8.0, loss], "max_attention_logit": [1.0, logit]},
+    }
+
+
+def test_best_lr_selection_with_diverged_and_nonfinite_runs():
+    records = [
+        record("adamw", 8, 1e-3, 4.10),
+        record("adamw", 8, 3e-3, 3.90),
+        record("adamw", 8, 1e-2, None, "diverged"),
+        record("merit", 8, 1e-3, math.nan),
+        record("merit", 8, 3e-3, 4.00),
+        record("merit", 8, 1e-2, 4.00),
+        record("lamb", 8, 1e-3, None, "diverged"),
+        record("lamb", 8, 3e-3, None, "diverged"),
+        record("merit", 64, 1e-2, 4.5),
+        record("merit", 64, 3e-2, 4.2),
+    ]
+    best = {(b["optimizer"], b["batch_size"]): b for b in select_best(records)}
+    assert list(best) == [("adamw", 8), ("merit", 8), ("lamb", 8), ("merit", 64)]
+    assert best["adamw", 8]["lr"] == 3e-3 and best["adamw", 8]["n_diverged"] == 1
+    assert best["adamw", 8]["lr_at_edge"] is None and best["adamw", 8]["grid"] == [1e-3, 3e-3, 1e-2]
+    # a NaN loss never wins; equal losses -> the smaller lr
+    assert best["merit", 8]["lr"] == 3e-3 and best["merit", 8]["final_val_loss"] == 4.00
+    # everything diverged: reported as diverged, not an error
+    assert best["lamb", 8]["status"] == "diverged" and best["lamb", 8]["n_diverged"] == 2
+    assert best["lamb", 8]["lr_at_edge"] is None
+    assert best["merit", 64]["lr_at_edge"] == "high"
+    assert rank_key(records[2]) == (math.inf, 1e-2)
+
+
+def synthetic_summary():
+    records = [
+        record("adamw", 8, 1e-3, 3.50, logit=20.0),
+        record("merit", 8, 1e-3, 3.40, logit=4.0),
+        record("adamw", 64, 3e-3, 3.90, logit=40.0),
+        record("merit", 64, 3e-3, 3.60, logit=5.0),
+        record("merit", 64, 1e-2, None, "diverged"),
+    ]
+    settings = {
+        "model": "gpt2-tiny",
+        "n_params": 1_350_400,
+        "optimizers": ["adamw", "merit"],
+        "batch_sizes": [8, 64],
+        "seq_len": 128,
+        "tokens": 1024,
+        "tokens_per_run": 1024,
+        "steps": {"8": 128, "64": 16},
+        "data": "built-in",
+        "lr_rule": "given lists",
+        "lr_grids": [],
+        "warmup_steps": {"8": 12, "64": 1},
+        "min_lr_ratio": 0.1,
+        "grad_clip": 1.0,
+        "seed": 0,
+        "dtype": "auto",
+        "eval_tokens": 8192,
+    }
+    return {"settings": settings, "runs": records, "best": select_best(records)}
+
+
+def test_report_is_computed_from_the_numbers():
+    text = render_report(synthetic_summary())
+    assert (
+        "**Batch 8:** merit had the lowest final validation loss, 3.4000 (lr 0.001); then adamw 3.5000 "
+        "(+0.1000, +2.9%)" in text
+    )
+    assert "**Batch 64:** merit had the lowest final validation loss, 3.6000" in text
+    assert "adamw 3.5000 -> 3.9000 (+0.4000)" in text and "merit 3.4000 -> 3.6000 (+0.2000)" in text
+    assert "The largest is 8.00x the smallest." in text
+    assert "Paper claim 1 (MERIT has the lowest loss at large batch): at batch 64, **holds here**" in text
+    assert "Diverged runs (non-finite loss; ranked last): merit b64 lr 0.01" in text
+    assert "1.35M parameters" in text
+
+    flipped = synthetic_summary()
+    for r in flipped["runs"]:
+        if r["optimizer"] == "adamw":
+            r["final_val_loss"] -= 1.0
+    flipped["best"] = select_best(flipped["runs"])
+    text = render_report(flipped)
+    assert "**Batch 64:** adamw had the lowest final validation loss, 2.9000" in text
+    assert "**does not hold here**: MERIT's loss minus the best other optimizer's is +0.7000" in text
+
+
+def test_auto_grid_rule():
+    # a small model: AdamW's centre 1e-3 at the smallest batch; batch 32 vs 8 -> x sqrt(4) = 2
+    assert auto_lr_grid("adamw", 32, 8, 32) == sorted(round_lr(2e-3 * f) for f in AUTO_FACTORS)
+    assert 2e-3 in auto_lr_grid("adamw", 32, 8, 32) and auto_lr_grid("adamw", 8, 8, 32, quick=True) == [1e-3]
+    # GPT-2 widths: the recipe values at the smallest batch
+    assert 6e-4 in auto_lr_grid("adamw", 480, 480, 768) and 6e-3 in auto_lr_grid("merit", 480, 480, 1024)
+    # ablations follow MERIT; other optimizers their registry default (x 5/3 on small models)
+    assert auto_lr_grid("merit-noclip", 8, 8, 128) == auto_lr_grid("merit", 8, 8, 128)
+    assert round_lr(1e-4 * 5 / 3) in auto_lr_grid("lion", 8, 8, 128)
+
+
+def test_spec_parsing_and_layers(tmp_path):
+    assert parse_optimizers(" AdamW, merit ,adamw") == ["adamw", "merit"]
+    assert parse_batch_sizes("64, 8,1k") == [8, 64, 1024]
+    assert parse_lrs("AUTO") == "auto" and parse_lrs("3e-3,1e-3") == [1e-3, 3e-3]
+    config = tmp_path / "c.toml"
+    config.write_text(
+        'optimizers = ["adamw", "merit"]\nbatch_sizes = [480, 1024]\ntokens = 1_000_000\n'
+        'lrs = {adamw = [6e-4, 1.2e-3]}\n[train]\nmodel = "gpt2-small"\nseq_len = 1024\n'
+        "[per_optimizer.merit]\nbatch_sizes = [1024]\noptimizer_args = {betas = [0.9, 0.99]}\n"
+    )
+    spec = load_spec(config, tokens=2_000_000)
+    assert spec.batch_sizes == {"adamw": [480, 1024], "merit": [1024]}
+    assert spec.lrs == {"adamw": [6e-4, 1.2e-3], "merit": "auto"} and spec.tokens == 2_000_000
+    assert spec.optimizer_args["merit"] == {"betas": [0.9, 0.99]} and spec.out.name == "compare-gpt2-small"
+    runs = plan_runs(spec)
+    merit_lrs = sorted(round_lr(6e-3 * math.sqrt(1024 / 480) * f) for f in AUTO_FACTORS)  # smallest batch: 480
+    assert [r.name for r in runs] == [
+        "adamw-b480-lr0.0006",
+        "adamw-b480-lr0.0012",
+        "adamw-b1024-lr0.0006",
+        "adamw-b1024-lr0.0012",
+        *[f"merit-b1024-lr{lr:.3g}" for lr in merit_lrs],
+    ]
+    assert {r.steps for r in runs if r.batch_size == 480} == {5}  # ceil(2e6 / (480 * 1024))
+    assert runs[-1].config.optimizer_args == {"betas": [0.9, 0.99]} and runs[-1].config.steps == 2
+    with pytest.raises(ConfigError, match="put it under \\[train\\]"):
+        config.write_text("seq_len = 64\n")
+        load_spec(config)
+    with pytest.raises(ConfigError, match="set them in \\[per_optimizer.NAME\\]"):
+        load_spec(None, overrides=["optimizer_args.betas=[0.9, 0.9]"])
+    with pytest.raises(ConfigError, match="unknown hyperparameter 'beta'"):
+        config.write_text("[per_optimizer.merit]\noptimizer_args = {beta = 0.9}\n")
+        load_spec(config)
+
+
+def test_default_and_quick_comparisons():
+    runs = plan_runs(load_spec(None))
+    assert len(runs) == 18 and {r.optimizer for r in runs} == {"adamw", "lamb", "merit"}
+    assert {(r.batch_size, r.steps, r.tokens) for r in runs} == {(8, 128, 131_072), (64, 16, 131_072)}
+    assert all(r.config.model == "gpt2-tiny" and r.config.seq_len == 128 for r in runs)
+    assert str(runs[0].run_dir) == "runs/compare-gpt2-tiny/runs/adamw-b8-lr0.000333"
+    quick = plan_runs(load_spec(None, quick=True))
+    assert [(r.name, r.steps) for r in quick] == [
+        ("adamw-b8-lr0.001", 64),
+        ("adamw-b64-lr0.00283", 8),
+        ("lamb-b8-lr0.03", 64),
+        ("lamb-b64-lr0.0849", 8),
+        ("merit-b8-lr0.03", 64),
+        ("merit-b64-lr0.0849", 8),
+    ]
+    assert str(quick[0].run_dir).startswith("runs/compare-gpt2-tiny-quick/")
+
+
+def test_config_mismatch_names_the_key():
+    spec = load_spec(None, optimizers="merit", batch_sizes="8", lrs="1e-3", tokens=8192)
+    (run,) = plan_runs(spec)
+    from dataclasses import asdict
+
+    saved = {k: v for k, v in asdict(run.config).items() if v is not None and k != "resume"}
+    assert config_mismatch(saved, run.config) is None
+    assert config_mismatch({**saved, "eval_every": 3, "device": "cuda"}, run.config) is None
+    assert config_mismatch({**saved, "steps": 4, "warmup_steps": 0}, run.config) == "steps: 4 != 8"
+
+
+def test_worker_env_splits_cores_or_gpus(monkeypatch):
+    monkeypatch.setattr("merit_core.compare.runner.usable_cores", lambda: 8)
+    env = worker_env(slot=1, jobs=4, n_gpus=0)
+    assert env["OMP_NUM_THREADS"] == "2" and env["MKL_NUM_THREADS"] == "2"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert worker_env(slot=5, jobs=6, n_gpus=4)["CUDA_VISIBLE_DEVICES"] == "1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert worker_env(slot=5, jobs=6, n_gpus=4)["CUDA_VISIBLE_DEVICES"] == "5"
+    assert worker_env(slot=0, jobs=16, n_gpus=0)["OMP_NUM_THREADS"] == "1"
+
+
+@pytest.mark.parametrize("name", ["compare-gpt2-small", "compare-gpt2-medium"])
+def test_shipped_compare_configs_plan_the_paper_runs(name):
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "merit_core" / "configs" / f"{name}.toml"
+    runs = plan_runs(load_spec(path))
+    assert {r.optimizer for r in runs} >= {"adamw", "merit"}
+    assert 480 in {r.batch_size for r in runs if r.optimizer == "adamw"}
+    assert max(r.batch_size for r in runs if r.optimizer == "merit") >= 1024

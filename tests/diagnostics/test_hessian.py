@@ -1,0 +1,125 @@
+"""Hessian estimates against quadratics with a known Hessian, and HVPs of a real model against finite differences."""
+
+import math
+
+import pytest
+import torch
+
+from merit_core.diagnostics.hessian import (
+    HessianVectorProduct,
+    hessian_estimate,
+    hutchinson_trace,
+    model_hessian,
+    top_eigenvalue,
+)
+from tests.diagnostics.test_weights import tiny_gpt2, tiny_llama
+
+
+def _symmetric(eigs, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(len(eigs), len(eigs), generator=gen, dtype=torch.float64))
+    return q @ torch.diag(torch.tensor(eigs, dtype=torch.float64)) @ q.T
+
+
+def _quadratic(a):
+    x = torch.randn(a.shape[0], dtype=torch.float64, requires_grad=True)
+    return (lambda: 0.5 * x @ a @ x), [x]
+
+
+def test_top_eigenvalue_and_trace_of_a_quadratic():
+    eigs = [9.0, 4.0, 2.5, 1.0, 0.5, -0.3, 0.1, 0.0]
+    a = _symmetric(eigs)
+    loss_fn, params = _quadratic(a)
+    est = hessian_estimate(loss_fn, params, iters=200, samples=400, seed=3, tol=1e-10)
+    assert est.top_eigenvalue == pytest.approx(9.0, rel=1e-6)
+    assert est.eigen_iters < 200 and est.eigen_converged
+    true_trace = sum(eigs)
+    assert abs(est.trace - true_trace) < 4 * est.trace_stderr
+    assert est.trace_stderr < 1.0
+
+
+def test_hutchinson_is_exact_for_a_diagonal_hessian():
+    a = torch.diag(torch.tensor([3.0, -1.0, 0.25, 7.0], dtype=torch.float64))
+    hvp = HessianVectorProduct(*_quadratic(a))
+    mean, stderr = hutchinson_trace(hvp, samples=3, seed=0)  # vᵀAv = Σ a_ii for every ±1 vector
+    assert mean == pytest.approx(9.25) and stderr == pytest.approx(0.0, abs=1e-12)
+
+
+def test_largest_magnitude_eigenvalue_may_be_negative():
+    hvp = HessianVectorProduct(*_quadratic(_symmetric([-6.0, 2.0, 1.0])))
+    eig, _, converged = top_eigenvalue(hvp, iters=300, tol=1e-12, seed=1)
+    assert converged and eig == pytest.approx(-6.0, rel=1e-6)
+
+
+def test_several_parameter_tensors_with_coupling():
+    # loss = 0.5 zᵀAz with z = [x (3 entries), y (a 2x2 matrix)]: the Hessian is A across both tensors
+    a = _symmetric([5.0, 3.0, 1.0, 1.0, 0.5, 0.25, 2.0, -1.0, 4.0], seed=4)
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(2, 2, dtype=torch.float64, requires_grad=True)
+    z = torch.randn(2, dtype=torch.float64)  # a non-parameter input
+
+    def loss_fn():
+        v = torch.cat([x, y.flatten(), z])
+        return 0.5 * v @ a @ v
+
+    hvp = HessianVectorProduct(loss_fn, [x, y])
+    vx, vy = torch.randn(3, dtype=torch.float64), torch.randn(2, 2, dtype=torch.float64)
+    hx, hy = hvp([vx, vy])
+    expected = a @ torch.cat([vx, vy.flatten(), torch.zeros(2, dtype=torch.float64)])
+    torch.testing.assert_close(torch.cat([hx, hy.flatten()]), expected[:7])
+    exact = torch.linalg.eigvalsh(a[:7, :7])
+    eig, _, _ = top_eigenvalue(hvp, iters=500, tol=1e-12)
+    assert eig == pytest.approx(exact.abs().max().item() * torch.sign(exact[exact.abs().argmax()]).item(), rel=1e-5)
+    mean, stderr = hutchinson_trace(hvp, samples=300)
+    assert abs(mean - a[:7, :7].trace().item()) < 4 * stderr
+
+
+def test_estimates_are_seeded():
+    loss_fn, params = _quadratic(_symmetric([3.0, 2.0, 1.0, 0.5]))
+    a = hessian_estimate(loss_fn, params, iters=3, samples=4, seed=7)
+    b = hessian_estimate(loss_fn, params, iters=3, samples=4, seed=7)
+    assert a == b
+
+
+def test_model_hvp_matches_finite_differences_of_gradients():
+
+    model = tiny_gpt2(seed=1).double()
+    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
+    params = [p for p in model.parameters()]
+
+    def loss_fn():
+        return model(input_ids=ids, labels=ids).loss
+
+    model.set_attn_implementation("eager")
+    hvp = HessianVectorProduct(loss_fn, params)
+    gen = torch.Generator().manual_seed(1)
+    v = [torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in params]
+    hv = hvp(v)
+    eps = 1e-5
+
+    def grads_at(sign):
+        with torch.no_grad():
+            for p, d in zip(params, v):
+                p.add_(sign * eps * d)
+        g = torch.autograd.grad(loss_fn(), params)
+        with torch.no_grad():
+            for p, d in zip(params, v):
+                p.sub_(sign * eps * d)
+        return g
+
+    fd = [(gp - gm) / (2 * eps) for gp, gm in zip(grads_at(1.0), grads_at(-1.0))]
+    num = math.sqrt(sum(((a - b) ** 2).sum().item() for a, b in zip(hv, fd)))
+    den = math.sqrt(sum((b**2).sum().item() for b in fd))
+    assert num / den < 1e-4
+
+
+def test_model_hessian_restores_the_model():
+
+    model = tiny_llama(seed=2)
+    model.set_attn_implementation("sdpa")
+    model.train()
+    ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(0))
+    est = model_hessian(model, ids, iters=4, samples=2, seed=0)
+    assert math.isfinite(est.top_eigenvalue) and math.isfinite(est.trace) and est.trace_samples == 2
+    assert model.config._attn_implementation == "sdpa" and model.training
+    assert all(p.grad is None for p in model.parameters())

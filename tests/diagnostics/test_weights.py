@@ -1,0 +1,162 @@
+"""Weight statistics from safetensors: planted outliers land in the right layer, head, row and column."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from merit_core.diagnostics.checkpoints import find_checkpoints
+from merit_core.diagnostics.weights import model_weight_stats, weight_stats
+
+D, H, HD = 32, 4, 8
+PLANT = 7.0
+
+
+def tiny_gpt2(seed=0, n_layer=2):
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=256,
+            n_positions=64,
+            n_embd=D,
+            n_layer=n_layer,
+            n_head=H,
+            bos_token_id=0,
+            eos_token_id=0,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+    )
+
+
+def tiny_llama(seed=0, n_layer=2, kv_heads=2):
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=256,
+            hidden_size=D,
+            intermediate_size=64,
+            num_hidden_layers=n_layer,
+            num_attention_heads=H,
+            num_key_value_heads=kv_heads,
+            max_position_embeddings=64,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    )
+
+
+# Planted entries: (stored row, stored column) of W_K in layer 1, and the head that owns them.
+# GPT-2 c_attn is [in, 3*out]: K occupies columns D..2D, head h owns K columns h*HD..(h+1)*HD.
+GPT2_K_ROW, GPT2_K_COL, GPT2_K_HEAD = 5, 2 * HD + 3, 2  # column 19 within K -> head 2
+# Llama k_proj is [Hkv*HD, in]: kv head h owns rows h*HD..(h+1)*HD.
+LLAMA_K_ROW, LLAMA_K_COL, LLAMA_KV_HEAD = 1 * HD + 3, 20, 1  # row 11 -> kv head 1 -> query heads 2, 3
+
+
+def plant(model):
+    with torch.no_grad():
+        if model.config.model_type == "gpt2":
+            model.transformer.h[1].attn.c_attn.weight[GPT2_K_ROW, D + GPT2_K_COL] = PLANT
+        else:
+            model.model.layers[1].self_attn.k_proj.weight[LLAMA_K_ROW, LLAMA_K_COL] = PLANT
+    return model
+
+
+def saved(model, folder, **kw):
+    model.save_pretrained(folder, **kw)
+    return folder
+
+
+def test_gpt2_planted_key_entry(tmp_path):
+    model = plant(tiny_gpt2())
+    stats = weight_stats(saved(model, tmp_path / "g"))
+    assert stats["architecture"] == "gpt2" and stats["n_layers"] == 2 and stats["n_heads"] == H
+    assert stats["row_axis"] == "input"
+    l0, l1 = stats["layers"]
+    assert l1["layer"] == 1 and l1["k_max_norm"] == PLANT and l0["k_max_norm"] < 1.0
+    heads = {h["head"]: h for h in l1["heads"]}
+    assert heads[GPT2_K_HEAD]["k_max_norm"] == PLANT
+    assert all(h["k_max_norm"] < 1.0 for i, h in heads.items() if i != GPT2_K_HEAD)
+    assert l1["k_rows"]["outliers"][0]["index"] == GPT2_K_ROW
+    top_col = l1["k_cols"]["outliers"][0]
+    assert (top_col["index"], top_col["head"], top_col["max_norm"]) == (GPT2_K_COL, GPT2_K_HEAD, PLANT)
+    assert top_col["x_median"] > 20
+    assert l1["k_cols"]["max"] == PLANT and l1["k_cols"]["p50"] < 1.0
+    # the bound term and Q are untouched by the plant
+    c_attn = model.transformer.h[1].attn.c_attn.weight.detach()
+    q = c_attn[:, :D]
+    assert l1["q_max_norm"] == pytest.approx(q.abs().max().item())
+    assert l1["bound"] == pytest.approx(l1["q_max_norm"] * PLANT)
+    assert l1["q_l2_norm"] == pytest.approx(torch.linalg.norm(q).item(), rel=1e-6)
+    assert l1["k_l2_norm"] == pytest.approx(torch.linalg.norm(c_attn[:, D : 2 * D]).item(), rel=1e-6)
+    assert l1["heads"][1]["q_l2_norm"] == pytest.approx(torch.linalg.norm(q[:, HD : 2 * HD]).item(), rel=1e-6)
+    assert l1["k_max_over_l2"] == pytest.approx(PLANT / l1["k_l2_norm"])
+
+
+def test_llama_planted_key_entry_with_grouped_heads(tmp_path):
+    model = plant(tiny_llama(kv_heads=2))
+    stats = weight_stats(saved(model, tmp_path / "l"))
+    assert (stats["architecture"], stats["n_heads"], stats["n_kv_heads"], stats["head_dim"]) == ("llama", H, 2, HD)
+    assert stats["row_axis"] == "output"
+    l0, l1 = stats["layers"]
+    assert l1["k_max_norm"] == PLANT and l0["k_max_norm"] < 1.0
+    for h in l1["heads"]:  # query heads 2 and 3 read kv head 1
+        assert h["kv_head"] == h["head"] // 2
+        assert (h["k_max_norm"] == PLANT) == (h["kv_head"] == LLAMA_KV_HEAD)
+    top_row = l1["k_rows"]["outliers"][0]
+    assert (top_row["index"], top_row["head"], top_row["max_norm"]) == (LLAMA_K_ROW, LLAMA_KV_HEAD, PLANT)
+    assert l1["k_cols"]["outliers"][0]["index"] == LLAMA_K_COL
+    q = model.model.layers[1].self_attn.q_proj.weight.detach()
+    assert l1["heads"][3]["q_max_norm"] == pytest.approx(q[3 * HD : 4 * HD].abs().max().item())
+
+
+def test_other_weights_are_all_2d_tensors(tmp_path):
+    folder = saved(tiny_gpt2(), tmp_path / "g")
+    stats = weight_stats(folder)
+    tensors = load_file(folder / "model.safetensors")
+    names = sorted(k for k, v in tensors.items() if v.ndim == 2)
+    assert [w["name"] for w in stats["weights"]] == names
+    wte = next(w for w in stats["weights"] if w["name"] == "transformer.wte.weight")
+    assert wte["shape"] == [256, D]
+    assert wte["max_norm"] == pytest.approx(tensors["transformer.wte.weight"].abs().max().item())
+
+
+def test_sharded_and_live_model_agree_with_single_file(tmp_path):
+    model = plant(tiny_llama())
+    single = weight_stats(saved(model, tmp_path / "one"))
+    sharded_dir = saved(model, tmp_path / "many", max_shard_size="20KB")
+    assert (sharded_dir / "model.safetensors.index.json").is_file()
+    assert len(find_checkpoints(sharded_dir)[0].files) > 1
+    for source in (sharded_dir, sharded_dir / "model.safetensors.index.json"):
+        assert weight_stats(source)["layers"] == single["layers"]
+    assert model_weight_stats(model)["layers"] == single["layers"]
+
+
+def test_without_config_heads_come_from_the_caller(tmp_path):
+    folder = saved(plant(tiny_gpt2()), tmp_path / "g")
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(folder / "model.safetensors", alone / "weights.safetensors")
+    stats = weight_stats(alone / "weights.safetensors")
+    assert stats["n_heads"] is None and stats["layers"][1]["heads"] == []
+    assert stats["layers"][1]["k_max_norm"] == PLANT and "--heads" in stats["notes"][0]
+    stats = weight_stats(alone / "weights.safetensors", n_heads=H)
+    assert stats["layers"][1]["heads"][GPT2_K_HEAD]["k_max_norm"] == PLANT
+
+
+def test_half_precision_and_unprefixed_gpt2_names(tmp_path):
+    model = plant(tiny_gpt2())
+    tensors = {
+        k.removeprefix("transformer."): v.to(torch.bfloat16).contiguous()
+        for k, v in model.state_dict().items()
+        if k != "lm_head.weight"
+    }
+    save_file(tensors, tmp_path / "old.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps(model.config.to_dict()))
+    stats = weight_stats(tmp_path / "old.safetensors")
+    assert stats["layers"][1]["k_max_norm"] == PLANT  # exactly representable in bf16
+    assert stats["layers"][1]["heads"][GPT2_K_HEAD]["k_max_norm"] == PLANT

@@ -1,0 +1,217 @@
+"""Pieces of merit eval that need no model: aliases, checkpoint folders, request chunks, result rows, JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from merit_core.errors import CheckpointError, ConfigError
+from merit_core.evaluation.checkpoint import resolve_checkpoint
+from merit_core.evaluation.results import CheckpointResult, format_value, metric_rows, write_results_json
+from merit_core.evaluation.tasks import ALIASES, expand_aliases, split_task_list, unknown_task_error
+
+
+def test_aliases_expand_in_order_without_duplicates():
+    assert split_task_list(["lambada, wikitext", "lambada", " "]) == ["lambada", "wikitext"]
+    assert expand_aliases(["lambada", "wikitext", "superglue", "lambada_openai", "hellaswag"]) == [
+        "lambada_openai",
+        "lambada_standard",
+        "wikitext",
+        "boolq",
+        "cb",
+        "copa",
+        "multirc",
+        "record",
+        "sglue_rte",
+        "wic",
+        "wsc",
+        "hellaswag",
+    ]
+    assert ALIASES["superglue"].tasks == ("boolq", "cb", "copa", "multirc", "record", "sglue_rte", "wic", "wsc")
+    message = str(unknown_task_error(["wikitxt"], [*ALIASES, "wikitext_local"]))
+    assert "'wikitxt' (did you mean wikitext" in message and "\n" not in message
+
+
+def _model_folder(path: Path, state: dict | str | None = None) -> Path:
+    path.mkdir(parents=True)
+    for name in ("config.json", "tokenizer.json"):
+        (path / name).write_text("{}")
+    if state is not None:
+        (path / "trainer_state.json").write_text(state if isinstance(state, str) else json.dumps(state))
+    return path
+
+
+def test_run_folder_means_its_latest_complete_step(tmp_path):
+    run = tmp_path / "run"
+    _model_folder(run / "step_90", {"step": 90, "optimizer": "merit", "global_batch_size": 4096})
+    _model_folder(run / "step_100", {"step": 100, "optimizer": "merit", "global_batch_size": 4096, "seq_len": 1024})
+    (run / "step_200").mkdir()  # no config.json yet: an unfinished save
+    _model_folder(run / "step_300.tmp")
+    ref = resolve_checkpoint(run)
+    assert ref.location == str((run / "step_100").resolve()) and ref.label == "run/step_100"
+    assert ref.meta == {
+        "source": "merit-train",
+        "optimizer": "merit",
+        "step": 100,
+        "global_batch_size": 4096,
+        "seq_len": 1024,
+    }
+
+
+def test_trainer_state_is_read_defensively(tmp_path):
+    assert resolve_checkpoint(_model_folder(tmp_path / "plain")).meta == {"source": "hf-folder"}
+    assert resolve_checkpoint(_model_folder(tmp_path / "corrupt", "{not json")).meta == {"source": "hf-folder"}
+    assert resolve_checkpoint(_model_folder(tmp_path / "list", "[1, 2]")).meta == {"source": "hf-folder"}
+    odd = _model_folder(tmp_path / "odd", {"step": "7", "optimizer": "lamb", "global_batch_size": True, "tokens": 5})
+    assert resolve_checkpoint(odd).meta == {"source": "merit-train", "optimizer": "lamb", "tokens": 5}
+
+
+def test_checkpoint_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="checkpoint not found"):
+        resolve_checkpoint(tmp_path / "missing")
+    (tmp_path / "weights.safetensors").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="is a file"):
+        resolve_checkpoint(tmp_path / "weights.safetensors")
+    (tmp_path / "notok").mkdir()
+    (tmp_path / "notok" / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="has no tokenizer"):
+        resolve_checkpoint(tmp_path / "notok")
+    assert resolve_checkpoint("org/model").is_local is False  # a hub name when no such path exists
+
+
+def test_request_chunks_give_the_results_of_one_call():
+    from merit_core.evaluation.harness import report_request_progress
+
+    class Req:
+        def __init__(self, text):
+            self.args = (text, "x")
+
+    class FakeLM:
+        def loglikelihood(self, requests, disable_tqdm=False):
+            return [(float(len(r.args[0])), False) for r in requests]
+
+        def loglikelihood_rolling(self, requests, disable_tqdm=False):
+            self.rolling_batches.append([len(r.args[0]) for r in requests])
+            return [float(len(r.args[0])) for r in requests]
+
+    lm, seen = FakeLM(), []
+    lm.rolling_batches = []
+    report_request_progress(lm, lambda kind, done, total: seen.append((kind, done, total)), min_chunk=4)
+    sizes = (3, 9, 1, 7, 5, 2, 8, 6, 4, 10)
+    requests = [Req("a" * n) for n in sizes]
+    assert lm.loglikelihood(requests) == [(float(n), False) for n in sizes]
+    assert seen == [
+        ("loglikelihood", 0, 10),
+        ("loglikelihood", 4, 10),
+        ("loglikelihood", 8, 10),
+        ("loglikelihood", 10, 10),
+    ]
+    assert lm.loglikelihood_rolling(requests[:6]) == [3.0, 9.0, 1.0, 7.0, 5.0, 2.0]
+    assert lm.rolling_batches == [[3, 9, 1, 7], [5, 2]]  # rolling requests keep their order
+
+
+def _record(label, results, hib=None):
+    return CheckpointResult(
+        path=f"/runs/{label}", label=label, results=results, meta={"eval": {"higher_is_better": hib or {}}}
+    )
+
+
+def test_metric_rows_align_checkpoints():
+    a = _record(
+        "a",
+        {
+            "lam": {
+                "alias": "lam",
+                "sample_len": 3,
+                "acc,none": 0.5,
+                "acc_stderr,none": 0.1,
+                "perplexity,none": 12.0,
+                "perplexity_stderr,none": "N/A",
+            }
+        },
+        {"lam": {"acc": True, "perplexity": False}},
+    )
+    b = _record(
+        "b",
+        {
+            "lam": {"acc,none": 0.75, "acc_stderr,none": 0.05},
+            "gen": {"exact_match,strict-match": 0.25, "exact_match_stderr,strict-match": 0.01},
+        },
+    )
+    rows = metric_rows([a, b])
+    assert [(r.task, r.metric, r.higher_is_better) for r in rows] == [
+        ("lam", "acc", True),
+        ("lam", "perplexity", False),
+        ("gen", "exact_match (strict-match)", None),
+    ]
+    assert rows[0].values == (0.5, 0.75) and rows[0].stderrs == (0.1, 0.05)
+    assert rows[1].values == (12.0, None) and rows[1].stderrs == (None, None)
+    assert rows[2].values == (None, 0.25)
+    assert format_value(0.5, 0.1) == "0.5000 ± 0.1000"
+    assert format_value(2208149.12) == "2.208e+06" and format_value(None) == "-"
+
+
+def test_json_is_written_atomically(tmp_path, monkeypatch):
+    import numpy as np
+
+    out = tmp_path / "deep" / "er" / "results.json"
+    record = _record("a", {"lam": {"acc,none": np.float32(0.5), "acc_stderr,none": "N/A"}})
+    write_results_json(out, [record])
+    assert json.loads(out.read_text()) == {
+        "checkpoints": [
+            {
+                "path": "/runs/a",
+                "results": {"lam": {"acc,none": 0.5, "acc_stderr,none": "N/A"}},
+                "meta": {"eval": {"higher_is_better": {}}},
+            }
+        ]
+    }
+
+    # A failure half-way leaves the previous file and no temp file behind.
+    def broken_fsync(fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", broken_fsync)
+    with pytest.raises(OSError, match="disk full"):
+        write_results_json(out, [_record("b", {})])
+    assert json.loads(out.read_text())["checkpoints"][0]["path"] == "/runs/a"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["results.json"]
+    with pytest.raises(ConfigError, match="is a folder"):
+        write_results_json(tmp_path, [record])
+
+
+def test_settings_are_validated():
+    from merit_core.evaluation.harness import EvalSettings, parse_batch_size
+
+    assert parse_batch_size("auto") == "auto" and parse_batch_size("16") == 16
+    for bad in (
+        {"limit": 0},
+        {"limit": -3},
+        {"num_fewshot": -1},
+        {"batch_size": "0"},
+        {"batch_size": "big"},
+        {"bootstrap_iters": -1},
+    ):
+        with pytest.raises(ConfigError):
+            EvalSettings(tasks=["x"], **bad).validated()
+
+
+def test_cli_import_stays_light():
+    code = textwrap.dedent("""
+        import sys
+        from click.testing import CliRunner
+        from merit_cli.main import cli
+        assert CliRunner().invoke(cli, ["--help"]).exit_code == 0
+        assert CliRunner().invoke(cli, ["eval", "--help"]).exit_code == 0
+        import merit_core.evaluation
+        print(sorted(m for m in ("lm_eval", "torch", "transformers", "datasets") if m in sys.modules))
+    """)
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

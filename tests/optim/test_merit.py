@@ -1,0 +1,312 @@
+"""MERIT: every implementation path against a literal loop transcription of the algorithm, the
+paper's ablations as formulas, and the optimizer contract (validation, state, dtypes, groups)."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from merit_core.optim import merit_kernels
+from merit_core.optim.merit import IMPLEMENTATIONS, MERIT
+
+# The compiled path is exercised (on tiny shapes, to bound its compile time) in test_merit_compile.py.
+FAST_PATHS = ["reference", "eager", "cpp"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def kernel_cache(tmp_path_factory):
+    """Build the C++ kernel into a temporary cache (cold, ~2 s), never into the user's."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MERIT_KERNEL_CACHE", str(tmp_path_factory.mktemp("merit_kernels")))
+    mp.setattr(merit_kernels, "_state", dict(loaded=False, lib=None, error=None, path=None, build_s=None))
+    assert merit_kernels.load_kernel() is not None, merit_kernels.kernel_info()
+    yield
+    mp.undo()
+
+
+# ---- the literal transcription -------------------------------------------------------------
+def _norm(values, kind):
+    values = list(values)
+    if kind == "max":
+        return max(abs(x) for x in values)
+    return math.sqrt(sum(x * x for x in values))
+
+
+def _ratio(a, b):
+    return 1.0 if a == 0 or b == 0 else a / b
+
+
+def literal_step(
+    w,
+    g,
+    m,
+    v,
+    step,
+    *,
+    lr,
+    betas,
+    eps,
+    weight_decay,
+    norm="max",
+    elementwise=True,
+    weight_bound=True,
+    clip=1.0,
+    bias_correction=False,
+    maximize=False,
+):
+    """One MERIT step on float64 tensors: returns new (w, m, v); inputs are not modified."""
+    b1, b2 = betas
+    shape = tuple(w.shape)
+    idx = list(itertools.product(*[range(n) for n in shape]))
+    W = {i: float(w[i]) for i in idx}
+    G = {i: (-1.0 if maximize else 1.0) * float(g[i]) for i in idx}
+    M = {i: b1 * float(m[i]) + (1 - b1) * G[i] for i in idx}
+    V = {i: b2 * float(v[i]) + (1 - b2) * G[i] ** 2 for i in idx}
+    bc1 = 1 - b1**step if bias_correction else 1.0
+    bc2 = 1 - b2**step if bias_correction else 1.0
+    U = {i: (M[i] / bc1) / (math.sqrt(V[i] / bc2) + eps) + weight_decay * W[i] for i in idx}
+
+    b = _ratio(_norm(W.values(), norm), _norm(U.values(), norm))
+    S = {}
+    if len(shape) >= 2 and elementwise:
+        rows, cols = shape[0], shape[1]
+        trailing = list(itertools.product(*[range(n) for n in shape[2:]]))
+        for t in trailing:  # each trailing index is its own [rows, cols] matrix
+            rw = [_norm((W[(i, j) + t] for j in range(cols)), norm) for i in range(rows)]
+            ru = [_norm((U[(i, j) + t] for j in range(cols)), norm) for i in range(rows)]
+            cw = [_norm((W[(i, j) + t] for i in range(rows)), norm) for j in range(cols)]
+            cu = [_norm((U[(i, j) + t] for i in range(rows)), norm) for j in range(cols)]
+            for i in range(rows):
+                for j in range(cols):
+                    if rw[i] == 0 or ru[i] == 0 or cw[j] == 0 or cu[j] == 0:
+                        S[(i, j) + t] = 1.0
+                    else:
+                        s = max(rw[i] / ru[i], cw[j] / cu[j])
+                        S[(i, j) + t] = max(s, b) if weight_bound else s
+    else:
+        S = {i: b for i in idx}
+
+    new_w = torch.empty(shape, dtype=torch.float64)
+    new_m, new_v = torch.empty_like(new_w), torch.empty_like(new_w)
+    for i in idx:
+        d = S[i] * U[i]
+        if clip is not None:
+            d = min(max(d, -clip), clip)
+        new_w[i] = W[i] - lr * d
+        new_m[i], new_v[i] = M[i], V[i]
+    return new_w, new_m, new_v
+
+
+# ---- helpers -------------------------------------------------------------------------------
+def _problem(seed=0, dtype=torch.float64):
+    """Weights with a zero row, a zero column and a zero (row, grad) pair; 1-D and 3-D params;
+    gradients that are zero in one column so that a column of u can vanish."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(6, 5), (5,), (4, 3, 2), (1,), (3, 7)]
+    ws = [torch.randn(s, generator=gen, dtype=dtype) for s in shapes]
+    ws[0][1] = 0  # zero weight row (its grads are not zero)
+    ws[0][:, 3] = 0  # zero weight column
+    ws[3].zero_()  # a zero 1-D parameter
+    grads = []
+    for _ in range(8):
+        gs = [torch.randn(s, generator=gen, dtype=dtype) for s in shapes]
+        gs[0][:, 3] = 0  # ... column 3 also never gets a gradient
+        gs[4][:, 2] = 0  # a column of u that stays zero when weight_decay == 0
+        grads.append(gs)
+    return ws, grads
+
+
+def _run(ws, grads, **kw):
+    params = [torch.nn.Parameter(w.clone()) for w in ws]
+    opt = MERIT(params, **kw)
+    for gs in grads:
+        for p, g in zip(params, gs):
+            p.grad = g.clone()
+        opt.step()
+    return [p.detach() for p in params], opt
+
+
+CONFIGS = {
+    "merit": dict(),
+    "merit-wd": dict(weight_decay=0.1),
+    "l2-merit": dict(norm="l2", weight_decay=0.05),
+    "max-lamb": dict(elementwise=False, weight_decay=0.05),
+    "nobound": dict(weight_bound=False),
+    "noclip": dict(clip=None, weight_decay=0.01),
+    "clip0.3": dict(clip=0.3),
+    "lamb": dict(norm="l2", elementwise=False, clip=None),
+    "bias-corr": dict(bias_correction=True, weight_decay=0.01),
+    "maximize": dict(maximize=True, betas=(0.8, 0.95)),
+}
+
+
+# ---- parity with the literal transcription --------------------------------------------------
+def test_every_implementation_is_covered():
+    assert set(FAST_PATHS) | {"compile"} == set(IMPLEMENTATIONS)  # compile: test_merit_compile.py
+
+
+@pytest.mark.parametrize("impl", FAST_PATHS)
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_every_path_matches_literal_transcription(impl, config):
+    kw = dict(lr=0.05, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.0) | CONFIGS[config]
+    ws, grads = _problem()
+    got, opt = _run(ws, grads, implementation=impl, **kw)
+
+    lit_kw = {k: v for k, v in kw.items()}
+    cur = [(w.clone(), torch.zeros_like(w), torch.zeros_like(w)) for w in ws]
+    for step, gs in enumerate(grads, start=1):
+        cur = [literal_step(w, g, m, v, step, **lit_kw) for (w, m, v), g in zip(cur, gs)]
+    for p, (w, m, v) in zip(opt.param_groups[0]["params"], cur):
+        torch.testing.assert_close(p.detach(), w, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(opt.state[p]["exp_avg"], m, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(opt.state[p]["exp_avg_sq"], v, rtol=1e-12, atol=1e-14)
+
+
+def test_literal_transcription_sees_the_zero_rules():
+    # Guard on the test problem itself: zero rows / columns occur, so the s=1 rule is exercised.
+    ws, grads = _problem()
+    w, _, _ = literal_step(
+        ws[0],
+        grads[0][0],
+        torch.zeros_like(ws[0]),
+        torch.zeros_like(ws[0]),
+        1,
+        lr=1.0,
+        betas=(0.9, 0.99),
+        eps=1e-6,
+        weight_decay=0.0,
+        clip=None,
+    )
+    u_zero_row = (w - ws[0])[1]  # zero weight row: s = 1, so the step is u itself
+    g = grads[0][0][1]
+    torch.testing.assert_close(-u_zero_row, 0.1 * g / (0.1 * g.abs() + 1e-6))
+    assert torch.equal(w[:, 3], ws[0][:, 3])  # zero weight and zero gradient column: no move
+
+
+@pytest.mark.parametrize("impl", FAST_PATHS)
+def test_transposed_weight_gets_transposed_update(impl):
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(5, 7, generator=gen)
+    a, b = torch.nn.Parameter(w.clone()), torch.nn.Parameter(w.t().contiguous())
+    opt = MERIT([a, b], lr=0.01, weight_decay=0.1, implementation=impl)
+    for _ in range(5):
+        g = torch.randn(5, 7, generator=gen)
+        a.grad, b.grad = g.clone(), g.t().contiguous()
+        opt.step()
+    torch.testing.assert_close(b.detach(), a.detach().t(), rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("impl", FAST_PATHS)
+@pytest.mark.parametrize("clip", [1.0, 0.25])
+def test_no_element_moves_more_than_lr_times_clip(impl, clip):
+    gen = torch.Generator().manual_seed(2)
+    params = [
+        torch.nn.Parameter(torch.randn(s, generator=gen, dtype=torch.float64) * 3) for s in [(32, 16), (16,), (3, 4, 5)]
+    ]
+    opt = MERIT(params, lr=0.1, weight_decay=0.5, clip=clip, implementation=impl)
+    biggest = 0.0
+    for _ in range(5):
+        before = [p.detach().clone() for p in params]
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen, dtype=torch.float64) * 100
+        opt.step()
+        biggest = max(biggest, max((p.detach() - q).abs().max().item() for p, q in zip(params, before)))
+    assert biggest <= 0.1 * clip * (1 + 1e-12)
+    assert biggest > 0.1 * clip * 0.5  # the bound is reached, not vacuous
+
+
+# ---- each ablation is its formula (betas=0: u = g / (|g| + eps) on the first step) -----------
+def _one_step(w, g, **kw):
+    p = torch.nn.Parameter(w.clone())
+    p.grad = g.clone()
+    MERIT([p], lr=1.0, betas=(0.0, 0.0), eps=1e-8, **kw).step()
+    return w - p.detach()  # the applied step d
+
+
+W = torch.tensor([[10.0, 1.0], [1.0, 0.1]], dtype=torch.float64)
+G = torch.tensor([[1.0, -1.0], [-2.0, 0.5]], dtype=torch.float64)
+U = G / (G.abs() + 1e-8)
+
+
+@pytest.mark.parametrize("impl", FAST_PATHS)
+def test_ablation_formulas(impl):
+    kw = dict(implementation=impl)
+    rows = W.abs().amax(1, keepdim=True) / U.abs().amax(1, keepdim=True)  # [[10], [1]]
+    cols = W.abs().amax(0, keepdim=True) / U.abs().amax(0, keepdim=True)  # [[10, 1]]
+    b = W.abs().max() / U.abs().max()  # 10
+    s_full = torch.maximum(torch.maximum(rows, cols), b)
+    torch.testing.assert_close(_one_step(W, G, clip=None, **kw), s_full * U)
+    assert s_full[1, 1] > 9.9 > 1.1 > torch.maximum(rows, cols)[1, 1]  # the floor b matters here
+    torch.testing.assert_close(_one_step(W, G, **kw), (s_full * U).clamp(-1, 1))
+    torch.testing.assert_close(_one_step(W, G, clip=None, weight_bound=False, **kw), torch.maximum(rows, cols) * U)
+    torch.testing.assert_close(_one_step(W, G, clip=None, elementwise=False, **kw), b * U)  # max-LAMB
+    l2 = lambda x, d=None: torch.linalg.vector_norm(x, dim=d, keepdim=d is not None)  # noqa: E731
+    s_l2 = torch.maximum(torch.maximum(l2(W, 1) / l2(U, 1), l2(W, 0) / l2(U, 0)), l2(W) / l2(U))
+    torch.testing.assert_close(_one_step(W, G, clip=None, norm="l2", **kw), s_l2 * U)
+
+
+def _lamb_step(w, g, m, v, lr, b1, b2, eps, wd):
+    """LAMB without bias correction, by hand: trust ratio ||w||_2 / ||u||_2 (1 if either is 0)."""
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    u = m / (v.sqrt() + eps) + wd * w
+    wn, un = w.norm(), u.norm()
+    trust = 1.0 if wn == 0 or un == 0 else wn / un
+    return w - lr * trust * u, m, v
+
+
+@pytest.mark.parametrize("impl", FAST_PATHS)
+def test_l2_weightwise_noclip_is_lamb_without_bias_correction(impl):
+    ws, grads = _problem(seed=3)
+    got, _ = _run(
+        ws,
+        grads,
+        lr=0.02,
+        betas=(0.9, 0.999),
+        eps=1e-6,
+        weight_decay=0.01,
+        norm="l2",
+        elementwise=False,
+        clip=None,
+        implementation=impl,
+    )
+    for k, w in enumerate(ws):
+        m, v = torch.zeros_like(w), torch.zeros_like(w)
+        for gs in grads:
+            w, m, v = _lamb_step(w, gs[k], m, v, 0.02, 0.9, 0.999, 1e-6, 0.01)
+        torch.testing.assert_close(got[k], w, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", FAST_PATHS)
+def test_bias_correction_makes_first_step_independent_of_betas(impl):
+    # With bias correction, step 1 has m_hat = g and v_hat = g^2 whatever the betas are.
+    ws, grads = _problem(seed=4)
+    # (weight decay breaks MERIT's invariance to the scale of m / sqrt(v), so betas would matter)
+    kw = dict(weight_decay=0.5, implementation=impl)
+    a, _ = _run(ws, grads[:1], betas=(0.9, 0.999), bias_correction=True, **kw)
+    b, _ = _run(ws, grads[:1], betas=(0.0, 0.0), **kw)
+    c, _ = _run(ws, grads[:1], betas=(0.9, 0.999), **kw)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    assert any(not torch.allclose(x, z) for x, z in zip(a, c))
+
+
+@pytest.mark.parametrize("impl", FAST_PATHS)
+def test_maximize_equals_minimizing_the_negated_gradient(impl):
+    ws, grads = _problem(seed=5)
+    a, _ = _run(ws, grads, maximize=True, weight_decay=0.1, implementation=impl)
+    b, _ = _run(ws, [[-g for g in gs] for gs in grads], weight_decay=0.1, implementation=impl)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+def test_three_dim_tensor_is_a_stack_of_matrices_along_trailing_dims():
+    # Without the weight-wise floor, a [4, 3, 2] tensor moves exactly like its two [4, 3] slices.
+    gen = torch.Generator().manual_seed(6)
+    w = torch.randn(4, 3, 2, generator=gen, dtype=torch.float64)
+    grads = [torch.randn(4, 3, 2, generator=gen, dtype=torch.float64) for _ in range(3)]
+    whole, _ = _run([w], [[g] for g in grads], weight_bound=False)
+    for k in range(2):
+        part, _ = _run([w[..., k].contiguous()], [[g[..., k].contiguous()] for g in grads], weight_bound=False)
+        torch.testing.assert_close(whole[0][..., k], part[0], rtol=1e-12, atol=1e-12)

@@ -1,0 +1,271 @@
+"""The optimizer registry: every name builds and trains, names and hyperparameters are checked."""
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from merit_core.errors import ConfigError
+from merit_core.optim import (
+    MERIT,
+    OPTIMIZER_NAMES,
+    MuonWithAdamW,
+    SophiaG,
+    build_optimizer,
+    canonical_name,
+    default_hparams,
+    fixed_hparams,
+    optimizer_summary,
+    resolve_hparams,
+    sampled_label_loss,
+)
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(
+        vocab_size=128,
+        n_positions=32,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=0,
+        eos_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    return GPT2LMHeadModel(cfg)
+
+
+@pytest.fixture
+def model(gpt2):
+    return copy.deepcopy(gpt2)
+
+
+# learning rates large enough to see progress in a few steps on a fixed batch (trust-ratio methods
+# scale their step by the small init weights, so the MERIT family gets lr 0.1)
+FAST = {
+    "adamw": dict(lr=1e-2),
+    "lamb": dict(lr=5e-2),
+    "lion": dict(lr=2e-3),
+    "sophiag": dict(lr=1e-2, hessian_interval=2),
+    "muon": dict(lr=0.02, adamw_lr=1e-2),
+}
+
+
+@pytest.mark.parametrize("name", OPTIMIZER_NAMES)
+def test_every_name_builds_and_reduces_a_loss(name, model):
+    opt = build_optimizer(name, model, **FAST.get(name, dict(lr=0.1)))
+    assert isinstance(opt, torch.optim.Optimizer)
+    ids = torch.randint(0, 128, (4, 16), generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(1)
+    losses = []
+    for step in range(8):
+        opt.zero_grad()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if isinstance(opt, SophiaG) and step % opt.hessian_interval == opt.hessian_interval - 1:
+            opt.zero_grad()
+            sampled, n = sampled_label_loss(model(input_ids=ids).logits, generator=gen)
+            sampled.backward()
+            opt.update_hessian(n)
+    assert all(math.isfinite(x) for x in losses)
+    assert losses[-1] < losses[0] - 0.3, losses
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
+
+
+def test_classes_behind_the_names(model):
+    from pytorch_optimizer import Lamb, Lion
+
+    expected = {
+        "merit": MERIT,
+        "adamw": torch.optim.AdamW,
+        "lamb": Lamb,
+        "lion": Lion,
+        "sophiag": SophiaG,
+        "muon": MuonWithAdamW,
+        "merit-noclip": MERIT,
+        "merit-nobound": MERIT,
+        "max-lamb": MERIT,
+        "l2-merit": MERIT,
+        "lamb-ref": MERIT,
+    }
+    assert set(expected) == set(OPTIMIZER_NAMES)
+    for name, cls in expected.items():
+        assert type(build_optimizer(name, model)) is cls, name
+
+
+@pytest.mark.parametrize(
+    "name, switches",
+    [
+        ("merit", dict(norm="max", elementwise=True, weight_bound=True, clip=1.0)),
+        ("merit-noclip", dict(norm="max", elementwise=True, weight_bound=True, clip=None)),
+        ("merit-nobound", dict(norm="max", elementwise=True, weight_bound=False, clip=1.0)),
+        ("max-lamb", dict(norm="max", elementwise=False, weight_bound=True, clip=1.0)),
+        ("l2-merit", dict(norm="l2", elementwise=True, weight_bound=True, clip=1.0)),
+        ("lamb-ref", dict(norm="l2", elementwise=False, clip=None)),
+    ],
+)
+def test_ablation_variants_set_their_switches(name, switches, model):
+    opt = build_optimizer(name, model)
+    for group in opt.param_groups:
+        for key, value in switches.items():
+            assert group[key] == value, (name, key)
+        assert group["bias_correction"] is False
+    if name == "merit":
+        assert fixed_hparams(name) == {}
+    else:
+        assert {k: fixed_hparams(name)[k] for k in switches} == switches
+
+
+def _lamb_formula(w, grads, lr, b1, b2, eps, wd, debias_m=False):
+    """LAMB with the decay inside the trust-ratio update, written out; optionally lr / (1 - b1^t)."""
+    w, m, v = w.clone(), torch.zeros_like(w), torch.zeros_like(w)
+    for t, g in enumerate(grads, start=1):
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        u = m / (v.sqrt() + eps) + wd * w
+        step = lr / (1 - b1**t) if debias_m else lr
+        w = w - step * (w.norm() / u.norm()) * u
+    return w
+
+
+@pytest.mark.parametrize("name", ["lamb-ref", "lamb"])
+def test_lamb_ref_is_lamb_without_bias_correction_and_lamb_debiases_m(name):
+    # lamb-ref: no bias correction at all. pytorch_optimizer's Lamb divides the step by
+    # 1 - b1^t (first moment only), which is otherwise the same update.
+    torch.manual_seed(0)
+    w0 = torch.randn(6, 5, dtype=torch.float64)
+    grads = [torch.randn(6, 5, dtype=torch.float64) for _ in range(4)]
+    p = nn.Parameter(w0.clone())
+    opt = build_optimizer(name, [p], lr=0.05, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+    for g in grads:
+        p.grad = g.clone()
+        opt.step()
+    expected = _lamb_formula(w0, grads, 0.05, 0.9, 0.99, 1e-8, 0.1, debias_m=(name == "lamb"))
+    torch.testing.assert_close(p.detach(), expected, rtol=0, atol=1e-7)
+
+
+def test_names_are_case_and_underscore_insensitive(model):
+    assert canonical_name(" MERIT_NoClip ") == "merit-noclip"
+    assert canonical_name("L2_MERIT") == "l2-merit"
+    assert canonical_name("SophiaG") == "sophiag"
+    opt = build_optimizer("Max_LAMB", model)
+    assert opt.param_groups[0]["elementwise"] is False
+
+
+def test_unknown_name_lists_valid_names_and_suggests_the_closest(model):
+    with pytest.raises(ConfigError) as err:
+        build_optimizer("lmab", model)
+    msg = str(err.value)
+    assert "unknown optimizer 'lmab'" in msg and "did you mean 'lamb'" in msg
+    assert all(name in msg for name in OPTIMIZER_NAMES) and "\n" not in msg
+    with pytest.raises(ConfigError, match="did you mean 'sophiag'"):
+        build_optimizer("sophia_g", model)
+    with pytest.raises(ConfigError, match="valid names: merit, adamw"):
+        build_optimizer("sgd-with-magic", model)
+
+
+def test_unknown_or_mistyped_hyperparameter_is_never_swallowed(model):
+    with pytest.raises(ConfigError) as err:
+        build_optimizer("adamw", model, weight_decai=0.1)
+    msg = str(err.value)
+    assert "unknown hyperparameter 'weight_decai'" in msg and "did you mean 'weight_decay'" in msg
+    assert "accepted: lr, betas, eps, weight_decay" in msg
+    with pytest.raises(ConfigError, match="unknown hyperparameter 'rho' for optimizer 'lamb'"):
+        build_optimizer("lamb", model, rho=0.1)  # Lamb's **kwargs would silently accept it
+    with pytest.raises(ConfigError, match="unknown hyperparameter 'momentum' for optimizer 'lion'"):
+        build_optimizer("lion", model, momentum=0.9)
+    with pytest.raises(ConfigError, match="fixes 'clip' to None"):
+        build_optimizer("merit-noclip", model, clip=1.0)
+    with pytest.raises(ConfigError, match="fixes 'norm'"):
+        build_optimizer("lamb-ref", model, norm="max")
+
+
+@pytest.mark.parametrize(
+    "name, hparams, pattern",
+    [
+        ("adamw", dict(lr=-1.0), r"optimizer 'adamw': invalid hyperparameters: .*-1\.0"),
+        ("adamw", dict(lr="fast"), "'lr' must be a number, got 'fast'"),
+        ("adamw", dict(betas=(0.9,)), "'betas' must be a pair of numbers"),
+        ("adamw", dict(fused="yes"), "'fused' must be true, false or None"),
+        ("lamb", dict(betas=(1.5, 0.9)), "optimizer 'lamb': invalid hyperparameters"),
+        ("lion", dict(weight_decay=-1.0), "optimizer 'lion': invalid hyperparameters"),
+        ("sophiag", dict(rho=0.0), "rho must be > 0"),
+        ("sophiag", dict(hessian_interval=2.5), "'hessian_interval' must be an integer"),
+        ("muon", dict(adjust_lr_fn="spectral"), "optimizer 'muon': invalid hyperparameters"),
+        ("muon", dict(nesterov=1), "'nesterov' must be true or false"),
+        ("merit", dict(betas=(0.9, 1.0)), "optimizer 'merit': invalid hyperparameters"),
+        ("merit", dict(clip="none"), "'clip' must be a number or None"),
+    ],
+)
+def test_bad_values_raise_config_error_with_the_reason(name, hparams, pattern, model):
+    with pytest.raises(ConfigError, match=pattern):
+        build_optimizer(name, model, **hparams)
+
+
+def test_defaults_are_used_and_overrides_are_normalised(model):
+    opt = build_optimizer("adamw", model)
+    decay, no_decay = opt.param_groups
+    assert (decay["name"], decay["lr"], decay["betas"], decay["weight_decay"]) == ("decay", 6e-4, (0.9, 0.95), 0.1)
+    assert no_decay["weight_decay"] == 0.0 and decay["fused"] is True  # CPU tensors: fused kernel
+    opt = build_optimizer("adamw", model, betas=[0.8, 0.9], **{"weight-decay": 0})
+    assert opt.param_groups[0]["betas"] == (0.8, 0.9) and opt.param_groups[0]["weight_decay"] == 0.0
+    opt = build_optimizer("adamw", model, fused=False)
+    assert opt.param_groups[0]["fused"] is False
+    assert build_optimizer("sophiag", model).hessian_interval == 10
+
+
+def test_default_hparams_table_and_helpers():
+    assert default_hparams("merit") == dict(
+        lr=2e-4,
+        betas=(0.9, 0.95),
+        eps=1e-6,
+        weight_decay=1e-2,
+        norm="max",
+        elementwise=True,
+        weight_bound=True,
+        clip=1.0,
+        bias_correction=False,
+        maximize=False,
+        implementation=None,
+        decay_embeddings=True,
+    )
+    assert "clip" not in default_hparams("merit-noclip") and fixed_hparams("merit-noclip")["clip"] is None
+    assert default_hparams("sophiag")["betas"] == (0.965, 0.99)
+    assert default_hparams("muon")["lr"] == 0.02 and default_hparams("muon")["momentum"] == 0.95
+    d = default_hparams("adamw")
+    d["lr"] = 1.0
+    assert default_hparams("adamw")["lr"] == 6e-4  # a fresh copy each time
+    assert resolve_hparams("lion", lr=3e-5) == {**default_hparams("lion"), "lr": 3e-5}
+    assert all(optimizer_summary(n) for n in OPTIMIZER_NAMES)
+    for name in OPTIMIZER_NAMES:  # every default passes its own type check
+        assert resolve_hparams(name, **default_hparams(name)) == default_hparams(name)
+    with pytest.raises(ConfigError, match="unknown optimizer"):
+        default_hparams("adam")
+
+
+def test_decay_embeddings_switch_reaches_every_family(model):
+    for name in ("merit", "adamw", "muon"):
+        opt = build_optimizer(name, model, decay_embeddings=False)
+        no_decay = [g for g in opt.param_groups if g["weight_decay"] == 0.0]
+        names = {n for g in no_decay for n in g["param_names"]}
+        assert {"transformer.wte.weight", "transformer.wpe.weight"} <= names, name
+        decayed = {n for g in opt.param_groups if g["weight_decay"] > 0 for n in g["param_names"]}
+        assert not decayed & {"transformer.wte.weight", "transformer.wpe.weight"}
+
+
+def test_raw_parameter_lists_work_too():
+    w, b = nn.Parameter(torch.randn(4, 3)), nn.Parameter(torch.zeros(4))
+    opt = build_optimizer("merit", [w, b])
+    assert [(g["name"], g["weight_decay"]) for g in opt.param_groups] == [("decay", 1e-2), ("no_decay", 0.0)]
+    opt = build_optimizer("muon", [("w", w), ("b", b)])
+    assert [(g["name"], g["param_names"]) for g in opt.param_groups] == [("muon", ["w"]), ("adamw_no_decay", ["b"])]

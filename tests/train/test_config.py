@@ -1,0 +1,162 @@
+"""TrainConfig: TOML < --set < options, unknown keys, types, resolution, TOML round trip."""
+
+import datetime
+import tomllib
+
+import pytest
+
+from merit_core.errors import ConfigError
+from merit_core.train.config import (
+    TUNED_LRS,
+    TrainConfig,
+    dumps_toml,
+    load_config,
+    parse_override,
+    resolve,
+    save_config,
+)
+
+DEFAULTS = {"lr": 4e-3, "weight_decay": 0.01}  # what the optimizer registry would give
+
+
+def test_defaults_are_the_cpu_default_run():
+    c = load_config()
+    assert (c.model, c.optimizer, c.data) == ("gpt2-tiny", "merit", None)
+    r = resolve(c, optimizer_defaults=DEFAULTS, now=datetime.datetime(2026, 1, 2, 3, 4, 5))
+    assert r.out == "runs/20260102-030405-gpt2-tiny-merit"
+    assert r.micro_batch_size == r.batch_size and r.steps > 0 and r.min_lr == pytest.approx(r.lr * r.min_lr_ratio)
+
+
+def test_lr_and_weight_decay_default_to_the_optimizer_registry():
+    r = resolve(load_config(None, ["weight_decay=0.5", "model=gpt2-small"]), optimizer_defaults=DEFAULTS)
+    assert (r.lr, r.weight_decay, r.min_lr) == (4e-3, 0.5, pytest.approx(4e-4))
+    tuned = resolve(load_config(), optimizer_defaults=DEFAULTS)  # the default CPU run has a measured lr
+    assert (tuned.lr, tuned.weight_decay) == (TUNED_LRS[("gpt2-tiny", "merit")], 0.01)
+    assert resolve(load_config(None, ["lr=1e-3"]), optimizer_defaults=DEFAULTS).lr == 1e-3
+    with pytest.raises(ConfigError, match="lr is not set"):
+        resolve(load_config(None, ["model=gpt2-small"]))
+    with pytest.raises(ConfigError, match="top-level key 'lr'"):
+        load_config(None, ["optimizer_args.lr=1"])
+
+
+def test_precedence_file_then_set_then_options(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('lr = 1e-3\nbatch_size = 64\nmodel = "gpt2-small"\n[optimizer_args]\nbetas = [0.9, 0.95]\n')
+    c = load_config(
+        path,
+        ["lr=3e-4", "optimizer_args.eps=1e-8", "model=llama-60m", "compile=true"],
+        {"batch_size": 16, "seed": None},
+    )
+    assert c.lr == 3e-4 and c.batch_size == 16 and c.model == "llama-60m" and c.compile is True
+    assert c.optimizer_args == {"betas": [0.9, 0.95], "eps": 1e-8}
+    assert c.seed == 0  # None option = not given
+
+
+@pytest.mark.parametrize(
+    "item, expected",
+    [
+        ("lr=3e-4", ("lr", 3e-4)),
+        ("steps=100", ("steps", 100)),
+        ("model=gpt2-small", ("model", "gpt2-small")),
+        ('data="a b"', ("data", "a b")),
+        ("compile=false", ("compile", False)),
+        ("optimizer_args.betas=[0.9, 0.99]", ("optimizer_args.betas", [0.9, 0.99])),
+    ],
+)
+def test_override_values_are_toml_literals(item, expected):
+    assert parse_override(item) == expected
+
+
+@pytest.mark.parametrize(
+    "items, message",
+    [
+        (["lrr=1e-3"], "unknown config key 'lrr'; did you mean 'lr'?"),
+        (["batch_sise=8"], "did you mean 'batch_size'?"),
+        (["zzz=1"], "unknown config key 'zzz'; known keys: model, optimizer"),
+        (["lr.x=1"], "unknown config key 'lr.x'"),
+        (["lr=fast"], "lr must be a number, got 'fast'"),
+        (["steps=2.5"], "steps must be an integer"),
+        (["compile=1"], "compile must be true or false"),
+        (["batch_size=0"], "batch_size must be positive"),
+        (["batch_size=10", "micro_batch_size=4"], "batch_size 10 is not divisible by micro_batch_size 4"),
+        (["dtype=fp8"], "dtype must be one of"),
+        (["noequals"], "--set expects KEY=VALUE"),
+    ],
+)
+def test_bad_overrides_name_the_problem(items, message):
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config(None, items)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_unknown_key_in_file_and_missing_file(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("optimiser = 'adamw'\n")
+    with pytest.raises(ConfigError, match="unknown config key 'optimiser'; did you mean 'optimizer'"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.toml")
+    (tmp_path / "broken.toml").write_text("lr = = 1\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(tmp_path / "broken.toml")
+
+
+def test_resolve_steps_from_tokens_and_world_size():
+    c = load_config(None, ["tokens=1000000", "batch_size=32", "seq_len=128", "warmup_ratio=0.1"])
+    r = resolve(c, world_size=2, optimizer_defaults=DEFAULTS)
+    assert r.steps == 245 and r.tokens is None  # ceil(1e6 / 4096)
+    assert r.warmup_steps == 24 and r.micro_batch_size == 16
+    with pytest.raises(ConfigError, match="not divisible by the world size 3"):
+        resolve(c, world_size=3, optimizer_defaults=DEFAULTS)
+    with pytest.raises(ConfigError, match=r"micro_batch_size 16 x world size 4"):
+        resolve(load_config(None, ["batch_size=32", "micro_batch_size=16"]), world_size=4, optimizer_defaults=DEFAULTS)
+    with pytest.raises(ConfigError, match="disagree"):
+        resolve(load_config(None, ["tokens=1000", "steps=7"]), optimizer_defaults=DEFAULTS)
+
+
+def test_saved_config_round_trips(tmp_path):
+    c = resolve(
+        load_config(None, ["optimizer_args.betas=[0.9, 0.95]", 'out="runs/x \\"q\\""', "lr=1e-05", "resume=true"]),
+        optimizer_defaults=DEFAULTS,
+    )
+    save_config(c, tmp_path / "config.toml")
+    text = (tmp_path / "config.toml").read_text()
+    assert "resume" not in text and "tokens" not in text  # None values and the resume action are left out
+    again = load_config(tmp_path / "config.toml")
+    assert again == TrainConfig(**{**c.to_dict(), "resume": False})
+
+
+def test_dumps_toml_handles_nesting_and_special_floats():
+    text = dumps_toml({"a": 1, "b": float("inf"), "s": "x\ny", "t": {"u": [1, 2], "v": {"w": True}}, "n": None})
+    assert tomllib.loads(text) == {"a": 1, "b": float("inf"), "s": "x\ny", "t": {"u": [1, 2], "v": {"w": True}}}
+
+
+def test_shipped_configs_are_valid():
+    from pathlib import Path
+
+    from merit_core.optim import default_hparams, resolve_hparams
+
+    # compare-*.toml are `merit compare` specs, checked in tests/test_compare_units.py
+    paths = sorted(
+        p
+        for p in (Path(__file__).resolve().parents[2] / "merit_core" / "configs").glob("*.toml")
+        if not p.stem.startswith("compare-")
+    )
+    assert {p.stem for p in paths} >= {
+        "debug",
+        "gpt2-small",
+        "gpt2-medium",
+        "gpt2-large",
+        "llama-130m",
+        "llama-350m",
+        "gpt2-small-adamw-480",
+    }
+    for path in paths:
+        c = load_config(path)
+        resolve_hparams(c.optimizer, **c.optimizer_args)
+        for world in (1,) if path.stem == "debug" else (1, 8):
+            r = resolve(c, world_size=world, optimizer_defaults=default_hparams(c.optimizer))
+            assert r.batch_size % (r.micro_batch_size * world) == 0
+    small = load_config(paths[[p.stem for p in paths].index("gpt2-small")])
+    assert (small.batch_size, small.seq_len) == (1024, 1024)

@@ -1,0 +1,198 @@
+"""End-to-end `merit train` on a 2-layer, 32-dim GPT-2: run folder, checkpoints, resume, logits."""
+
+import math
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from merit_cli.main import cli
+from merit_core.train.checkpoint import list_checkpoints, load_trainer_state, read_trainer_info
+from merit_core.train.metrics import read_metrics
+
+TINY = dict(
+    batch_size=8,
+    micro_batch_size=4,
+    seq_len=32,
+    lr=3e-3,
+    eval_every=2,
+    save_every=2,
+    log_every=1,
+    eval_batches=2,
+    eval_batch_size=4,
+)
+
+
+def tiny_args(model_cfg, data_dir, out, *extra):
+    sets = [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
+    return ["train", "--model", str(model_cfg), "--data", str(data_dir), "--out", str(out), *sets, *extra]
+
+
+def invoke(args):
+    result = CliRunner().invoke(cli, args)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+@pytest.fixture(scope="module")
+def finished_run(model_cfg, data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "run"
+    result = invoke(tiny_args(model_cfg, data_dir, out, "--steps", "4"))
+    assert result.exit_code == 0, result.output + result.stderr
+    return out, result
+
+
+def test_run_folder_layout_and_metrics(finished_run):
+    out, result = finished_run
+    assert sorted(p.name for p in out.iterdir()) == ["config.toml", "curves.png", "metrics.jsonl", "step_2", "step_4"]
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for step, path in list_checkpoints(out):
+        names = {p.name for p in path.iterdir()}
+        assert {
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "trainer_state.json",
+            "trainer_state.pt",
+        } <= names
+        info = read_trainer_info(path)
+        assert info["step"] == step and info["tokens"] == step * 8 * 32
+        assert (info["global_batch_size"], info["seq_len"], info["optimizer"]) == (8, 32, "merit")
+        assert info["lr"] > 0 and info["model"].endswith("config.json")
+        state = load_trainer_state(path)  # weights_only=True
+        assert state["step"] == step and state["optimizer"]["state"]
+    records = read_metrics(out)
+    logs = [r for r in records if "loss" in r]
+    evals = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in logs] == [1, 2, 3, 4] and [r["step"] for r in evals] == [0, 2, 4]
+    for r in logs:
+        assert {"step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s"} <= set(r) and math.isfinite(r["loss"])
+    assert all(len(r["max_attention_logit"]) == 2 for r in evals)
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"]  # it learns
+    text = result.output
+    assert "Run summary" in text and f"merit inspect {out}" in text and f"merit eval {out / 'step_4'}" in text
+
+
+def test_checkpoint_loads_in_transformers_with_the_same_logits(finished_run, data_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from merit_core.data import open_tokens
+    from merit_core.train.batches import val_batches
+
+    out, _ = finished_run
+    model = AutoModelForCausalLM.from_pretrained(out / "step_4").eval()
+    tok = AutoTokenizer.from_pretrained(out / "step_4")
+    assert tok.decode(tok("the cat sees the moon")["input_ids"]) == "the cat sees the moon"
+    # the val loss the trainer logged at step 4 comes back from the reloaded model's logits
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for x, y in val_batches(open_tokens(data_dir, "val"), 2, 4, 32):
+            logits = model(input_ids=x).logits
+            total += torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").item()
+            count += y.numel()
+    logged = [r for r in read_metrics(out) if r["step"] == 4 and "val_loss" in r][0]
+    assert total / count == pytest.approx(logged["val_loss"], rel=1e-6)
+
+
+def _direct_max_logits(model, input_ids):
+    """Max over heads and causal pairs of q.k/sqrt(d) per layer, from GPT-2's own weights (no probe)."""
+    out = model(input_ids=input_ids, output_hidden_states=True)
+    result = []
+    t = input_ids.shape[1]
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    for layer, hidden in zip(model.transformer.h, out.hidden_states):
+        q, k, _ = layer.attn.c_attn(layer.ln_1(hidden)).split(model.config.n_embd, dim=2)
+        heads = model.config.n_head
+        q = q.view(*q.shape[:2], heads, -1).transpose(1, 2)
+        k = k.view(*k.shape[:2], heads, -1).transpose(1, 2)
+        logits = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        result.append(logits.masked_fill(~causal, float("-inf")).amax().item())
+    return result
+
+
+def test_logged_max_attention_logit_matches_direct_computation(finished_run, data_dir):
+    from transformers import AutoModelForCausalLM
+
+    from merit_core.data import open_tokens
+    from merit_core.diagnostics.attention import max_attention_logits
+    from merit_core.train.batches import val_batches
+
+    out, _ = finished_run
+    model = AutoModelForCausalLM.from_pretrained(out / "step_4", attn_implementation="eager").eval()
+    batch = val_batches(open_tokens(data_dir, "val"), 2, 4, 32)[0][0]
+    logged = [r for r in read_metrics(out) if r["step"] == 4 and "val_loss" in r][0]["max_attention_logit"]
+    with torch.no_grad():
+        direct = _direct_max_logits(model, batch)
+        probe = max_attention_logits(model, batch).amax(dim=1).tolist()
+    assert logged == pytest.approx(direct, rel=1e-5) and logged == pytest.approx(probe, rel=1e-6)
+
+
+class Crash(Exception):
+    pass
+
+
+def test_resume_reproduces_the_uninterrupted_losses_exactly(model_cfg, data_dir, tmp_path, finished_run):
+    from merit_core.train.config import load_config
+    from merit_core.train.training_run import TrainCallbacks, run_training
+
+    reference, _ = finished_run
+
+    class CrashAtStep3(TrainCallbacks):
+        def on_log(self, record):
+            if record["step"] == 3:  # after step_2 was saved and step 3's line was written
+                raise Crash
+
+    config = load_config(
+        values={**TINY, "model": str(model_cfg), "data": str(data_dir), "steps": 4, "out": str(tmp_path / "run")}
+    )
+    with pytest.raises(Crash):
+        run_training(config, CrashAtStep3())
+    assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [2]
+    assert max(r["step"] for r in read_metrics(tmp_path / "run")) == 3
+
+    result = invoke(["train", "--resume", "--out", str(tmp_path / "run")])  # config comes from the run folder
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "Resuming from" in result.output
+    resumed, uninterrupted = read_metrics(tmp_path / "run"), read_metrics(reference)
+    strip = [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in resumed]
+    assert strip == [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in uninterrupted]  # bit-exact
+    a = load_trainer_state(tmp_path / "run" / "step_4")["optimizer"]["state"]
+    b = load_trainer_state(reference / "step_4")["optimizer"]["state"]
+    assert all(torch.equal(a[i][k], b[i][k]) for i in a for k in a[i] if torch.is_tensor(a[i][k]))
+
+
+def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(model_cfg, data_dir, tmp_path, monkeypatch):
+    from merit_core.train.trainer import Trainer
+
+    original = Trainer._loss
+
+    def poisoned(self, module, x, y, scale):
+        loss = original(self, module, x, y, scale)
+        return loss * float("nan") if module.training and self.step >= 2 else loss
+
+    monkeypatch.setattr(Trainer, "_loss", poisoned)
+    out = tmp_path / "run"
+    result = invoke(tiny_args(model_cfg, data_dir, out, "--steps", "6"))
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "non-finite at step 3" in lines[0] and str(out / "step_2") in lines[0]
+    assert [s for s, _ in list_checkpoints(out)] == [2]
+    assert read_metrics(out)[-1]["step"] == 3 and read_metrics(out)[-1]["loss"] is None
+
+
+def test_resuming_a_finished_run_trains_nothing_and_reports_it(finished_run):
+    from merit_core.train.config import load_config
+    from merit_core.train.training_run import run_training
+
+    out, _ = finished_run
+    before = {p.name: p.stat().st_mtime_ns for p in (out / "step_4").iterdir()}
+    summary = run_training(load_config(out / "config.toml", values={"resume": True}))
+    assert summary.steps == 4 and summary.tokens_per_s is None and summary.last_checkpoint == out / "step_4"
+    last_eval = [r for r in read_metrics(out) if "val_loss" in r][-1]
+    assert (
+        summary.final_val_loss == last_eval["val_loss"]
+        and summary.max_attention_logit == last_eval["max_attention_logit"]
+    )
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "step_4").iterdir()} == before

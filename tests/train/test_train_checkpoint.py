@@ -1,0 +1,76 @@
+"""Checkpoint folders: atomic writes, what counts as complete, pruning, safe loading."""
+
+import json
+
+import pytest
+import torch
+
+from merit_core.errors import CheckpointError
+from merit_core.train.checkpoint import (
+    latest_checkpoint,
+    list_checkpoints,
+    load_model_weights,
+    load_trainer_state,
+    prune_checkpoints,
+    remove_partial,
+    save_checkpoint,
+)
+from tests.prepared_data import TINY_GPT2
+
+
+@pytest.fixture(scope="module")
+def model():
+    from transformers import GPT2Config
+
+    from merit_core.models import build_model
+
+    return build_model(GPT2Config(**TINY_GPT2), seed=0)
+
+
+class Arbitrary:
+    pass
+
+
+def save(run, step, model, **state):
+    return save_checkpoint(
+        run, step, model=model, state_dict=None, tokenizer_dir=None, info={"step": step}, state={"step": step, **state}
+    )
+
+
+def test_complete_checkpoints_only_and_atomic_replace(tmp_path, model):
+    for step in (2, 10, 4):
+        save(tmp_path, step, model)
+    (tmp_path / "step_12").mkdir()  # a folder without trainer state: not complete
+    (tmp_path / ".tmp-step_14").mkdir()  # a crash while writing
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [2, 4, 10]
+    assert latest_checkpoint(tmp_path) == tmp_path / "step_10"
+    save(tmp_path, 10, model, extra=torch.ones(2))  # rewriting a step replaces it whole
+    assert torch.equal(load_trainer_state(tmp_path / "step_10")["extra"], torch.ones(2))
+    remove_partial(tmp_path)
+    assert not (tmp_path / ".tmp-step_14").exists() and not list(tmp_path.glob(".tmp-*"))
+    prune_checkpoints(tmp_path, keep=2)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [4, 10]
+    assert json.loads((tmp_path / "step_10" / "trainer_state.json").read_text())["format"] == "merit-trainer-v1"
+
+
+def test_weights_round_trip_and_mismatch(tmp_path, model):
+    from transformers import GPT2Config
+
+    from merit_core.models import build_model
+
+    path = save(tmp_path, 1, model)
+    other = build_model(GPT2Config(**TINY_GPT2), seed=1)
+    load_model_weights(other, path)  # the tied lm_head is not stored; it follows wte
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values()))
+    wider = build_model(GPT2Config(**{**TINY_GPT2, "n_layer": 3}), seed=0)
+    with pytest.raises(CheckpointError, match="does not match the model"):
+        load_model_weights(wider, path)
+
+
+def test_trainer_state_refuses_pickled_objects(tmp_path, model):
+    path = save(tmp_path, 1, model)
+    torch.save({"step": 1, "evil": Arbitrary()}, path / "trainer_state.pt")  # would run code on unpickling
+    with pytest.raises(CheckpointError, match="cannot be loaded safely"):
+        load_trainer_state(path)
+    with pytest.raises(CheckpointError, match="no trainer_state.pt"):
+        load_trainer_state(tmp_path)
