@@ -4,19 +4,14 @@ The auto grid for optimizer `o` at batch size `B` is `centre * AUTO_FACTORS` (x 
 just the centre with --quick), rounded to three significant digits (run folders are named
 after them), where
 
-    centre = AUTO_CENTRES[scale][o] * sqrt(B / B_min)
+    centre = lr_centre(o).at(scale) * sqrt(B / B_min)
 
 - `B_min` is the smallest batch of the comparison; the square-root rule of Adam-type and
   layer-wise adaptive optimizers shifts the grid up for larger batches (for an 8x larger
   batch, x2.8, and the x3 grid points then reach both "no shift" and "linear shift");
-- `scale` is "small" for models narrower than 512 (CPU models) and "gpt2" otherwise.
-  Small: measured on gpt2-tiny with the built-in corpus, 131k tokens, seq 128, batch 8 (a
-  pilot sweep over 1e-3..1e-1; best AdamW 1e-3 with 3e-3 next, LAMB 3e-2, MERIT 3e-2).
-  GPT-2: AdamW 6e-4 (nanoGPT's GPT-2 recipe at batch 480); LAMB and MERIT 6e-3 (trust-ratio
-  updates are relative to each weight's norm, so both take the same, larger lr; the
-  starting point of merit_core/configs/gpt2-small.toml);
-- other optimizers: the MERIT ablations and lamb-ref use MERIT's centre; the rest their
-  registry default lr (x 5/3 for small models, as AdamW's small/GPT-2 ratio).
+- `scale` is "small" for models narrower than 512 (CPU models) and "gpt2" otherwise;
+- the centres are the optimizer's registry spec (`merit_core.optim.registry.lr_centre`: measured
+  ones for AdamW, LAMB and MERIT, MERIT's for its ablations, the others from their default lr).
 """
 
 from __future__ import annotations
@@ -33,11 +28,6 @@ from merit_core.errors import ConfigError
 AUTO_FACTORS = (1 / 3, 1.0, 3.0)
 QUICK_FACTORS = (1.0,)
 SMALL_WIDTH = 512
-AUTO_CENTRES = {
-    "small": {"adamw": 1e-3, "lamb": 3e-2, "merit": 3e-2},
-    "gpt2": {"adamw": 6e-4, "lamb": 6e-3, "merit": 6e-3},
-}
-TRUST_RATIO_FAMILY = ("merit-noclip", "merit-nobound", "max-lamb", "l2-merit", "lamb-ref")
 RUNS_DIR = "runs"
 # Keys of a run's config.toml that do not change what the run computes; a finished run whose
 # saved config differs from the planned one in any *other* key belongs to another comparison.
@@ -104,16 +94,9 @@ def model_width(model: str) -> int:
 
 def auto_centre(optimizer: str, d_model: int) -> float:
     """The auto grid's centre at the comparison's smallest batch (see the module docstring)."""
-    from merit_core.optim import default_hparams
+    from merit_core.optim.registry import lr_centre
 
-    scale = "small" if d_model < SMALL_WIDTH else "gpt2"
-    centres = AUTO_CENTRES[scale]
-    if optimizer in centres:
-        return centres[optimizer]
-    if optimizer in TRUST_RATIO_FAMILY:
-        return centres["merit"]
-    ratio = AUTO_CENTRES["small"]["adamw"] / AUTO_CENTRES["gpt2"]["adamw"] if scale == "small" else 1.0
-    return float(default_hparams(optimizer)["lr"]) * ratio
+    return lr_centre(optimizer).at("small" if d_model < SMALL_WIDTH else "gpt2")
 
 
 def auto_lr_grid(

@@ -1,13 +1,23 @@
 """Name -> optimizer: MERIT, the paper's ablations of it, and the baselines it is compared against.
 
+Every registry name has one :class:`OptimizerSpec`, the only place that knows what the rest of
+the project needs about that optimizer: how to build it, its settable hyperparameters with their
+defaults and kinds, the centre of compare's learning-rate grid (or the name whose centre it
+shares), whether it trains FSDP2 shards, a tuned lr for the default CPU runs, and an optional
+per-step hook the training loop calls (Sophia-G's Hessian refresh). Adding an optimizer means
+adding a builder and a spec to this file (see CONTRIBUTING.md); `merit train`, `merit compare`
+and the fsdp check then know it.
+
 ``build_optimizer(name, model_or_params, **hparams)`` builds one, with weight-decay param groups
 from :mod:`merit_core.optim.param_groups` (no decay on 1-D tensors; embeddings and the LM head
 decayed unless ``decay_embeddings=False``). Names are case-insensitive and ``_`` equals ``-``.
 Every user mistake (unknown name, unknown or mistyped hyperparameter, a value of the wrong type or
-out of range) raises :class:`~merit_core.errors.ConfigError` with one actionable line.
+out of range) raises :class:`~merit_core.errors.ConfigError` with one actionable line; a spec
+that is itself inconsistent (a hyperparameter without a kind, no lr-grid centre) raises
+ValueError when it is registered, so it fails at import, not in a user's run.
 
 The defaults are starting points for a learning-rate grid, not tuned values (see each spec).
-Third-party and torch optimizers are imported only when built (pytorch_optimizer takes seconds).
+Third-party optimizers are imported only when built (importing pytorch_optimizer is slow).
 """
 
 from __future__ import annotations
@@ -18,49 +28,20 @@ from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any
 
+import torch
 from torch import nn
 from torch.optim import Optimizer
 
 from merit_core.errors import ConfigError
+from merit_core.optim.muon import MuonWithAdamW, fast_adamw_options, muon_param_groups
 from merit_core.optim.param_groups import build_param_groups
+from merit_core.optim.sophia import SophiaG, sampled_label_loss
 
+# ---------------------------------------------------------------------------------------------
+# what a spec holds
 
-@dataclass(frozen=True)
-class OptimizerSpec:
-    """One registry entry: the hyperparameters a user may set (with defaults) and how to build it."""
-
-    name: str
-    summary: str
-    defaults: Mapping[str, Any]
-    builder: Callable[[str, Any, dict[str, Any]], Optimizer]
-    fixed: Mapping[str, Any] = field(default_factory=dict)  # switches that define a variant; not settable
-
-
-# How each hyperparameter is type-checked (the same names mean the same thing everywhere).
-_KINDS = {
-    **dict.fromkeys(
-        ("lr", "eps", "weight_decay", "rho", "momentum", "adamw_lr", "adamw_eps", "adamw_weight_decay"), "float"
-    ),
-    **dict.fromkeys(("betas", "adamw_betas"), "pair"),
-    **dict.fromkeys(("ns_steps", "hessian_interval"), "int"),
-    **dict.fromkeys(
-        (
-            "maximize",
-            "nesterov",
-            "elementwise",
-            "weight_bound",
-            "bias_correction",
-            "decay_embeddings",
-            "weight_decouple",
-        ),
-        "bool",
-    ),
-    **dict.fromkeys(("fused", "foreach"), "bool?"),
-    "clip": "float?",
-    "norm": "str",
-    **dict.fromkeys(("adjust_lr_fn", "implementation"), "str?"),
-}
-_KIND_TEXT = {
+# How a hyperparameter value is type-checked: the kind names and how an error message says them.
+KINDS = {
     "float": "a number",
     "float?": "a number or None",
     "pair": "a pair of numbers",
@@ -70,33 +51,179 @@ _KIND_TEXT = {
     "str": "a string",
     "str?": "a string or None",
 }
+# Names that mean the same thing in every optimizer, so they get the same kind whatever the default
+# looks like (a weight_decay default of 0 is still a float). Other kinds are read from the default
+# (see OptimizerSpec.kinds).
+SHARED_KINDS = {
+    **dict.fromkeys(("lr", "eps", "weight_decay", "momentum"), "float"),
+    "betas": "pair",
+    **dict.fromkeys(("maximize", "decay_embeddings"), "bool"),
+    **dict.fromkeys(("fused", "foreach"), "bool?"),
+}
 
 
-def _coerce(optimizer: str, key: str, value: Any) -> Any:
-    kind = _KINDS[key]
+@dataclass(frozen=True)
+class LrCentre:
+    """The centre of `merit compare`'s automatic lr grid at the comparison's smallest batch.
+
+    `small` is for models narrower than :data:`merit_core.compare.grid.SMALL_WIDTH` (CPU-sized),
+    `gpt2` for GPT-2 small and wider; compare shifts it for larger batches and spreads the grid.
+    """
+
+    small: float
+    gpt2: float
+
+    def at(self, scale: str) -> float:
+        """The centre for compare's model `scale` ('small' or 'gpt2')."""
+        if scale not in ("small", "gpt2"):
+            raise ValueError(f"scale must be 'small' or 'gpt2', got {scale!r}")
+        return self.small if scale == "small" else self.gpt2
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a per-step hook may use, right after an optimizer update.
+
+    logits: calls the training forward on this process's first micro-batch of the update (with
+        gradients, under the run's autocast) and returns the logits.
+    generator: a generator the loop seeded from (run seed, update index, process rank), for any
+        sampling the hook does (a resumed run draws the same).
+    world_size: the number of processes (gradients are averaged over them).
+    """
+
+    optimizer: Optimizer
+    step: int  # 0-based index of the update just taken
+    logits: Callable[[], torch.Tensor]
+    generator: torch.Generator
+    world_size: int
+
+
+@dataclass(frozen=True)
+class StepHook:
+    """Extra work for the training loop after some optimizer updates (Sophia-G's Hessian refresh).
+
+    The cadence belongs to the loop: it calls ``run`` after update ``i`` when
+    ``i % every == every - 1``, where ``every = interval(optimizer)`` is read once from the built
+    optimizer. Gradients are cleared before ``run`` and again after it.
+    """
+
+    interval: Callable[[Optimizer], int]
+    run: Callable[[StepContext], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerSpec:
+    """One registry entry: everything the project needs to know about one optimizer name.
+
+    name: the registry name (lower case, words joined by ``-``).
+    summary: one line for ``--optimizer`` help and run logs.
+    builder: ``(name, model_or_params, hparams) -> Optimizer``; `hparams` are the resolved
+        defaults and overrides plus `fixed`, already type-checked.
+    defaults: the hyperparameters a user may set, with their defaults.
+    kinds: the kind (a key of :data:`KINDS`) of every hyperparameter whose default does not say
+        it: a None default, or a number that may also be None (``"float?"``). The others come from
+        :data:`SHARED_KINDS`, else from the default's type (bool, int, float, a pair of numbers,
+        str). After construction it holds the kind of every key of `defaults`.
+    fixed: switches that define a variant and cannot be set (the MERIT ablations).
+    lr_centre / lr_family: compare's lr-grid centre, or the registry name whose centre this
+        optimizer shares (the MERIT ablations use MERIT's); exactly one of the two.
+    fsdp_refused: None when the optimizer trains FSDP2-sharded (DTensor) parameters exactly
+        (tests/dist_scripts/fsdp_checks.py checks every name); else the one-line reason
+        `--parallel fsdp` refuses it.
+    tuned_lrs: named model -> a peak lr measured for the default CPU run of that model; used by
+        `merit train` when no lr is given (else the `lr` default).
+    step_hook: extra work the training loop does after some updates, or None.
+    """
+
+    name: str
+    summary: str
+    builder: Callable[[str, Any, dict[str, Any]], Optimizer]
+    defaults: Mapping[str, Any]
+    kinds: Mapping[str, str] = field(default_factory=dict)
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    lr_centre: LrCentre | None = None
+    lr_family: str | None = None
+    fsdp_refused: str | None = None
+    tuned_lrs: Mapping[str, float] = field(default_factory=dict)
+    step_hook: StepHook | None = None
+
+    def __post_init__(self) -> None:
+        where = f"optimizer spec '{self.name}'"
+        if not isinstance(self.name, str) or self.name != _key(self.name) or not self.name:
+            raise ValueError(f"{where}: the name must be lower case with '-' between words")
+        stray = set(self.kinds) - set(self.defaults)
+        if stray:
+            raise ValueError(f"{where}: kinds given for unknown hyperparameters {sorted(stray)}")
+        clash = set(self.fixed) & set(self.defaults)
+        if clash:
+            raise ValueError(f"{where}: {sorted(clash)} are both fixed and settable")
+        kinds = {}
+        for key, default in self.defaults.items():
+            kind = self.kinds.get(key) or SHARED_KINDS.get(key) or _kind_of(default)
+            if kind not in KINDS:
+                raise ValueError(
+                    f"{where}: hyperparameter '{key}' (default {default!r}) needs its kind in kinds=, "
+                    f"one of {', '.join(KINDS)}"
+                )
+            kinds[key] = kind
+            try:
+                _check(kind, default)
+            except TypeError:
+                raise ValueError(f"{where}: the default of '{key}', {default!r}, is not {KINDS[kind]}") from None
+        object.__setattr__(self, "kinds", kinds)
+        if (self.lr_centre is None) == (self.lr_family is None):
+            raise ValueError(f"{where}: give exactly one of lr_centre (compare's lr-grid centre) or lr_family")
+
+
+def _key(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+def _kind_of(default: Any) -> str | None:
+    """The kind a default value implies, or None when it does not imply one."""
+    if isinstance(default, bool):
+        return "bool"
+    if isinstance(default, int):
+        return "int"
+    if isinstance(default, float):
+        return "float"
+    if isinstance(default, str):
+        return "str"
+    if isinstance(default, tuple) and len(default) == 2 and all(_is_number(v) for v in default):
+        return "pair"
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def _check(kind: str, value: Any) -> Any:
+    """`value` normalised for `kind` (ints to floats, lists to tuples); TypeError when it does not fit."""
     if value is None and kind.endswith("?"):
         return None
     base = kind.rstrip("?")
-    ok = False
-    if base == "float":
-        ok = isinstance(value, Real) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    elif base == "int":
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif base == "bool":
-        ok = isinstance(value, bool)
-    elif base == "str":
-        ok = isinstance(value, str)
-    elif base == "pair":
-        ok = (
-            isinstance(value, (list, tuple))
-            and len(value) == 2
-            and all(isinstance(v, Real) and not isinstance(v, bool) for v in value)
-        )
-        value = tuple(float(v) for v in value) if ok else value
-    if not ok:
-        raise ConfigError(f"optimizer '{optimizer}': hyperparameter '{key}' must be {_KIND_TEXT[kind]}, got {value!r}")
-    return value
+    if base == "float" and _is_number(value):
+        return float(value)
+    if base == "int" and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if base == "bool" and isinstance(value, bool):
+        return value
+    if base == "str" and isinstance(value, str):
+        return value
+    if base == "pair" and isinstance(value, (list, tuple)) and len(value) == 2 and all(map(_is_number, value)):
+        return tuple(float(v) for v in value)
+    raise TypeError(kind)
+
+
+def _coerce(spec: OptimizerSpec, key: str, value: Any) -> Any:
+    kind = spec.kinds[key]
+    try:
+        return _check(kind, value)
+    except TypeError:
+        raise ConfigError(
+            f"optimizer '{spec.name}': hyperparameter '{key}' must be {KINDS[kind]}, got {value!r}"
+        ) from None
 
 
 def _construct(optimizer: str, cls: type, *args: Any, **kwargs: Any) -> Optimizer:
@@ -127,8 +254,6 @@ def _build_merit(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimiz
 def _build_adamw(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimizer:
     from torch.optim import AdamW
 
-    from merit_core.optim.muon import fast_adamw_options
-
     groups = _decay_groups(model_or_params, hp)
     fused, foreach = hp.pop("fused"), hp.pop("foreach")
     if fused is None and foreach is None:
@@ -153,21 +278,74 @@ def _build_lion(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimize
 
 
 def _build_sophiag(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimizer:
-    from merit_core.optim.sophia import SophiaG
-
     groups = _decay_groups(model_or_params, hp)
     return _construct(name, SophiaG, groups, **hp)
 
 
 def _build_muon(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimizer:
-    from merit_core.optim.muon import MuonWithAdamW, muon_param_groups
-
     groups = muon_param_groups(model_or_params, hp["adamw_weight_decay"], decay_embeddings=hp.pop("decay_embeddings"))
     return _construct(name, MuonWithAdamW, groups, **hp)
 
 
+def _sophia_refresh(ctx: StepContext) -> None:
+    """Sophia-G's Gauss-Newton-Bartlett refresh: backward on labels sampled from the model's own
+    predictions, then update_hessian with the labels behind the gradient, counted over processes
+    since DDP and FSDP average the gradient (see merit_core.optim.sophia)."""
+    loss, n_labels = sampled_label_loss(ctx.logits(), generator=ctx.generator)
+    loss.backward()
+    ctx.optimizer.update_hessian(n_labels * ctx.world_size)
+
+
 # ---------------------------------------------------------------------------------------------
 # the registry
+
+_SPECS: dict[str, OptimizerSpec] = {}
+
+
+def register_optimizer(spec: OptimizerSpec, *, replace: bool = False) -> OptimizerSpec:
+    """Add `spec` under ``spec.name`` (ValueError if the name is taken, unless `replace`)."""
+    if spec.name in _SPECS and not replace:
+        raise ValueError(f"optimizer '{spec.name}' is already registered")
+    if spec.lr_family is not None:
+        head = _SPECS.get(spec.lr_family)
+        if head is None or head.lr_centre is None:
+            raise ValueError(
+                f"optimizer spec '{spec.name}': lr_family '{spec.lr_family}' must be a registered optimizer "
+                "with an lr_centre of its own"
+            )
+    _SPECS[spec.name] = spec
+    return spec
+
+
+def unregister_optimizer(name: str) -> None:
+    """Remove a registered name (for tests and plugins that registered their own)."""
+    _SPECS.pop(canonical_name(name))
+
+
+# AdamW's compare centre on small models over GPT-2's (1e-3 / 6e-4): optimizers without a
+# measured small-model centre scale their registry default lr by it.
+_SMALL_MODEL_LR_RATIO = 1e-3 / 6e-4
+
+
+def _default_lr_centre(lr: float) -> LrCentre:
+    """An unmeasured lr-grid centre: `lr` on GPT-2, x 5/3 on small models (as AdamW's two centres)."""
+    return LrCentre(small=lr * _SMALL_MODEL_LR_RATIO, gpt2=lr)
+
+
+# Compare's measured centres. Small: gpt2-tiny, built-in corpus, 131k tokens, seq 128, batch 8, a
+# pilot sweep over 1e-3..1e-1 (best AdamW 1e-3 with 3e-3 next, LAMB 3e-2, MERIT 3e-2). GPT-2:
+# AdamW 6e-4 (nanoGPT's GPT-2 recipe at batch 480); LAMB and MERIT 6e-3 (trust-ratio updates are
+# relative to each weight's norm, so both take the same, larger lr; the starting point of
+# merit_core/configs/gpt2-small.toml).
+_ADAMW_CENTRE = LrCentre(small=1e-3, gpt2=6e-4)
+_TRUST_RATIO_CENTRE = LrCentre(small=3e-2, gpt2=6e-3)
+
+# Tuned lrs of the default CPU run (gpt2-tiny, built-in corpus, batch 16 x 128). merit: the best of
+# 2e-4, 1e-3, 3e-3, 1e-2, 2e-2, 4e-2 in 80-step runs (val loss 8.13, 7.71, 6.93, 6.20, 6.04, 6.46);
+# adamw: 3e-3, a usual small-model value (val 6.33 in the same run; not swept). The registry
+# defaults target the paper's scales (GPT-2 small and up); MERIT's step is relative to each weight's
+# max-norm, so a 128-wide model with ~0.02 weights needs a much larger lr than its reference
+# default (2e-4) to learn in a few hundred steps.
 
 _MERIT_SWITCHES = ("norm", "elementwise", "weight_bound", "clip")
 # The reference README's language-model example: lr 2e-4, betas (0.9, 0.95), weight decay 1e-2.
@@ -185,6 +363,7 @@ _MERIT_DEFAULTS = dict(
     implementation=None,
     decay_embeddings=True,
 )
+_MERIT_KINDS = {"clip": "float?", "implementation": "str?"}
 # nanoGPT's GPT-2 recipe.
 _ADAMW_DEFAULTS = dict(
     lr=6e-4,
@@ -239,76 +418,102 @@ _MUON_DEFAULTS = dict(
 
 
 def _merit_variant(name: str, summary: str, **switches: Any) -> OptimizerSpec:
+    """A MERIT ablation: MERIT with some switches fixed; it shares MERIT's lr-grid centre."""
     fixed = {k: _MERIT_DEFAULTS[k] for k in _MERIT_SWITCHES} | switches
     settable = {k: v for k, v in _MERIT_DEFAULTS.items() if k not in _MERIT_SWITCHES}
-    return OptimizerSpec(name, summary, settable, _build_merit, fixed)
-
-
-_SPECS: dict[str, OptimizerSpec] = {
-    spec.name: spec
-    for spec in (
-        OptimizerSpec(
-            "merit",
-            "MERIT: max-norm element-wise trust ratios, clipped (Luo et al. 2025)",
-            _MERIT_DEFAULTS,
-            _build_merit,
-        ),
-        OptimizerSpec(
-            "adamw",
-            "torch AdamW, decoupled decay (fused kernel on CPU/CUDA, else foreach)",
-            _ADAMW_DEFAULTS,
-            _build_adamw,
-        ),
-        OptimizerSpec(
-            "lamb",
-            "pytorch_optimizer Lamb (step / (1 - b1^t)); decay inside the trust-ratio update",
-            _LAMB_DEFAULTS,
-            _build_lamb,
-        ),
-        OptimizerSpec(
-            "lion", "pytorch_optimizer Lion: signed momentum updates, decoupled decay", _LION_DEFAULTS, _build_lion
-        ),
-        OptimizerSpec(
-            "sophiag",
-            "Sophia-G (Liu et al. 2023); the loop refreshes its Hessian every hessian_interval",
-            _SOPHIAG_DEFAULTS,
-            _build_sophiag,
-        ),
-        OptimizerSpec(
-            "muon",
-            "torch Muon on 2-D hidden weights + AdamW (adamw_*) on embeddings, head and 1-D params",
-            _MUON_DEFAULTS,
-            _build_muon,
-        ),
-        _merit_variant("merit-noclip", "MERIT ablation: no element-wise clipping", clip=None),
-        _merit_variant(
-            "merit-nobound", "MERIT ablation: no weight-wise ratio bound (s = max(r_i, c_j))", weight_bound=False
-        ),
-        _merit_variant("max-lamb", "MERIT ablation: one max-norm weight-wise ratio per tensor", elementwise=False),
-        _merit_variant("l2-merit", "MERIT ablation: l2-norm ratios, element-wise construction", norm="l2"),
-        _merit_variant(
-            "lamb-ref",
-            "LAMB as MERIT's ablation: l2-norm, weight-wise, no clip, no bias correction",
-            norm="l2",
-            elementwise=False,
-            clip=None,
-        ),
+    kinds = {k: v for k, v in _MERIT_KINDS.items() if k in settable}
+    return OptimizerSpec(
+        name=name, summary=summary, builder=_build_merit, defaults=settable, kinds=kinds, fixed=fixed, lr_family="merit"
     )
-}
 
+
+for _spec in (
+    OptimizerSpec(
+        name="merit",
+        summary="MERIT: max-norm element-wise trust ratios, clipped (Luo et al. 2025)",
+        builder=_build_merit,
+        defaults=_MERIT_DEFAULTS,
+        kinds=_MERIT_KINDS,
+        lr_centre=_TRUST_RATIO_CENTRE,
+        tuned_lrs={"gpt2-tiny": 2e-2},
+    ),
+    OptimizerSpec(
+        name="adamw",
+        summary="torch AdamW, decoupled decay (fused kernel on CPU/CUDA, else foreach)",
+        builder=_build_adamw,
+        defaults=_ADAMW_DEFAULTS,
+        lr_centre=_ADAMW_CENTRE,
+        tuned_lrs={"gpt2-tiny": 3e-3},
+    ),
+    OptimizerSpec(
+        name="lamb",
+        summary="pytorch_optimizer Lamb (step / (1 - b1^t)); decay inside the trust-ratio update",
+        builder=_build_lamb,
+        defaults=_LAMB_DEFAULTS,
+        lr_centre=_TRUST_RATIO_CENTRE,
+        fsdp_refused="pytorch_optimizer's Lamb clamps its trust-ratio norms in place, which DTensor shards do not "
+        "support; use 'lamb-ref' (LAMB as MERIT's ablation, exact under fsdp) or --parallel ddp",
+    ),
+    OptimizerSpec(
+        name="lion",
+        summary="pytorch_optimizer Lion: signed momentum updates, decoupled decay",
+        builder=_build_lion,
+        defaults=_LION_DEFAULTS,
+        lr_centre=_default_lr_centre(_LION_DEFAULTS["lr"]),
+    ),
+    OptimizerSpec(
+        name="sophiag",
+        summary="Sophia-G (Liu et al. 2023); the loop refreshes its Hessian every hessian_interval",
+        builder=_build_sophiag,
+        defaults=_SOPHIAG_DEFAULTS,
+        lr_centre=_default_lr_centre(_SOPHIAG_DEFAULTS["lr"]),
+        step_hook=StepHook(interval=lambda opt: int(opt.hessian_interval), run=_sophia_refresh),
+    ),
+    OptimizerSpec(
+        name="muon",
+        summary="torch Muon on 2-D hidden weights + AdamW (adamw_*) on embeddings, head and 1-D params",
+        builder=_build_muon,
+        defaults=_MUON_DEFAULTS,
+        kinds={"adjust_lr_fn": "str?"},
+        lr_centre=_default_lr_centre(_MUON_DEFAULTS["lr"]),
+    ),
+    _merit_variant("merit-noclip", "MERIT ablation: no element-wise clipping", clip=None),
+    _merit_variant(
+        "merit-nobound", "MERIT ablation: no weight-wise ratio bound (s = max(r_i, c_j))", weight_bound=False
+    ),
+    _merit_variant("max-lamb", "MERIT ablation: one max-norm weight-wise ratio per tensor", elementwise=False),
+    _merit_variant("l2-merit", "MERIT ablation: l2-norm ratios, element-wise construction", norm="l2"),
+    _merit_variant(
+        "lamb-ref",
+        "LAMB as MERIT's ablation: l2-norm, weight-wise, no clip, no bias correction",
+        norm="l2",
+        elementwise=False,
+        clip=None,
+    ),
+):
+    register_optimizer(_spec)
+del _spec
+
+# The built-in names, in registry order (optimizer_names() also lists names registered later).
 OPTIMIZER_NAMES: tuple[str, ...] = tuple(_SPECS)
+
+
+def optimizer_names() -> tuple[str, ...]:
+    """Every registered name, built-in ones first."""
+    return tuple(_SPECS)
 
 
 def canonical_name(name: str) -> str:
     """The registry name for ``name`` (case-insensitive, ``_`` == ``-``); ConfigError if there is none."""
+    names = optimizer_names()
     if not isinstance(name, str):
-        raise ConfigError(f"optimizer name must be a string, got {name!r}; valid: {', '.join(OPTIMIZER_NAMES)}")
-    key = name.strip().lower().replace("_", "-")
+        raise ConfigError(f"optimizer name must be a string, got {name!r}; valid: {', '.join(names)}")
+    key = _key(name)
     if key in _SPECS:
         return key
-    close = difflib.get_close_matches(key, OPTIMIZER_NAMES, n=1, cutoff=0.5)
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
-    raise ConfigError(f"unknown optimizer '{name}'{hint}; valid names: {', '.join(OPTIMIZER_NAMES)}")
+    raise ConfigError(f"unknown optimizer '{name}'{hint}; valid names: {', '.join(names)}")
 
 
 def get_spec(name: str) -> OptimizerSpec:
@@ -329,6 +534,27 @@ def fixed_hparams(name: str) -> dict[str, Any]:
 def optimizer_summary(name: str) -> str:
     """One line describing optimizer ``name`` (for ``--optimizer`` help and run logs)."""
     return get_spec(name).summary
+
+
+def lr_centre(name: str) -> LrCentre:
+    """The centre of compare's automatic lr grid for ``name`` (its lr family's when it has one)."""
+    spec = get_spec(name)
+    return spec.lr_centre if spec.lr_centre is not None else get_spec(spec.lr_family).lr_centre
+
+
+def fsdp_refusal(name: str) -> str | None:
+    """Why ``name`` cannot train under ``--parallel fsdp``, or None when it can."""
+    return get_spec(name).fsdp_refused
+
+
+def tuned_lr(name: str, model: str) -> float | None:
+    """The peak lr measured for optimizer ``name`` on named model ``model``, or None."""
+    return get_spec(name).tuned_lrs.get(model)
+
+
+def step_hook(name: str) -> StepHook | None:
+    """The per-step hook the training loop runs for ``name`` (Sophia-G's Hessian refresh), or None."""
+    return get_spec(name).step_hook
 
 
 def resolve_hparams(name: str, **hparams: Any) -> dict[str, Any]:
@@ -353,7 +579,7 @@ def resolve_hparams(name: str, **hparams: Any) -> dict[str, Any]:
                 f"unknown hyperparameter '{raw_key}' for optimizer '{spec.name}'{hint}; "
                 f"accepted: {', '.join(spec.defaults)}"
             )
-        resolved[key] = _coerce(spec.name, key, value)
+        resolved[key] = _coerce(spec, key, value)
     return resolved
 
 

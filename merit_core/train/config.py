@@ -35,7 +35,8 @@ class TrainConfig:
 
     model: a named model (see merit_core.models) or a path to a config.json.
     optimizer / optimizer_args: a registry name and its extra hyperparameters (betas, eps, ...).
-    lr / weight_decay: default to the optimizer's registry defaults (lr: see TUNED_LRS first).
+    lr / weight_decay: default to the optimizer's registry defaults (lr: its spec's tuned lr for
+        the model first, see merit_core.optim.registry).
     lr / min_lr / min_lr_ratio / warmup_steps / warmup_ratio: linear warmup to `lr`, then cosine
         decay to `min_lr` (default `lr * min_lr_ratio`); warmup defaults to `warmup_ratio * steps`.
     steps / tokens: the run length; give one (tokens are rounded up to whole steps).
@@ -100,13 +101,6 @@ class TrainConfig:
 
 
 DEFAULT_STEPS = 300
-# Peak learning rates for the default CPU run (gpt2-tiny, built-in corpus, batch 16 x 128), used when
-# lr is not set. merit: the best of 2e-4, 1e-3, 3e-3, 1e-2, 2e-2, 4e-2 in 80-step runs (val loss 8.13,
-# 7.71, 6.93, 6.20, 6.04, 6.46); adamw: 3e-3, a usual small-model value (val 6.33 in the same run; not
-# swept). The registry defaults target the paper's scales (GPT-2 small and up); MERIT's step is
-# relative to each weight's max-norm, so a 128-wide model with ~0.02 weights needs a much larger lr
-# than its reference default (2e-4) to learn in a few hundred steps.
-TUNED_LRS: dict[tuple[str, str], float] = {("gpt2-tiny", "merit"): 2e-2, ("gpt2-tiny", "adamw"): 3e-3}
 FIELD_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))
 _HINTS = typing.get_type_hints(TrainConfig)
 
@@ -236,8 +230,11 @@ def resolve(
     """
     c = dataclasses.replace(config, optimizer_args=dict(config.optimizer_args))
     defaults = dict(optimizer_defaults or {})
-    if (c.model, c.optimizer) in TUNED_LRS:
-        defaults["lr"] = TUNED_LRS[(c.model, c.optimizer)]
+    from merit_core.optim.registry import tuned_lr  # here, not at the top: this module stays torch-free
+
+    tuned = tuned_lr(c.optimizer, c.model)
+    if tuned is not None:
+        defaults["lr"] = tuned
     for key in ("lr", "weight_decay"):
         if getattr(c, key) is None:
             if key not in defaults:

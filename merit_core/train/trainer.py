@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from merit_core.errors import MeritError
+from merit_core.optim.registry import StepContext, step_hook
 from merit_core.train.batches import TrainBatches, val_batches
 from merit_core.train.config import TrainConfig
 from merit_core.train.distributed import Parallel
@@ -43,13 +44,6 @@ def _autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextMan
     if not use_bf16:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-
-
-def hessian_interval(optimizer: torch.optim.Optimizer) -> int | None:
-    """Every how many steps the loop refreshes the optimizer's Hessian estimate (Sophia-G), or None."""
-    if not callable(getattr(optimizer, "update_hessian", None)):
-        return None
-    return int(optimizer.hessian_interval)
 
 
 def build_trainer(
@@ -95,7 +89,8 @@ class Trainer:
         self.autocast = lambda: _autocast(self.device, config.dtype)
         self.per_rank = config.batch_size // parallel.world_size
         self.n_micro = self.per_rank // config.micro_batch_size
-        self.hessian_every = hessian_interval(optimizer)
+        self.hook = step_hook(config.optimizer)  # the optimizer spec's extra work after some updates
+        self.hook_every = self.hook.interval(optimizer) if self.hook is not None else None
         self.step = 0  # completed updates
         self._first_bad = torch.zeros((), dtype=torch.int64, device=self.device)  # 0: all finite so far
 
@@ -138,26 +133,24 @@ class Trainer:
         grad_norm = self.parallel.clip_grad_norm(self.model, c.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.hessian_every and index % self.hessian_every == self.hessian_every - 1:
-            self._refresh_hessian(index, first)
+        if self.hook_every and index % self.hook_every == self.hook_every - 1:
+            self._run_hook(index, first)
         finite = torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
         self._first_bad = torch.where((self._first_bad == 0) & ~finite, index + 1, self._first_bad)
         self.step += 1
         return StepOutput(loss_sum, grad_norm, lr)
 
-    def _refresh_hessian(self, index: int, x: torch.Tensor) -> None:
-        """Sophia-G's Gauss-Newton-Bartlett refresh on this process's first micro-batch: backward on
-        labels sampled from the model's own predictions, then update_hessian(labels behind the
-        gradient, counted over processes since DDP averages the gradient)."""
-        from merit_core.optim.sophia import sampled_label_loss
-
+    def _run_hook(self, index: int, x: torch.Tensor) -> None:
+        """The optimizer spec's step hook after update `index` (Sophia-G: its Hessian refresh), on this
+        process's first micro-batch, with a generator seeded from (seed, index, rank)."""
         gen = torch.Generator(device=self.device)
         gen.manual_seed((self.config.seed * 1_000_003 + index) * 4099 + self.parallel.rank)
-        with self.autocast():
-            logits = self.forward(input_ids=x, use_cache=False).logits
-        loss, n_labels = sampled_label_loss(logits, generator=gen)
-        loss.backward()
-        self.optimizer.update_hessian(n_labels * self.parallel.world_size)
+
+        def logits() -> torch.Tensor:
+            with self.autocast():
+                return self.forward(input_ids=x, use_cache=False).logits
+
+        self.hook.run(StepContext(self.optimizer, index, logits, gen, self.parallel.world_size))
         self.optimizer.zero_grad(set_to_none=True)
 
     def first_nonfinite_step(self) -> int | None:

@@ -6,8 +6,8 @@ import tomllib
 import pytest
 
 from merit_core.errors import ConfigError
+from merit_core.optim.registry import tuned_lr
 from merit_core.train.config import (
-    TUNED_LRS,
     TrainConfig,
     dumps_toml,
     load_config,
@@ -31,7 +31,7 @@ def test_lr_and_weight_decay_default_to_the_optimizer_registry():
     r = resolve(load_config(None, ["weight_decay=0.5", "model=gpt2-small"]), optimizer_defaults=DEFAULTS)
     assert (r.lr, r.weight_decay, r.min_lr) == (4e-3, 0.5, pytest.approx(4e-4))
     tuned = resolve(load_config(), optimizer_defaults=DEFAULTS)  # the default CPU run has a measured lr
-    assert (tuned.lr, tuned.weight_decay) == (TUNED_LRS[("gpt2-tiny", "merit")], 0.01)
+    assert (tuned.lr, tuned.weight_decay) == (tuned_lr("merit", "gpt2-tiny"), 0.01) and tuned.lr == 2e-2
     assert resolve(load_config(None, ["lr=1e-3"]), optimizer_defaults=DEFAULTS).lr == 1e-3
     with pytest.raises(ConfigError, match="lr is not set"):
         resolve(load_config(None, ["model=gpt2-small"]))
