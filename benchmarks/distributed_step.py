@@ -141,7 +141,7 @@ def worker(rank: int, world: int, port: int, args) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(minutes=5))
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from merit_core.train.distributed import setup_parallel
+    from merit_core.train.parallel import setup_parallel
 
     parallel = setup_parallel("fsdp", "cpu", "float32")
     names = ["adamw", "merit"] + (["merit-reference"] if args.reference else [])

@@ -2,20 +2,29 @@
 
 The training loop talks only to the `Parallel` interface (place or shard the model, wrap it,
 skip gradient sync on accumulation micro-steps, reduce metrics, clip, produce full state dicts
-and optimizer state for saving); FSDP2 lives in `merit_core.train.fsdp`.
+and optimizer state for saving); FSDP2 lives in `merit_core.train.fsdp`, and
+`merit_core.train.parallel` picks the scheme for this process.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from merit_core.errors import CheckpointError, ConfigError
+
+# What a sharded scheme keeps in trainer_state.pt in place of the optimizer state: a marker naming
+# the format of the shards it wrote into the checkpoint folder (see merit_core.train.fsdp).
+DCP_FORMAT = "torch.distributed.checkpoint"
+
+
+def is_sharded_optimizer_state(state: Any) -> bool:
+    """True for the marker fsdp checkpoints keep in trainer_state.pt instead of the optimizer state."""
+    return isinstance(state, dict) and state.get("format") == DCP_FORMAT
 
 
 def resolve_device(device: str, local_rank: int = 0) -> torch.device:
@@ -87,8 +96,6 @@ class Parallel:
     def load_optimizer_state_dict(
         self, model, optimizer: torch.optim.Optimizer, state: dict[str, Any], checkpoint_dir: Path | None = None
     ) -> None:
-        from merit_core.train.fsdp import is_sharded_optimizer_state
-
         if is_sharded_optimizer_state(state):
             raise CheckpointError(
                 f"{checkpoint_dir} was written under --parallel fsdp (sharded optimizer state); "
@@ -129,61 +136,22 @@ class DDPParallel(Parallel):
         return self._ddp.no_sync()
 
     def all_reduce(self, tensor, op="sum"):
-        import torch.distributed as dist
-
         ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
         out = tensor.clone()
         dist.all_reduce(out, op=ops[op])
         return out / self.world_size if op == "mean" else out
 
     def broadcast_object(self, obj):
-        import torch.distributed as dist
-
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
     def barrier(self):
-        import torch.distributed as dist
-
         if self.device.type == "cuda":
             dist.barrier(device_ids=[self.device.index])
         else:
             dist.barrier()
 
     def close(self):
-        import torch.distributed as dist
-
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def launched_world_size() -> int:
-    """WORLD_SIZE set by torchrun (1 when not launched by it)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def setup_parallel(kind: str, device: str, dtype: str = "auto") -> Parallel:
-    """The Parallel for this process: single, or `kind` ('ddp' or 'fsdp') when launched with WORLD_SIZE > 1.
-
-    `dtype` is the run's dtype setting (fsdp computes in bf16 when it resolves to bf16)."""
-    world = launched_world_size()
-    if world <= 1:
-        return Parallel(resolve_device(device))
-    import torch.distributed as dist
-
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    dev = resolve_device(device, local_rank)
-    owns = not dist.is_initialized()
-    if owns:
-        if dev.type == "cuda":
-            torch.cuda.set_device(dev)
-        backend = "nccl" if dev.type == "cuda" else "gloo"
-        dist.init_process_group(
-            backend=backend, timeout=datetime.timedelta(minutes=30), device_id=dev if dev.type == "cuda" else None
-        )
-    if kind == "fsdp":
-        from merit_core.train.fsdp import FSDPParallel
-
-        return FSDPParallel(dev, dist.get_rank(), local_rank, dist.get_world_size(), owns, dtype)
-    return DDPParallel(dev, dist.get_rank(), local_rank, dist.get_world_size(), owns)

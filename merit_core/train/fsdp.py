@@ -24,14 +24,15 @@ Choices:
   hold it once (meta-device initialisation for larger models is not done).
 
 Optimizers under fsdp (each checked against a single process fed the same gradients, see
-tests/dist_scripts/fsdp_checks.py; `FSDP_REFUSED` lists the others):
+tests/dist_scripts/fsdp_checks.py; the others are refused, each with the reason its registry
+spec gives in `fsdp_refused`):
 - MERIT and its ablations: exact on the shards through `merit_core.optim.merit_sharded`, with
   one small all-reduce per param group per step (the row/column/tensor max-norm statistics of
   all its parameters in one buffer).
 - AdamW (foreach; the fused kernel takes no DTensors), Lion, Sophia-G (and its Hessian
   refresh): element-wise, so the shards need nothing; exact.
 - Muon: correct, but not cheap: DTensor gathers each matrix for the Newton-Schulz iteration
-  (~16 collectives per matrix per step), and every process computes the full bf16
+  (many collectives per matrix per step), and every process computes the full bf16
   orthogonalisation; results match a single process up to bf16 rounding.
 - pytorch_optimizer's Lamb: refused (its in-place clamp of a cross-shard norm fails on DTensor).
 """
@@ -45,22 +46,15 @@ from typing import Any
 import torch
 
 from merit_core.errors import CheckpointError, ConfigError
-from merit_core.train.distributed import DDPParallel
+from merit_core.optim.registry import fsdp_refusal
+from merit_core.train.distributed import DCP_FORMAT, DDPParallel, is_sharded_optimizer_state
 
 OPTIMIZER_DIR = "optimizer"
-DCP_FORMAT = "torch.distributed.checkpoint"
-
-# Registry optimizers that cannot train sharded parameters, with the reason (checked numerically
-# against a single process; see tests/dist_scripts/fsdp_checks.py).
-FSDP_REFUSED: dict[str, str] = {
-    "lamb": "pytorch_optimizer's Lamb clamps its trust-ratio norms in place, which DTensor shards do not "
-    "support; use 'lamb-ref' (LAMB as MERIT's ablation, exact under fsdp) or --parallel ddp",
-}
 
 
 def check_fsdp_optimizer(name: str) -> None:
-    """ConfigError when registry optimizer `name` (canonical) cannot run under fsdp."""
-    reason = FSDP_REFUSED.get(name)
+    """ConfigError when registry optimizer `name` cannot run under fsdp (its spec's `fsdp_refused`)."""
+    reason = fsdp_refusal(name)
     if reason is not None:
         raise ConfigError(f"optimizer '{name}' does not support --parallel fsdp: {reason}")
 
@@ -183,11 +177,6 @@ class FSDPParallel(DDPParallel):
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise CheckpointError(f"{folder} cannot be loaded into this optimizer: {message}") from None
         set_optimizer_state_dict(model, optimizer, target)
-
-
-def is_sharded_optimizer_state(state: Any) -> bool:
-    """True for the marker fsdp checkpoints keep in trainer_state.pt instead of the optimizer state."""
-    return isinstance(state, dict) and state.get("format") == DCP_FORMAT
 
 
 def _prefix(model: torch.nn.Module, module: torch.nn.Module) -> str:

@@ -85,7 +85,7 @@ class TrainCallbacks:
 
 def run_training(config: TrainConfig, callbacks: TrainCallbacks | None = None) -> RunSummary:
     """Train as `config` says; return the summary. Raises MeritError subclasses on bad input."""
-    from merit_core.train.distributed import setup_parallel
+    from merit_core.train.parallel import setup_parallel
 
     parallel = setup_parallel(config.parallel, config.device, config.dtype)
     try:

@@ -217,7 +217,7 @@ def empty_shard_check(parallel) -> dict:
 def mixed_precision_check(config) -> dict:
     from transformers import GPT2LMHeadModel
 
-    from merit_core.train.distributed import setup_parallel
+    from merit_core.train.parallel import setup_parallel
 
     out = {}
     for dtype in ("auto", "bfloat16"):
@@ -241,7 +241,7 @@ def main() -> None:
     from transformers import GPT2Config
 
     from merit_core.optim import OPTIMIZER_NAMES
-    from merit_core.train.distributed import setup_parallel
+    from merit_core.train.parallel import setup_parallel
 
     start = time.perf_counter()
     train_runs(work)
