@@ -10,11 +10,11 @@ from merit_core.data.meta import (
     dtype_for_vocab,
     is_prepared,
     load_meta,
-    load_tokenizer,
     open_tokens,
 )
 from merit_core.data.prepare import prepare_corpus, prepare_documents
 from merit_core.data.resolve import resolve_data
+from merit_core.data.tokenizer import load_tokenizer
 
 __all__ = [
     "FORMAT",

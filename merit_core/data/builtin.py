@@ -17,6 +17,9 @@ import warnings
 from pathlib import Path
 
 from merit_core.data.meta import FORMAT, is_prepared
+from merit_core.data.prepare import batched, check_vocab_size, prepare_documents
+from merit_core.data.publish import build_lock
+from merit_core.data.tokenizer import tokenizer_identity
 from merit_core.paths import cache_dir
 
 SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"})
@@ -56,7 +59,7 @@ def _file_docstrings(path: Path, min_chars: int) -> list[str]:
 def builtin_corpus_documents(min_chars: int = 40) -> tuple[str, ...]:
     """Distinct stdlib docstrings longer than `min_chars`, in a fixed order (one document each).
 
-    Gathered once per process (a few seconds), then served from memory.
+    Gathered once per process, then served from memory.
     """
     return _gather(int(min_chars))
 
@@ -83,8 +86,6 @@ def builtin_key(vocab_size: int, tokenizer: str | None = None) -> str:
     version = ".".join(map(str, sys.version_info[:3]))
     if tokenizer is None:
         return f"builtin-stdlib-py{version}-bpe{vocab_size}-{FORMAT}"
-    from merit_core.data.resolve import tokenizer_identity
-
     digest = hashlib.sha256(tokenizer_identity(tokenizer, vocab_size).encode()).hexdigest()[:16]
     return f"builtin-stdlib-py{version}-tok{digest}-{FORMAT}"
 
@@ -99,8 +100,6 @@ def prepare_builtin(
     progress=None,
 ):
     """Prepare the built-in corpus into `out_dir` (see `prepare_documents`); returns its DataMeta."""
-    from merit_core.data.prepare import batched, prepare_documents
-
     if progress is not None:
         progress("gathering stdlib docstrings", 0, None)
     docs = builtin_corpus_documents()
@@ -123,9 +122,6 @@ def builtin_data(vocab_size: int = 4096, *, tokenizer: str | None = None, progre
     With `tokenizer` None it uses a byte-level BPE of `vocab_size` trained on the corpus;
     otherwise the given hub or local tokenizer.
     """
-    from merit_core.data.prepare import check_vocab_size
-    from merit_core.data.publish import build_lock
-
     check_vocab_size(vocab_size)
     target = cache_dir("data") / builtin_key(vocab_size, tokenizer)
     if not is_prepared(target):

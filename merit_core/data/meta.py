@@ -114,11 +114,3 @@ def open_tokens(path: str | Path, split: str = "train") -> np.memmap:
     if expected == 0:
         raise DataError(f"prepared data in {meta.path} has no {split} tokens; prepare it again")
     return np.memmap(file, dtype=meta.np_dtype, mode="r", shape=(expected,))
-
-
-def load_tokenizer(path: str | Path):
-    """The transformers tokenizer saved in a prepared-data folder."""
-    meta = load_meta(path)
-    from merit_core.data.tokenizer import load_local_tokenizer
-
-    return load_local_tokenizer(meta.tokenizer_path)

@@ -10,18 +10,8 @@ from merit_core.data.meta import FORMAT, is_prepared
 from merit_core.data.prepare import Progress, check_vocab_size, prepare_corpus
 from merit_core.data.publish import build_lock
 from merit_core.data.sources import resolve_source
+from merit_core.data.tokenizer import tokenizer_identity
 from merit_core.paths import cache_dir
-
-
-def tokenizer_identity(tokenizer: str | None, vocab_size: int) -> str:
-    """A string naming the tokenizer choice; a local tokenizer folder adds its newest file time."""
-    if tokenizer is None:
-        return f"bpe:{vocab_size}"
-    path = Path(tokenizer).expanduser()
-    if path.exists():
-        stamp = max((p.stat().st_mtime_ns for p in path.rglob("*") if p.is_file()), default=0)
-        return f"path:{path.resolve()}:{stamp}"
-    return f"hub:{tokenizer}"
 
 
 def cache_key(

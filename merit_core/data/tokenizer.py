@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from merit_core.data.meta import TOKENIZER_DIR, is_prepared, load_meta
 from merit_core.errors import ConfigError
 from merit_core.hub import looks_like_hub_id, prefer_offline
 
@@ -74,10 +75,24 @@ def load_local_tokenizer(path: str | Path):
         raise ConfigError(f"cannot load tokenizer from {path}: {str(exc).splitlines()[0]}") from None
 
 
+def load_tokenizer(path: str | Path):
+    """The transformers tokenizer saved in a prepared-data folder."""
+    return load_local_tokenizer(load_meta(path).tokenizer_path)
+
+
+def tokenizer_identity(tokenizer: str | None, vocab_size: int) -> str:
+    """A string naming the tokenizer choice; a local tokenizer folder adds its newest file time."""
+    if tokenizer is None:
+        return f"bpe:{vocab_size}"
+    path = Path(tokenizer).expanduser()
+    if path.exists():
+        stamp = max((p.stat().st_mtime_ns for p in path.rglob("*") if p.is_file()), default=0)
+        return f"path:{path.resolve()}:{stamp}"
+    return f"hub:{tokenizer}"
+
+
 def load_pretrained_tokenizer(spec: str):
     """A tokenizer from a local folder (or prepared-data folder) or a hub name, ready for corpus use."""
-    from merit_core.data.meta import TOKENIZER_DIR, is_prepared
-
     path = Path(spec).expanduser()
     if path.exists():
         tok = load_local_tokenizer(path / TOKENIZER_DIR if is_prepared(path) else path)
