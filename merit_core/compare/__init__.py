@@ -8,9 +8,8 @@ execution), worker (one run in a subprocess), summary, report, plots.
 The default comparison (no arguments) is adamw, lamb and merit on gpt2-tiny (1.35M parameters)
 with the built-in corpus, sequence length 128, batch sizes 8 and 64 (8x apart, as the paper's
 GPT-2 medium 480 -> 4k) at 131,072 tokens per run (128 and 16 steps), a three-point lr grid
-each: 18 runs, two at a time on 2 cores. Measured on the project's 2-core CPU, shared with other
-jobs: 5 min 14 s at load 1-2, 13 min 45 s at load ~4 (the limit is 20 min). `--quick` runs the
-auto grid's centre only, at 65,536 tokens: 6 runs, 1 min 55 s at load 2-3.
+each: 18 runs, two at a time on 2 cores. `--quick` runs the auto grid's centre only, at 65,536
+tokens: 6 runs. Their wall times are in benchmarks/README.md.
 """
 
 from __future__ import annotations

@@ -26,7 +26,6 @@ from merit_core.errors import ConfigError, MeritError
 from merit_core.train.training_run import TrainCallbacks
 
 STATUS_FILE = "compare_status.json"
-LOGS_DIR = "logs"
 EXIT_DIVERGED = 3
 EXIT_USER_ERROR = 2
 MAX_CPU_JOBS = 4
@@ -112,9 +111,8 @@ def usable_cores() -> int:
 def default_jobs(device: str = "auto", n_runs: int | None = None) -> int:
     """One job per GPU when the runs go to GPUs; on CPU one per core, at most MAX_CPU_JOBS.
 
-    On CPU, separate single-threaded processes beat one multi-threaded run for small models:
-    measured on 2 shared cores with the tiny GPT-2, two 1-thread runs gave 2.7-3.4k tokens/s in
-    all against 0.5-0.9k for one 2-thread run (intra-op threads spin when cores are busy).
+    On CPU, separate single-threaded processes beat one multi-threaded run for small models
+    (intra-op threads spin when cores are busy; the measurement is in benchmarks/README.md).
     """
     import torch
 

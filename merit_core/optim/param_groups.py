@@ -27,8 +27,6 @@ from torch import nn
 
 from merit_core.errors import ConfigError
 
-ROLES = ("embedding", "head", "hidden", "vector")
-
 
 @dataclass(frozen=True)
 class NamedParam:
