@@ -20,6 +20,9 @@ after that step's ``opt.step()`` (the official script: when ``step % k == k - 1`
     opt.update_hessian(n)                           # h <- b2 * h + (1 - b2) * n * g_hat**2
     opt.zero_grad()
 
+In `merit train` the refresh is the ``sophiag`` registry spec's step hook
+(:mod:`merit_core.optim.registry`); the Trainer keeps the cadence.
+
 GNB batch-size scaling: ``g_hat`` is the gradient of the *mean* sampled-label loss over the
 ``n`` labels, so ``n * g_hat**2`` estimates the per-label Gauss-Newton diagonal (the cross terms
 between labels vanish in expectation because sampled-label gradients have zero mean). Pass the

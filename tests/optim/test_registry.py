@@ -269,3 +269,24 @@ def test_raw_parameter_lists_work_too():
     assert [(g["name"], g["weight_decay"]) for g in opt.param_groups] == [("decay", 1e-2), ("no_decay", 0.0)]
     opt = build_optimizer("muon", [("w", w), ("b", b)])
     assert [(g["name"], g["param_names"]) for g in opt.param_groups] == [("muon", ["w"]), ("adamw_no_decay", ["b"])]
+
+
+def test_every_builtin_spec_describes_itself():
+    from merit_core.optim.registry import fsdp_refusal, get_spec, lr_centre, step_hook, tuned_lr
+
+    for name in OPTIMIZER_NAMES:
+        spec = get_spec(name)
+        assert set(spec.kinds) == set(spec.defaults), name  # every settable hyperparameter has a kind
+        centre = lr_centre(name)
+        assert 0 < centre.small and 0 < centre.gpt2, name
+    ablations = ("merit-noclip", "merit-nobound", "max-lamb", "l2-merit", "lamb-ref")
+    assert all(get_spec(n).lr_family == "merit" and lr_centre(n) == lr_centre("merit") for n in ablations)
+    assert [n for n in OPTIMIZER_NAMES if fsdp_refusal(n)] == ["lamb"] and "lamb-ref" in fsdp_refusal("lamb")
+    assert [n for n in OPTIMIZER_NAMES if step_hook(n)] == ["sophiag"]
+    assert step_hook("sophiag").interval(build_optimizer("sophiag", [nn.Parameter(torch.ones(2, 2))])) == 10
+    assert (tuned_lr("merit", "gpt2-tiny"), tuned_lr("adamw", "gpt2-tiny"), tuned_lr("merit", "gpt2-small")) == (
+        2e-2,
+        3e-3,
+        None,
+    )
+    assert get_spec("merit").kinds["clip"] == "float?" and get_spec("adamw").kinds["fused"] == "bool?"
