@@ -322,16 +322,6 @@ def unregister_optimizer(name: str) -> None:
     _SPECS.pop(canonical_name(name))
 
 
-# AdamW's compare centre on small models over GPT-2's (1e-3 / 6e-4): optimizers without a
-# measured small-model centre scale their registry default lr by it.
-_SMALL_MODEL_LR_RATIO = 1e-3 / 6e-4
-
-
-def _default_lr_centre(lr: float) -> LrCentre:
-    """An unmeasured lr-grid centre: `lr` on GPT-2, x 5/3 on small models (as AdamW's two centres)."""
-    return LrCentre(small=lr * _SMALL_MODEL_LR_RATIO, gpt2=lr)
-
-
 # Compare's measured centres. Small: gpt2-tiny, built-in corpus, 131k tokens, seq 128, batch 8, a
 # pilot sweep over 1e-3..1e-1 (best AdamW 1e-3 with 3e-3 next, LAMB 3e-2, MERIT 3e-2). GPT-2:
 # AdamW 6e-4 (nanoGPT's GPT-2 recipe at batch 480); LAMB and MERIT 6e-3 (trust-ratio updates are
@@ -339,6 +329,15 @@ def _default_lr_centre(lr: float) -> LrCentre:
 # merit_core/configs/gpt2-small.toml).
 _ADAMW_CENTRE = LrCentre(small=1e-3, gpt2=6e-4)
 _TRUST_RATIO_CENTRE = LrCentre(small=3e-2, gpt2=6e-3)
+# Optimizers without measured centres: their default lr on GPT-2, scaled on small models by AdamW's
+# small / GPT-2 ratio (x 5/3).
+_SMALL_MODEL_LR_RATIO = _ADAMW_CENTRE.small / _ADAMW_CENTRE.gpt2
+
+
+def _default_lr_centre(lr: float) -> LrCentre:
+    """An unmeasured lr-grid centre: `lr` on GPT-2, x 5/3 on small models (as AdamW's two centres)."""
+    return LrCentre(small=lr * _SMALL_MODEL_LR_RATIO, gpt2=lr)
+
 
 # Tuned lrs of the default CPU run (gpt2-tiny, built-in corpus, batch 16 x 128). merit: the best of
 # 2e-4, 1e-3, 3e-3, 1e-2, 2e-2, 4e-2 in 80-step runs (val loss 8.13, 7.71, 6.93, 6.20, 6.04, 6.46);
