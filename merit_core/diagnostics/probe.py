@@ -122,11 +122,12 @@ def load_model(checkpoint, tensors, device: str | torch.device = "cpu"):
 
     Built with `from_config` and filled from the lazy safetensors reader, so any file name or
     shard layout works and a missing weight is an error rather than a silent random init.
-    Keys saved without the base-model prefix (older GPT-2 files) are accepted.
+    Keys saved without the base-model prefix (older GPT-2 files) and the names transformers saves
+    some weights under (GPT-NeoX embed_out) are accepted.
     """
     from merit_core.diagnostics.weights import read_config
     from merit_core.errors import ConfigError
-    from merit_core.models import build_model, config_from_dict
+    from merit_core.models import build_model, config_from_dict, family_spec
 
     raw = read_config(checkpoint.config_path)
     if raw is None:
@@ -138,13 +139,16 @@ def load_model(checkpoint, tensors, device: str | torch.device = "cpu"):
             raise CheckpointError(str(exc)) from None
         raise
     config.dtype = torch.float32
+    spec = family_spec(config)
     model = build_model(config)
     prefix = model.base_model_prefix + "."
     tied = getattr(config, "tie_word_embeddings", False)
     missing = []
     with torch.no_grad():
         for name, target in model.state_dict().items():  # tensors sharing storage with the model
-            key = name if name in tensors else name[len(prefix) :] if name.startswith(prefix) else name
+            key = spec.saved_name(name)
+            if key not in tensors and key.startswith(prefix):
+                key = key[len(prefix) :]
             if key not in tensors:
                 if not (tied and name == "lm_head.weight"):
                     missing.append(name)

@@ -167,5 +167,6 @@ GPT_NEOX = register_family(
         AttentionWeights(block="layers.{i}.attention", o="dense", qkv="query_key_value", fused=FUSED_PER_HEAD),
         _gpt_neox,
         kv_heads_key=None,
+        saved_as=(("lm_head.weight", "embed_out.weight"),),
     )
 )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from merit_core.errors import ConfigError
@@ -87,7 +87,12 @@ class FamilySpec:
     sliding_window: bool = False  # whether configs of this family can have sliding-window layers
     query_scalar_key: str | None = None  # scaling = config[key] ** -0.5 instead of head_dim ** -0.5
     softcap_key: str | None = None  # tanh soft-capping of attention logits: cap * tanh(logit / cap)
-    notes: tuple[str, ...] = field(default_factory=tuple)
+    # (model state-dict name, name save_pretrained stores it under) where transformers renames on save
+    saved_as: tuple[tuple[str, str], ...] = ()
+
+    def saved_name(self, name: str) -> str:
+        """The name a model's state-dict entry has in a save_pretrained checkpoint."""
+        return dict(self.saved_as).get(name, name)
 
     # -- reading a config (a transformers config object or a config.json dict) ----------------
     def n_layers(self, config) -> int:
