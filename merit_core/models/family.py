@@ -94,6 +94,10 @@ class FamilySpec:
         """The name a model's state-dict entry has in a save_pretrained checkpoint."""
         return dict(self.saved_as).get(name, name)
 
+    def model_name(self, saved: str) -> str:
+        """The model's state-dict name of a checkpoint entry (inverse of `saved_name`)."""
+        return {s: m for m, s in self.saved_as}.get(saved, saved)
+
     # -- reading a config (a transformers config object or a config.json dict) ----------------
     def n_layers(self, config) -> int:
         return _get(config, self.layers_key)
