@@ -81,8 +81,9 @@ def _layer_tables(ckpt):
         title_justify="left",
         header_style="bold",
     )
-    for name in ("layer", "max logit", "top head", f"top W_Q {axis}", f"top W_K {axis}"):
-        probe.add_column(name, justify="right" if name in ("layer", "max logit") else "left")
+    right = ("layer", "max logit", "logit bound")
+    for name in ("layer", "max logit", "logit bound", "top head", f"top W_Q {axis}", f"top W_K {axis}"):
+        probe.add_column(name, justify="right" if name in right else "left")
     logit_cells = _highlighted([l.max_attention_logit for l in layers])
     for i, layer in enumerate(layers):
         heads = [h for h in layer.heads if h.max_attention_logit is not None]
@@ -90,6 +91,7 @@ def _layer_tables(ckpt):
         probe.add_row(
             str(layer.layer),
             logit_cells[i],
+            _fmt(layer.logit_bound),
             f"h{top.head} ({_fmt(top.max_attention_logit)})" if top else "-",
             _outlier_text(getattr(layer, f"q_{out_key}"), axis),
             _outlier_text(getattr(layer, f"k_{out_key}"), axis),

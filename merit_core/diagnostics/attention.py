@@ -173,3 +173,36 @@ def max_attention_logits(
         return rec.result()
     finally:
         model.train(was_training)
+
+
+@torch.no_grad()
+def attention_input_norms(model, input_ids: torch.Tensor) -> list[float]:
+    """Per layer, the largest l1 norm over tokens of the attention module's input (what W_Q and W_K
+    multiply: the normalised hidden state in pre-norm families), in float32 with autocast off."""
+    from merit_core.models import family_spec
+
+    spec = family_spec(model.config)
+    base = getattr(model, model.base_model_prefix)
+    found: dict[int, float] = {}
+    hooks = []
+    for i in range(spec.n_layers(model.config)):
+
+        def hook(module, args, kwargs, i=i):
+            x = args[0] if args else kwargs["hidden_states"]
+            found[i] = float(x.detach().float().abs().sum(dim=-1).max())
+
+        hooks.append(
+            base.get_submodule(spec.attention.block.format(i=i)).register_forward_pre_hook(hook, with_kwargs=True)
+        )
+    was_training = model.training
+    model.eval()
+    try:
+        with contextlib.ExitStack() as stack:
+            for device in sorted({"cpu", input_ids.device.type}):
+                stack.enter_context(torch.autocast(device, enabled=False))
+            model(input_ids=input_ids, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    return [found[i] for i in sorted(found)]

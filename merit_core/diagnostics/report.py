@@ -25,12 +25,14 @@ from typing import Any
 from merit_core.diagnostics.checkpoints import Checkpoint, SafetensorsReader, find_checkpoints
 from merit_core.diagnostics.probe import ProbeInfo
 from merit_core.diagnostics.weights import (
+    AttentionLayout,
     HeadStats,
     LayerStats,
     WeightStats,
     WeightSummary,
     attention_weight_stats,
     checkpoint_context,
+    logit_bounds,
     read_config,
 )
 
@@ -95,6 +97,7 @@ class CheckpointReport:
     probe: ProbeInfo | None = None
     hessian: dict[str, Any] | None = None
     summary: Summary = field(default_factory=Summary)
+    layout: AttentionLayout | None = field(default=None, repr=False, compare=False)  # not in the JSON
 
     @property
     def optimizer(self) -> str | None:
@@ -118,6 +121,7 @@ class CheckpointReport:
             layers=stats.layers,
             weights=stats.weights,
             notes=ckpt.notes + stats.notes,
+            layout=stats.layout,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -193,9 +197,9 @@ def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOpt
     """Fill max attention logits (and the Hessian) into `stats`, building the model once."""
     import torch
 
-    from merit_core.diagnostics.attention import max_attention_logits
+    from merit_core.diagnostics.attention import attention_input_norms, max_attention_logits
     from merit_core.diagnostics.probe import load_model, make_probe_batch
-    from merit_core.models import context_length
+    from merit_core.models import context_length, family_spec
 
     progress(f"{ckpt.label}: building the model")
     model = load_model(ckpt, reader, opts.device)
@@ -219,6 +223,8 @@ def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOpt
                 layer.heads = [HeadStats(h) for h in range(len(row))]
             for head, value in zip(layer.heads, row):
                 head.max_attention_logit = value
+        scaling = family_spec(model.config).scaling(model.config)
+        logit_bounds(reader, stats.layout, stats.layers, attention_input_norms(model, ids), scaling)
     if opts.hessian:
         from merit_core.diagnostics.hessian import model_hessian
 

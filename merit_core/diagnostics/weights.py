@@ -88,6 +88,7 @@ class HeadStats:
     k_l2_norm: float | None = None
     bound: float | None = None  # q_max_norm * k_max_norm of this head (the name is kept for the JSON)
     max_attention_logit: float | None = None
+    logit_bound: float | None = None  # a true upper bound on the logit, see `logit_bounds`
 
     def to_dict(self) -> dict[str, Any]:
         if self.kv_head is None:
@@ -101,6 +102,7 @@ class HeadStats:
             "k_l2_norm": self.k_l2_norm,
             "bound": self.bound,
             "max_attention_logit": self.max_attention_logit,
+            "logit_bound": self.logit_bound,
         }
 
 
@@ -109,7 +111,8 @@ class LayerStats:
     """One layer's W_Q / W_K statistics (and its measured max attention logit, once probed).
 
     `bound` is the product ||W_Q||_m * ||W_K||_m, the term of MERIT's bound that the weights alone
-    give; it is not itself a bound on the logit (that also needs the norms of the layer's input).
+    give; it is not itself a bound on the logit. `logit_bound` is one (max over heads), from the
+    max-norms and the measured input norms of the layer (`logit_bounds`), once probed.
     """
 
     layer: int
@@ -126,6 +129,8 @@ class LayerStats:
     q_cols: Distribution
     k_rows: Distribution
     k_cols: Distribution
+    input_max_l1: float | None = None  # largest l1 norm of an attention input token on the probe batch
+    logit_bound: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -143,6 +148,8 @@ class LayerStats:
             "q_cols": self.q_cols.to_dict(),
             "k_rows": self.k_rows.to_dict(),
             "k_cols": self.k_cols.to_dict(),
+            "input_max_l1": self.input_max_l1,
+            "logit_bound": self.logit_bound,
         }
 
 
@@ -176,6 +183,7 @@ class WeightStats:
     path: str | None = None
     label: str | None = None
     step: int | None = None
+    layout: AttentionLayout | None = field(default=None, repr=False, compare=False)  # not in the JSON
 
     def to_dict(self) -> dict[str, Any]:
         where = {"path": self.path, "label": self.label, "step": self.step} if self.path is not None else {}
@@ -392,6 +400,54 @@ def query_key(tensors: Mapping, layout: AttentionLayout, layer: int) -> tuple[to
     return w[:q_out], w[q_out : q_out + k_out]
 
 
+def query_key_bias(tensors: Mapping, layout: AttentionLayout, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The query and key biases of one layer in head order (zeros where the family has none)."""
+    att = layout.spec.attention
+    q_out, k_out = layout.q_features, layout.k_features
+    qb, kb = layout.q_name(layer)[: -len("weight")] + "bias", layout.k_name(layer)[: -len("weight")] + "bias"
+    if att.fused is None:
+        q = tensors[qb].float() if qb in tensors else torch.zeros(q_out)
+        return q, tensors[kb].float() if kb in tensors else torch.zeros(k_out)
+    if qb not in tensors:
+        return torch.zeros(q_out), torch.zeros(k_out)
+    b = tensors[qb].float()
+    if att.fused == FUSED_PER_HEAD:
+        per_head = b.reshape(layout.n_heads, 3, layout.head_dim)
+        return per_head[:, 0].reshape(-1), per_head[:, 1].reshape(-1)
+    return b[:q_out], b[q_out : q_out + k_out]
+
+
+def logit_bounds(
+    tensors: Mapping,
+    layout: AttentionLayout | None,
+    layers: list[LayerStats],
+    input_max_l1: list[float],
+    scaling: float,
+) -> None:
+    """Fill `logit_bound` of every layer and head: an upper bound on |scaled q.k| on the probed batch.
+
+    With x the attention input of a token (X = the largest ||x||_1 measured in the layer), each of
+    the hd features of head h's query is at most ||W_Q,h||_m * X + |b| in size, so
+    ||q_h||_2 <= sqrt(hd) * ||W_Q,h||_m * X + ||b_Q,h||_2; rotary embeddings are rotations and keep
+    that norm; the same for keys; then |logit| <= scaling * ||q_h||_2 * ||k_h||_2 (Cauchy-Schwarz).
+    Families with QK-norm rescale q and k after W_Q / W_K, so no such bound holds: left None.
+    """
+    for layer, x in zip(layers, input_max_l1):
+        layer.input_max_l1 = x
+    if layout is None or layout.spec.qk_norm or not layout.n_heads:
+        return
+    root = layout.head_dim**0.5
+    for layer, x in zip(layers, input_max_l1):
+        qb, kb = query_key_bias(tensors, layout, layer.layer)
+        qb = qb.view(-1, layout.head_dim).norm(dim=1).tolist()
+        kb = kb.view(-1, layout.head_dim).norm(dim=1).tolist()
+        for head in layer.heads:
+            q = root * head.q_max_norm * x + qb[head.head]
+            k = root * head.k_max_norm * x + kb[head.kv_head]
+            head.logit_bound = scaling * q * k
+        layer.logit_bound = max(h.logit_bound for h in layer.heads)
+
+
 # -- statistics ------------------------------------------------------------------------------
 def _distribution(maxes: torch.Tensor, top_k: int, head_dim: int | None) -> Distribution:
     """Percentiles of per-row (or per-column) max-norms and the top-k entries with their ratio to the median."""
@@ -522,6 +578,7 @@ def attention_weight_stats(
         layers=[layer_stats(tensors, layout, i, top_k) for i in range(layout.n_layers)],
         weights=other_weights(tensors) if include_other else [],
         notes=notes,
+        layout=layout,
     )
 
 

@@ -83,3 +83,27 @@ def test_inspect_logits_per_family(model_type, tmp_path):
     got = torch.tensor([[h.max_attention_logit for h in layer.heads] for layer in c.layers])
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     assert [l.max_attention_logit for l in c.layers] == pytest.approx(expected.amax(1).tolist(), rel=1e-4)
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_logit_bound_holds_on_the_probe_batch(model_type, tmp_path):
+    """The reported logit bound (max-norms x measured input norms, plus biases) is >= every measured logit;
+    families with QK-norm get none (the norm, not W_Q / W_K, sets the scale)."""
+    from merit_core.models import get_family
+
+    model = scaled(tiny_model(model_type, seed=7), factor=3.0)
+    if model_type == "gpt2":  # non-zero biases, so the bias terms of the bound are exercised
+        with torch.no_grad():
+            for block in model.transformer.h:
+                block.attn.c_attn.bias.normal_(0, 1.0)
+    model.save_pretrained(tmp_path)
+    (c,) = inspect_paths([tmp_path], InspectOptions(seq_len=SEQ)).checkpoints
+    assert all(l.input_max_l1 and l.input_max_l1 > 0 for l in c.layers)
+    if get_family(model_type).qk_norm:
+        assert all(l.logit_bound is None for l in c.layers) and any("QK-norm" in n for n in c.notes)
+        return
+    for layer in c.layers:
+        assert layer.logit_bound == max(h.logit_bound for h in layer.heads)
+        for head in layer.heads:
+            assert head.max_attention_logit <= head.logit_bound
+        assert layer.max_attention_logit <= layer.logit_bound

@@ -83,9 +83,11 @@ def test_typed_report_to_dict_is_the_json(ckpts, tmp_path):
     assert list(c["layers"][0]) == [
         "layer", "q_max_norm", "k_max_norm", "q_l2_norm", "k_l2_norm", "q_max_over_l2", "k_max_over_l2",
         "bound", "max_attention_logit", "heads", "q_rows", "q_cols", "k_rows", "k_cols",
+        "input_max_l1", "logit_bound",  # additions
     ]  # fmt: skip
     assert list(c["layers"][0]["heads"][0]) == [
         "head", "kv_head", "q_max_norm", "k_max_norm", "q_l2_norm", "k_l2_norm", "bound", "max_attention_logit",
+        "logit_bound",  # addition
     ]  # fmt: skip
     typed = report.checkpoints[0]
     assert c["summary"]["bound"] == typed.summary.bound == max(l.q_max_norm * l.k_max_norm for l in typed.layers)
