@@ -22,6 +22,7 @@ import contextlib
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -40,6 +41,7 @@ class LogitRecorder:
             raise ValueError(f"query_chunk must be >= 1, got {query_chunk}")
         self.query_chunk = query_chunk
         self.per_layer: dict[int, torch.Tensor] = {}
+        self.scaling: dict[int, float] = {}
 
     def update(self, layer_idx: int, head_max: torch.Tensor) -> None:
         prev = self.per_layer.get(layer_idx)
@@ -102,6 +104,7 @@ def _record(module, query, key, attention_mask, scaling) -> None:
         with torch.no_grad():
             head_max = chunked_max_logits(query.detach(), key.detach(), attention_mask, scale, recorder.query_chunk)
         recorder.update(int(module.layer_idx), head_max)
+        recorder.scaling[int(module.layer_idx)] = float(scale)
 
 
 def _probe_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -152,7 +155,57 @@ def record_attention_logits(model, query_chunk: int = 128) -> Iterator[LogitReco
         model.set_attn_implementation(previous)
 
 
+@dataclass
+class ProbeResult:
+    """What one probe forward pass measured, per layer in index order."""
+
+    max_logits: torch.Tensor  # [n_layers, n_heads] float32 on CPU
+    scaling: list[float]  # the factor each layer's attention multiplies q.k by
+    input_max_l1: list[float] | None  # largest l1 norm of a token's attention input (with inputs=True)
+
+
 @torch.no_grad()
+def probe_attention(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    query_chunk: int = 128,
+    inputs: bool = False,
+) -> ProbeResult:
+    """One forward pass with autocast off: max attention logits per layer and head, the scaling
+    each layer used and, with `inputs`, the largest l1 norm of a token of each attention module's
+    input (what W_Q and W_K multiply; located through the model family's spec)."""
+    was_training = model.training
+    model.eval()
+    found: dict[int, float] = {}
+    hooks = []
+    try:
+        if inputs:
+            from merit_core.models import family_spec
+
+            spec = family_spec(model.config)
+            base = getattr(model, model.base_model_prefix)
+            for i in range(spec.n_layers(model.config)):
+
+                def hook(module, args, kwargs, i=i):
+                    x = args[0] if args else kwargs["hidden_states"]
+                    found[i] = float(x.detach().float().abs().sum(dim=-1).max())
+
+                module = base.get_submodule(spec.attention.block.format(i=i))
+                hooks.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+        with contextlib.ExitStack() as stack:
+            for device in sorted({"cpu", input_ids.device.type}):
+                stack.enter_context(torch.autocast(device, enabled=False))
+            rec = stack.enter_context(record_attention_logits(model, query_chunk))
+            model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    scaling = [rec.scaling[i] for i in sorted(rec.scaling)]
+    return ProbeResult(rec.result(), scaling, [found[i] for i in sorted(found)] if inputs else None)
+
+
 def max_attention_logits(
     model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, query_chunk: int = 128
 ) -> torch.Tensor:
@@ -161,48 +214,4 @@ def max_attention_logits(
     The forward pass runs with autocast off (on the model's device and the CPU), so a call from
     inside a mixed-precision training step measures the same float32 logits as one outside it.
     """
-    was_training = model.training
-    model.eval()
-    devices = {"cpu", input_ids.device.type}
-    try:
-        with contextlib.ExitStack() as stack:
-            for device in sorted(devices):
-                stack.enter_context(torch.autocast(device, enabled=False))
-            rec = stack.enter_context(record_attention_logits(model, query_chunk))
-            model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-        return rec.result()
-    finally:
-        model.train(was_training)
-
-
-@torch.no_grad()
-def attention_input_norms(model, input_ids: torch.Tensor) -> list[float]:
-    """Per layer, the largest l1 norm over tokens of the attention module's input (what W_Q and W_K
-    multiply: the normalised hidden state in pre-norm families), in float32 with autocast off."""
-    from merit_core.models import family_spec
-
-    spec = family_spec(model.config)
-    base = getattr(model, model.base_model_prefix)
-    found: dict[int, float] = {}
-    hooks = []
-    for i in range(spec.n_layers(model.config)):
-
-        def hook(module, args, kwargs, i=i):
-            x = args[0] if args else kwargs["hidden_states"]
-            found[i] = float(x.detach().float().abs().sum(dim=-1).max())
-
-        hooks.append(
-            base.get_submodule(spec.attention.block.format(i=i)).register_forward_pre_hook(hook, with_kwargs=True)
-        )
-    was_training = model.training
-    model.eval()
-    try:
-        with contextlib.ExitStack() as stack:
-            for device in sorted({"cpu", input_ids.device.type}):
-                stack.enter_context(torch.autocast(device, enabled=False))
-            model(input_ids=input_ids, use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
-        model.train(was_training)
-    return [found[i] for i in sorted(found)]
+    return probe_attention(model, input_ids, attention_mask, query_chunk).max_logits

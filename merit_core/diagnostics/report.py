@@ -197,9 +197,9 @@ def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOpt
     """Fill max attention logits (and the Hessian) into `stats`, building the model once."""
     import torch
 
-    from merit_core.diagnostics.attention import attention_input_norms, max_attention_logits
+    from merit_core.diagnostics.attention import probe_attention
     from merit_core.diagnostics.probe import load_model, make_probe_batch
-    from merit_core.models import context_length, family_spec
+    from merit_core.models import context_length
 
     progress(f"{ckpt.label}: building the model")
     model = load_model(ckpt, reader, opts.device)
@@ -216,15 +216,14 @@ def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOpt
     stats.probe = batch.describe()
     if opts.logits:
         progress(f"{ckpt.label}: max attention logits on {stats.probe.n_tokens} tokens")
-        logits = max_attention_logits(model, ids, query_chunk=opts.query_chunk)
-        for layer, row in zip(stats.layers, logits.tolist()):
+        probed = probe_attention(model, ids, query_chunk=opts.query_chunk, inputs=True)
+        for layer, row in zip(stats.layers, probed.max_logits.tolist()):
             layer.max_attention_logit = max(row)
             if not layer.heads:
                 layer.heads = [HeadStats(h) for h in range(len(row))]
             for head, value in zip(layer.heads, row):
                 head.max_attention_logit = value
-        scaling = family_spec(model.config).scaling(model.config)
-        logit_bounds(reader, stats.layout, stats.layers, attention_input_norms(model, ids), scaling)
+        logit_bounds(reader, stats.layout, stats.layers, probed.input_max_l1, probed.scaling)
     if opts.hessian:
         from merit_core.diagnostics.hessian import model_hessian
 

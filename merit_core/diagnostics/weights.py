@@ -422,14 +422,15 @@ def logit_bounds(
     layout: AttentionLayout | None,
     layers: list[LayerStats],
     input_max_l1: list[float],
-    scaling: float,
+    scaling: list[float],
 ) -> None:
     """Fill `logit_bound` of every layer and head: an upper bound on |scaled q.k| on the probed batch.
 
     With x the attention input of a token (X = the largest ||x||_1 measured in the layer), each of
     the hd features of head h's query is at most ||W_Q,h||_m * X + |b| in size, so
     ||q_h||_2 <= sqrt(hd) * ||W_Q,h||_m * X + ||b_Q,h||_2; rotary embeddings are rotations and keep
-    that norm; the same for keys; then |logit| <= scaling * ||q_h||_2 * ||k_h||_2 (Cauchy-Schwarz).
+    that norm; the same for keys; then |logit| <= scaling * ||q_h||_2 * ||k_h||_2 (Cauchy-Schwarz),
+    with each layer's own scaling (as its attention module passed it to the probe).
     Families with QK-norm rescale q and k after W_Q / W_K, so no such bound holds: left None.
     """
     for layer, x in zip(layers, input_max_l1):
@@ -437,14 +438,14 @@ def logit_bounds(
     if layout is None or layout.spec.qk_norm or not layout.n_heads:
         return
     root = layout.head_dim**0.5
-    for layer, x in zip(layers, input_max_l1):
+    for layer, x, scale in zip(layers, input_max_l1, scaling):
         qb, kb = query_key_bias(tensors, layout, layer.layer)
         qb = qb.view(-1, layout.head_dim).norm(dim=1).tolist()
         kb = kb.view(-1, layout.head_dim).norm(dim=1).tolist()
         for head in layer.heads:
             q = root * head.q_max_norm * x + qb[head.head]
             k = root * head.k_max_norm * x + kb[head.kv_head]
-            head.logit_bound = scaling * q * k
+            head.logit_bound = scale * q * k
         layer.logit_bound = max(h.logit_bound for h in layer.heads)
 
 
