@@ -42,8 +42,8 @@ else:
     stats = weight_stats(path)
 elapsed = time.perf_counter() - t0
 peak = status_mib("VmHWM")
-print(json.dumps({"seconds": elapsed, "peak_mib": peak, "base_mib": base, "layers": len(stats["layers"]),
-                  "k_max": max(l["k_max_norm"] for l in stats["layers"])}))
+print(json.dumps({"seconds": elapsed, "peak_mib": peak, "base_mib": base, "layers": len(stats.layers),
+                  "k_max": max(l.k_max_norm for l in stats.layers)}))
 """
 
 

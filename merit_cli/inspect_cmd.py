@@ -1,7 +1,11 @@
-"""`merit inspect`: max-norms of W_Q / W_K, max attention logits and Hessian estimates of checkpoints."""
+"""`merit inspect`: max-norms of W_Q / W_K, max attention logits and Hessian estimates of checkpoints.
+
+The library (`merit_core.diagnostics.report`) returns a typed `InspectReport`; this module renders it.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
@@ -37,22 +41,22 @@ def _highlighted(values: list, digits: int = 4) -> list[str]:
     return cells
 
 
-def _outlier_text(dist: dict, axis: str) -> str:
-    out = dist["outliers"][0] if dist["outliers"] else None
+def _outlier_text(dist, axis: str) -> str:
+    out = dist.outliers[0] if dist.outliers else None
     if out is None:
         return "-"
-    head = f" h{out['head']}" if "head" in out else ""
-    ratio = f", {out['x_median']:.1f}x median" if out.get("x_median") else ""
-    return f"{axis} {out['index']}{head}: {_fmt(out['max_norm'], 3)}{ratio}"
+    head = f" h{out.head}" if out.head is not None else ""
+    ratio = f", {out.x_median:.1f}x median" if out.x_median else ""
+    return f"{axis} {out.index}{head}: {_fmt(out.max_norm, 3)}{ratio}"
 
 
-def _layer_tables(ckpt: dict):
+def _layer_tables(ckpt):
     """Two tables, one row per layer: the norms, then the measured logits and outlier features."""
     from rich.table import Table
 
-    title = f"{ckpt['label']}  ({ckpt['architecture']}, {ckpt['n_layers']} layers, {ckpt['n_heads'] or '?'} heads"
-    title += f", step {ckpt['step']})" if ckpt.get("step") is not None else ")"
-    layers = ckpt["layers"]
+    title = f"{ckpt.label}  ({ckpt.architecture}, {ckpt.n_layers} layers, {ckpt.n_heads or '?'} heads"
+    title += f", step {ckpt.step})" if ckpt.step is not None else ")"
+    layers = ckpt.layers
     norms = Table(title=title + ": W_Q / W_K norms", title_justify="left", header_style="bold")
     columns = [
         ("‖Q‖m", "q_max_norm"),
@@ -66,97 +70,98 @@ def _layer_tables(ckpt: dict):
     norms.add_column("layer", justify="right")
     for name, _ in columns:
         norms.add_column(name, justify="right")
-    cols = [_highlighted([l.get(k) for l in layers]) for _, k in columns]
+    cols = [_highlighted([getattr(l, k) for l in layers]) for _, k in columns]
     for i, layer in enumerate(layers):
-        norms.add_row(str(layer["layer"]), *(c[i] for c in cols))
+        norms.add_row(str(layer.layer), *(c[i] for c in cols))
 
-    # out-features are split into heads: stored rows for Llama Linear, columns for GPT-2 Conv1D
-    axis, out_key = ("row", "rows") if ckpt["row_axis"] == "output" else ("col", "cols")
+    # out-features are split into heads: stored rows for Linear weights, columns for GPT-2 Conv1D
+    axis, out_key = ("row", "rows") if ckpt.row_axis == "output" else ("col", "cols")
     probe = Table(
-        title=f"{ckpt['label']}: max attention logit and largest output features",
+        title=f"{ckpt.label}: max attention logit and largest output features",
         title_justify="left",
         header_style="bold",
     )
-    for name in ("layer", "max logit", "top head", f"top W_Q {axis}", f"top W_K {axis}"):
-        probe.add_column(name, justify="right" if name in ("layer", "max logit") else "left")
-    logit_cells = _highlighted([l.get("max_attention_logit") for l in layers])
+    right = ("layer", "max logit", "logit bound")
+    for name in ("layer", "max logit", "logit bound", "top head", f"top W_Q {axis}", f"top W_K {axis}"):
+        probe.add_column(name, justify="right" if name in right else "left")
+    logit_cells = _highlighted([l.max_attention_logit for l in layers])
     for i, layer in enumerate(layers):
-        heads = [h for h in layer["heads"] if h.get("max_attention_logit") is not None]
-        top = max(heads, key=lambda h: h["max_attention_logit"]) if heads else None
+        heads = [h for h in layer.heads if h.max_attention_logit is not None]
+        top = max(heads, key=lambda h: h.max_attention_logit) if heads else None
         probe.add_row(
-            str(layer["layer"]),
+            str(layer.layer),
             logit_cells[i],
-            f"h{top['head']} ({_fmt(top['max_attention_logit'])})" if top else "-",
-            _outlier_text(layer[f"q_{out_key}"], axis),
-            _outlier_text(layer[f"k_{out_key}"], axis),
+            _fmt(layer.logit_bound),
+            f"h{top.head} ({_fmt(top.max_attention_logit)})" if top else "-",
+            _outlier_text(getattr(layer, f"q_{out_key}"), axis),
+            _outlier_text(getattr(layer, f"k_{out_key}"), axis),
         )
     return norms, probe
 
 
-def _head_table(ckpt: dict):
+def _head_table(ckpt):
     from rich.table import Table
 
-    key = "max_attention_logit" if any(l["max_attention_logit"] is not None for l in ckpt["layers"]) else "bound"
+    key = "max_attention_logit" if any(l.max_attention_logit is not None for l in ckpt.layers) else "bound"
     table = Table(
-        title=f"{ckpt['label']}: {'max attention logit' if key != 'bound' else '‖Q_h‖m·‖K_h‖m'} per head",
+        title=f"{ckpt.label}: {'max attention logit' if key != 'bound' else '‖Q_h‖m·‖K_h‖m'} per head",
         title_justify="left",
         header_style="bold",
     )
     table.add_column("layer", justify="right")
-    n = max(len(l["heads"]) for l in ckpt["layers"])
+    n = max(len(l.heads) for l in ckpt.layers)
     for h in range(n):
         table.add_column(f"h{h}", justify="right")
-    for layer in ckpt["layers"]:
-        table.add_row(str(layer["layer"]), *_highlighted([h.get(key) for h in layer["heads"]], 3))
+    for layer in ckpt.layers:
+        table.add_row(str(layer.layer), *_highlighted([getattr(h, key) for h in layer.heads], 3))
     return table
 
 
-def _weights_table(ckpt: dict):
+def _weights_table(ckpt):
     from rich.table import Table
 
-    table = Table(title=f"{ckpt['label']}: every 2-D weight", title_justify="left", header_style="bold")
+    table = Table(title=f"{ckpt.label}: every 2-D weight", title_justify="left", header_style="bold")
     for name, justify in (("name", "left"), ("shape", "right"), ("max-norm", "right"), ("l2 norm", "right")):
         table.add_column(name, justify=justify)
-    ws = ckpt["weights"]
-    maxes = _highlighted([w["max_norm"] for w in ws])
+    ws = ckpt.weights
+    maxes = _highlighted([w.max_norm for w in ws])
     for w, m in zip(ws, maxes):
-        table.add_row(w["name"], "x".join(map(str, w["shape"])), m, _fmt(w["l2_norm"]))
+        table.add_row(w.name, "x".join(map(str, w.shape)), m, _fmt(w.l2_norm))
     return table
 
 
-def _pick(checkpoints: list[dict], n: int) -> list[dict]:
+def _pick(checkpoints: list, n: int) -> list:
     if len(checkpoints) <= n:
         return checkpoints
     idx = sorted({round(i * (len(checkpoints) - 1) / (n - 1)) for i in range(n)})
     return [checkpoints[i] for i in idx]
 
 
-def _side_by_side(checkpoints: list[dict]):
+def _side_by_side(checkpoints: list):
     from rich.table import Table
 
     shown = _pick(checkpoints, MAX_SIDE_BY_SIDE)
     key = (
         "max_attention_logit"
-        if all(any(l["max_attention_logit"] is not None for l in c["layers"]) for c in shown)
+        if all(any(l.max_attention_logit is not None for l in c.layers) for c in shown)
         else "bound"
     )
     what = "max attention logit" if key != "bound" else "‖Q‖m·‖K‖m"
     note = f" ({len(shown)} of {len(checkpoints)} checkpoints)" if len(shown) < len(checkpoints) else ""
     table = Table(title=f"{what} per layer, side by side{note}", title_justify="left", header_style="bold")
     table.add_column("layer", justify="right")
-    for label in short_labels([c["label"] for c in shown]):
+    for label in short_labels([c.label for c in shown]):
         table.add_column(label, justify="right")
-    n_layers = max(c["n_layers"] for c in shown)
+    n_layers = max(c.n_layers for c in shown)
     cols = [
-        _highlighted([c["layers"][i].get(key) if i < len(c["layers"]) else None for i in range(n_layers)])
-        for c in shown
+        _highlighted([getattr(c.layers[i], key) if i < len(c.layers) else None for i in range(n_layers)]) for c in shown
     ]
     for i in range(n_layers):
         table.add_row(str(i), *(col[i] for col in cols))
     return table
 
 
-def _summary_table(checkpoints: list[dict]):
+def _summary_table(checkpoints: list):
     from rich.table import Table
 
     table = Table(title="per checkpoint (max over layers)", title_justify="left", header_style="bold")
@@ -166,30 +171,30 @@ def _summary_table(checkpoints: list[dict]):
         ("optimizer", "left"),
         ("‖Q‖m", "right"),
         ("‖K‖m", "right"),
-        ("max bound (layer)", "right"),
+        ("max ‖Q‖m·‖K‖m (layer)", "right"),
         ("max logit (layer)", "right"),
     ]
-    with_h = any(c.get("hessian") for c in checkpoints)
+    with_h = any(c.hessian for c in checkpoints)
     if with_h:
         cols += [("top Hessian eig", "right"), ("Hessian trace ± se", "right")]
     for name, justify in cols:
         table.add_column(name, justify=justify)
-    s = [c["summary"] for c in checkpoints]
-    qm, km = _highlighted([x["q_max_norm"] for x in s]), _highlighted([x["k_max_norm"] for x in s])
-    bd, lg = _highlighted([x["bound"] for x in s]), _highlighted([x["max_attention_logit"] for x in s])
-    labels = short_labels([c["label"] for c in checkpoints])
+    s = [c.summary for c in checkpoints]
+    qm, km = _highlighted([x.q_max_norm for x in s]), _highlighted([x.k_max_norm for x in s])
+    bd, lg = _highlighted([x.bound for x in s]), _highlighted([x.max_attention_logit for x in s])
+    labels = short_labels([c.label for c in checkpoints])
     for i, c in enumerate(checkpoints):
         row = [
             labels[i],
-            _fmt(c.get("step")),
-            str(c.get("optimizer") or "-"),
+            _fmt(c.step),
+            str(c.optimizer or "-"),
             qm[i],
             km[i],
-            f"{bd[i]} ({s[i]['bound_layer']})",
-            f"{lg[i]} ({s[i]['max_attention_logit_layer']})" if s[i]["max_attention_logit"] is not None else "-",
+            f"{bd[i]} ({s[i].bound_layer})",
+            f"{lg[i]} ({s[i].max_attention_logit_layer})" if s[i].max_attention_logit is not None else "-",
         ]
         if with_h:
-            h = c.get("hessian") or {}
+            h = c.hessian or {}
             conv = "" if h.get("eigen_converged", True) else " (not converged)"
             row.append(_fmt(h.get("top_eigenvalue")) + conv if h else "-")
             se = f" ± {_fmt(h['trace_stderr'], 2)}" if h.get("trace_stderr") is not None else ""
@@ -198,17 +203,20 @@ def _summary_table(checkpoints: list[dict]):
     return table
 
 
-def render(console, report: dict, per_head: bool, show_weights: bool | None) -> None:
-    checkpoints = [dict(c) for c in report["checkpoints"]]
-    for c, label in zip(checkpoints, short_labels([c["label"] for c in checkpoints])):
-        c["label"] = label
+def render(console, report, per_head: bool, show_weights: bool | None) -> None:
+    """Print an `InspectReport` as rich tables."""
+    checkpoints = report.checkpoints
+    checkpoints = [
+        dataclasses.replace(c, label=label)
+        for c, label in zip(checkpoints, short_labels([c.label for c in checkpoints]))
+    ]
     # per-layer detail for a few checkpoints named directly; runs get the side-by-side and summary tables
-    detailed = [c for c in checkpoints if c.get("run") is None or len(checkpoints) == 1]
+    detailed = [c for c in checkpoints if c.run is None or len(checkpoints) == 1]
     if len(detailed) <= 3:
         for c in detailed:
             for table in _layer_tables(c):
                 console.print(table)
-            if per_head and c["layers"][0]["heads"]:
+            if per_head and c.layers[0].heads:
                 console.print(_head_table(c))
             if show_weights if show_weights is not None else len(checkpoints) == 1:
                 console.print(_weights_table(c))
@@ -216,18 +224,21 @@ def render(console, report: dict, per_head: bool, show_weights: bool | None) -> 
         console.print(_side_by_side(checkpoints))
     console.print(_summary_table(checkpoints))
     for c in checkpoints:
-        if c.get("probe"):
-            p = c["probe"]
-            console.print(f"[dim]{c['label']}: probe {p['source']}, {p['n_tokens']} tokens[/]")
-        for note in c["notes"] + ((c.get("probe") or {}).get("notes") or []):
-            console.print(f"[yellow]note[/] {c['label']}: {note}")
+        if c.probe:
+            console.print(f"[dim]{c.label}: probe {c.probe.source}, {c.probe.n_tokens} tokens[/]")
+        for note in c.notes + (c.probe.notes if c.probe else []):
+            console.print(f"[yellow]note[/] {c.label}: {note}")
 
 
 @click.command("inspect")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--text", help="Probe text for the max attention logit (default: a built-in paragraph).")
 @click.option("--text-file", type=click.Path(path_type=Path), help="Read the probe text from a file.")
-@click.option("--seq-len", type=click.IntRange(min=2), help="Probe length in tokens [default: min(context, 256)].")
+@click.option(
+    "--seq-len",
+    type=click.IntRange(min=2),
+    help="Most tokens probed [default: the whole --text up to the context; the built-in paragraph fills 256].",
+)
 @click.option("--heads", "n_heads", type=click.IntRange(min=1), help="Head count, for weights without config.json.")
 @click.option(
     "--top-k",

@@ -71,7 +71,7 @@ def _qk_bounds(run: PlannedRun) -> list[float] | None:
     if ckpt is None:
         return None
     try:
-        return [layer["bound"] for layer in weight_stats(ckpt, include_other=False)["layers"]]
+        return [layer.bound for layer in weight_stats(ckpt, include_other=False).layers]
     except MeritError:
         return None
 

@@ -1,8 +1,10 @@
 """Figures of an inspect report: per-layer bars across checkpoints, or trajectories over training steps.
 
-Both figures have one panel per quantity: ||W_Q||_m, ||W_K||_m, the bound term
-||W_Q||_m·||W_K||_m, and the max attention logit when it was measured. Written with the Agg
-backend, to a temp file then renamed.
+Both figures have one panel per quantity: ||W_Q||_m, ||W_K||_m, their product
+||W_Q||_m·||W_K||_m (the report's "bound" field: the weight term of MERIT's bound, not a bound on
+the logit by itself), and the max attention logit when it was measured. They read the typed
+report of `merit_core.diagnostics.report`. Written with the Agg backend, to a temp file then
+renamed.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 PANELS = (
     ("q_max_norm", "max-norm of $W_Q$", r"$\|W_Q\|_m$"),
     ("k_max_norm", "max-norm of $W_K$", r"$\|W_K\|_m$"),
-    ("bound", r"bound term $\|W_Q\|_m \cdot \|W_K\|_m$", "bound"),
+    ("bound", r"max-norm product $\|W_Q\|_m \cdot \|W_K\|_m$", r"$\|W_Q\|_m \|W_K\|_m$"),
     ("max_attention_logit", "max attention logit (probe batch)", "max logit"),
 )
 
@@ -28,8 +30,8 @@ def short_labels(labels: list[str]) -> list[str]:
     return [str(Path(*p[common:])) for p in parts]
 
 
-def _panels(checkpoints: list[dict]) -> list[tuple[str, str, str]]:
-    have_logits = any(l.get("max_attention_logit") is not None for c in checkpoints for l in c["layers"])
+def _panels(checkpoints: list) -> list[tuple[str, str, str]]:
+    have_logits = any(l.max_attention_logit is not None for c in checkpoints for l in c.layers)
     return [p for p in PANELS if p[0] != "max_attention_logit" or have_logits]
 
 
@@ -61,18 +63,18 @@ def _save(plt, fig, path: Path) -> None:
         plt.close(fig)
 
 
-def plot_layers(checkpoints: list[dict], path: str | Path) -> None:
+def plot_layers(checkpoints: list, path: str | Path) -> None:
     """Grouped bars: x = layer, one bar colour per checkpoint, one panel per quantity."""
     panels = _panels(checkpoints)
-    n_layers = max(c["n_layers"] for c in checkpoints)
+    n_layers = max(c.n_layers for c in checkpoints)
     plt, fig, axes = _figure(len(panels), max(9.0, 0.45 * n_layers * max(1, len(checkpoints)) + 3))
     width = 0.8 / len(checkpoints)
     cmap = plt.get_cmap("tab10")
-    labels = short_labels([c["label"] for c in checkpoints])
+    labels = short_labels([c.label for c in checkpoints])
     for ax, (key, title, ylabel) in zip(axes, panels):
         for i, ckpt in enumerate(checkpoints):
-            xs = [l["layer"] + (i - (len(checkpoints) - 1) / 2) * width for l in ckpt["layers"]]
-            ys = [l.get(key) if l.get(key) is not None else 0.0 for l in ckpt["layers"]]
+            xs = [l.layer + (i - (len(checkpoints) - 1) / 2) * width for l in ckpt.layers]
+            ys = [getattr(l, key) if getattr(l, key) is not None else 0.0 for l in ckpt.layers]
             ax.bar(xs, ys, width=width, color=cmap(i % 10), label=labels[i])
         ax.set_title(title)
         ax.set_xlabel("layer")
@@ -89,23 +91,23 @@ def plot_layers(checkpoints: list[dict], path: str | Path) -> None:
     _save(plt, fig, Path(path))
 
 
-def plot_trajectory(checkpoints: list[dict], path: str | Path) -> None:
+def plot_trajectory(checkpoints: list, path: str | Path) -> None:
     """Lines over training steps: one per layer for a single run, one per run (max over layers) for several."""
-    runs: dict[str, list[dict]] = {}
+    runs: dict[str, list] = {}
     for c in checkpoints:
-        runs.setdefault(c.get("run") or c["path"], []).append(c)
+        runs.setdefault(c.run or c.path, []).append(c)
     for cks in runs.values():
-        cks.sort(key=lambda c: c.get("step") or 0)
+        cks.sort(key=lambda c: c.step or 0)
     panels = _panels(checkpoints)
     plt, fig, axes = _figure(len(panels), 11.0)
     if len(runs) == 1:
         (cks,) = runs.values()
-        n_layers = cks[0]["n_layers"]
+        n_layers = cks[0].n_layers
         cmap = plt.get_cmap("viridis")
-        steps = [c.get("step") or 0 for c in cks]
+        steps = [c.step or 0 for c in cks]
         for ax, (key, title, ylabel) in zip(axes, panels):
             for layer in range(n_layers):
-                ys = [c["layers"][layer].get(key) if layer < len(c["layers"]) else None for c in cks]
+                ys = [getattr(c.layers[layer], key) if layer < len(c.layers) else None for c in cks]
                 ax.plot(
                     steps,
                     [float("nan") if y is None else y for y in ys],
@@ -132,8 +134,8 @@ def plot_trajectory(checkpoints: list[dict], path: str | Path) -> None:
         names = short_labels(list(runs))
         for ax, (key, title, ylabel) in zip(axes, panels):
             for i, cks in enumerate(runs.values()):
-                steps = [c.get("step") or 0 for c in cks]
-                ys = [c["summary"].get(key) for c in cks]
+                steps = [c.step or 0 for c in cks]
+                ys = [getattr(c.summary, key) for c in cks]
                 ax.plot(
                     steps,
                     [float("nan") if y is None else y for y in ys],
@@ -156,11 +158,13 @@ def plot_trajectory(checkpoints: list[dict], path: str | Path) -> None:
     _save(plt, fig, Path(path))
 
 
-def plot_report(report: dict, path: str | Path) -> str:
-    """Trajectory when a run folder was given (with 2+ steps), otherwise per-layer bars; returns which."""
-    checkpoints = report["checkpoints"]
-    is_run = any(i["kind"] == "run" for i in report.get("inputs", [])) and len(checkpoints) > 1
-    if is_run and all(c.get("step") is not None for c in checkpoints):
+def plot_report(report, path: str | Path) -> str:
+    """Trajectory when a run folder was given (with 2+ steps), otherwise per-layer bars; returns which.
+
+    `report` is an `InspectReport`."""
+    checkpoints = report.checkpoints
+    is_run = any(i.kind == "run" for i in report.inputs) and len(checkpoints) > 1
+    if is_run and all(c.step is not None for c in checkpoints):
         plot_trajectory(checkpoints, path)
         return "trajectory"
     plot_layers(checkpoints, path)

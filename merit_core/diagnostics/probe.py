@@ -1,14 +1,17 @@
 """The probe batch (token ids) and the model a checkpoint's config builds, for logit and Hessian probes.
 
 The probe text is `--text`, a text file, or the built-in paragraph below, tokenized with the
-checkpoint's own tokenizer when its folder has one. Without a tokenizer the probe falls back to
-deterministic pseudo-random token ids (seeded), and says so in a note.
+checkpoint's own tokenizer when its folder has one. A user's text is measured as given (cut to
+the probe length when longer, never repeated); the built-in paragraph is repeated to fill the
+probe length, with a note. Without a tokenizer the probe falls back to deterministic
+pseudo-random token ids (seeded) and says so in a note; a user's text then is an error.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -29,6 +32,18 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tok
 
 
 @dataclass
+class ProbeInfo:
+    """How the probe batch of a report was made."""
+
+    source: str  # 'builtin' | 'text' | 'file' | 'random-ids'
+    n_tokens: int
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "n_tokens": self.n_tokens, "notes": list(self.notes)}
+
+
+@dataclass
 class ProbeBatch:
     """Token ids [1, T] and how they were made."""
 
@@ -36,8 +51,8 @@ class ProbeBatch:
     source: str  # 'builtin' | 'text' | 'file' | 'random-ids'
     notes: list[str] = field(default_factory=list)
 
-    def describe(self) -> dict:
-        return {"source": self.source, "n_tokens": int(self.input_ids.shape[1]), "notes": list(self.notes)}
+    def describe(self) -> ProbeInfo:
+        return ProbeInfo(self.source, int(self.input_ids.shape[1]), list(self.notes))
 
 
 def read_text_file(path: str | Path) -> str:
@@ -67,26 +82,36 @@ def _tokenize(folder: Path, text: str) -> list[int]:
 def make_probe_batch(
     folder: Path, vocab_size: int, seq_len: int, text: str | None = None, source: str = "builtin", seed: int = 0
 ) -> ProbeBatch:
-    """`seq_len` token ids for the probe: the text tokenized (repeated to fill `seq_len`), or seeded ids."""
+    """Token ids for the probe: a user's text as given (at most `seq_len` tokens), the built-in
+    paragraph repeated to fill `seq_len`, or `seq_len` seeded ids when there is no tokenizer."""
     if seq_len < 2:
         raise DataError(f"--seq-len must be at least 2, got {seq_len}")
     notes = []
-    if text is None:
+    builtin = text is None
+    if builtin:
         text, source = PROBE_TEXT, "builtin"
+    elif source == "builtin":
+        source = "text"
     if has_tokenizer(folder):
         ids = _tokenize(folder, text)
         if not ids:
             raise DataError("the probe text tokenizes to no tokens")
-        if len(ids) < seq_len:
+        if len(ids) > seq_len:
+            notes.append(f"probe text has {len(ids)} tokens; the first {seq_len} were measured")
+        elif len(ids) < seq_len and builtin:
             reps = -(-seq_len // len(ids))
-            notes.append(f"probe text has {len(ids)} tokens; repeated {reps}x to fill {seq_len}")
+            notes.append(f"built-in probe text has {len(ids)} tokens; repeated {reps}x to fill {seq_len}")
             ids = ids * reps
+        elif len(ids) < 2:
+            raise DataError("the probe text is a single token; attention needs at least 2")
         ids = ids[:seq_len]
         if max(ids) >= vocab_size:
             raise CheckpointError(
                 f"the tokenizer in {folder} produces id {max(ids)} but the model has only {vocab_size} embeddings"
             )
         return ProbeBatch(torch.tensor([ids], dtype=torch.long), source, notes)
+    if not builtin:
+        raise DataError(f"no tokenizer next to the weights in {folder}: the probe text cannot be tokenized")
     gen = torch.Generator().manual_seed(seed)
     notes.append(f"no tokenizer next to the weights: probing with {seq_len} seeded random token ids (seed {seed})")
     return ProbeBatch(torch.randint(0, vocab_size, (1, seq_len), generator=gen), "random-ids", notes)
@@ -97,30 +122,33 @@ def load_model(checkpoint, tensors, device: str | torch.device = "cpu"):
 
     Built with `from_config` and filled from the lazy safetensors reader, so any file name or
     shard layout works and a missing weight is an error rather than a silent random init.
-    Keys saved without the base-model prefix (older GPT-2 files) are accepted.
+    Keys saved without the base-model prefix (older GPT-2 files) and the names transformers saves
+    some weights under (GPT-NeoX embed_out) are accepted.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     from merit_core.diagnostics.weights import read_config
-    from merit_core.models import family
+    from merit_core.errors import ConfigError
+    from merit_core.models import build_model, config_from_dict, family_spec
 
     raw = read_config(checkpoint.config_path)
     if raw is None:
         raise CheckpointError(f"no config.json next to {checkpoint.path}")
-    raw = {k: v for k, v in raw.items() if k not in ("architectures", "transformers_version")}
     try:
-        config = AutoConfig.for_model(raw.pop("model_type", None), **raw)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise CheckpointError(f"{checkpoint.config_path} is not a usable model config: {exc}") from None
-    family(config)
+        config = config_from_dict(raw, str(checkpoint.config_path))
+    except ConfigError as exc:
+        if raw.get("model_type") is None or "not a usable" in str(exc):
+            raise CheckpointError(str(exc)) from None
+        raise
     config.dtype = torch.float32
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    spec = family_spec(config)
+    model = build_model(config)
     prefix = model.base_model_prefix + "."
     tied = getattr(config, "tie_word_embeddings", False)
     missing = []
     with torch.no_grad():
         for name, target in model.state_dict().items():  # tensors sharing storage with the model
-            key = name if name in tensors else name[len(prefix) :] if name.startswith(prefix) else name
+            key = spec.saved_name(name)
+            if key not in tensors and key.startswith(prefix):
+                key = key[len(prefix) :]
             if key not in tensors:
                 if not (tied and name == "lm_head.weight"):
                     missing.append(name)

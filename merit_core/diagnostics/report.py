@@ -1,9 +1,11 @@
-"""`merit inspect` as a library call: checkpoints in, one JSON-ready report out.
+"""`merit inspect` as a library call: checkpoints in, one typed report out.
 
     report = inspect_paths(["runs/adamw", "runs/merit/step_2000"], InspectOptions(hessian=True))
+    report.checkpoints[0].layers[3].max_attention_logit
     write_json(report, "inspect.json")
 
-Shape: {"checkpoints": [{"path", "label", "step", "run", "architecture", "n_layers", "n_heads",
+`InspectReport.to_dict()` is the JSON shape (stable: fields are added, never renamed):
+{"checkpoints": [{"path", "label", "step", "run", "architecture", "n_layers", "n_heads",
 "n_kv_heads", "head_dim", "layers": [{"layer", "q_max_norm", "k_max_norm", "q_l2_norm",
 "k_l2_norm", "bound", "max_attention_logit", "heads": [...], "q_rows", ...}], "weights": [...],
 "summary": {...}, "probe": {...} | null, "hessian": {...} | null, "notes": [...]}],
@@ -16,11 +18,26 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from merit_core.diagnostics.checkpoints import Checkpoint, SafetensorsReader, find_checkpoints
-from merit_core.diagnostics.weights import attention_weight_stats, checkpoint_context, read_config
+from merit_core.diagnostics.probe import ProbeInfo
+from merit_core.diagnostics.weights import (
+    AttentionLayout,
+    HeadStats,
+    LayerStats,
+    WeightStats,
+    WeightSummary,
+    attention_weight_stats,
+    checkpoint_context,
+    logit_bounds,
+    read_config,
+)
+
+TRAINER_KEYS = ("optimizer", "global_batch_size", "seq_len", "tokens")
+SUMMARY_KEYS = ("q_max_norm", "k_max_norm", "bound", "max_attention_logit")
 
 
 @dataclass
@@ -32,13 +49,125 @@ class InspectOptions:
     logits: bool = True  # build the model and measure max attention logits (needs config.json)
     text: str | None = None  # probe text; None = the built-in paragraph
     text_source: str = "builtin"  # 'builtin' | 'text' | 'file', recorded in the report
-    seq_len: int | None = None  # default min(context, 256)
+    seq_len: int | None = None  # most tokens measured; default: the context for a text, min(context, 256) builtin
     query_chunk: int = 128
     hessian: bool = False
     hessian_iters: int = 20
     hutchinson_samples: int = 10
     seed: int = 0
     device: str = "cpu"
+
+
+@dataclass
+class Summary:
+    """Maxima over layers (and the layer holding each): what a trajectory or a comparison tracks."""
+
+    q_max_norm: float | None = None
+    q_max_norm_layer: int | None = None
+    k_max_norm: float | None = None
+    k_max_norm_layer: int | None = None
+    bound: float | None = None  # the largest ||W_Q||_m * ||W_K||_m
+    bound_layer: int | None = None
+    max_attention_logit: float | None = None
+    max_attention_logit_layer: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for key in SUMMARY_KEYS for k in (key, f"{key}_layer")}
+
+
+@dataclass
+class CheckpointReport:
+    """Everything `merit inspect` measured on one checkpoint."""
+
+    path: str
+    label: str
+    step: int | None
+    run: str | None
+    trainer_state: dict[str, Any]  # the TRAINER_KEYS its trainer_state.json has (optimizer, ...)
+    architecture: str
+    n_layers: int
+    n_heads: int | None
+    n_kv_heads: int | None
+    head_dim: int | None
+    d_model: int
+    row_axis: str
+    layers: list[LayerStats]
+    weights: list[WeightSummary]
+    notes: list[str] = field(default_factory=list)
+    probe: ProbeInfo | None = None
+    hessian: dict[str, Any] | None = None
+    summary: Summary = field(default_factory=Summary)
+    layout: AttentionLayout | None = field(default=None, repr=False, compare=False)  # not in the JSON
+
+    @property
+    def optimizer(self) -> str | None:
+        return self.trainer_state.get("optimizer")
+
+    @classmethod
+    def from_weights(cls, ckpt: Checkpoint, stats: WeightStats, trainer_state: dict[str, Any]) -> CheckpointReport:
+        return cls(
+            path=str(ckpt.path),
+            label=ckpt.label,
+            step=ckpt.step,
+            run=str(ckpt.run) if ckpt.run else None,
+            trainer_state=trainer_state,
+            architecture=stats.architecture,
+            n_layers=stats.n_layers,
+            n_heads=stats.n_heads,
+            n_kv_heads=stats.n_kv_heads,
+            head_dim=stats.head_dim,
+            d_model=stats.d_model,
+            row_axis=stats.row_axis,
+            layers=stats.layers,
+            weights=stats.weights,
+            notes=ckpt.notes + stats.notes,
+            layout=stats.layout,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "label": self.label,
+            "step": self.step,
+            "run": self.run,
+            **{k: self.trainer_state[k] for k in TRAINER_KEYS if k in self.trainer_state},
+            "architecture": self.architecture,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "n_kv_heads": self.n_kv_heads,
+            "head_dim": self.head_dim,
+            "d_model": self.d_model,
+            "row_axis": self.row_axis,
+            "layers": [layer.to_dict() for layer in self.layers],
+            "weights": [w.to_dict() for w in self.weights],
+            "notes": list(self.notes),
+            "probe": self.probe.to_dict() if self.probe else None,
+            "hessian": self.hessian,
+            "summary": self.summary.to_dict(),
+        }
+
+
+@dataclass
+class InputInfo:
+    """One path given to inspect and what it resolved to."""
+
+    path: str
+    kind: str  # 'run' | 'checkpoint'
+    n_checkpoints: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "kind": self.kind, "n_checkpoints": self.n_checkpoints}
+
+
+@dataclass
+class InspectReport:
+    """The result of `inspect_paths`: the inputs and one report per checkpoint, in order."""
+
+    inputs: list[InputInfo]
+    checkpoints: list[CheckpointReport]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"inputs": [i.to_dict() for i in self.inputs], "checkpoints": [c.to_dict() for c in self.checkpoints]}
 
 
 def _trainer_state(ckpt: Checkpoint) -> dict:
@@ -49,51 +178,52 @@ def _trainer_state(ckpt: Checkpoint) -> dict:
         state = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError):
         return {}
-    keys = ("optimizer", "global_batch_size", "seq_len", "tokens")
-    return {k: state[k] for k in keys if isinstance(state, dict) and k in state}
+    return {k: state[k] for k in TRAINER_KEYS if isinstance(state, dict) and k in state}
 
 
-def summarize(stats: dict) -> dict:
+def summarize(layers: list[LayerStats]) -> Summary:
     """Maxima over layers: the numbers a trajectory or a side-by-side comparison tracks."""
-    layers = stats["layers"]
-
-    def top(key):
-        vals = [(l[key], l["layer"]) for l in layers if l.get(key) is not None]
-        return max(vals) if vals else (None, None)
-
-    out = {}
-    for key in ("q_max_norm", "k_max_norm", "bound", "max_attention_logit"):
-        out[key], out[f"{key}_layer"] = top(key)
+    out = Summary()
+    for key in SUMMARY_KEYS:
+        vals = [(getattr(l, key), l.layer) for l in layers if getattr(l, key) is not None]
+        if vals:
+            value, layer = max(vals)
+            setattr(out, key, value)
+            setattr(out, f"{key}_layer", layer)
     return out
 
 
-def _measure(ckpt: Checkpoint, reader, stats: dict, opts: InspectOptions, progress) -> None:
+def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOptions, progress) -> None:
     """Fill max attention logits (and the Hessian) into `stats`, building the model once."""
     import torch
 
-    from merit_core.diagnostics.attention import max_attention_logits
+    from merit_core.diagnostics.attention import probe_attention
     from merit_core.diagnostics.probe import load_model, make_probe_batch
     from merit_core.models import context_length
 
     progress(f"{ckpt.label}: building the model")
     model = load_model(ckpt, reader, opts.device)
-    seq_len = opts.seq_len or min(context_length(model.config), 256)
+    # a user's text is measured as given, up to the context; the built-in paragraph fills 256 tokens
+    seq_len = opts.seq_len or (
+        context_length(model.config) if opts.text is not None else min(context_length(model.config), 256)
+    )
     if seq_len > context_length(model.config):
         from merit_core.errors import DataError
 
         raise DataError(f"--seq-len {seq_len} exceeds the model's context of {context_length(model.config)}")
     batch = make_probe_batch(ckpt.folder, model.config.vocab_size, seq_len, opts.text, opts.text_source, opts.seed)
     ids = batch.input_ids.to(opts.device)
-    stats["probe"] = batch.describe()
+    stats.probe = batch.describe()
     if opts.logits:
-        progress(f"{ckpt.label}: max attention logits on {seq_len} tokens")
-        logits = max_attention_logits(model, ids, query_chunk=opts.query_chunk)
-        for layer, row in zip(stats["layers"], logits.tolist()):
-            layer["max_attention_logit"] = max(row)
-            if not layer["heads"]:
-                layer["heads"] = [{"head": h} for h in range(len(row))]
-            for head, value in zip(layer["heads"], row):
-                head["max_attention_logit"] = value
+        progress(f"{ckpt.label}: max attention logits on {stats.probe.n_tokens} tokens")
+        probed = probe_attention(model, ids, query_chunk=opts.query_chunk, inputs=True)
+        for layer, row in zip(stats.layers, probed.max_logits.tolist()):
+            layer.max_attention_logit = max(row)
+            if not layer.heads:
+                layer.heads = [HeadStats(h) for h in range(len(row))]
+            for head, value in zip(layer.heads, row):
+                head.max_attention_logit = value
+        logit_bounds(reader, stats.layout, stats.layers, probed.input_max_l1, probed.scaling)
     if opts.hessian:
         from merit_core.diagnostics.hessian import model_hessian
 
@@ -102,7 +232,7 @@ def _measure(ckpt: Checkpoint, reader, stats: dict, opts: InspectOptions, progre
             f"{opts.hutchinson_samples} Hutchinson samples)"
         )
         est = model_hessian(model, ids, opts.hessian_iters, opts.hutchinson_samples, opts.seed)
-        stats["hessian"] = {**est.to_dict(), "seq_len": seq_len, "seed": opts.seed}
+        stats.hessian = {**est.to_dict(), "seq_len": stats.probe.n_tokens, "seed": opts.seed}
     del model
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -110,7 +240,7 @@ def _measure(ckpt: Checkpoint, reader, stats: dict, opts: InspectOptions, progre
 
 def inspect_checkpoint(
     ckpt: Checkpoint, opts: InspectOptions | None = None, progress: Callable[[str], None] | None = None
-) -> dict:
+) -> CheckpointReport:
     """Weight statistics, then (with a config.json) max attention logits and optionally the Hessian."""
     opts = opts or InspectOptions()
     progress = progress or (lambda msg: None)
@@ -118,49 +248,38 @@ def inspect_checkpoint(
         return _inspect_checkpoint(ckpt, opts, progress)
 
 
-def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: Callable[[str], None]) -> dict:
+def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: Callable[[str], None]) -> CheckpointReport:
     reader = SafetensorsReader(ckpt)
     progress(f"{ckpt.label}: weight statistics")
-    stats = attention_weight_stats(reader, read_config(ckpt.config_path), opts.n_heads, opts.top_k)
-    stats = {
-        "path": str(ckpt.path),
-        "label": ckpt.label,
-        "step": ckpt.step,
-        "run": str(ckpt.run) if ckpt.run else None,
-        **_trainer_state(ckpt),
-        **stats,
-        "probe": None,
-        "hessian": None,
-    }
-    stats["notes"] = ckpt.notes + stats["notes"]
+    weights = attention_weight_stats(reader, read_config(ckpt.config_path), opts.n_heads, opts.top_k)
+    stats = CheckpointReport.from_weights(ckpt, weights, _trainer_state(ckpt))
     if opts.logits or opts.hessian:
         if ckpt.config_path is None:
-            stats["notes"].append(
+            stats.notes.append(
                 "no config.json next to the weights: max attention logit"
                 + (" and Hessian" if opts.hessian else "")
                 + " not measured"
             )
         else:
             _measure(ckpt, reader, stats, opts, progress)
-    stats["summary"] = summarize(stats)
+    stats.summary = summarize(stats.layers)
     return stats
 
 
 def inspect_paths(
     paths: Sequence[str | Path], opts: InspectOptions | None = None, progress: Callable[[str], None] | None = None
-) -> dict:
+) -> InspectReport:
     """Inspect every checkpoint the paths resolve to (all are validated before any work starts)."""
     resolved = [(Path(p), find_checkpoints(p)) for p in paths]
-    inputs = [
-        {"path": str(p), "kind": "run" if any(c.run for c in cks) else "checkpoint", "n_checkpoints": len(cks)}
-        for p, cks in resolved
-    ]
+    inputs = [InputInfo(str(p), "run" if any(c.run for c in cks) else "checkpoint", len(cks)) for p, cks in resolved]
     checkpoints = [inspect_checkpoint(c, opts, progress) for _, cks in resolved for c in cks]
-    return {"inputs": inputs, "checkpoints": checkpoints}
+    return InspectReport(inputs, checkpoints)
 
 
-def write_json(report: dict, path: str | Path) -> None:
-    """Write the report atomically (temp file in the same folder, then rename)."""
+def write_json(report: InspectReport | dict, path: str | Path) -> None:
+    """Write the report (its `to_dict()`) atomically (temp file in the same folder, then rename)."""
+    if hasattr(report, "to_dict"):
+        report = report.to_dict()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -1,64 +1,243 @@
 """Max-norm statistics of the query/key weights (and every other 2-D weight) of a checkpoint.
 
-MERIT's argument: the max attention logit is bounded by ||W_Q||_m * ||W_K||_m (times constants
-of the normalised input), so these max-norms, per layer and per head, are what to watch.
+MERIT's argument: the max attention logit grows with ||W_Q||_m * ||W_K||_m (the largest entries of
+the query and key weights), so these max-norms, per layer and per head, are what to watch.
 Everything here works on any name -> tensor mapping: a lazily-read safetensors checkpoint (one
 tensor in memory at a time, no model built, no transformers import) or a live model's state dict.
 
-Layouts (as stored):
-- GPT-2: `c_attn.weight` is a Conv1D weight [d_in, 3*d] holding Q | K | V along dim 1, so W_Q
-  is `c_attn[:, :d]`, W_K is `c_attn[:, d:2d]`; rows are input features, columns are output
-  features, and head h owns columns h*hd:(h+1)*hd.
-- Llama: `q_proj.weight` [H*hd, d] and `k_proj.weight` [Hkv*hd, d] are Linear weights; rows are
-  output features (head h owns rows h*hd:(h+1)*hd), columns are input features. With grouped
-  query heads, query head h reads key head h // (H / Hkv).
+Where W_Q / W_K live and how they split into heads is the model family's knowledge
+(`merit_core.models.family`): GPT-2 stores a Conv1D [in, 3d] whose columns are output features,
+the other families nn.Linear [out, in] weights whose rows are; fused QKV matrices (GPT-2 c_attn,
+Phi-3 qkv_proj, GPT-NeoX query_key_value with its per-head [q_h | k_h | v_h] rows) are split here
+into W_Q and W_K in the stored orientation, head h owning output features h*hd:(h+1)*hd. With
+grouped query heads, query head h reads key head h // (H / Hkv). Row / column indices reported
+for outliers are indices into that W_Q or W_K.
+
+Results are dataclasses (`WeightStats`, `LayerStats`, `HeadStats`, ...); `to_dict()` gives the
+JSON shape `merit inspect --json` writes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from merit_core.errors import CheckpointError, ConfigError, MeritError
+from merit_core.models.family import CONV1D, FUSED_PER_HEAD, FamilySpec, all_families, get_family
 
-_GPT2_QKV = re.compile(r"^((?:transformer\.)?)h\.(\d+)\.attn\.c_attn\.weight$")
-_LLAMA_Q = re.compile(r"^((?:model\.)?)layers\.(\d+)\.self_attn\.q_proj\.weight$")
-FAMILIES = ("gpt2", "llama")
 PERCENTILES = (50, 90, 99)
 
 
+# -- typed results ---------------------------------------------------------------------------
+@dataclass
+class Outlier:
+    """One of the largest rows (or columns) of a weight by max-norm."""
+
+    index: int
+    max_norm: float
+    x_median: float | None  # ratio to the median row (column) max-norm
+    head: int | None = None  # the head owning it, for output-feature rows (columns)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"index": self.index, "max_norm": self.max_norm, "x_median": self.x_median}
+        if self.head is not None:
+            out["head"] = self.head
+        return out
+
+
+@dataclass
+class Distribution:
+    """Percentiles of the per-row (or per-column) max-norms of a weight, and its top rows (columns)."""
+
+    p50: float
+    p90: float
+    p99: float
+    min: float
+    max: float
+    outliers: list[Outlier]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "p50": self.p50,
+            "p90": self.p90,
+            "p99": self.p99,
+            "min": self.min,
+            "max": self.max,
+            "outliers": [o.to_dict() for o in self.outliers],
+        }
+
+
+@dataclass
+class HeadStats:
+    """One query head: its W_Q rows' and its key head's W_K max-norms and l2 norms, and its max logit.
+
+    Without a head count the weight fields are None and only the measured logit is known.
+    """
+
+    head: int
+    kv_head: int | None = None
+    q_max_norm: float | None = None
+    k_max_norm: float | None = None
+    q_l2_norm: float | None = None
+    k_l2_norm: float | None = None
+    bound: float | None = None  # q_max_norm * k_max_norm of this head (the name is kept for the JSON)
+    max_attention_logit: float | None = None
+    logit_bound: float | None = None  # a true upper bound on the logit, see `logit_bounds`
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.kv_head is None:
+            return {"head": self.head, "max_attention_logit": self.max_attention_logit}
+        return {
+            "head": self.head,
+            "kv_head": self.kv_head,
+            "q_max_norm": self.q_max_norm,
+            "k_max_norm": self.k_max_norm,
+            "q_l2_norm": self.q_l2_norm,
+            "k_l2_norm": self.k_l2_norm,
+            "bound": self.bound,
+            "max_attention_logit": self.max_attention_logit,
+            "logit_bound": self.logit_bound,
+        }
+
+
+@dataclass
+class LayerStats:
+    """One layer's W_Q / W_K statistics (and its measured max attention logit, once probed).
+
+    `bound` is the product ||W_Q||_m * ||W_K||_m, the term of MERIT's bound that the weights alone
+    give; it is not itself a bound on the logit. `logit_bound` is one (max over heads), from the
+    max-norms and the measured input norms of the layer (`logit_bounds`), once probed.
+    """
+
+    layer: int
+    q_max_norm: float
+    k_max_norm: float
+    q_l2_norm: float
+    k_l2_norm: float
+    q_max_over_l2: float | None
+    k_max_over_l2: float | None
+    bound: float
+    max_attention_logit: float | None
+    heads: list[HeadStats]
+    q_rows: Distribution
+    q_cols: Distribution
+    k_rows: Distribution
+    k_cols: Distribution
+    input_max_l1: float | None = None  # largest l1 norm of an attention input token on the probe batch
+    logit_bound: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "layer": self.layer,
+            "q_max_norm": self.q_max_norm,
+            "k_max_norm": self.k_max_norm,
+            "q_l2_norm": self.q_l2_norm,
+            "k_l2_norm": self.k_l2_norm,
+            "q_max_over_l2": self.q_max_over_l2,
+            "k_max_over_l2": self.k_max_over_l2,
+            "bound": self.bound,
+            "max_attention_logit": self.max_attention_logit,
+            "heads": [h.to_dict() for h in self.heads],
+            "q_rows": self.q_rows.to_dict(),
+            "q_cols": self.q_cols.to_dict(),
+            "k_rows": self.k_rows.to_dict(),
+            "k_cols": self.k_cols.to_dict(),
+            "input_max_l1": self.input_max_l1,
+            "logit_bound": self.logit_bound,
+        }
+
+
+@dataclass
+class WeightSummary:
+    """A one-line summary of a 2-D tensor."""
+
+    name: str
+    shape: list[int]
+    max_norm: float
+    l2_norm: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "max_norm": self.max_norm, "l2_norm": self.l2_norm}
+
+
+@dataclass
+class WeightStats:
+    """Statistics of one set of weights. `path`, `label`, `step` are set for a checkpoint on disk."""
+
+    architecture: str  # the family's model_type
+    n_layers: int
+    n_heads: int | None
+    n_kv_heads: int | None
+    head_dim: int | None
+    d_model: int
+    row_axis: str  # what a stored row of W_Q / W_K indexes: 'input' (Conv1D) or 'output' (Linear)
+    layers: list[LayerStats]
+    weights: list[WeightSummary] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    path: str | None = None
+    label: str | None = None
+    step: int | None = None
+    layout: AttentionLayout | None = field(default=None, repr=False, compare=False)  # not in the JSON
+
+    def to_dict(self) -> dict[str, Any]:
+        where = {"path": self.path, "label": self.label, "step": self.step} if self.path is not None else {}
+        return {**where, **self.body_dict()}
+
+    def body_dict(self) -> dict[str, Any]:
+        """The fields every weight statistic has (without path / label / step)."""
+        return {
+            "architecture": self.architecture,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "n_kv_heads": self.n_kv_heads,
+            "head_dim": self.head_dim,
+            "d_model": self.d_model,
+            "row_axis": self.row_axis,
+            "layers": [layer.to_dict() for layer in self.layers],
+            "weights": [w.to_dict() for w in self.weights],
+            "notes": list(self.notes),
+        }
+
+
+# -- where the weights are -------------------------------------------------------------------
 @dataclass(frozen=True)
 class AttentionLayout:
-    """Where the attention weights sit and how they split into heads."""
+    """Where one checkpoint's attention weights sit and how they split into heads."""
 
-    family: str  # 'gpt2' | 'llama'
-    prefix: str  # 'transformer.' / 'model.' / '' (older GPT-2 checkpoints)
+    spec: FamilySpec
+    prefix: str  # 'transformer.' / 'model.' / '' (older GPT-2 checkpoints) ...
     n_layers: int
     d_model: int
     n_heads: int | None  # None: unknown (no config and none given), no per-head stats
     n_kv_heads: int | None
     head_dim: int | None
+    q_features: int  # output features of W_Q / W_K
+    k_features: int
+
+    @property
+    def family(self) -> str:
+        return self.spec.model_type
 
     def q_name(self, layer: int) -> str:
-        if self.family == "gpt2":
-            return f"{self.prefix}h.{layer}.attn.c_attn.weight"
-        return f"{self.prefix}layers.{layer}.self_attn.q_proj.weight"
+        return self.prefix + self.spec.attention.q_name(layer)
 
     def k_name(self, layer: int) -> str:
-        if self.family == "gpt2":
-            return self.q_name(layer)
-        return f"{self.prefix}layers.{layer}.self_attn.k_proj.weight"
+        return self.prefix + self.spec.attention.k_name(layer)
 
     @property
     def row_axis(self) -> str:
-        """What a stored row of W_Q / W_K indexes: 'input' (GPT-2 Conv1D) or 'output' (Llama)."""
-        return "input" if self.family == "gpt2" else "output"
+        """What a stored row of W_Q / W_K indexes: 'input' (GPT-2 Conv1D) or 'output' (Linear)."""
+        return "input" if self.spec.attention.orientation == CONV1D else "output"
+
+    @property
+    def out_axis(self) -> int:
+        return self.spec.attention.out_axis
 
 
 def _shape(tensors: Mapping, name: str) -> tuple[int, ...]:
@@ -66,11 +245,23 @@ def _shape(tensors: Mapping, name: str) -> tuple[int, ...]:
     return tuple(shape(name)) if callable(shape) else tuple(tensors[name].shape)
 
 
+def _naming_families() -> list[FamilySpec]:
+    """One family per distinct weight naming, the first registered (GPT-2, Llama, Phi-3, GPT-NeoX)."""
+    seen, out = set(), []
+    for spec in all_families():
+        key = (spec.attention.block, spec.attention.qkv or spec.attention.q)
+        if key not in seen:
+            seen.add(key)
+            out.append(spec)
+    return out
+
+
 def _unknown_naming(names: list[str]) -> CheckpointError:
     sample = ", ".join(sorted(names)[:6]) or "no tensors"
+    known = "; ".join(f"{s.label} '{s.attention.q_name(0)}'" for s in _naming_families())
     return CheckpointError(
-        "unknown architecture: no GPT-2 ('h.N.attn.c_attn.weight') or Llama ('layers.N.self_attn.q_proj.weight') "
-        f"attention weights among {len(names)} tensors, e.g. {sample}"
+        f"unknown architecture: no attention weights named like any supported family ({known}) "
+        f"among {len(names)} tensors, e.g. {sample}"
     )
 
 
@@ -87,47 +278,46 @@ def read_config(path: Path | None) -> dict | None:
     return data
 
 
+def _matches(tensors: Mapping, spec: FamilySpec) -> list:
+    pattern = spec.attention.pattern()
+    return [m for m in map(pattern.match, tensors.keys()) if m]
+
+
 def detect_layout(tensors: Mapping, config: dict | None = None, n_heads: int | None = None) -> AttentionLayout:
     """The attention layout from tensor names and shapes, checked against `config` (a config.json dict).
 
+    With a config its model_type names the family; without one the family is guessed from the
+    weight names (any Llama-style naming reads as 'llama': the statistics are the same).
     `n_heads` supplies the head count when there is no config. Raises CheckpointError for unknown
     naming or weights that do not match the config, ConfigError for an unsupported model_type.
     """
     names = list(tensors.keys())
-    model_type = (config or {}).get("model_type")
-    if config is not None and model_type not in FAMILIES:
-        raise ConfigError(
-            f"unknown architecture: config.json has model_type {model_type!r}; "
-            "merit inspects 'gpt2' and 'llama' checkpoints"
-        )
-    found = {}
-    for fam, pattern in (("gpt2", _GPT2_QKV), ("llama", _LLAMA_Q)):
-        hits = [m for m in map(pattern.match, names) if m]
-        if hits:
-            found[fam] = hits
-    if not found:
-        raise _unknown_naming(names)
-    fam = model_type if model_type in found else next(iter(found))
-    if model_type is not None and model_type != fam:
-        raise CheckpointError(f"config.json says {model_type!r} but the weights are named like {fam!r}")
-    prefix = found[fam][0].group(1)
-    layers = sorted(int(m.group(2)) for m in found[fam])
+    if config is not None:
+        model_type = config.get("model_type")
+        try:
+            spec = get_family(model_type)
+        except ConfigError as exc:
+            raise ConfigError(f"unknown architecture: config.json: {exc}") from None
+        hits = _matches(tensors, spec)
+        if not hits:
+            other = next((s for s in _naming_families() if _matches(tensors, s)), None)
+            if other is None:
+                raise _unknown_naming(names)
+            raise CheckpointError(
+                f"config.json says {model_type!r} but the weights are named like {other.model_type!r}"
+            )
+    else:
+        spec, hits = next(((s, h) for s in _naming_families() if (h := _matches(tensors, s))), (None, None))
+        if spec is None:
+            raise _unknown_naming(names)
+    prefix = hits[0].group(1)
+    layers = sorted({int(m.group(2)) for m in hits if m.group(1) == prefix})
     if layers != list(range(len(layers))):
         raise CheckpointError(f"attention layers are not numbered 0..{len(layers) - 1}: found {layers}")
-    shapes = _gpt2_shapes if fam == "gpt2" else _llama_shapes
-    d, q_out, k_out, heads, kv_heads = shapes(tensors, prefix, len(layers), config, n_heads)
-    head_dim = None
-    if heads:
-        where = "config.json does not match the weights: " if config is not None else ""
-        head_dim = (config or {}).get("head_dim") or (q_out // heads if q_out % heads == 0 else None)
-        if head_dim is None or heads * head_dim != q_out:
-            raise CheckpointError(f"{where}{heads} heads do not divide the {q_out} query features of layer 0")
-        if not kv_heads or kv_heads * head_dim != k_out or heads % kv_heads:
-            raise CheckpointError(f"{where}layer 0 has {k_out} key features, not {kv_heads} key heads of {head_dim}")
-    embed = f"{prefix}wte.weight" if fam == "gpt2" else f"{prefix}embed_tokens.weight"
+    layout = _shapes(tensors, spec, prefix, len(layers), config, n_heads)
+    embed = f"{prefix}{spec.embedding}"
     if config is not None and embed in tensors:
         _expect(config, "vocab_size", _shape(tensors, embed)[0], f"{embed} is {list(_shape(tensors, embed))}")
-    layout = AttentionLayout(fam, prefix, len(layers), d, heads, kv_heads, head_dim)
     for layer in range(1, len(layers)):  # every layer must have the shapes of layer 0
         for name in {layout.q_name(layer), layout.k_name(layer)}:
             if name not in tensors or _shape(tensors, name) != _shape(tensors, name.replace(f".{layer}.", ".0.", 1)):
@@ -135,35 +325,58 @@ def detect_layout(tensors: Mapping, config: dict | None = None, n_heads: int | N
     return layout
 
 
-def _gpt2_shapes(tensors, prefix, n_layers, config, n_heads):
-    """(d_model, query features, key features, heads, key heads) of a GPT-2 checkpoint."""
-    shape = _shape(tensors, f"{prefix}h.0.attn.c_attn.weight")
-    if len(shape) != 2 or shape[1] != 3 * shape[0]:
-        raise CheckpointError(f"GPT-2 c_attn.weight should be [d, 3d] (Conv1D), found {list(shape)}")
-    d = shape[0]
-    if config is None:
-        return d, d, d, n_heads, n_heads
-    _expect(config, "n_embd", d, f"layer 0 c_attn is {list(shape)}")
-    _expect(config, "n_layer", n_layers, f"the weights have {n_layers} layers")
-    return d, d, d, config.get("n_head"), config.get("n_head")
-
-
-def _llama_shapes(tensors, prefix, n_layers, config, n_heads):
-    """(d_model, query features, key features, heads, key heads) of a Llama checkpoint (GQA allowed)."""
-    k_name = f"{prefix}layers.0.self_attn.k_proj.weight"
+def _shapes(tensors, spec: FamilySpec, prefix: str, n_layers: int, config, n_heads) -> AttentionLayout:
+    """Head count, key heads, head size and feature counts from layer 0's shapes (and the config)."""
+    att = spec.attention
+    q_name, k_name = prefix + att.q_name(0), prefix + att.k_name(0)
     if k_name not in tensors:
-        raise CheckpointError(f"Llama checkpoint has q_proj but no k_proj ({k_name})")
-    qs, ks = _shape(tensors, f"{prefix}layers.0.self_attn.q_proj.weight"), _shape(tensors, k_name)
-    if len(qs) != 2 or len(ks) != 2 or qs[1] != ks[1]:
-        raise CheckpointError(f"Llama q_proj {list(qs)} and k_proj {list(ks)} should be [out, d] with the same d")
-    d = qs[1]
-    if config is None:  # key heads follow from the head count and the two shapes
-        kv = n_heads * ks[0] // qs[0] if n_heads and (n_heads * ks[0]) % qs[0] == 0 else None
-        return d, qs[0], ks[0], n_heads, kv
-    _expect(config, "hidden_size", d, f"layer 0 q_proj is {list(qs)}")
-    _expect(config, "num_hidden_layers", n_layers, f"the weights have {n_layers} layers")
-    heads = config.get("num_attention_heads")
-    return d, qs[0], ks[0], heads, config.get("num_key_value_heads") or heads
+        raise CheckpointError(f"{spec.label} checkpoint has {q_name} but no {k_name}")
+    qs, ks = _shape(tensors, q_name), _shape(tensors, k_name)
+    if len(qs) != 2 or len(ks) != 2:
+        raise CheckpointError(f"{spec.label} attention weights should be 2-D, found {list(qs)} and {list(ks)}")
+    in_axis = 1 - att.out_axis
+    d = qs[in_axis]
+    if ks[in_axis] != d:
+        raise CheckpointError(f"{spec.label} {q_name} {list(qs)} and {k_name} {list(ks)} read different input sizes")
+    where = "config.json does not match the weights: " if config is not None else ""
+    if config is not None:
+        _expect(config, spec.hidden_key, d, f"layer 0 {att.qkv or att.q} is {list(qs)}")
+        _expect(config, spec.layers_key, n_layers, f"the weights have {n_layers} layers")
+        heads = spec.n_heads(config)
+        kv_heads = spec.n_kv_heads(config)
+        head_dim = config.get("head_dim") or (d // heads if heads else None)
+    else:
+        heads, kv_heads, head_dim = n_heads, None, None
+    out = qs[att.out_axis]
+    if att.fused is None:
+        q_out, k_out = out, ks[att.out_axis]
+    elif att.fused == FUSED_PER_HEAD or spec.kv_heads_key is None:  # Q, K, V of d features each
+        if out % 3:
+            raise CheckpointError(f"{spec.label} {q_name} should hold Q, K and V of equal size, found {list(qs)}")
+        q_out = k_out = out // 3
+    else:  # Q | K | V with grouped key heads: needs the query size
+        if not head_dim and heads and d % heads == 0:
+            head_dim = d // heads
+        if not heads or not head_dim:
+            raise CheckpointError(f"{spec.label} fused {att.qkv} needs the head count to split: pass --heads N")
+        q_out = heads * head_dim
+        if (out - q_out) <= 0 or (out - q_out) % 2:
+            raise CheckpointError(f"{where}{q_name} {list(qs)} does not hold {heads} query heads of {head_dim}")
+        k_out = (out - q_out) // 2
+    if heads:
+        if config is None or not head_dim:
+            head_dim = q_out // heads if q_out % heads == 0 else None
+        if head_dim is None or heads * head_dim != q_out:
+            raise CheckpointError(f"{where}{heads} heads do not divide the {q_out} query features of layer 0")
+        if kv_heads is None and k_out % head_dim == 0:
+            kv_heads = k_out // head_dim
+        if not kv_heads or kv_heads * head_dim != k_out or heads % kv_heads:
+            raise CheckpointError(f"{where}layer 0 has {k_out} key features, not {kv_heads} key heads of {head_dim}")
+    elif att.fused == FUSED_PER_HEAD:
+        raise CheckpointError(f"{spec.label} {att.qkv} interleaves heads: pass --heads N to split it")
+    else:
+        head_dim = kv_heads = None
+    return AttentionLayout(spec, prefix, n_layers, d, heads, kv_heads, head_dim, q_out, k_out)
 
 
 def _expect(config: dict, key: str, actual: int, what: str) -> None:
@@ -171,29 +384,83 @@ def _expect(config: dict, key: str, actual: int, what: str) -> None:
         raise CheckpointError(f"config.json does not match the weights: {key}={config[key]} but {what}")
 
 
-def _quantiles(values: torch.Tensor) -> dict[str, float]:
-    qs = torch.quantile(values.float(), torch.tensor([p / 100 for p in PERCENTILES]))
-    out = {f"p{p}": float(v) for p, v in zip(PERCENTILES, qs)}
-    out["min"], out["max"] = float(values.min()), float(values.max())
-    return out
+def query_key(tensors: Mapping, layout: AttentionLayout, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """W_Q and W_K of one layer, in the stored orientation, output features in head order."""
+    att = layout.spec.attention
+    if att.fused is None:
+        return tensors[layout.q_name(layer)], tensors[layout.k_name(layer)]
+    w = tensors[layout.q_name(layer)]
+    q_out, k_out = layout.q_features, layout.k_features
+    if att.fused == FUSED_PER_HEAD:  # rows [q_0 | k_0 | v_0 | q_1 | k_1 | v_1 | ...]
+        h, hd = layout.n_heads, layout.head_dim
+        per_head = w.reshape(h, 3, hd, w.shape[1])
+        return per_head[:, 0].reshape(q_out, -1), per_head[:, 1].reshape(k_out, -1)
+    if att.out_axis == 1:
+        return w[:, :q_out], w[:, q_out : q_out + k_out]
+    return w[:q_out], w[q_out : q_out + k_out]
 
 
-def _distribution(maxes: torch.Tensor, top_k: int, head_dim: int | None) -> dict:
+def query_key_bias(tensors: Mapping, layout: AttentionLayout, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The query and key biases of one layer in head order (zeros where the family has none)."""
+    att = layout.spec.attention
+    q_out, k_out = layout.q_features, layout.k_features
+    qb, kb = layout.q_name(layer)[: -len("weight")] + "bias", layout.k_name(layer)[: -len("weight")] + "bias"
+    if att.fused is None:
+        q = tensors[qb].float() if qb in tensors else torch.zeros(q_out)
+        return q, tensors[kb].float() if kb in tensors else torch.zeros(k_out)
+    if qb not in tensors:
+        return torch.zeros(q_out), torch.zeros(k_out)
+    b = tensors[qb].float()
+    if att.fused == FUSED_PER_HEAD:
+        per_head = b.reshape(layout.n_heads, 3, layout.head_dim)
+        return per_head[:, 0].reshape(-1), per_head[:, 1].reshape(-1)
+    return b[:q_out], b[q_out : q_out + k_out]
+
+
+def logit_bounds(
+    tensors: Mapping,
+    layout: AttentionLayout | None,
+    layers: list[LayerStats],
+    input_max_l1: list[float],
+    scaling: list[float],
+) -> None:
+    """Fill `logit_bound` of every layer and head: an upper bound on |scaled q.k| on the probed batch.
+
+    With x the attention input of a token (X = the largest ||x||_1 measured in the layer), each of
+    the hd features of head h's query is at most ||W_Q,h||_m * X + |b| in size, so
+    ||q_h||_2 <= sqrt(hd) * ||W_Q,h||_m * X + ||b_Q,h||_2; rotary embeddings are rotations and keep
+    that norm; the same for keys; then |logit| <= scaling * ||q_h||_2 * ||k_h||_2 (Cauchy-Schwarz),
+    with each layer's own scaling (as its attention module passed it to the probe).
+    Families with QK-norm rescale q and k after W_Q / W_K, so no such bound holds: left None.
+    """
+    for layer, x in zip(layers, input_max_l1):
+        layer.input_max_l1 = x
+    if layout is None or layout.spec.qk_norm or not layout.n_heads:
+        return
+    root = layout.head_dim**0.5
+    for layer, x, scale in zip(layers, input_max_l1, scaling):
+        qb, kb = query_key_bias(tensors, layout, layer.layer)
+        qb = qb.view(-1, layout.head_dim).norm(dim=1).tolist()
+        kb = kb.view(-1, layout.head_dim).norm(dim=1).tolist()
+        for head in layer.heads:
+            q = root * head.q_max_norm * x + qb[head.head]
+            k = root * head.k_max_norm * x + kb[head.kv_head]
+            head.logit_bound = scale * q * k
+        layer.logit_bound = max(h.logit_bound for h in layer.heads)
+
+
+# -- statistics ------------------------------------------------------------------------------
+def _distribution(maxes: torch.Tensor, top_k: int, head_dim: int | None) -> Distribution:
     """Percentiles of per-row (or per-column) max-norms and the top-k entries with their ratio to the median."""
-    dist = _quantiles(maxes)
-    median = dist["p50"]
+    qs = torch.quantile(maxes.float(), torch.tensor([p / 100 for p in PERCENTILES]))
+    p50, p90, p99 = (float(v) for v in qs)
     k = min(top_k, maxes.numel())
     vals, idx = torch.topk(maxes, k)
-    dist["outliers"] = [
-        {
-            "index": int(i),
-            "max_norm": float(v),
-            "x_median": float(v) / median if median > 0 else None,
-            **({"head": int(i) // head_dim} if head_dim else {}),
-        }
+    outliers = [
+        Outlier(int(i), float(v), float(v) / p50 if p50 > 0 else None, int(i) // head_dim if head_dim else None)
         for v, i in zip(vals, idx)
     ]
-    return dist
+    return Distribution(p50, p90, p99, float(maxes.min()), float(maxes.max()), outliers)
 
 
 def matrix_stats(w: torch.Tensor, top_k: int = 3, head_axis: int | None = None, head_dim: int | None = None) -> dict:
@@ -224,54 +491,34 @@ def matrix_stats(w: torch.Tensor, top_k: int = 3, head_axis: int | None = None, 
     return {"max_norm": max_norm, "l2_norm": l2, "max_over_l2": max_norm / l2 if l2 > 0 else None, **out}
 
 
-def _qk(tensors: Mapping, layout: AttentionLayout, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    if layout.family == "gpt2":
-        qkv = tensors[layout.q_name(layer)]
-        d = layout.d_model
-        return qkv[:, :d], qkv[:, d : 2 * d]
-    return tensors[layout.q_name(layer)], tensors[layout.k_name(layer)]
-
-
-def layer_stats(tensors: Mapping, layout: AttentionLayout, layer: int, top_k: int = 3) -> dict:
+def layer_stats(tensors: Mapping, layout: AttentionLayout, layer: int, top_k: int = 3) -> LayerStats:
     """One layer's W_Q / W_K statistics, per head when the head count is known."""
-    q, k = _qk(tensors, layout, layer)
-    axis = 1 if layout.family == "gpt2" else 0  # the output-feature axis, split into heads
-    hd = layout.head_dim
+    q, k = query_key(tensors, layout, layer)
+    axis, hd = layout.out_axis, layout.head_dim
     qs, ks = matrix_stats(q, top_k, axis, hd), matrix_stats(k, top_k, axis, hd)
-    out = {
-        "layer": layer,
-        "q_max_norm": qs["max_norm"],
-        "k_max_norm": ks["max_norm"],
-        "q_l2_norm": qs["l2_norm"],
-        "k_l2_norm": ks["l2_norm"],
-        "q_max_over_l2": qs["max_over_l2"],
-        "k_max_over_l2": ks["max_over_l2"],
-        "bound": qs["max_norm"] * ks["max_norm"],
-        "max_attention_logit": None,
-        "heads": [],
-        "q_rows": qs["rows"],
-        "q_cols": qs["cols"],
-        "k_rows": ks["rows"],
-        "k_cols": ks["cols"],
-    }
+    heads = []
     if layout.n_heads:
         qm, ql, km, kl = qs["head_max_norm"], qs["head_l2_norm"], ks["head_max_norm"], ks["head_l2_norm"]
         group = layout.n_heads // layout.n_kv_heads
         for h in range(layout.n_heads):
             kv = h // group
-            out["heads"].append(
-                {
-                    "head": h,
-                    "kv_head": kv,
-                    "q_max_norm": qm[h],
-                    "k_max_norm": km[kv],
-                    "q_l2_norm": ql[h],
-                    "k_l2_norm": kl[kv],
-                    "bound": qm[h] * km[kv],
-                    "max_attention_logit": None,
-                }
-            )
-    return out
+            heads.append(HeadStats(h, kv, qm[h], km[kv], ql[h], kl[kv], qm[h] * km[kv]))
+    return LayerStats(
+        layer=layer,
+        q_max_norm=qs["max_norm"],
+        k_max_norm=ks["max_norm"],
+        q_l2_norm=qs["l2_norm"],
+        k_l2_norm=ks["l2_norm"],
+        q_max_over_l2=qs["max_over_l2"],
+        k_max_over_l2=ks["max_over_l2"],
+        bound=qs["max_norm"] * ks["max_norm"],
+        max_attention_logit=None,
+        heads=heads,
+        q_rows=qs["rows"],
+        q_cols=qs["cols"],
+        k_rows=ks["rows"],
+        k_cols=ks["cols"],
+    )
 
 
 def _max_abs(w: torch.Tensor) -> float:
@@ -279,7 +526,7 @@ def _max_abs(w: torch.Tensor) -> float:
     return max(-float(lo), float(hi))
 
 
-def other_weights(tensors: Mapping) -> list[dict]:
+def other_weights(tensors: Mapping) -> list[WeightSummary]:
     """A one-line summary (shape, max-norm, l2 norm) of every 2-D tensor, in name order."""
     out = []
     for name in sorted(tensors.keys()):
@@ -289,41 +536,51 @@ def other_weights(tensors: Mapping) -> list[dict]:
         if not w.is_floating_point():
             continue
         out.append(
-            {
-                "name": name,
-                "shape": list(w.shape),
-                "max_norm": _max_abs(w),
-                "l2_norm": float(torch.linalg.vector_norm(w, dtype=torch.float32)),
-            }
+            WeightSummary(name, list(w.shape), _max_abs(w), float(torch.linalg.vector_norm(w, dtype=torch.float32)))
         )
         del w
     return out
 
 
+def family_notes(spec: FamilySpec, config: dict | None) -> list[str]:
+    """What a reader of the numbers should know about this family's attention."""
+    notes = []
+    if spec.qk_norm and config is not None:
+        notes.append(
+            f"{spec.label} normalises queries and keys (QK-norm) after W_Q / W_K: the max-norms do not bound "
+            "the logit, the norm layers' gains do"
+        )
+    cap = spec.softcap(config) if config is not None else None
+    if cap:
+        notes.append(
+            f"{spec.label} soft-caps attention logits at {cap:g} (cap*tanh(logit/cap)); "
+            "the max attention logit reported is the logit before the cap"
+        )
+    return notes
+
+
 def attention_weight_stats(
     tensors: Mapping, config: dict | None = None, n_heads: int | None = None, top_k: int = 3, include_other: bool = True
-) -> dict:
-    """Statistics of one set of weights (a lazy checkpoint reader or a state dict), in the JSON shape.
-
-    Returns {"architecture", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_model",
-    "row_axis", "layers": [layer_stats...], "weights": [other_weights...], "notes": [...]}.
-    """
+) -> WeightStats:
+    """Statistics of one set of weights (a lazy checkpoint reader or a state dict)."""
     layout = detect_layout(tensors, config, n_heads)
     notes = []
     if not layout.n_heads:
         notes.append("per-head statistics need the head count: no config.json next to the weights (pass --heads N)")
-    return {
-        "architecture": layout.family,
-        "n_layers": layout.n_layers,
-        "n_heads": layout.n_heads,
-        "n_kv_heads": layout.n_kv_heads,
-        "head_dim": layout.head_dim,
-        "d_model": layout.d_model,
-        "row_axis": layout.row_axis,
-        "layers": [layer_stats(tensors, layout, i, top_k) for i in range(layout.n_layers)],
-        "weights": other_weights(tensors) if include_other else [],
-        "notes": notes,
-    }
+    notes += family_notes(layout.spec, config)
+    return WeightStats(
+        architecture=layout.family,
+        n_layers=layout.n_layers,
+        n_heads=layout.n_heads,
+        n_kv_heads=layout.n_kv_heads,
+        head_dim=layout.head_dim,
+        d_model=layout.d_model,
+        row_axis=layout.row_axis,
+        layers=[layer_stats(tensors, layout, i, top_k) for i in range(layout.n_layers)],
+        weights=other_weights(tensors) if include_other else [],
+        notes=notes,
+        layout=layout,
+    )
 
 
 @contextlib.contextmanager
@@ -337,7 +594,7 @@ def checkpoint_context(path):
         raise type(exc)(f"{path}: {exc}") from None
 
 
-def model_weight_stats(model, top_k: int = 3, include_other: bool = False) -> dict:
+def model_weight_stats(model, top_k: int = 3, include_other: bool = False) -> WeightStats:
     """The same statistics for a live transformers model (e.g. from a training loop), no copies."""
     for wrapper in ("_orig_mod", "module"):  # torch.compile / DDP wrappers
         model = getattr(model, wrapper, model)
@@ -347,10 +604,10 @@ def model_weight_stats(model, top_k: int = 3, include_other: bool = False) -> di
         )
 
 
-def weight_stats(path, n_heads: int | None = None, top_k: int = 3, include_other: bool = True) -> dict:
+def weight_stats(path, n_heads: int | None = None, top_k: int = 3, include_other: bool = True) -> WeightStats:
     """Weight statistics of one checkpoint (safetensors file, sharded index or HF folder), lazily read.
 
-    Adds "path" and "step" to `attention_weight_stats`'s dict. A run folder with several step_*
+    Sets `path`, `label` and `step` of `attention_weight_stats`'s result. A run folder with several step_*
     checkpoints is a CheckpointError here: use `find_checkpoints` and call this per checkpoint.
     """
     from merit_core.diagnostics.checkpoints import Checkpoint, SafetensorsReader, find_checkpoints
@@ -366,5 +623,6 @@ def weight_stats(path, n_heads: int | None = None, top_k: int = 3, include_other
         stats = attention_weight_stats(
             SafetensorsReader(ckpt), read_config(ckpt.config_path), n_heads, top_k, include_other
         )
-    stats["notes"] = ckpt.notes + stats["notes"]
-    return {"path": str(ckpt.path), "label": ckpt.label, "step": ckpt.step, **stats}
+    stats.notes = ckpt.notes + stats.notes
+    stats.path, stats.label, stats.step = str(ckpt.path), ckpt.label, ckpt.step
+    return stats

@@ -153,6 +153,10 @@ def load_model_weights(model: torch.nn.Module, checkpoint: str | Path) -> None:
         weights = load_file(path)
     except Exception as exc:
         raise CheckpointError(f"{path} is unreadable: {exc}") from None
+    from merit_core.models import family_spec
+
+    spec = family_spec(model.config)  # names save_pretrained renames (GPT-NeoX lm_head -> embed_out)
+    weights = {spec.model_name(name): tensor for name, tensor in weights.items()}
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
     if unexpected or set(missing) - tied:

@@ -75,7 +75,7 @@ def test_every_run_is_a_train_run_folder(finished):
         # merit inspect's max-norm product ||W_Q||_m ||W_K||_m of the final weights, per layer
         from merit_core.diagnostics.weights import weight_stats
 
-        stats = weight_stats(ckpt, include_other=False)["layers"]
+        stats = weight_stats(ckpt, include_other=False).to_dict()["layers"]
         assert r["qk_bound_by_layer"] == [layer["q_max_norm"] * layer["k_max_norm"] for layer in stats]
 
 

@@ -50,17 +50,47 @@ def ckpts(tmp_path_factory):
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_max_logits_equal_direct_computation(ckpts, arch):
     folder, model, tok = ckpts[arch]
-    report = inspect_paths([folder], InspectOptions(text=TEXT, text_source="text", seq_len=16, query_chunk=5))
-    (c,) = report["checkpoints"]
+    report = inspect_paths([folder], InspectOptions(text=TEXT, text_source="text", query_chunk=5))
+    (c,) = report.checkpoints
     ids = torch.tensor([tok(TEXT, add_special_tokens=False)["input_ids"]])
-    assert (c["probe"]["source"], c["probe"]["n_tokens"]) == ("text", 16)
-    ids = ids.repeat(1, math.ceil(16 / ids.shape[1]))[:, :16]  # the probe repeats short texts
+    assert ids.shape[1] < 256  # the text is measured as given: not repeated to fill a length
+    assert (c.probe.source, c.probe.n_tokens, c.probe.notes) == ("text", ids.shape[1], [])
     with torch.no_grad():
         direct = (_gpt2_direct if arch == "gpt2" else _llama_direct)(model.eval(), ids)
-    got = torch.tensor([[h["max_attention_logit"] for h in layer["heads"]] for layer in c["layers"]])
+    got = torch.tensor([[h.max_attention_logit for h in layer.heads] for layer in c.layers])
     torch.testing.assert_close(got, direct, rtol=1e-4, atol=1e-4)
-    assert [l["max_attention_logit"] for l in c["layers"]] == pytest.approx(direct.amax(1).tolist(), rel=1e-4)
+    assert [l.max_attention_logit for l in c.layers] == pytest.approx(direct.amax(1).tolist(), rel=1e-4)
     assert direct.abs().max() > 1.0
+    # a longer text is cut to --seq-len, and says so
+    (cut,) = inspect_paths([folder], InspectOptions(text=TEXT, seq_len=8)).checkpoints
+    assert cut.probe.n_tokens == 8 and "first 8" in cut.probe.notes[0]
+    with torch.no_grad():
+        direct = (_gpt2_direct if arch == "gpt2" else _llama_direct)(model.eval(), ids[:, :8])
+    assert [l.max_attention_logit for l in cut.layers] == pytest.approx(direct.amax(1).tolist(), rel=1e-4)
+
+
+def test_typed_report_to_dict_is_the_json(ckpts, tmp_path):
+    from merit_core.diagnostics.report import write_json
+
+    report = inspect_paths([ckpts["llama"][0]], InspectOptions(seq_len=12))
+    write_json(report, tmp_path / "r.json")
+    assert json.loads((tmp_path / "r.json").read_text()) == json.loads(json.dumps(report.to_dict()))
+    (c,) = report.to_dict()["checkpoints"]
+    assert list(c) == [
+        "path", "label", "step", "run", "architecture", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+        "d_model", "row_axis", "layers", "weights", "notes", "probe", "hessian", "summary",
+    ]  # fmt: skip
+    assert list(c["layers"][0]) == [
+        "layer", "q_max_norm", "k_max_norm", "q_l2_norm", "k_l2_norm", "q_max_over_l2", "k_max_over_l2",
+        "bound", "max_attention_logit", "heads", "q_rows", "q_cols", "k_rows", "k_cols",
+        "input_max_l1", "logit_bound",  # additions
+    ]  # fmt: skip
+    assert list(c["layers"][0]["heads"][0]) == [
+        "head", "kv_head", "q_max_norm", "k_max_norm", "q_l2_norm", "k_l2_norm", "bound", "max_attention_logit",
+        "logit_bound",  # addition
+    ]  # fmt: skip
+    typed = report.checkpoints[0]
+    assert c["summary"]["bound"] == typed.summary.bound == max(l.q_max_norm * l.k_max_norm for l in typed.layers)
 
 
 def test_cli_json_shape_and_side_by_side(ckpts, tmp_path):
@@ -99,11 +129,11 @@ def test_text_file_probe_matches_the_library_call(ckpts, tmp_path):
     assert res.exit_code == 0, res.output
     (c,) = json.loads(out.read_text())["checkpoints"]
     assert (c["probe"]["source"], c["probe"]["n_tokens"]) == ("file", 12)
-    lib = inspect_paths([folder], InspectOptions(text=TEXT, seq_len=12))["checkpoints"][0]
-    assert [l["max_attention_logit"] for l in c["layers"]] == [l["max_attention_logit"] for l in lib["layers"]]
-    builtin = inspect_paths([folder], InspectOptions(seq_len=12))["checkpoints"][0]
-    assert builtin["probe"]["source"] == "builtin"
-    assert builtin["layers"][0]["max_attention_logit"] != lib["layers"][0]["max_attention_logit"]
+    lib = inspect_paths([folder], InspectOptions(text=TEXT, seq_len=12)).checkpoints[0]
+    assert [l["max_attention_logit"] for l in c["layers"]] == [l.max_attention_logit for l in lib.layers]
+    builtin = inspect_paths([folder], InspectOptions(seq_len=12)).checkpoints[0]
+    assert builtin.probe.source == "builtin"
+    assert builtin.layers[0].max_attention_logit != lib.layers[0].max_attention_logit
 
 
 def test_hessian_option_and_no_logits(ckpts, tmp_path):
@@ -184,6 +214,6 @@ def test_two_runs_trajectory_plot(ckpts, tmp_path):
     a = _make_run(tmp_path / "a", ckpts)
     b = _make_run(tmp_path / "b", ckpts)
     report = inspect_paths([a, b], InspectOptions(logits=False))
-    assert len(report["checkpoints"]) == 6
+    assert len(report.checkpoints) == 6
     assert plot_report(report, tmp_path / "two.png") == "trajectory"
     _png_ok(tmp_path / "two.png")

@@ -170,3 +170,18 @@ def test_probe_text_file_errors(good, tmp_path):
 def test_library_raises_checkpoint_errors(tmp_path):
     with pytest.raises(CheckpointError, match="not found"):
         find_checkpoints(tmp_path / "nothing")
+
+
+def test_probe_text_without_a_tokenizer_is_one_line(good):
+    res = CliRunner().invoke(cli, ["inspect", str(good), "--text", "hello world"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "no tokenizer" in lines[0], res.stderr
+
+
+def test_unknown_family_in_config_is_one_line(good, tmp_path):
+    ck = tmp_path / "mamba"
+    shutil.copytree(good, ck)
+    config = json.loads((ck / "config.json").read_text())
+    (ck / "config.json").write_text(json.dumps({**config, "model_type": "mamba"}))
+    _fails([ck], "'mamba' is not supported", "gpt_neox")

@@ -73,7 +73,7 @@ def saved(model, folder, **kw):
 
 def test_gpt2_planted_key_entry(tmp_path):
     model = plant(tiny_gpt2())
-    stats = weight_stats(saved(model, tmp_path / "g"))
+    stats = weight_stats(saved(model, tmp_path / "g")).to_dict()
     assert stats["architecture"] == "gpt2" and stats["n_layers"] == 2 and stats["n_heads"] == H
     assert stats["row_axis"] == "input"
     l0, l1 = stats["layers"]
@@ -99,7 +99,7 @@ def test_gpt2_planted_key_entry(tmp_path):
 
 def test_llama_planted_key_entry_with_grouped_heads(tmp_path):
     model = plant(tiny_llama(kv_heads=2))
-    stats = weight_stats(saved(model, tmp_path / "l"))
+    stats = weight_stats(saved(model, tmp_path / "l")).to_dict()
     assert (stats["architecture"], stats["n_heads"], stats["n_kv_heads"], stats["head_dim"]) == ("llama", H, 2, HD)
     assert stats["row_axis"] == "output"
     l0, l1 = stats["layers"]
@@ -116,7 +116,7 @@ def test_llama_planted_key_entry_with_grouped_heads(tmp_path):
 
 def test_other_weights_are_all_2d_tensors(tmp_path):
     folder = saved(tiny_gpt2(), tmp_path / "g")
-    stats = weight_stats(folder)
+    stats = weight_stats(folder).to_dict()
     tensors = load_file(folder / "model.safetensors")
     names = sorted(k for k, v in tensors.items() if v.ndim == 2)
     assert [w["name"] for w in stats["weights"]] == names
@@ -127,13 +127,13 @@ def test_other_weights_are_all_2d_tensors(tmp_path):
 
 def test_sharded_and_live_model_agree_with_single_file(tmp_path):
     model = plant(tiny_llama())
-    single = weight_stats(saved(model, tmp_path / "one"))
+    single = weight_stats(saved(model, tmp_path / "one")).to_dict()
     sharded_dir = saved(model, tmp_path / "many", max_shard_size="20KB")
     assert (sharded_dir / "model.safetensors.index.json").is_file()
     assert len(find_checkpoints(sharded_dir)[0].files) > 1
     for source in (sharded_dir, sharded_dir / "model.safetensors.index.json"):
-        assert weight_stats(source)["layers"] == single["layers"]
-    assert model_weight_stats(model)["layers"] == single["layers"]
+        assert weight_stats(source).to_dict()["layers"] == single["layers"]
+    assert model_weight_stats(model).to_dict()["layers"] == single["layers"]
 
 
 def test_without_config_heads_come_from_the_caller(tmp_path):
@@ -141,10 +141,10 @@ def test_without_config_heads_come_from_the_caller(tmp_path):
     alone = tmp_path / "alone"
     alone.mkdir()
     shutil.copy(folder / "model.safetensors", alone / "weights.safetensors")
-    stats = weight_stats(alone / "weights.safetensors")
+    stats = weight_stats(alone / "weights.safetensors").to_dict()
     assert stats["n_heads"] is None and stats["layers"][1]["heads"] == []
     assert stats["layers"][1]["k_max_norm"] == PLANT and "--heads" in stats["notes"][0]
-    stats = weight_stats(alone / "weights.safetensors", n_heads=H)
+    stats = weight_stats(alone / "weights.safetensors", n_heads=H).to_dict()
     assert stats["layers"][1]["heads"][GPT2_K_HEAD]["k_max_norm"] == PLANT
 
 
@@ -157,6 +157,6 @@ def test_half_precision_and_unprefixed_gpt2_names(tmp_path):
     }
     save_file(tensors, tmp_path / "old.safetensors")
     (tmp_path / "config.json").write_text(json.dumps(model.config.to_dict()))
-    stats = weight_stats(tmp_path / "old.safetensors")
+    stats = weight_stats(tmp_path / "old.safetensors").to_dict()
     assert stats["layers"][1]["k_max_norm"] == PLANT  # exactly representable in bf16
     assert stats["layers"][1]["heads"][GPT2_K_HEAD]["k_max_norm"] == PLANT

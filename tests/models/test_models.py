@@ -47,7 +47,7 @@ def test_bad_model_names_are_config_errors(tmp_path):
         model_config("gpt2-smal")
     bad = tmp_path / "config.json"
     bad.write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(ConfigError, match="bert"):
+    with pytest.raises(ConfigError, match="'bert' is not supported; merit handles gpt2, llama, .*gpt_neox"):
         model_config(str(bad))
     bad.write_text("{not json")
     with pytest.raises(ConfigError, match="JSON"):
@@ -57,5 +57,7 @@ def test_bad_model_names_are_config_errors(tmp_path):
 
 
 def test_every_named_model_has_a_config():
-    for name in NAMED_MODELS:
-        assert family(model_config(name)) in ("gpt2", "llama")
+    for name, spec in NAMED_MODELS.items():
+        cfg = model_config(name)
+        assert family(cfg) == cfg.model_type == spec.family
+        assert context_length(cfg) == spec.context and cfg.vocab_size == spec.vocab

@@ -1,0 +1,193 @@
+"""Named model configurations of every supported family, built into transformers models from config (no downloads).
+
+Sizes follow the MERIT paper: GPT-2 small/medium/large (context 1024), and the Llama configs of
+the low-memory-optimizer papers on C4 (context 256). Every family has a `-tiny` model for CPUs
+(gpt2-tiny, llama-tiny, qwen3-tiny, mistral-tiny, ...); Pythia and Qwen3 have their published
+shapes. Dropout is 0 everywhere, as in large-batch pretraining recipes. The vocabulary size is
+set from the tokenizer actually used, so a model never has rows no token can reach, nor tokens
+it cannot embed. What a family is (names of its weights, GQA, QK-norm, sliding windows) lives
+in `merit_core.models.family` / `families`; this module only builds.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from merit_core.errors import ConfigError
+from merit_core.models import families as _families  # noqa: F401  (registers the specs)
+from merit_core.models.family import FamilySpec, all_families, family_names, get_family, register_family
+
+__all__ = [
+    "NAMED_MODELS",
+    "FamilySpec",
+    "ModelSpec",
+    "all_families",
+    "build_model",
+    "config_from_dict",
+    "context_length",
+    "count_parameters",
+    "family",
+    "family_names",
+    "family_spec",
+    "get_family",
+    "model_config",
+    "register_family",
+    "set_context_length",
+]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A named architecture: family (a model_type), shape, default context and vocabulary."""
+
+    family: str
+    n_layer: int
+    d_model: int
+    n_head: int
+    context: int
+    vocab: int
+    d_ff: int | None = None  # MLP width; None: 4 * d_model (GPT-2 always uses 4 * d_model)
+    n_kv_head: int | None = None  # key/value heads (grouped-query attention); None: n_head
+    head_dim: int | None = None  # None: d_model // n_head
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)  # further config keys
+
+
+def _tiny(family: str, n_kv_head: int | None = 2, **extra) -> ModelSpec:
+    return ModelSpec(family, 4, 128, 4, 256, 4096, d_ff=344, n_kv_head=n_kv_head, extra=extra)
+
+
+NAMED_MODELS: dict[str, ModelSpec] = {
+    "gpt2-tiny": ModelSpec("gpt2", 4, 128, 4, 256, 4096),
+    "gpt2-small": ModelSpec("gpt2", 12, 768, 12, 1024, 50257),
+    "gpt2-medium": ModelSpec("gpt2", 24, 1024, 16, 1024, 50257),
+    "gpt2-large": ModelSpec("gpt2", 36, 1280, 20, 1024, 50257),
+    "llama-tiny": ModelSpec("llama", 4, 128, 4, 256, 4096, d_ff=344),
+    "llama-60m": ModelSpec("llama", 8, 512, 8, 256, 32000, d_ff=1376),
+    "llama-130m": ModelSpec("llama", 12, 768, 12, 256, 32000, d_ff=2048),
+    "llama-350m": ModelSpec("llama", 24, 1024, 16, 256, 32000, d_ff=2736),
+    "llama-1b": ModelSpec("llama", 24, 2048, 32, 256, 32000, d_ff=5461),
+    "mistral-tiny": _tiny("mistral", sliding_window=128),
+    "qwen2-tiny": _tiny("qwen2"),
+    "qwen3-tiny": _tiny("qwen3"),
+    "qwen3-0.6b": ModelSpec(
+        "qwen3", 28, 1024, 16, 40960, 151936, d_ff=3072, n_kv_head=8, head_dim=128, extra={"tie_word_embeddings": True}
+    ),
+    "gemma2-tiny": _tiny("gemma2", sliding_window=128),
+    "gemma3-tiny": _tiny("gemma3_text", sliding_window=128, layer_types=["sliding_attention", "full_attention"] * 2),
+    "olmo2-tiny": _tiny("olmo2"),
+    "phi3-tiny": _tiny("phi3"),
+    "pythia-tiny": _tiny("gpt_neox", n_kv_head=None),
+    "pythia-70m": ModelSpec("gpt_neox", 6, 512, 8, 2048, 50304, d_ff=2048),
+    "pythia-160m": ModelSpec("gpt_neox", 12, 768, 12, 2048, 50304, d_ff=3072),
+}
+
+
+def _spec_config(spec: ModelSpec, vocab_size: int, context: int, special_ids: dict[str, int]):
+    from transformers import AutoConfig
+
+    fam = get_family(spec.family)
+    kwargs = {**fam.config_kwargs(spec, vocab_size, context, special_ids), **spec.extra}
+    return AutoConfig.for_model(fam.model_type, **kwargs)
+
+
+def model_config(
+    name_or_path: str | ModelSpec,
+    vocab_size: int | None = None,
+    context: int | None = None,
+    special_ids: dict[str, int] | None = None,
+):
+    """A transformers config for a named model, a ModelSpec, or a config.json path (file or folder).
+
+    `vocab_size` and `context` override the named defaults (a config file keeps its own
+    context unless `context` is given, and its own vocab unless `vocab_size` is given).
+    """
+    special_ids = special_ids or {}
+    if isinstance(name_or_path, ModelSpec) or name_or_path in NAMED_MODELS:
+        spec = NAMED_MODELS[name_or_path] if isinstance(name_or_path, str) else name_or_path
+        return _spec_config(spec, vocab_size or spec.vocab, context or spec.context, special_ids)
+    path = Path(name_or_path)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.suffix == ".json" or path.exists():
+        return _config_from_file(path, vocab_size, context)
+    import difflib
+
+    close = difflib.get_close_matches(name_or_path, NAMED_MODELS, n=3)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    raise ConfigError(
+        f"unknown model {name_or_path!r}: use one of {', '.join(NAMED_MODELS)} or a path to a config.json.{hint}"
+    )
+
+
+def config_from_dict(raw: dict[str, Any], where: str = "config.json"):
+    """A transformers config from a config.json dict of a supported family (ConfigError otherwise)."""
+    from transformers import AutoConfig
+
+    raw = {k: v for k, v in raw.items() if k not in ("architectures", "transformers_version")}
+    model_type = raw.pop("model_type", None)
+    try:
+        get_family(model_type)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    try:
+        return AutoConfig.for_model(model_type, **raw)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ConfigError(f"{where} is not a usable {model_type} config: {str(exc).splitlines()[0]}") from None
+
+
+def _config_from_file(path: Path, vocab_size: int | None, context: int | None):
+    if not path.is_file():
+        raise ConfigError(f"model config not found: {path}")
+    try:
+        raw: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is not a readable JSON config: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} is not a JSON object")
+    config = config_from_dict(raw, str(path))
+    if vocab_size is not None:
+        config.vocab_size = vocab_size
+    if context is not None:
+        set_context_length(config, context)
+    return config
+
+
+def family_spec(config) -> FamilySpec:
+    """The FamilySpec of a transformers config (ConfigError for an unsupported model_type)."""
+    return get_family(getattr(config, "model_type", None))
+
+
+def family(config) -> str:
+    """The config's model_type, checked to be a supported family."""
+    return family_spec(config).model_type
+
+
+def context_length(config) -> int:
+    """The longest sequence the model accepts."""
+    return family_spec(config).context_length(config)
+
+
+def set_context_length(config, context: int) -> None:
+    setattr(config, family_spec(config).context_key, context)
+
+
+def build_model(config, seed: int | None = None, dtype=None):
+    """A freshly initialised causal LM from a config: float32 unless `dtype`, SDPA attention where
+    the family allows it (eager for logit soft-capping)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    spec = family_spec(config)
+    return AutoModelForCausalLM.from_config(
+        config, attn_implementation=spec.attn_implementation(config), dtype=dtype or torch.float32
+    )
+
+
+def count_parameters(model) -> int:
+    """Number of distinct parameters (tied weights counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
