@@ -117,8 +117,19 @@ def _list_configs(ctx, param, value):
     from merit_core.configs import shipped_configs
 
     out = console()
-    out.print(configs_table(shipped_configs()))
-    out.print("[dim]Costs assume 6·N·tokens FLOPs at 40% MFU in bf16; each file's header has the details.[/]")
+    configs = shipped_configs()
+    if out.is_terminal:
+        out.print(configs_table(configs))
+    else:  # whole lines for a pipe or a file
+        width = max(len(f"merit {c.command} {c.name}") for c in configs)
+        cost_width = max(len(c.cost or "-") for c in configs)
+        for c in configs:
+            line = f"{f'merit {c.command} {c.name}':<{width}}  {c.cost or '-':<{cost_width}}  {c.summary}"
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
+    out.print(
+        "[dim]GPU costs assume 6·N·tokens FLOPs at 40% MFU in bf16; each file's header has the details.[/]",
+        soft_wrap=not out.is_terminal,
+    )
     ctx.exit(0)
 
 

@@ -2,12 +2,15 @@
 
 A shipped config is named by its file name without `.toml` (`merit train gpt2-small`,
 `merit compare compare-gpt2-small`). Files named `compare-*` are `merit compare` specs, the
-others `merit train` configs. Each file's header comment has a `# Cost:` line that begins
-with the short figure (up to the first colon), which `merit train --list-configs` shows.
+others `merit train` configs. Each file's header comment opens with what the run is (up to the
+first colon or semicolon) and has a `# Cost:` line that begins with the short figure (up to the
+first colon); `merit train --list-configs` shows both.
 """
 
 from __future__ import annotations
 
+import itertools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,13 +42,14 @@ def _describe(path: Path) -> ShippedConfig:
             break
         header.append(line.lstrip("#").strip())
     cost = next((h.removeprefix("Cost:").strip() for h in header if h.startswith("Cost:")), "")
+    opening = " ".join(itertools.takewhile(lambda h: h and not h.startswith("Cost:"), header))
     name = path.stem
     return ShippedConfig(
         name=name,
         path=path,
         command="compare" if name.startswith(COMPARE_PREFIX) else "train",
-        summary=header[0] if header else "",
-        cost=cost.split(":")[0].strip(),
+        summary=re.split(r":|;", opening, maxsplit=1)[0].strip(),
+        cost=cost.split(":")[0].strip().rstrip("."),
     )
 
 
