@@ -11,8 +11,8 @@ Every `every_n_steps` optimizer steps (and at step 0 when `at_start`), the callb
 model once on the fixed probe batch and calls ``trainer.log`` with ``max_attention_logit`` and
 ``max_attention_logit/layer_{i}``: the values land in ``trainer.state.log_history`` and go to
 every tracker in ``args.report_to``. The callback needs the trainer to log through it (as TRL's
-callbacks do): a value written into another callback's ``logs`` would miss the trackers, which
-Trainer calls first. Works for every model family the probe supports (transformers' attention
+WinRateCallback does): a value written into another callback's ``logs`` would miss the trackers,
+which Trainer calls first. Works for every model family the probe supports (transformers' attention
 interface: GPT-2, Llama, Qwen, Mistral, ...); the model is the Trainer's unwrapped model.
 """
 
