@@ -1,6 +1,6 @@
 """`python -m merit_cli ...` (what torchrun launches)."""
 
-from merit_cli.main import cli
+from merit_cli.entry import main
 
 if __name__ == "__main__":
-    cli(prog_name="merit")
+    main()

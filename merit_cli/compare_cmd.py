@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from merit_cli.render import LiveReport, fmt_duration, fmt_float
+from merit_cli.render import LiveReport, fmt_duration, fmt_float, plain_line
 from merit_core.compare.runner import CompareCallbacks
 from merit_core.compare.spec import DEFAULT_BATCH_SIZES, DEFAULT_OPTIMIZERS, DEFAULT_TOKENS, DEFAULT_TRAIN, QUICK_TOKENS
 
@@ -52,6 +52,10 @@ class RichCompareReport(LiveReport, CompareCallbacks):
         ]
         self.out.print(f"{len(runs)} runs: {', '.join(parts)}")
         self.out.print(f"[dim]runs in {first.run_dir.parent}[/]")
+        self.done = done
+        self.total = len(runs)
+        if self.plain:
+            return
         self.progress = Progress(
             TextColumn("{task.description:<28}"),
             BarColumn(bar_width=20),
@@ -66,27 +70,42 @@ class RichCompareReport(LiveReport, CompareCallbacks):
 
     def on_run_start(self, run, resumed: bool) -> None:
         self.started[run.name] = time.perf_counter()
+        if self.plain:
+            self.say(plain_line("start", [("run", run.name), ("steps", run.steps), ("resumed", resumed or None)]))
+            return
         label = run.name + (" (resume)" if resumed else "")
         self.tasks[run.name] = self.progress.add_task(label, total=run.steps, info="")
 
     def on_run_progress(self, run, record: dict[str, Any]) -> None:
+        last = self.last.setdefault(run.name, {})
+        last.update({k: v for k, v in record.items() if v is not None})
         task = self.tasks.get(run.name)
         if task is None:
             return
-        last = self.last.setdefault(run.name, {})
-        last.update({k: v for k, v in record.items() if v is not None})
         info = f"loss {fmt_float(last.get('loss'))}"
         if "val_loss" in last:
             info += f"  val {fmt_float(last['val_loss'])}"
         self.progress.update(task, completed=record["step"], info=info)
 
     def on_run_end(self, run, state: str, message: str | None) -> None:
+        took = fmt_duration(time.perf_counter() - self.started.get(run.name, time.perf_counter()))
+        last = self.last.pop(run.name, {})
+        if self.plain:
+            self.done += 1
+            logits = [v for v in last.get("max_attention_logit") or [] if v is not None]
+            fields = [("run", run.name), ("state", state), ("runs_done", f"{self.done}/{self.total}")]
+            if state == "finished":
+                val = last.get("val_loss")
+                fields += [("val_loss", f"{val:.4f}" if val is not None else None)]
+                fields += [("max_logit", f"{max(logits):.3f}" if logits else None), ("time", took)]
+            else:
+                fields += [("time", took), ("message", message)]
+            self.say(plain_line("run", fields))
+            return
         task = self.tasks.pop(run.name, None)
         if task is not None:
             self.progress.remove_task(task)
         self.progress.advance(self.overall)
-        took = fmt_duration(time.perf_counter() - self.started.get(run.name, time.perf_counter()))
-        last = self.last.pop(run.name, {})
         if state == "finished":
             logits = [v for v in last.get("max_attention_logit") or [] if v is not None]
             peak = fmt_float(max(logits), 3) if logits else "-"
@@ -166,7 +185,7 @@ def results_table(summary: dict[str, Any]):
 
 
 @click.command("compare", context_settings={"show_default": True})
-@click.argument("config_file", required=False, metavar="[CONFIG.toml]")
+@click.argument("config_file", required=False, metavar="[CONFIG]")
 @click.option("--optimizers", help=f"Comma-separated optimizers  [default: {','.join(DEFAULT_OPTIMIZERS)}]")
 @click.option(
     "--batch-sizes",
@@ -206,16 +225,18 @@ def compare(
 ):
     """Compare optimizers at a small and a large batch, same token budget, each at its best lr.
 
+    CONFIG is a TOML spec or the name of a shipped one (compare-gpt2-small; merit train --list-configs).
     Every run is an ordinary `merit train` run folder under OUT/runs/; OUT gets summary.json,
     compare.png (loss vs batch size, max attention logit vs step) and REPORT.md. A re-run
     skips finished runs and resumes unfinished ones.
     """
     from merit_core.compare import load_spec, run_compare
+    from merit_core.configs import find_config
     from merit_core.hub import prefer_offline
 
     prefer_offline()
     spec = load_spec(
-        config_file,
+        find_config(config_file, "compare") if config_file is not None else None,
         optimizers=optimizers,
         batch_sizes=batch_sizes,
         lrs=lrs,

@@ -15,6 +15,63 @@ def console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False)
 
 
+def plain_line(kind: str, fields: Iterable[tuple[str, Any]]) -> str:
+    """One `kind key=value ...` line for logs read by batch systems (None values are left out)."""
+    return " ".join([kind, *(f"{key}={value}" for key, value in fields if value is not None)])
+
+
+def _max_logit(record: dict[str, Any]) -> tuple[float | None, int | None]:
+    """The peak of a record's per-layer max attention logits and its layer (None, None when not measured)."""
+    values = record.get("max_attention_logit")
+    if isinstance(values, (int, float)):
+        return float(values), None
+    logits = [(v, i) for i, v in enumerate(values or []) if v is not None]
+    if not logits:
+        return None, None
+    return max(logits)
+
+
+def train_log_line(record: dict[str, Any], total_steps: int | None = None) -> str:
+    """`train step=10/300 loss=5.1234 lr=2.000e-02 tokens_per_s=9870 [max_logit=12.345]`."""
+    peak, _ = _max_logit(record)
+    step = f"{record['step']}/{total_steps}" if total_steps else record["step"]
+    return plain_line(
+        "train",
+        [
+            ("step", step),
+            ("loss", f"{record['loss']:.4f}"),
+            ("lr", f"{record['lr']:.3e}"),
+            ("tokens_per_s", f"{record['tokens_per_s']:.0f}" if record.get("tokens_per_s") is not None else None),
+            ("max_logit", f"{peak:.3f}" if peak is not None else None),
+        ],
+    )
+
+
+def eval_line(record: dict[str, Any]) -> str:
+    """`eval step=50 val_loss=5.4321 max_logit=12.345 layer=3`."""
+    peak, layer = _max_logit(record)
+    return plain_line(
+        "eval",
+        [
+            ("step", record["step"]),
+            ("val_loss", f"{record['val_loss']:.4f}" if record.get("val_loss") is not None else None),
+            ("max_logit", f"{peak:.3f}" if peak is not None else None),
+            ("layer", layer),
+        ],
+    )
+
+
+def configs_table(configs) -> Table:
+    """The shipped configs (merit_core.configs.ShippedConfig): command, name, cost, what it is."""
+    table = Table(title="Shipped configs", title_justify="left", box=None, padding=(0, 2), header_style="bold")
+    table.add_column("run with", no_wrap=True)
+    table.add_column("cost", no_wrap=True)
+    table.add_column("what", style="dim")
+    for c in configs:
+        table.add_row(f"merit {c.command} {c.name}", c.cost or "-", c.summary)
+    return table
+
+
 def fmt_float(value: float | None, digits: int = 4) -> str:
     """A compact number ('-' for missing, 'nan'/'inf' as such)."""
     if value is None:
@@ -117,10 +174,24 @@ class LiveReport:
 
     def __init__(self):
         self.out = console()
+        # Not a terminal (a batch system's log file, a pipe): no live bars, one plain line per event.
+        self.plain = not self.out.is_terminal
+        if self.plain:
+            self.out.soft_wrap = True  # a log file has no width: keep each line whole
         self.stages: StageProgress | None = None
         self.progress = None
 
+    def say(self, line: str) -> None:
+        """Print `line` as it is: no markup, no wrapping (rich flushes after each print)."""
+        self.out.print(line, markup=False, highlight=False, soft_wrap=True)
+
     def on_prepare(self, stage: str, done: int, total: int | None) -> None:
+        if self.plain:
+            seen = self.__dict__.setdefault("_stages_seen", set())
+            if stage not in seen:
+                seen.add(stage)
+                self.say(plain_line("prepare", [("stage", stage.replace(" ", "_")), ("total", total)]))
+            return
         if self.stages is None:
             self.stages = StageProgress(self.out)
         self.stages(stage, done, total)

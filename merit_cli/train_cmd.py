@@ -13,10 +13,12 @@ from merit_cli.options import number
 from merit_cli.render import (
     LiveReport,
     command_hints,
+    eval_line,
     fmt_count,
     fmt_duration,
     fmt_float,
     key_value_table,
+    train_log_line,
     training_progress,
 )
 from merit_core.errors import MeritError
@@ -49,17 +51,26 @@ class RichTrainReport(LiveReport, TrainCallbacks):
             f"(micro-batch {c.micro_batch_size}), {info.total_steps} steps on {info.device}{world}"
         )
         self.out.print(f"[dim]run folder {info.run_dir}[/]")
+        self.total_steps = info.total_steps
+        if self.plain:
+            return
         self.progress = training_progress(self.out)
         self.progress.start()
         self.task = self.progress.add_task("train", total=info.total_steps, completed=info.start_step, **self.fields)
 
     def on_log(self, record: dict[str, Any]) -> None:
+        if self.plain:
+            self.say(train_log_line(record, self.total_steps))
+            return
         self.fields.update(
             loss=fmt_float(record["loss"]), lr=f"{record['lr']:.1e}", tok_s=fmt_count(record["tokens_per_s"])
         )
         self.progress.update(self.task, completed=record["step"], **self.fields)
 
     def on_eval(self, record: dict[str, Any]) -> None:
+        if self.plain:
+            self.say(eval_line(record))
+            return
         logits = [v for v in record["max_attention_logit"] if v is not None]
         peak = max(logits) if logits else None
         self.fields["max_logit"] = fmt_float(peak, 3)
@@ -72,7 +83,9 @@ class RichTrainReport(LiveReport, TrainCallbacks):
             )
 
     def on_checkpoint(self, step: int, path: Path) -> None:
-        if self.progress is not None:
+        if self.plain:
+            self.say(f"checkpoint step={step} path={path}")
+        elif self.progress is not None:
             self.progress.console.print(f"[dim]step {step:>6}  saved {path}[/]")
 
     def on_end(self, summary: RunSummary) -> None:
@@ -97,8 +110,39 @@ class RichTrainReport(LiveReport, TrainCallbacks):
         self.out.print(command_hints("[bold]Next", hints))
 
 
+def _list_configs(ctx, param, value):
+    if not value or ctx.resilient_parsing:
+        return
+    from merit_cli.render import configs_table, console
+    from merit_core.configs import shipped_configs
+
+    out = console()
+    configs = shipped_configs()
+    if out.is_terminal:
+        out.print(configs_table(configs))
+    else:  # whole lines for a pipe or a file
+        width = max(len(f"merit {c.command} {c.name}") for c in configs)
+        cost_width = max(len(c.cost or "-") for c in configs)
+        for c in configs:
+            line = f"{f'merit {c.command} {c.name}':<{width}}  {c.cost or '-':<{cost_width}}  {c.summary}"
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
+    out.print(
+        "[dim]GPU costs assume 6·N·tokens FLOPs at 40% MFU in bf16; each file's header has the details.[/]",
+        soft_wrap=not out.is_terminal,
+    )
+    ctx.exit(0)
+
+
 @click.command("train", context_settings={"show_default": True})
-@click.argument("config_file", required=False, metavar="[CONFIG.toml]")
+@click.argument("config_file", required=False, metavar="[CONFIG]")
+@click.option(
+    "--list-configs",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_list_configs,
+    help="List the shipped configs (CONFIG may be one of their names) with their costs, and exit.",
+)
 @click.option(
     "--set",
     "overrides",
@@ -134,6 +178,12 @@ class RichTrainReport(LiveReport, TrainCallbacks):
     help="Under torchrun: ddp (replicated weights; the default) or fsdp (FSDP2: weights, gradients and "
     "optimizer state sharded over the processes).",
 )
+@click.option(
+    "--report-to",
+    metavar="TRACKERS",
+    help="Experiment trackers, comma-separated: tensorboard, wandb, mlflow or none (default none). "
+    "TensorBoard writes to RUN/tensorboard; W&B runs offline unless WANDB_MODE or WANDB_API_KEY is set.",
+)
 def train(
     config_file,
     overrides,
@@ -156,9 +206,11 @@ def train(
     save_every,
     compile_,
     parallel,
+    report_to,
 ):
     """Pretrain a GPT-2 or Llama model with MERIT or a baseline optimizer.
 
+    CONFIG is a TOML file or the name of a shipped config (merit train --list-configs).
     With no arguments: a tiny GPT-2 trained with MERIT on the built-in corpus (a few minutes on a CPU).
     Under `torchrun --nproc_per_node N -m merit_cli train ...` it trains with DDP, or with FSDP2 given --parallel fsdp.
     """
@@ -185,6 +237,7 @@ def train(
         save_every=save_every,
         compile=compile_,
         parallel=parallel,
+        report_to=report_to,
     )
     main = int(os.environ.get("RANK", "0")) == 0
     try:
@@ -205,11 +258,12 @@ def train(
 
 def _load(config_file, overrides, values):
     """Defaults < CONFIG.toml (or the resumed run's config.toml) < --set < options."""
+    from merit_core.configs import find_config
     from merit_core.errors import ConfigError
     from merit_core.train.config import load_config
     from merit_core.train.training_run import CONFIG_FILE
 
-    base = config_file
+    base = find_config(config_file, "train") if config_file is not None else None
     if values.get("resume"):
         if not values.get("out"):
             raise ConfigError("--resume needs the run folder: merit train --resume --out RUN_DIR")

@@ -15,3 +15,7 @@ class CheckpointError(MeritError):
 
 class DataError(MeritError):
     """Missing, empty or unreadable training / evaluation data, or an unreachable dataset."""
+
+
+class MissingDependencyError(MeritError):
+    """An optional package that this feature needs is not installed (the message says what to install)."""

@@ -21,7 +21,13 @@ import numpy as np
 from merit_core.data.meta import FORMAT, META_FILE, TOKENIZER_DIR, DataMeta, dtype_for_vocab, load_meta
 from merit_core.data.publish import check_target, publish, staging_dir
 from merit_core.data.sources import resolve_source
-from merit_core.data.tokenizer import MIN_BPE_VOCAB, encode_documents, load_pretrained_tokenizer, train_bpe
+from merit_core.data.tokenizer import (
+    MIN_BPE_VOCAB,
+    encode_documents,
+    load_pretrained_tokenizer,
+    save_tokenizer,
+    train_bpe,
+)
 from merit_core.errors import ConfigError, DataError
 
 Progress = Callable[[str, int, "int | None"], None]
@@ -130,7 +136,7 @@ def prepare_documents(
             tokenizer_source = tokenizer
         vocab = len(tok)
         dtype = np.dtype(dtype_for_vocab(vocab))
-        tok.save_pretrained(str(tmp / TOKENIZER_DIR))
+        save_tokenizer(tok, tmp / TOKENIZER_DIR)
 
         stream = tmp / "all.bin"
         lengths, chars = _tokenize(batches, tok, dtype, stream, total, report)

@@ -7,6 +7,7 @@ fall back to eos), so that it can be saved with a checkpoint and loaded by AutoT
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterable, Iterator
 from itertools import chain
@@ -21,6 +22,35 @@ from merit_core.hub import looks_like_hub_id, prefer_offline
 EOS_TOKEN = "<|endoftext|>"
 MIN_BPE_VOCAB = 257  # the 256 byte symbols plus the end-of-text token
 MAX_VOCAB = 2**32 - 1
+TOKENIZER_CONFIG = "tokenizer_config.json"
+# transformers 5 saves a tokenizer.json-backed tokenizer as "TokenizersBackend", a class that
+# transformers 4.x does not have; "PreTrainedTokenizerFast" names the same thing in both.
+PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
+_V5_ONLY_TOKENIZER_CLASSES = ("TokenizersBackend",)
+
+
+def save_tokenizer(tok, folder: str | Path) -> None:
+    """`tok.save_pretrained(folder)` in the form both transformers 4.5x and 5.x load."""
+    tok.save_pretrained(str(folder))
+    make_tokenizer_portable(folder)
+
+
+def make_tokenizer_portable(folder: str | Path) -> None:
+    """Rewrite a saved tokenizer's class to one transformers 4.x knows, when transformers 5 wrote its own.
+
+    Only `tokenizer_class` changes, and only from a transformers-5-only name; the file is replaced
+    atomically. A folder without tokenizer_config.json is left alone.
+    """
+    path = Path(folder) / TOKENIZER_CONFIG
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if config.get("tokenizer_class") not in _V5_ONLY_TOKENIZER_CLASSES:
+        return
+    config["tokenizer_class"] = PORTABLE_TOKENIZER_CLASS
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 @contextlib.contextmanager

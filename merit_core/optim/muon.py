@@ -27,9 +27,22 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.optim import AdamW, Muon, Optimizer
+from torch.optim import AdamW, Optimizer
 
 from merit_core.optim.param_groups import classify_parameters, decays, make_group
+
+
+def _muon_class() -> type[Optimizer]:
+    """``torch.optim.Muon`` (torch 2.9+), imported when a Muon part is built so MERIT works on older torch."""
+    try:
+        from torch.optim import Muon
+    except ImportError:
+        from merit_core.errors import ConfigError
+
+        raise ConfigError(
+            f"optimizer 'muon' needs torch>=2.9 (torch.optim.Muon); this is torch {torch.__version__}"
+        ) from None
+    return Muon
 
 
 def fast_adamw_options(params: Iterable[torch.Tensor]) -> dict[str, bool]:
@@ -136,7 +149,7 @@ class MuonWithAdamW(Optimizer):
         else:
             kernel = {"fused": adamw_fused, "foreach": adamw_foreach}
         self._adamw_defaults.update(kernel)
-        self._muon = Muon(muon_groups, **self._muon_defaults) if muon_groups else None
+        self._muon = _muon_class()(muon_groups, **self._muon_defaults) if muon_groups else None
         self._adamw = AdamW(adamw_groups, **self._adamw_defaults) if adamw_groups else None
         # The composite owns the same group dicts as its parts; `defaults` stays empty because
         # each group was already completed by its part.
@@ -177,7 +190,7 @@ class MuonWithAdamW(Optimizer):
             if any(p.ndim != 2 for p in params):
                 raise ValueError("Muon only supports 2-D parameters; add this group with use_muon=False")
             if self._muon is None:
-                self._muon = Muon([group], **self._muon_defaults)
+                self._muon = _muon_class()([group], **self._muon_defaults)
             else:
                 self._muon.add_param_group(group)
         else:

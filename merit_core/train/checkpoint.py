@@ -96,9 +96,12 @@ def save_checkpoint(
     kwargs = {"state_dict": state_dict} if state_dict is not None else {}
     model.save_pretrained(tmp, **kwargs)
     if tokenizer_dir is not None:
+        from merit_core.data.tokenizer import make_tokenizer_portable
+
         for item in Path(tokenizer_dir).iterdir():
             if item.is_file():
                 shutil.copy2(item, tmp / item.name)
+        make_tokenizer_portable(tmp)  # data prepared by transformers 5 before tokenizers were saved portably
     torch.save(state, tmp / STATE_PT)
     (tmp / STATE_JSON).write_text(json.dumps({"format": STATE_FORMAT, **info}, indent=2) + "\n")
     if final.exists():

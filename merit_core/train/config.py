@@ -52,6 +52,8 @@ class TrainConfig:
         logit is measured.
     grad_clip: max global gradient norm; 0 disables clipping (the norm is still reported).
     keep_checkpoints: how many `step_N/` folders to keep (0 keeps all).
+    report_to: experiment trackers, comma-separated: tensorboard, wandb, mlflow, or none (see
+        merit_core.train.trackers).
     parallel: how to spread the model under torchrun: 'ddp' (replicas) or 'fsdp' (FSDP2 shards;
         see merit_core.train.fsdp). A single process ignores it, except that fsdp refuses the
         optimizers it cannot run.
@@ -90,6 +92,7 @@ class TrainConfig:
     save_every: int = 100
     keep_checkpoints: int = 0
     log_every: int = 10
+    report_to: str = "none"
 
     # -- derived values ------------------------------------------------------------------
     @property
@@ -215,6 +218,9 @@ def validate(config: TrainConfig) -> None:
     for key in config.optimizer_args:
         if not isinstance(key, str) or not key.isidentifier():
             raise ConfigError(f"optimizer_args key {key!r} is not a valid name")
+    from merit_core.train.trackers import parse_report_to
+
+    parse_report_to(config.report_to)
 
 
 def resolve(

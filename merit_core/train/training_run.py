@@ -86,11 +86,17 @@ class TrainCallbacks:
 def run_training(config: TrainConfig, callbacks: TrainCallbacks | None = None) -> RunSummary:
     """Train as `config` says; return the summary. Raises MeritError subclasses on bad input."""
     from merit_core.train.parallel import setup_parallel
+    from merit_core.train.trackers import with_trackers
 
+    tracked = with_trackers(config.report_to, callbacks)  # a missing tracker package fails here, before any work
     parallel = setup_parallel(config.parallel, config.device, config.dtype)
+    failed = True
     try:
-        return TrainingRun(config, callbacks or TrainCallbacks(), parallel).run()
+        summary = TrainingRun(config, tracked, parallel).run()
+        failed = False
+        return summary
     finally:
+        tracked.close(failed)
         parallel.close()
 
 

@@ -1,0 +1,81 @@
+"""The max attention logit in Hugging Face ``Trainer`` logs (and so in its TensorBoard / W&B / MLflow reports).
+
+    from merit_core import MERIT
+    from merit_core.integrations.transformers import MaxAttentionLogitCallback
+
+    trainer = Trainer(model=model, args=args, train_dataset=train, optimizers=(MERIT(model.parameters(), lr=6e-3), None))
+    trainer.add_callback(MaxAttentionLogitCallback(trainer, probe_ids, every_n_steps=50))
+    trainer.train()
+
+Every `every_n_steps` optimizer steps (and at step 0 when `at_start`), the callback runs the
+model once on the fixed probe batch and calls ``trainer.log`` with ``max_attention_logit`` and
+``max_attention_logit/layer_{i}``: the values land in ``trainer.state.log_history`` and go to
+every tracker in ``args.report_to``. The callback needs the trainer to log through it (as TRL's
+WinRateCallback does): a value written into another callback's ``logs`` would miss the trackers,
+which Trainer calls first. Works for every model family the probe supports (transformers' attention
+interface: GPT-2, Llama, Qwen, Mistral, ...); the model is the Trainer's unwrapped model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from merit_core.extras import require
+from merit_core.integrations import METRIC, check_every, logit_metrics
+
+require("transformers", "merit_core.integrations.transformers", "transformers")
+
+from transformers import Trainer, TrainerCallback  # noqa: E402
+
+
+class MaxAttentionLogitCallback(TrainerCallback):
+    """Log the max attention logit (per layer and overall) of a fixed probe batch every N steps.
+
+    Args:
+        trainer: the ``transformers.Trainer`` whose ``log`` receives the values.
+        probe_input_ids: token ids, [batch, seq] or [seq] (a fixed batch, e.g. a few validation sequences).
+        every_n_steps: measure when ``state.global_step`` is a multiple of this.
+        attention_mask: optional mask for the probe batch (1 = attend).
+        at_start: also measure at step 0, before training.
+        prefix: the metric name (``prefix`` and ``prefix/layer_i``).
+    """
+
+    def __init__(
+        self,
+        trainer: Any,
+        probe_input_ids: Any,
+        every_n_steps: int = 50,
+        *,
+        attention_mask: Any = None,
+        at_start: bool = True,
+        prefix: str = METRIC,
+    ):
+        if not isinstance(trainer, Trainer):
+            raise TypeError("MaxAttentionLogitCallback needs the transformers Trainer as its first argument")
+        self.trainer = trainer
+        self.probe_input_ids = probe_input_ids
+        self.attention_mask = attention_mask
+        self.every_n_steps = check_every(every_n_steps)
+        self.at_start = at_start
+        self.prefix = prefix
+        self.last_step: int | None = None
+        self.last: dict[str, float] = {}
+
+    def measure(self, model: Any) -> dict[str, float]:
+        """The metrics on the probe batch now (also usable outside training)."""
+        self.last = logit_metrics(model, self.probe_input_ids, self.attention_mask, self.prefix)
+        return self.last
+
+    def _log(self, state, model) -> None:
+        if model is None or self.last_step == state.global_step:
+            return
+        self.last_step = state.global_step
+        self.trainer.log(dict(self.measure(model)))
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self.at_start and state.global_step == 0:
+            self._log(state, model)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step % self.every_n_steps == 0:
+            self._log(state, model)

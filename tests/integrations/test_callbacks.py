@@ -1,0 +1,125 @@
+"""MaxAttentionLogitCallback in Hugging Face Trainer and in Lightning, on a tiny GPT-2."""
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from merit_core.diagnostics.attention import max_attention_logits
+
+VOCAB, SEQ = 64, 16
+
+
+def tiny_gpt2():
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0
+    )
+    return GPT2LMHeadModel(config)
+
+
+def batches(n):
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, VOCAB, (n, SEQ), generator=g)
+
+
+class TokenDataset(torch.utils.data.Dataset):
+    def __init__(self, ids):
+        self.ids = ids
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def test_hf_trainer_logs_max_attention_logit(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from transformers import Trainer, TrainingArguments
+
+    from merit_core import MERIT
+    from merit_core.integrations.transformers import MaxAttentionLogitCallback
+
+    model = tiny_gpt2()
+    probe = batches(2)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        max_steps=4,
+        logging_steps=2,
+        report_to=["tensorboard"],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    optimizer = MERIT(model.parameters(), lr=1e-2)
+    trainer = Trainer(model=model, args=args, train_dataset=TokenDataset(batches(16)), optimizers=(optimizer, None))
+    callback = MaxAttentionLogitCallback(trainer, probe, every_n_steps=2)
+    trainer.add_callback(callback)
+    trainer.train()
+
+    logged = [h for h in trainer.state.log_history if "max_attention_logit" in h]
+    assert [h["step"] for h in logged] == [0, 2, 4]
+    expected = max_attention_logits(model, probe).amax(dim=1)  # the trained model, measured directly
+    assert logged[-1]["max_attention_logit"] == pytest.approx(float(expected.max()), rel=1e-5)
+    assert logged[-1]["max_attention_logit/layer_1"] == pytest.approx(float(expected[1]), rel=1e-5)
+    # Trainer's own trackers got it: its TensorBoard callback wrote the scalar
+    (event_file,) = (tmp_path / "out").rglob("events.out.tfevents.*")  # output_dir/runs/<date>/
+    events = EventAccumulator(str(event_file.parent))
+    events.Reload()
+    assert "train/max_attention_logit" in events.Tags()["scalars"]
+    assert [e.step for e in events.Scalars("train/max_attention_logit")] == [0, 2, 4]
+
+
+def test_hf_callback_needs_the_trainer():
+    from merit_core.integrations.transformers import MaxAttentionLogitCallback
+
+    with pytest.raises(TypeError, match="needs the transformers Trainer"):
+        MaxAttentionLogitCallback(batches(1), batches(1))
+    from merit_core.integrations import check_every
+
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="every_n_steps"):
+            check_every(bad)
+
+
+def test_lightning_logs_max_attention_logit(tmp_path):
+    lightning = pytest.importorskip("lightning")  # in the [dev] extra
+    from lightning.pytorch.loggers import CSVLogger
+
+    from merit_core import MERIT
+    from merit_core.integrations.lightning import MaxAttentionLogitCallback
+
+    class LitGPT(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = tiny_gpt2()
+
+        def training_step(self, batch, batch_idx):
+            return self.model(input_ids=batch, labels=batch).loss
+
+        def configure_optimizers(self):
+            return MERIT(self.parameters(), lr=1e-2)
+
+    module = LitGPT()
+    probe = batches(2)
+    trainer = lightning.Trainer(
+        max_steps=4,
+        accelerator="cpu",
+        logger=CSVLogger(str(tmp_path)),
+        callbacks=[MaxAttentionLogitCallback(probe, every_n_steps=2)],
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, torch.utils.data.DataLoader(batches(16), batch_size=4))
+    import csv
+
+    with open(f"{trainer.logger.log_dir}/metrics.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    logged = [{k: float(v) for k, v in r.items() if v != ""} for r in rows if r.get("max_attention_logit")]
+    assert [m["step"] for m in logged] == [0, 2, 4]
+    expected = max_attention_logits(module.model, probe).amax(dim=1)
+    assert logged[-1]["max_attention_logit"] == pytest.approx(float(expected.max()), rel=1e-5)
+    assert logged[-1]["max_attention_logit/layer_0"] == pytest.approx(float(expected[0]), rel=1e-5)
