@@ -33,6 +33,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from merit_core.errors import ConfigError
+from merit_core.extras import require
 from merit_core.optim.muon import MuonWithAdamW, fast_adamw_options, muon_param_groups
 from merit_core.optim.param_groups import build_param_groups
 from merit_core.optim.sophia import SophiaG, sampled_label_loss
@@ -264,15 +265,13 @@ def _build_adamw(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimiz
 
 
 def _build_lamb(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimizer:
-    from pytorch_optimizer import Lamb
-
+    Lamb = require("pytorch_optimizer", "optimizer 'lamb'", "'merit-optim[baselines]'").Lamb
     groups = _decay_groups(model_or_params, hp)
     return _construct(name, Lamb, groups, **hp)
 
 
 def _build_lion(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimizer:
-    from pytorch_optimizer import Lion
-
+    Lion = require("pytorch_optimizer", "optimizer 'lion'", "'merit-optim[baselines]'").Lion
     groups = _decay_groups(model_or_params, hp)
     return _construct(name, Lion, groups, **hp)
 

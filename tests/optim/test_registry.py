@@ -290,3 +290,14 @@ def test_every_builtin_spec_describes_itself():
         None,
     )
     assert get_spec("merit").kinds["clip"] == "float?" and get_spec("adamw").kinds["fused"] == "bool?"
+
+
+@pytest.mark.parametrize("name", ["lamb", "lion"])
+def test_baselines_without_pytorch_optimizer_say_what_to_install(monkeypatch, name):
+    from merit_core import extras
+    from merit_core.errors import MissingDependencyError
+
+    real = extras.is_installed
+    monkeypatch.setattr(extras, "is_installed", lambda module: module != "pytorch_optimizer" and real(module))
+    with pytest.raises(MissingDependencyError, match=r"merit-optim\[baselines\]"):
+        build_optimizer(name, torch.nn.Linear(3, 2))
