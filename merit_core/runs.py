@@ -195,6 +195,24 @@ def file_mode() -> int:
     return 0o666 & ~_umask()
 
 
+def folder_mode() -> int:
+    """The mode a new folder gets under the user's umask (0755 under the usual 022)."""
+    return 0o777 & ~_umask()
+
+
+def pid_alive(pid: int) -> bool:
+    """True when a process with this PID exists (on this machine)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def fsync_dir(path: str | Path) -> None:
     """Make a folder's entries (a rename, a new file) durable; a no-op where folders cannot be opened."""
     try:
@@ -328,7 +346,7 @@ def publish_folder(tmp: Path, final: Path) -> Path:
                 os.close(fd)
         elif item.is_dir():
             fsync_dir(item)
-    os.chmod(tmp, 0o777 & ~_umask())
+    os.chmod(tmp, folder_mode())
     fsync_dir(tmp)
     if final.exists():
         old = final.with_name(f"{TMP_PREFIX}old-{final.name}")

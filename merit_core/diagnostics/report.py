@@ -13,8 +13,6 @@ Shape: {"checkpoints": [{"path", "label", "step", "run", "architecture", "n_laye
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,15 +158,9 @@ def inspect_paths(
 
 
 def write_json(report: dict, path: str | Path) -> None:
-    """Write the report atomically (temp file in the same folder, then rename)."""
+    """Write the report atomically and durably (merit_core.runs.atomic_write), with the user's umask."""
+    from merit_core.runs import atomic_write_json
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(report, fh, indent=1, allow_nan=True)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_json(path, report, indent=1, allow_nan=True)
