@@ -36,7 +36,8 @@ class RichTrainReport(LiveReport, TrainCallbacks):
             self.stages.stop()
         self.out.print(
             f"[dim]data {meta.path}: {fmt_count(meta.train_tokens)} train / {fmt_count(meta.val_tokens)} "
-            f"val tokens, vocabulary {meta.vocab_size}[/]"
+            f"val tokens, vocabulary {meta.vocab_size}[/]",
+            soft_wrap=True,
         )
 
     def on_start(self, info: RunInfo) -> None:

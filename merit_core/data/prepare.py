@@ -120,6 +120,8 @@ def prepare_documents(
     """Prepare documents from `batches()` (called once or twice; yields (docs, input size)) into `out_dir`."""
     check_vocab_size(vocab_size)
     check_val_fraction(val_fraction)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     target = Path(out_dir).expanduser().resolve()
     check_target(target)
     remove_stale_temp(target)

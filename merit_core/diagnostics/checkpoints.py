@@ -121,6 +121,8 @@ def validate_safetensors(path: Path) -> dict[str, dict]:
         try:
             dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
             nbytes = _DTYPE_BYTES[dtype] * math.prod(shape)
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (begin, end, *shape)):
+                raise TypeError("offsets and shape must be integers")
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(f"{path} has a corrupt safetensors header: bad entry for {name!r}") from None
         if not (0 <= begin <= end) or end - begin != nbytes:

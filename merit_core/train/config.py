@@ -138,6 +138,8 @@ def load_config(
 
 def read_toml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a folder; give a .toml file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:

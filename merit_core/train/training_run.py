@@ -152,6 +152,8 @@ class TrainingRun:
         self.lock: runs.FileLock | None = None
         self.created: list[Path] = []  # what this run made before its first write (undone on failure)
         self.stop: str | None = None  # the name of a stop signal that arrived
+        self.resume_info: dict[str, Any] | None = None  # trainer_state.json of the checkpoint to resume
+        self.resume_ckpt: Path | None = None
 
     # -- checks and building, before anything is written ---------------------------------------
     def _check(self) -> list[Path]:
@@ -159,7 +161,14 @@ class TrainingRun:
         from merit_core.models import context_length, model_config
 
         c = self.config
-        context = context_length(model_config(c.model))
+        try:
+            mconf = model_config(c.model)
+        except MeritError:
+            raise
+        except Exception as exc:  # transformers' own config validation (types, values)
+            raise ConfigError(f"model {c.model} is not a usable config: {_first_line(exc)}") from None
+        _check_model_config(mconf, c.model)
+        context = context_length(mconf)
         if c.seq_len > context:
             raise ConfigError(f"seq_len {c.seq_len} is beyond the context of {c.model} ({context} tokens)")
         windows = max(c.micro_batch_size, c.eval_batches * c.eval_batch_size) * (c.seq_len + 1) * 8
@@ -174,6 +183,9 @@ class TrainingRun:
                 f"{self.run_dir} already holds checkpoints; pass --resume to continue that run or choose another --out"
             )
         candidates = self._resume_candidates() if c.resume else []
+        if candidates:
+            self._check_resumable(candidates)
+            self._check_metrics()
         self._take_folder()
         return candidates
 
@@ -194,6 +206,17 @@ class TrainingRun:
                 f"nothing to resume: {self.run_dir} has no complete checkpoint; drop --resume to start a new run"
             )
         return found
+
+    def _check_metrics(self) -> None:
+        from merit_core.train.metrics import METRICS_FILE, read_metrics
+
+        try:
+            read_metrics(self.run_dir)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise CheckpointError(
+                f"{self.run_dir / METRICS_FILE} is not a metrics log ({_first_line(exc)[:80]}); "
+                "move it away to resume (training restarts its log from the checkpoint)"
+            ) from None
 
     def _take_folder(self) -> None:
         """Create the run folder and its marker if needed, and take its writer lock (RunBusy if held)."""
@@ -241,6 +264,8 @@ class TrainingRun:
             check_split_length(meta.train_tokens, c.seq_len, f"train split of {path}")
             check_split_length(meta.val_tokens, c.seq_len, f"validation split of {path}")
             _check_token_ids(path, meta)
+            if self.resume_info is not None:
+                self._check_same_data(meta)
             self.cb.on_data(meta)
             return path, meta
 
@@ -283,13 +308,10 @@ class TrainingRun:
         failures: list[str] = []
         for ckpt in candidates:
             try:
-                info = read_trainer_info(ckpt)
-                self._check_resumable(info, ckpt, meta)
+                read_trainer_info(ckpt)
                 state = load_trainer_state(ckpt, map_location="cpu")
                 _check_trainer_state(state, ckpt)
                 load_model_weights(model, ckpt)
-            except ResumeMismatch:
-                raise
             except CheckpointError as exc:
                 failures.append(f"{ckpt.name}: {exc}")
                 continue
@@ -298,8 +320,18 @@ class TrainingRun:
             return ckpt, state
         raise CheckpointError(f"no checkpoint of {self.run_dir} loads: {'; '.join(failures)}"[:600])
 
-    def _check_resumable(self, info: dict[str, Any], ckpt: Path, meta) -> None:
+    def _check_resumable(self, candidates: list[Path]) -> None:
+        """ResumeMismatch when the run's checkpoints were trained with other settings (the newest
+        readable trainer_state.json speaks for the run; data and tokenizer are checked in `_data`)."""
         c = self.config
+        for ckpt in candidates:
+            info = runs.read_trainer_state(ckpt, strict=False)
+            if info:
+                break
+        else:
+            self.resume_info, self.resume_ckpt = None, None
+            return
+        self.resume_info, self.resume_ckpt = info, ckpt
         expected = {"model": c.model, "optimizer": c.optimizer, "global_batch_size": c.batch_size, "seq_len": c.seq_len}
         for key, value in expected.items():
             if info.get(key) != value:
@@ -307,16 +339,22 @@ class TrainingRun:
                     f"{ckpt} was trained with {key} = {info.get(key)!r}, "
                     f"but this run has {value!r}; resume with the run's own settings"
                 )
-        if c.allow_changes:
+        if not c.allow_changes and info.get("seed") is not None and info.get("seed") != c.seed:
+            raise ResumeMismatch(
+                f"{ckpt} was trained with another seed ({info.get('seed')} -> {c.seed}); resume with the run's own "
+                "seed, or pass --allow-changes to continue anyway"
+            )
+
+    def _check_same_data(self, meta) -> None:
+        if self.config.allow_changes:
             return
-        now = {"seed": c.seed, "data": _data_identity(meta), "tokenizer": _tokenizer_digest(meta)}
+        now = {"data": _data_identity(meta), "tokenizer": _tokenizer_digest(meta)}
         for key, value in now.items():
-            saved = info.get(key)
+            saved = self.resume_info.get(key)
             if saved is not None and saved != value:
-                what = f"{saved!r} -> {value!r}" if key == "seed" else "they differ"
                 raise ResumeMismatch(
-                    f"{ckpt} was trained with another {key} ({what}); resume with the run's own {key}, "
-                    "or pass --allow-changes to continue anyway"
+                    f"{self.resume_ckpt} was trained with another {key} than {meta.path}; resume with the run's own "
+                    f"{key}, or pass --allow-changes to continue anyway"
                 )
 
     # -- the run -------------------------------------------------------------------------------
@@ -607,6 +645,46 @@ def _n_layers(model) -> int:
 
 def _checkpoints(run_dir: Path):
     return runs.checkpoints(run_dir, "complete")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# The largest position table a model config may ask for (a learned table of this many rows is built).
+MAX_POSITIONS = 1 << 24
+
+
+def _check_model_config(mconf, name: str) -> None:
+    """ConfigError for model configs transformers accepts but cannot build or run (a zero or negative
+    head count, heads that do not divide the width, an unknown activation, a huge position table)."""
+    from transformers.activations import ACT2FN
+
+    def value(*keys):
+        return next((getattr(mconf, k) for k in keys if getattr(mconf, k, None) is not None), None)
+
+    sizes = {
+        "hidden size": value("hidden_size", "n_embd"),
+        "layers": value("num_hidden_layers", "n_layer"),
+        "attention heads": value("num_attention_heads", "n_head"),
+        "vocabulary": value("vocab_size"),
+    }
+    for what, size in sizes.items():
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
+            raise ConfigError(f"model {name}: {what} must be a positive integer, got {size!r}")
+    hidden, heads = sizes["hidden size"], sizes["attention heads"]
+    if hidden and heads and hidden % heads and getattr(mconf, "head_dim", None) is None:
+        raise ConfigError(f"model {name}: hidden size {hidden} is not divisible by {heads} attention heads")
+    kv = value("num_key_value_heads")
+    if kv is not None and heads and (not isinstance(kv, int) or kv <= 0 or heads % kv):
+        raise ConfigError(f"model {name}: num_key_value_heads {kv!r} must be positive and divide {heads} heads")
+    act = value("hidden_act", "activation_function")
+    if isinstance(act, str) and act not in ACT2FN:
+        raise ConfigError(f"model {name}: unknown activation {act!r}")
+    positions = value("max_position_embeddings", "n_positions")
+    if positions is not None and (not isinstance(positions, int) or not 0 < positions <= MAX_POSITIONS):
+        raise ConfigError(f"model {name}: context length must be from 1 to {MAX_POSITIONS}, got {positions!r}")
 
 
 def _local(tensor):
