@@ -78,7 +78,9 @@ class RichTrainReport(LiveReport, TrainCallbacks):
 
     def on_note(self, message: str) -> None:
         console = self.progress.console if self.progress is not None else self.out
-        console.print(f"[yellow]note:[/] {message}", markup=True, highlight=False)
+        from rich.markup import escape
+
+        console.print(f"[yellow]note:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
     def on_end(self, summary: RunSummary) -> None:
         self.close()
