@@ -105,7 +105,25 @@ def _max_step(out: Path) -> int:
         return 0
 
 
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize(("name", "code"), [("SIGINT", 130), ("SIGUSR1", 143)])
+def test_sigint_and_sigusr1_stop_after_a_checkpoint_too(model_cfg, data_dir, tmp_path, name, code):
+    from merit_core.train.config import load_config
+    from merit_core.train.training_run import TrainCallbacks, run_training
+
+    class SignalAtStep2(TrainCallbacks):
+        def on_log(self, record):
+            if record["step"] == 2:
+                os.kill(os.getpid(), getattr(signal, name))
+
+    out = tmp_path / "run"
+    values = {**TINY, "eval_batch_size": 2, "model": str(model_cfg), "data": str(data_dir), "steps": 6, "out": str(out)}
+    with pytest.raises(runs.RunInterrupted) as stopped:
+        run_training(load_config(values=values), SignalAtStep2())
+    assert stopped.value.exit_code == code and stopped.value.checkpoint == out / "step_2"
+    assert [s for s, _ in list_checkpoints(out)] == [2]
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143)])
 def test_a_signal_to_merit_train_checkpoints_and_exits_with_its_code(model_cfg, data_dir, tmp_path, sig, code):
     out = tmp_path / "run"
     args = train_args(model_cfg, data_dir, out, "--steps", "100000", "--set", "save_every=0", "--set", "eval_every=0")
@@ -324,3 +342,67 @@ def test_compare_workers_die_with_their_parent(model_cfg, data_dir, tmp_path, ho
         assert list_checkpoints(run_dir), run_dir
         steps = [r["step"] for r in read_metrics(run_dir) if "loss" in r]
         assert steps == sorted(set(steps))
+
+
+def test_disk_full_is_one_line_naming_the_last_complete_checkpoint(model_cfg, data_dir, tmp_path, monkeypatch):
+    import errno
+
+    import merit_core.train.checkpoint as checkpoint
+
+    original = checkpoint.torch.save
+
+    def full_at_step_4(obj, path, *args, **kwargs):
+        if "step_4" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.torch, "save", full_at_step_4)
+    out = tmp_path / "run"
+    result = invoke(train_args(model_cfg, data_dir, out, "--steps", "6", "--set", "save_every=2"))
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"disk full while writing {out / 'step_4'}" in lines[0]
+    assert f"the last complete checkpoint is {out / 'step_2'}" in lines[0]
+    assert [s for s, _ in list_checkpoints(out)] == [2] and not any(p.name.startswith(".tmp-") for p in out.iterdir())
+
+
+def test_atomic_write_disk_full_leaves_the_old_file(tmp_path, monkeypatch):
+    import errno
+
+    target = tmp_path / "summary.json"
+    target.write_text("old")
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(runs.os, "write", full)
+    with pytest.raises(runs.DiskFull, match="disk full while writing"):
+        runs.atomic_write_json(target, {"new": 1})
+    monkeypatch.undo()
+    assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+def test_prepare_cleans_only_its_own_stale_temp_folders_and_locks(tmp_path):
+    from merit_core.data.prepare import prepare_corpus
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"document {i}: the cat sees the moon again and again." for i in range(300)))
+    ours = tmp_path / ".merit-tmp-prepared-abc123"
+    ours.mkdir()
+    (ours / "all.bin").write_bytes(b"\0" * 1000)
+    (ours / runs.STAGING_MARKER).write_text(f"{dead.pid}\n")
+    live = tmp_path / ".merit-tmp-prepared-live"
+    live.mkdir()
+    (live / runs.STAGING_MARKER).write_text(f"{os.getpid()}\n")  # a prepare still running
+    foreign = tmp_path / ".merit-tmp-prepared-user"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")  # no marker: not merit's
+    (tmp_path / ".prepared.lock").write_text("12345\n")  # left by a killed prepare; nobody holds it
+    prepare_corpus(str(corpus), tmp_path / "prepared", vocab_size=300)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted(["corpus.txt", "prepared", live.name, foreign.name])
+    assert (foreign / "notes.txt").read_text() == "mine"
+    assert not (tmp_path / "prepared" / runs.STAGING_MARKER).exists()
+    assert oct((tmp_path / "prepared" / "train.bin").stat().st_mode & 0o777) == oct(runs.file_mode())
