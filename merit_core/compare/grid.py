@@ -53,6 +53,9 @@ NON_IDENTITY_KEYS = frozenset(
         "keep_checkpoints",
         "eval_every",
         "parallel",
+        "save_every_minutes",
+        "resume_from",
+        "allow_changes",
     }
 )
 MAIN_KEYS = ("model", "data", "seq_len", "steps", "optimizer", "batch_size", "lr")  # reported first when they differ

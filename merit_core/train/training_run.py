@@ -178,6 +178,7 @@ class TrainingRun:
                 "(micro_batch_size or eval_batches x eval_batch_size, times seq_len); lower them"
             )
         runs.check_out(self.run_dir)
+        self._take_folder()  # a second writer stops here; what it made is undone if a check below fails
         if not c.resume and runs.checkpoints(self.run_dir, "complete"):
             raise ConfigError(
                 f"{self.run_dir} already holds checkpoints; pass --resume to continue that run or choose another --out"
@@ -186,7 +187,6 @@ class TrainingRun:
         if candidates:
             self._check_resumable(candidates)
             self._check_metrics()
-        self._take_folder()
         return candidates
 
     def _resume_candidates(self) -> list[Path]:
