@@ -317,6 +317,11 @@ def inspect_cmd(
         raise ConfigError("give --text or --text-file, not both")
     if plot_path is not None and plot_path.suffix.lower() not in PLOT_SUFFIXES:
         raise ConfigError(f"--plot {plot_path}: use a {', '.join(PLOT_SUFFIXES)} file name")
+    from merit_core.runs import check_writable
+
+    for option, path in (("--json", json_path), ("--plot", plot_path)):
+        if path is not None:
+            check_writable(path, option)  # before the work, so a report is never lost at the end
     source = "builtin"
     if text_file is not None:
         text, source = read_text_file(text_file), "file"

@@ -1,4 +1,8 @@
-"""The `merit` click group: subcommands load lazily; MeritError becomes one red line and exit 2."""
+"""The `merit` click group: subcommands load lazily; MeritError becomes one red line and exit 2.
+
+Exit codes: 0 done, 2 a user error (one line) or a usage error (one line), 130 interrupted by
+Ctrl-C, 143 stopped by SIGTERM / SIGUSR1 after a checkpoint (merit_core.runs.RunInterrupted).
+"""
 
 from __future__ import annotations
 
@@ -31,13 +35,26 @@ HELP_SUMMARIES: dict[str, str] = {
 }
 
 
-def fail(message: str) -> NoReturn:
-    """Print one red error line to stderr and exit with code 2."""
+EXIT_INTERRUPTED = 130
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print one red error line to stderr and exit with `code` (2: a user error)."""
     from rich.console import Console
     from rich.markup import escape
 
+    message = " ".join(str(message).split())  # one line, whatever the message held
     Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
-    sys.exit(2)
+    sys.exit(code)
+
+
+def stopped(message: str, code: int) -> NoReturn:
+    """Print one yellow line (training stopped on a signal, after saving) and exit with `code`."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    Console(stderr=True, highlight=False).print(f"[bold yellow]stopped:[/] {escape(message)}", soft_wrap=True)
+    sys.exit(code)
 
 
 class LazyGroup(click.Group):
@@ -64,12 +81,37 @@ class LazyGroup(click.Group):
                 formatter.write_dl(rows)
 
     def invoke(self, ctx):
+        from merit_core.runs import RunInterrupted
+
         try:
             return super().invoke(ctx)
         except MeritError as exc:
             fail(str(exc))
+        except RunInterrupted as exc:
+            stopped(str(exc), exc.exit_code)
         except KeyboardInterrupt:
-            fail("interrupted")
+            fail("interrupted", EXIT_INTERRUPTED)
+
+    def main(self, *args, **kwargs):
+        """click's usage errors as one line (the usage block is what --help is for)."""
+        kwargs.setdefault("standalone_mode", True)
+        if not kwargs["standalone_mode"]:
+            return super().main(*args, **kwargs)
+        try:
+            code = super().main(*args, **{**kwargs, "standalone_mode": False})
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            fail("interrupted", EXIT_INTERRUPTED)
+        except getattr(click.exceptions, "NoArgsIsHelpError", ()) as exc:  # bare `merit`: the help text
+            click.echo(exc.format_message())
+            sys.exit(exc.exit_code)
+        except click.UsageError as exc:
+            where = f"merit {exc.ctx.info_name}: " if exc.ctx is not None and exc.ctx.parent is not None else ""
+            fail(f"{where}{exc.format_message()} (see --help)", exc.exit_code)
+        except click.ClickException as exc:
+            fail(exc.format_message(), exc.exit_code)
+        sys.exit(code if isinstance(code, int) else 0)  # what standalone click does (--version gives 0)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -38,7 +38,8 @@ class RichTrainReport(LiveReport, TrainCallbacks):
             self.stages.stop()
         self.out.print(
             f"[dim]data {meta.path}: {fmt_count(meta.train_tokens)} train / {fmt_count(meta.val_tokens)} "
-            f"val tokens, vocabulary {meta.vocab_size}[/]"
+            f"val tokens, vocabulary {meta.vocab_size}[/]",
+            soft_wrap=True,
         )
 
     def on_start(self, info: RunInfo) -> None:
@@ -87,6 +88,12 @@ class RichTrainReport(LiveReport, TrainCallbacks):
             self.say(f"checkpoint step={step} path={path}")
         elif self.progress is not None:
             self.progress.console.print(f"[dim]step {step:>6}  saved {path}[/]")
+
+    def on_note(self, message: str) -> None:
+        console = self.progress.console if self.progress is not None else self.out
+        from rich.markup import escape
+
+        console.print(f"[yellow]note:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
     def on_end(self, summary: RunSummary) -> None:
         self.close()
@@ -167,10 +174,26 @@ def _list_configs(ctx, param, value):
 @click.option("--vocab-size", callback=number(int), help="Vocabulary of a BPE trained on the data (default 4096).")
 @click.option("--out", help="Run folder (default runs/<date>-<model>-<optimizer>).")
 @click.option("--resume", is_flag=True, default=None, help="Continue the run in --out from its latest checkpoint.")
+@click.option(
+    "--resume-from",
+    metavar="step_N",
+    help="Continue the run in --out from this checkpoint (a step_N of the run) instead of the latest.",
+)
+@click.option(
+    "--allow-changes",
+    is_flag=True,
+    default=None,
+    help="Let --resume continue with another seed, data or tokenizer than the run was trained with.",
+)
 @click.option("--seed", callback=number(int), help="Seed of the initialisation and the batch order (default 0).")
 @click.option("--device", help="auto (default), cpu, cuda, cuda:N.")
 @click.option("--eval-every", callback=number(int), help="Steps between evaluations (0: only at the end).")
 @click.option("--save-every", callback=number(int), help="Steps between checkpoints (0: only at the end).")
+@click.option(
+    "--save-every-minutes",
+    callback=number(float),
+    help="Also checkpoint when this many minutes passed since the last checkpoint (0: off).",
+)
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model.")
 @click.option(
     "--parallel",
@@ -200,10 +223,13 @@ def train(
     vocab_size,
     out,
     resume,
+    resume_from,
+    allow_changes,
     seed,
     device,
     eval_every,
     save_every,
+    save_every_minutes,
     compile_,
     parallel,
     report_to,
@@ -213,6 +239,8 @@ def train(
     CONFIG is a TOML file or the name of a shipped config (merit train --list-configs).
     With no arguments: a tiny GPT-2 trained with MERIT on the built-in corpus (a few minutes on a CPU).
     Under `torchrun --nproc_per_node N -m merit_cli train ...` it trains with DDP, or with FSDP2 given --parallel fsdp.
+    SIGTERM / SIGUSR1 (cluster preemption) and Ctrl-C finish the current step, save a checkpoint and
+    exit with 143 / 130; continue with --resume.
     """
     from merit_core.hub import prefer_offline
 
@@ -231,10 +259,13 @@ def train(
         vocab_size=vocab_size,
         out=out,
         resume=resume,
+        resume_from=resume_from,
+        allow_changes=allow_changes,
         seed=seed,
         device=device,
         eval_every=eval_every,
         save_every=save_every,
+        save_every_minutes=save_every_minutes,
         compile=compile_,
         parallel=parallel,
         report_to=report_to,
@@ -264,7 +295,7 @@ def _load(config_file, overrides, values):
     from merit_core.train.training_run import CONFIG_FILE
 
     base = find_config(config_file, "train") if config_file is not None else None
-    if values.get("resume"):
+    if values.get("resume") or values.get("resume_from"):
         if not values.get("out"):
             raise ConfigError("--resume needs the run folder: merit train --resume --out RUN_DIR")
         saved = Path(values["out"]) / CONFIG_FILE

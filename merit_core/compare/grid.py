@@ -43,6 +43,9 @@ NON_IDENTITY_KEYS = frozenset(
         "keep_checkpoints",
         "eval_every",
         "parallel",
+        "save_every_minutes",
+        "resume_from",
+        "allow_changes",
     }
 )
 MAIN_KEYS = ("model", "data", "seq_len", "steps", "optimizer", "batch_size", "lr")  # reported first when they differ
@@ -133,6 +136,8 @@ def plan_runs(spec: CompareSpec) -> list[PlannedRun]:
     model = str(spec.train["model"])
     context = context_length(model_config(model))
     seq_len = int(spec.train.get("seq_len", 128))
+    if seq_len <= 0:
+        raise ConfigError(f"seq_len must be positive, got {seq_len}")
     if seq_len > context:
         raise ConfigError(f"seq_len {seq_len} is beyond the context of {model} ({context} tokens)")
     runs = []

@@ -7,15 +7,24 @@ skipped), 'partial' (a checkpoint short of the end: resumed with `merit train`'s
 'new'. With one job, runs train in this process through `run_training`; with more, each run
 is a subprocess (`python -m merit_core.compare.worker`), one per GPU when there are GPUs
 (CUDA_VISIBLE_DEVICES), and on CPU the cores are split between them (OMP_NUM_THREADS).
+
+Interruptions: SIGTERM / SIGUSR1 / SIGINT to the comparison are forwarded to its workers, which
+finish their step, checkpoint and exit; the comparison waits for them and stops with
+`RunInterrupted`. Workers also get SIGTERM when the comparison process dies (Linux
+PR_SET_PDEATHSIG), so none keeps training unseen, and each run folder's lock refuses a
+second writer: a re-run trains each run once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -23,9 +32,11 @@ from typing import Any
 
 from merit_core.compare.grid import PlannedRun, config_mismatch
 from merit_core.errors import ConfigError, MeritError
-from merit_core.train.training_run import TrainCallbacks
+from merit_core.runs import RunInterrupted
+from merit_core.train.training_run import STOP_SIGNALS, TrainCallbacks
 
 STATUS_FILE = "compare_status.json"
+EXIT_INTERRUPTED = (130, 143)
 EXIT_DIVERGED = 3
 EXIT_USER_ERROR = 2
 MAX_CPU_JOBS = 4
@@ -97,10 +108,10 @@ def mark_diverged(run: PlannedRun, message: str) -> None:
     from merit_core.train.metrics import json_safe
 
     run.run_dir.mkdir(parents=True, exist_ok=True)
+    from merit_core.runs import atomic_write_json
+
     record = {"state": "diverged", "message": message, "config": json_safe(dataclasses.asdict(run.config))}
-    tmp = run.run_dir / (STATUS_FILE + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, run.run_dir / STATUS_FILE)
+    atomic_write_json(run.run_dir / STATUS_FILE, record, indent=2)
 
 
 # -- execution --------------------------------------------------------------------------------
@@ -185,6 +196,44 @@ def _gpu_count(runs: list[PlannedRun]) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def _die_with_parent() -> None:
+    """In a worker, before exec: ask Linux to send SIGTERM when the comparison process dies."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+@contextlib.contextmanager
+def _forward_signals(active: dict):
+    """While workers run: a stop signal is passed on to every active worker (and remembered)."""
+    received: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def handler(signum, frame):
+        name = signal.Signals(signum).name
+        received.append(name)
+        for _, proc, _, _ in list(active.values()):
+            with contextlib.suppress(OSError):
+                proc.send_signal(signum)
+
+    previous = {}
+    for name in STOP_SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        yield received
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def _run_parallel(
     todo: list[PlannedRun], states: dict[str, str], jobs: int, log_dir: Path, callbacks: CompareCallbacks
 ) -> dict[str, str]:
@@ -195,40 +244,56 @@ def _run_parallel(
     active: dict[int, tuple[PlannedRun, subprocess.Popen, Path, int]] = {}
     final: dict[str, str] = {}
     log_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        while pending or active:
-            while pending and free:
-                run, slot = pending.popleft(), free.pop(0)
-                resume = states[run.name] == "partial"
-                config = dataclasses.asdict(dataclasses.replace(run.config, resume=resume))
-                log = log_dir / f"{run.name}.log"
-                with log.open("w") as fh:
-                    proc = subprocess.Popen(
-                        [sys.executable, "-m", "merit_core.compare.worker", json.dumps(config)],
-                        stdout=fh,
-                        stderr=subprocess.STDOUT,
-                        env=worker_env(slot, jobs, n_gpus),
-                    )
-                callbacks.on_run_start(run, resume)
-                active[slot] = (run, proc, log, _line_count(run))
-            time.sleep(0.5)
-            for slot, (run, proc, log, seen) in list(active.items()):
-                code = proc.poll()  # before reading: a finished run's records are all on disk
-                seen = _forward_new_records(run, seen, callbacks)
-                active[slot] = (run, proc, log, seen)
-                if code is None:
-                    continue
-                del active[slot]
-                free.append(slot)
-                final[run.name] = _finish(run, code, log, callbacks)
-    finally:
-        for _, proc, _, _ in active.values():
-            proc.terminate()
-        for _, proc, _, _ in active.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    with _forward_signals(active) as received:
+        try:
+            while pending or active:
+                while pending and free and not received:
+                    run, slot = pending.popleft(), free.pop(0)
+                    resume = states[run.name] == "partial"
+                    config = dataclasses.asdict(dataclasses.replace(run.config, resume=resume))
+                    log = log_dir / f"{run.name}.log"
+                    with log.open("w") as fh:
+                        proc = subprocess.Popen(
+                            [sys.executable, "-m", "merit_core.compare.worker", json.dumps(config)],
+                            stdout=fh,
+                            stderr=subprocess.STDOUT,
+                            env=worker_env(slot, jobs, n_gpus),
+                            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                            start_new_session=True,  # Ctrl-C reaches the comparison, which forwards it once
+                        )
+                    callbacks.on_run_start(run, resume)
+                    active[slot] = (run, proc, log, _line_count(run))
+                if received and not active:
+                    break
+                time.sleep(0.5)
+                for slot, (run, proc, log, seen) in list(active.items()):
+                    code = proc.poll()  # before reading: a finished run's records are all on disk
+                    seen = _forward_new_records(run, seen, callbacks)
+                    active[slot] = (run, proc, log, seen)
+                    if code is None:
+                        continue
+                    del active[slot]
+                    free.append(slot)
+                    if code in EXIT_INTERRUPTED or (received and code < 0):
+                        continue  # stopped on our signal after its checkpoint: 'partial' for the next run
+                    final[run.name] = _finish(run, code, log, callbacks)
+        finally:
+            for _, proc, _, _ in active.values():
+                with contextlib.suppress(OSError):
+                    proc.terminate()  # SIGTERM: the worker checkpoints and exits
+            for _, proc, _, _ in active.values():
+                try:
+                    proc.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    if received:
+        name = received[0]
+        raise RunInterrupted(
+            f"comparison stopped by {name}: every running run saved a checkpoint; run the same command again "
+            "to continue",
+            STOP_SIGNALS[name],
+        )
     return final
 
 

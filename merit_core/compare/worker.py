@@ -2,7 +2,8 @@
 
 CONFIG_JSON is a resolved TrainConfig as a JSON object. Exit codes: 0 the run finished,
 3 it diverged (non-finite loss), 2 a user error (its one-line message is the last line of
-the output), anything else a crash (a traceback).
+the output), 143 / 130 stopped by SIGTERM / SIGINT after a checkpoint (the comparison
+forwards its signals), anything else a crash (a traceback).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 
 from merit_core.compare.runner import EXIT_DIVERGED, EXIT_USER_ERROR
 from merit_core.errors import MeritError
+from merit_core.runs import RunInterrupted
 
 
 def main(argv: list[str]) -> int:
@@ -27,6 +29,11 @@ def main(argv: list[str]) -> int:
     except MeritError as exc:
         print(str(exc), flush=True)
         return EXIT_USER_ERROR
+    except RunInterrupted as exc:
+        print(str(exc), flush=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
     return 0
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import os
+import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -19,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from merit_core.data.meta import FORMAT, META_FILE, TOKENIZER_DIR, DataMeta, dtype_for_vocab, load_meta
-from merit_core.data.publish import check_target, publish, staging_dir
+from merit_core.data.publish import TMP_PREFIX, check_target, lock_path, publish, staging_dir
 from merit_core.data.sources import resolve_source
 from merit_core.data.tokenizer import (
     MIN_BPE_VOCAB,
@@ -29,6 +31,7 @@ from merit_core.data.tokenizer import (
     train_bpe,
 )
 from merit_core.errors import ConfigError, DataError
+from merit_core.runs import STAGING_MARKER, pid_alive, remove_stale_lock
 
 Progress = Callable[[str, int, "int | None"], None]
 Batches = Callable[[], Iterable[tuple[list[str], int]]]
@@ -123,11 +126,15 @@ def prepare_documents(
     """Prepare documents from `batches()` (called once or twice; yields (docs, input size)) into `out_dir`."""
     check_vocab_size(vocab_size)
     check_val_fraction(val_fraction)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     target = Path(out_dir).expanduser().resolve()
     check_target(target)
+    remove_stale_temp(target)
     report = progress or (lambda stage, done, total: None)
     start = time.perf_counter()
     with staging_dir(target) as tmp:
+        (tmp / STAGING_MARKER).write_text(f"{os.getpid()}\n")  # what a later cleanup recognises as ours
         if tokenizer is None:
             tok = _train_tokenizer(batches, vocab_size, source, total, report)
             tokenizer_source = f"byte-level BPE ({vocab_size}) trained on the corpus"
@@ -170,8 +177,49 @@ def prepare_documents(
         }
         (tmp / META_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         report("splitting", int(lengths.sum()), int(lengths.sum()))
+        (tmp / STAGING_MARKER).unlink()
         publish(tmp, target)
     return load_meta(target)
+
+
+def remove_stale_temp(target: Path) -> list[Path]:
+    """Delete what an interrupted prepare of `target` left beside it, and only that.
+
+    A temp folder counts as merit's when its name is `.merit-tmp-<target name>-...` and it holds
+    the staging marker (or, for the replaced copy `...-old-<pid>`, a prepared folder) of a
+    process that is gone; a lock file counts as stale when nobody holds it.
+    """
+    removed: list[Path] = []
+    if not target.parent.is_dir():
+        return removed
+    prefix = f"{TMP_PREFIX}{target.name}-"
+    for child in target.parent.iterdir():
+        if not child.name.startswith(prefix) or not child.is_dir() or child.is_symlink():
+            continue
+        marker = child / STAGING_MARKER
+        if marker.is_file():
+            pid = _read_pid(marker)
+        elif child.name.startswith(prefix + "old-") and (child / META_FILE).is_file():
+            pid = _read_pid_text(child.name.rsplit("-", 1)[-1])
+        else:
+            continue
+        if pid is not None and not pid_alive(pid):
+            shutil.rmtree(child, ignore_errors=True)
+            removed.append(child)
+    if remove_stale_lock(lock_path(target)):
+        removed.append(lock_path(target))
+    return removed
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return _read_pid_text(path.read_text().strip())
+    except OSError:
+        return None
+
+
+def _read_pid_text(text: str) -> int | None:
+    return int(text) if text.isdigit() else None
 
 
 def _train_tokenizer(batches: Batches, vocab_size: int, source: str, total: int | None, report: Progress):

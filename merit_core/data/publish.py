@@ -19,7 +19,9 @@ def staging_dir(target: Path):
     """Yield an empty temp folder next to `target`; it is removed if still there on exit."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-", dir=target.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the published folder should read like any other
+    from merit_core.runs import folder_mode
+
+    os.chmod(tmp, folder_mode())  # mkdtemp makes it private; the published folder gets the user's umask
     try:
         yield tmp
     finally:
@@ -54,17 +56,22 @@ def publish(tmp: Path, target: Path) -> None:
 
 @contextlib.contextmanager
 def build_lock(target: Path):
-    """Hold an exclusive file lock beside `target` (POSIX; a no-op elsewhere), e.g. across DDP ranks."""
+    """Hold an exclusive file lock beside `target` (POSIX; a no-op elsewhere), e.g. across DDP ranks.
+
+    The lock file is removed when released (merit_core.runs.FileLock), so none is left behind.
+    """
     try:
-        import fcntl
+        import fcntl  # noqa: F401
     except ImportError:  # pragma: no cover - Windows
         yield
         return
+    from merit_core.runs import exclusive_lock
+
     target.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = target.with_name(f".{target.name}.lock")
-    with open(lock_path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with exclusive_lock(lock_path(target)):
+        yield
+
+
+def lock_path(target: Path) -> Path:
+    """The lock file `build_lock` uses for `target`."""
+    return target.with_name(f".{target.name}.lock")

@@ -128,13 +128,13 @@ def _file_batches(source: Source) -> Iterator[tuple[list[str], int]]:
     for builder, files in groups.items():
         kwargs = {"sample_by": "paragraph"} if builder == "text" else {}
         bytes_per_row = None
-        if builder == "parquet":  # compressed: spread the file size over its rows
-            import pyarrow.parquet as pq
-
-            rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
-            bytes_per_row = sum(f.stat().st_size for f in files) / max(rows, 1)
         where = files[0] if len(files) == 1 else f"{len(files)} {builder} files in {source.name}"
         try:
+            if builder == "parquet":  # compressed: spread the file size over its rows
+                import pyarrow.parquet as pq
+
+                rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+                bytes_per_row = sum(f.stat().st_size for f in files) / max(rows, 1)
             with _quiet_datasets():
                 ds = datasets.load_dataset(
                     builder, data_files=[str(f) for f in files], split="train", streaming=True, **kwargs

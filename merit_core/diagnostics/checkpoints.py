@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from merit_core import runs
 from merit_core.errors import CheckpointError
+from merit_core.runs import INDEX_NAME, WEIGHTS_NAME
 
-WEIGHTS_NAME = "model.safetensors"
-INDEX_NAME = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 _DTYPE_BYTES = {
     "BOOL": 1,
     "U8": 1,
@@ -70,7 +68,7 @@ class Checkpoint:
         return str(self.path)
 
 
-def _refuse_pickle(path: Path, why: str) -> CheckpointError:
+def refuse_pickle(path: Path, why: str) -> CheckpointError:
     return CheckpointError(
         f"{path} is {why}; merit never unpickles checkpoints (arbitrary code could run). "
         "Convert it to safetensors first, e.g. with transformers: "
@@ -90,15 +88,15 @@ def validate_safetensors(path: Path) -> dict[str, dict]:
     if path.is_dir():
         raise CheckpointError(f"{path} is a folder, expected a .safetensors file")
     if path.suffix.lower() in PICKLE_SUFFIXES:
-        raise _refuse_pickle(path, f"a pickle-based checkpoint ({path.suffix})")
+        raise refuse_pickle(path, f"a pickle-based checkpoint ({path.suffix})")
     size = path.stat().st_size
     try:
         with path.open("rb") as fh:
             head = fh.read(8)
             if head[:4] == b"PK\x03\x04":
-                raise _refuse_pickle(path, "a torch.save zip archive (pickle inside)")
+                raise refuse_pickle(path, "a torch.save zip archive (pickle inside)")
             if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
-                raise _refuse_pickle(path, "a pickle file")
+                raise refuse_pickle(path, "a pickle file")
             if len(head) < 8:
                 raise CheckpointError(f"{path} is not a safetensors file: only {size} bytes")
             (n,) = struct.unpack("<Q", head)
@@ -123,6 +121,8 @@ def validate_safetensors(path: Path) -> dict[str, dict]:
         try:
             dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
             nbytes = _DTYPE_BYTES[dtype] * math.prod(shape)
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (begin, end, *shape)):
+                raise TypeError("offsets and shape must be integers")
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(f"{path} has a corrupt safetensors header: bad entry for {name!r}") from None
         if not (0 <= begin <= end) or end - begin != nbytes:
@@ -152,16 +152,7 @@ def _index_files(index: Path) -> list[Path]:
 
 
 def _read_step(folder: Path) -> int | None:
-    state = folder / "trainer_state.json"
-    if state.is_file():
-        try:
-            step = json.loads(state.read_text()).get("step")
-            if isinstance(step, int):
-                return step
-        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-            pass
-    m = _STEP_DIR.match(folder.name)
-    return int(m.group(1)) if m else None
+    return runs.state_step(folder)
 
 
 def _folder_checkpoint(folder: Path) -> Checkpoint | None:
@@ -188,16 +179,14 @@ def _from_folder(folder: Path) -> list[Checkpoint]:
         return [single]
     steps: list[Checkpoint] = []
     skipped: list[str] = []
-    for sub in folder.iterdir():
-        if not sub.is_dir() or not _STEP_DIR.match(sub.name):
-            continue
-        ckpt = _folder_checkpoint(sub)
+    for step, sub in runs.step_folders(folder):
+        ckpt = _folder_checkpoint(sub) if runs.has_weights(sub) else None
         if ckpt is None:
             skipped.append(sub.name)
             continue
         ckpt.run = folder
         if ckpt.step is None:
-            ckpt.step = int(_STEP_DIR.match(sub.name).group(1))
+            ckpt.step = step
         steps.append(ckpt)
     if steps:
         steps.sort(key=lambda c: c.step)
@@ -206,7 +195,7 @@ def _from_folder(folder: Path) -> list[Checkpoint]:
         return steps
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
     if pickles:
-        raise _refuse_pickle(
+        raise refuse_pickle(
             folder / pickles[0], f"a pickle-based checkpoint ({pickles[0]}) with no safetensors weights"
         )
     raise CheckpointError(

@@ -55,6 +55,9 @@ def _save(plt, fig, path: Path) -> None:
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=120)
+        from merit_core.runs import file_mode
+
+        os.chmod(tmp, file_mode())  # mkstemp makes it 0600; the plot gets the user's umask
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

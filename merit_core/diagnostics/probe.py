@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from merit_core.errors import CheckpointError, DataError
+from merit_core.runs import TOKENIZER_FILES
 
 PROBE_TEXT = (
     "The committee met on a grey Tuesday morning to review the budget for the coming year. "
@@ -28,7 +29,6 @@ PROBE_TEXT = (
     "had stopped, and a few people were already crossing the square toward the market, where the "
     "fishmongers were shouting prices for herring, mackerel and cod."
 )
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 
 @dataclass

@@ -15,8 +15,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -277,17 +275,11 @@ def inspect_paths(
 
 
 def write_json(report: InspectReport | dict, path: str | Path) -> None:
-    """Write the report (its `to_dict()`) atomically (temp file in the same folder, then rename)."""
+    """Write the report (its `to_dict()`) atomically and durably (merit_core.runs), with the user's umask."""
+    from merit_core.runs import atomic_write_json
+
     if hasattr(report, "to_dict"):
         report = report.to_dict()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(report, fh, indent=1, allow_nan=True)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_json(path, report, indent=1, allow_nan=True)

@@ -6,18 +6,16 @@ run folder (its latest `step_N/` is used), or a hub model name when the hub (or 
 
 from __future__ import annotations
 
-import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from merit_core import runs
 from merit_core.errors import CheckpointError, ConfigError
 from merit_core.hub import looks_like_hub_id
 
-_STEP_DIR = re.compile(r"^step_(\d+)$")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+TOKENIZER_FILES = runs.TOKENIZER_FILES
 # trainer_state.json fields copied into the output's `meta`, with the type each must have.
 TRAINER_STATE_FIELDS: dict[str, type] = {
     "optimizer": str,
@@ -43,27 +41,17 @@ class CheckpointRef:
         if not self.is_local:
             return self.location
         path = Path(self.location)
-        return f"{path.parent.name}/{path.name}" if _STEP_DIR.match(path.name) else path.name
+        return f"{path.parent.name}/{path.name}" if runs.parse_step(path.name) is not None else path.name
 
 
 def latest_step_dir(run_dir: Path) -> Path | None:
-    """The `step_N` subfolder with the largest N that holds a config.json, or None."""
-    steps = []
-    for child in run_dir.iterdir():
-        match = _STEP_DIR.match(child.name)
-        if match and (child / "config.json").is_file():
-            steps.append((int(match.group(1)), child))
-    return max(steps)[1] if steps else None
+    """The latest `step_N` subfolder that holds a model (config.json and weights), or None."""
+    return runs.latest(run_dir, "model")
 
 
 def read_trainer_state(model_dir: Path) -> dict[str, Any]:
     """The known fields of `trainer_state.json` with the right types; {} when absent or unreadable."""
-    try:
-        state = json.loads((model_dir / "trainer_state.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(state, dict):
-        return {}
+    state = runs.read_trainer_state(model_dir, strict=False)
     out = {}
     for key, kind in TRAINER_STATE_FIELDS.items():
         value = state.get(key)
@@ -96,7 +84,8 @@ def resolve_checkpoint(given: str | os.PathLike) -> CheckpointRef:
                 "give a Hugging Face model folder or a `merit train` run folder"
             )
         path = step
-    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+    _refuse_pickle_weights(path)
+    if not runs.tokenizer_files(path):
         raise CheckpointError(
             f"checkpoint {path} has no tokenizer ({' / '.join(TOKENIZER_FILES[:2])}): "
             "save one next to the model with tokenizer.save_pretrained(folder)"
@@ -105,6 +94,20 @@ def resolve_checkpoint(given: str | os.PathLike) -> CheckpointRef:
     if state:
         source = "merit-train"
     return CheckpointRef(text, str(path), is_local=True, meta={"source": source, **state})
+
+
+def _refuse_pickle_weights(folder: Path) -> None:
+    """CheckpointError when the folder's weights are pickle files only (.bin, .pt, .pth, ...): those are
+    never handed to transformers, whose loader would unpickle them (as inspect refuses them)."""
+    from merit_core.diagnostics.checkpoints import PICKLE_SUFFIXES, refuse_pickle
+
+    if runs.has_weights(folder):
+        return
+    pickles = sorted(p.name for p in folder.iterdir() if p.is_file() and p.suffix.lower() in PICKLE_SUFFIXES)
+    if pickles:
+        raise refuse_pickle(
+            folder / pickles[0], f"a pickle-based checkpoint ({pickles[0]}) with no safetensors weights"
+        )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -190,7 +193,8 @@ def load_model_and_tokenizer(ref: CheckpointRef, device: str, dtype: str) -> tup
     except (OSError, ValueError, KeyError) as exc:
         raise CheckpointError(f"cannot load the tokenizer of {ref.given}: {_first_line(exc)}") from None
     try:
-        model = AutoModelForCausalLM.from_pretrained(ref.location, dtype=getattr(torch, dtype))
+        safe = {"use_safetensors": True} if ref.is_local else {}  # never a pickle next to the safetensors
+        model = AutoModelForCausalLM.from_pretrained(ref.location, dtype=getattr(torch, dtype), **safe)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise CheckpointError(f"cannot load the model weights of {ref.given}: {_first_line(exc)}") from None
     return model.to(device).eval(), tokenizer

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,18 +105,11 @@ def _jsonable(value: Any) -> Any:
 
 
 def write_results_json(path: str | os.PathLike, records: Sequence[CheckpointResult]) -> Path:
-    """Write all records to `path` atomically (temp file in the same folder, then rename)."""
+    """Write all records to `path` atomically and durably (merit_core.runs.atomic_write)."""
+    from merit_core.runs import atomic_write
+
     out = check_output_path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps({"checkpoints": [r.to_json() for r in records]}, indent=2, default=_jsonable)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(out, text + "\n")
     return out

@@ -7,66 +7,63 @@ and `trainer_state.pt` (optimizer state, RNG states, data position; tensors and 
 containers only, so it loads with `torch.load(weights_only=True)`). Under fsdp the optimizer
 state is instead an `optimizer/` folder of torch.distributed.checkpoint shards, which every
 process writes into the staged folder (`begin_checkpoint`). It is written into
-`<run>/.tmp-step_<N>` and renamed into place, so a crash never leaves half a checkpoint;
-a folder counts as complete only when both trainer-state files are in it.
+`<run>/.tmp-step_<N>`, fsynced and renamed into place, so a crash never leaves half a
+checkpoint. What the folder layout is (naming, completeness, "latest", staging, durable
+writes) belongs to `merit_core.runs`; this module writes and reads the files inside.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from merit_core import runs
 from merit_core.errors import CheckpointError
+from merit_core.runs import STATE_FORMAT, STATE_JSON, STATE_PT
 
-STATE_JSON = "trainer_state.json"
-STATE_PT = "trainer_state.pt"
-STATE_FORMAT = "merit-trainer-v1"
-_STEP_DIR = re.compile(r"step_(\d+)")
-_TMP_PREFIX = ".tmp-"
+__all__ = [
+    "STATE_FORMAT",
+    "STATE_JSON",
+    "STATE_PT",
+    "begin_checkpoint",
+    "checkpoint_path",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "load_model_weights",
+    "load_trainer_state",
+    "prune_checkpoints",
+    "read_trainer_info",
+    "remove_partial",
+    "save_checkpoint",
+]
 
 
 def checkpoint_path(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / f"step_{step}"
+    return runs.step_path(run_dir, step)
 
 
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints of a run as (step, path), oldest first."""
-    run_dir = Path(run_dir)
-    found = []
-    if not run_dir.is_dir():
-        return found
-    for child in run_dir.iterdir():
-        match = _STEP_DIR.fullmatch(child.name)
-        if match and (child / STATE_JSON).is_file() and (child / STATE_PT).is_file():
-            found.append((int(match.group(1)), child))
-    return sorted(found)
+    """Complete checkpoints of a run as (step, path), oldest first (see merit_core.runs.is_complete)."""
+    return runs.checkpoints(run_dir, "complete")
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     """The complete checkpoint with the highest step, or None."""
-    found = list_checkpoints(run_dir)
-    return found[-1][1] if found else None
+    return runs.latest(run_dir, "complete")
 
 
 def remove_partial(run_dir: str | Path) -> None:
-    """Delete temp folders a crash left behind while writing a checkpoint."""
-    for child in Path(run_dir).glob(_TMP_PREFIX + "*"):
-        if child.is_dir():
-            shutil.rmtree(child, ignore_errors=True)
+    """Delete the staging folders a crash left behind while writing a checkpoint (merit's own only)."""
+    runs.remove_stale_staging(run_dir)
 
 
 def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
     """An empty staging folder for `step_<step>/` (for files other processes write before `save_checkpoint`)."""
-    tmp = Path(run_dir) / f"{_TMP_PREFIX}{checkpoint_path(run_dir, step).name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    return tmp
+    return runs.begin_staging(run_dir, step)
 
 
 def save_checkpoint(
@@ -80,7 +77,7 @@ def save_checkpoint(
     state: dict[str, Any],
     staging: Path | None = None,
 ) -> Path:
-    """Write `step_<step>/` atomically and return its path.
+    """Write `step_<step>/` atomically and durably, and return its path.
 
     model: the unwrapped transformers model (its config and save_pretrained are used);
     state_dict: full weights to save instead of the model's own (sharded training);
@@ -88,7 +85,6 @@ def save_checkpoint(
     staging: the folder from `begin_checkpoint` when other files were already written into it.
     """
     run_dir = Path(run_dir)
-    final = checkpoint_path(run_dir, step)
     tmp = staging if staging is not None else begin_checkpoint(run_dir, step)
     from transformers.utils import logging as hf_logging
 
@@ -98,21 +94,12 @@ def save_checkpoint(
     if tokenizer_dir is not None:
         from merit_core.data.tokenizer import make_tokenizer_portable
 
-        for item in Path(tokenizer_dir).iterdir():
-            if item.is_file():
-                shutil.copy2(item, tmp / item.name)
+        for item in runs.tokenizer_files(tokenizer_dir):
+            shutil.copyfile(item, tmp / item.name)
         make_tokenizer_portable(tmp)  # data prepared by transformers 5 before tokenizers were saved portably
     torch.save(state, tmp / STATE_PT)
     (tmp / STATE_JSON).write_text(json.dumps({"format": STATE_FORMAT, **info}, indent=2) + "\n")
-    if final.exists():
-        old = run_dir / f"{_TMP_PREFIX}old-{final.name}"
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
-    return final
+    return runs.publish_folder(tmp, checkpoint_path(run_dir, step))
 
 
 def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
@@ -124,14 +111,8 @@ def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
 
 
 def read_trainer_info(checkpoint: str | Path) -> dict[str, Any]:
-    """trainer_state.json of a checkpoint folder."""
-    path = Path(checkpoint) / STATE_JSON
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{checkpoint} is not a merit checkpoint (no {STATE_JSON})") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path} is unreadable: {exc}") from None
+    """trainer_state.json of a checkpoint folder (CheckpointError when missing or unreadable)."""
+    return runs.read_trainer_state(checkpoint, strict=True)
 
 
 def load_trainer_state(checkpoint: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -142,7 +123,7 @@ def load_trainer_state(checkpoint: str | Path, map_location: str | torch.device 
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # corrupt file or a pickle that is not plain tensors/containers
-        raise CheckpointError(f"{path} cannot be loaded safely: {type(exc).__name__}: {exc}") from None
+        raise CheckpointError(f"{path} cannot be loaded safely: {type(exc).__name__}: {_first_line(exc)}") from None
 
 
 def load_model_weights(model: torch.nn.Module, checkpoint: str | Path) -> None:
@@ -155,15 +136,24 @@ def load_model_weights(model: torch.nn.Module, checkpoint: str | Path) -> None:
     try:
         weights = load_file(path)
     except Exception as exc:
-        raise CheckpointError(f"{path} is unreadable: {exc}") from None
+        raise CheckpointError(f"{path} is unreadable: {_first_line(exc)}") from None
     from merit_core.models import family_spec
 
     spec = family_spec(model.config)  # names save_pretrained renames (GPT-NeoX lm_head -> embed_out)
     weights = {spec.model_name(name): tensor for name, tensor in weights.items()}
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as exc:  # a tensor of another shape
+        detail = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), _first_line(exc))
+        raise CheckpointError(f"{checkpoint} does not match the model: {detail}") from None
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
     if unexpected or set(missing) - tied:
         raise CheckpointError(
             f"{checkpoint} does not match the model: missing {sorted(set(missing) - tied)[:3]}, "
             f"unexpected {sorted(unexpected)[:3]}"
         )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -54,6 +54,9 @@ class TrainConfig:
     keep_checkpoints: how many `step_N/` folders to keep (0 keeps all).
     report_to: experiment trackers, comma-separated: tensorboard, wandb, mlflow, or none (see
         merit_core.train.trackers).
+    save_every_minutes: also checkpoint when this many minutes passed since the last one (0: off).
+    resume_from: resume from this checkpoint (`step_N` of the run, or a path) instead of the latest.
+    allow_changes: let a resume continue with another seed, data or tokenizer than the run's.
     parallel: how to spread the model under torchrun: 'ddp' (replicas) or 'fsdp' (FSDP2 shards;
         see merit_core.train.fsdp). A single process ignores it, except that fsdp refuses the
         optimizers it cannot run.
@@ -93,6 +96,9 @@ class TrainConfig:
     keep_checkpoints: int = 0
     log_every: int = 10
     report_to: str = "none"
+    save_every_minutes: float = 0.0
+    resume_from: str | None = None
+    allow_changes: bool = False
 
     # -- derived values ------------------------------------------------------------------
     @property
@@ -129,6 +135,8 @@ def load_config(
 
 def read_toml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a folder; give a .toml file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
@@ -166,8 +174,18 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
     return config
 
 
+# Actions of one invocation, not properties of the run: not written to the run's config.toml.
+ACTION_KEYS = ("resume", "resume_from", "allow_changes")
+
+
 def validate(config: TrainConfig) -> None:
     """Value checks that need no model, data or process group."""
+    for name in FIELD_NAMES:
+        value = getattr(config, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{name} must be a finite number, got {value}")
+    if config.seed < 0 or config.seed >= 2**63:
+        raise ConfigError(f"seed must be from 0 to 2**63 - 1, got {config.seed}")
     positive = [
         "batch_size",
         "seq_len",
@@ -194,6 +212,7 @@ def validate(config: TrainConfig) -> None:
         "warmup_ratio",
         "warmup_steps",
         "min_lr",
+        "save_every_minutes",
     ):
         value = getattr(config, name)
         if value is not None and value < 0:
@@ -276,13 +295,12 @@ def resolve(
 
 # -- writing --------------------------------------------------------------------------------
 def save_config(config: TrainConfig, path: str | Path) -> None:
-    """Write the config as TOML (None values are left out: they mean 'default'; `resume` is an
-    action, not a property of the run, and is left out too)."""
-    values = {k: v for k, v in config.to_dict().items() if k != "resume"}
-    text = "# merit train: resolved run configuration\n" + dumps_toml(values)
-    tmp = Path(path).with_suffix(".toml.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    """Write the config as TOML, atomically (None values are left out: they mean 'default'; the
+    ACTION_KEYS are what one invocation does, not properties of the run, and are left out too)."""
+    from merit_core.runs import CONFIG_HEADER, atomic_write
+
+    values = {k: v for k, v in config.to_dict().items() if k not in ACTION_KEYS}
+    atomic_write(path, CONFIG_HEADER + "\n" + dumps_toml(values))
 
 
 def dumps_toml(data: dict[str, Any]) -> str:

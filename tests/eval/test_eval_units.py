@@ -40,7 +40,7 @@ def test_aliases_expand_in_order_without_duplicates():
 
 def _model_folder(path: Path, state: dict | str | None = None) -> Path:
     path.mkdir(parents=True)
-    for name in ("config.json", "tokenizer.json"):
+    for name in ("config.json", "tokenizer.json", "model.safetensors"):
         (path / name).write_text("{}")
     if state is not None:
         (path / "trainer_state.json").write_text(state if isinstance(state, str) else json.dumps(state))

@@ -45,7 +45,14 @@ def finished_run(model_cfg, data_dir, tmp_path_factory):
 
 def test_run_folder_layout_and_metrics(finished_run):
     out, result = finished_run
-    assert sorted(p.name for p in out.iterdir()) == ["config.toml", "curves.png", "metrics.jsonl", "step_2", "step_4"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".merit-run",
+        "config.toml",
+        "curves.png",
+        "metrics.jsonl",
+        "step_2",
+        "step_4",
+    ]
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for step, path in list_checkpoints(out):
         names = {p.name for p in path.iterdir()}
