@@ -61,6 +61,8 @@ def find_config(spec: str | Path, command: str) -> Path:
     path = Path(spec).expanduser()
     if path.is_file():
         return path
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a folder; give a .toml file or a shipped config's name")
     name = str(spec).removesuffix(".toml")
     shipped = {c.name: c for c in shipped_configs()}
     if path.parent == Path(".") and name in shipped:

@@ -64,44 +64,33 @@ def build_trackers(report_to: str | Iterable[str] | None) -> list[TrainCallbacks
 
 
 class CallbackList(TrainCallbacks):
-    """Several TrainCallbacks as one: each event goes to each, in order; `close()` closes the trackers."""
+    """Several TrainCallbacks as one: each event goes to each, in order; `close()` closes the trackers.
+
+    Every `on_*` event of TrainCallbacks is forwarded (the methods are made below from the base
+    class), so an event added there reaches every callback without an edit here.
+    """
 
     def __init__(self, callbacks: Iterable[TrainCallbacks | None]):
         self.callbacks = [cb for cb in callbacks if cb is not None]
-
-    def on_prepare(self, stage: str, done: int, total: int | None) -> None:
-        for cb in self.callbacks:
-            cb.on_prepare(stage, done, total)
-
-    def on_data(self, meta) -> None:
-        for cb in self.callbacks:
-            cb.on_data(meta)
-
-    def on_start(self, info: RunInfo) -> None:
-        for cb in self.callbacks:
-            cb.on_start(info)
-
-    def on_log(self, record: dict[str, Any]) -> None:
-        for cb in self.callbacks:
-            cb.on_log(record)
-
-    def on_eval(self, record: dict[str, Any]) -> None:
-        for cb in self.callbacks:
-            cb.on_eval(record)
-
-    def on_checkpoint(self, step: int, path: Path) -> None:
-        for cb in self.callbacks:
-            cb.on_checkpoint(step, path)
-
-    def on_end(self, summary: RunSummary) -> None:
-        for cb in self.callbacks:
-            cb.on_end(summary)
 
     def close(self, failed: bool = False) -> None:
         """Flush and close every tracker (also after an error, so that what was logged is kept)."""
         for cb in self.callbacks:
             if isinstance(cb, Tracker):
                 cb.close(failed)
+
+
+def _forward(event: str):
+    def forward(self: CallbackList, *args: Any, **kwargs: Any) -> None:
+        for cb in self.callbacks:
+            getattr(cb, event)(*args, **kwargs)
+
+    forward.__name__ = forward.__qualname__ = event
+    return forward
+
+
+for _event in [name for name in vars(TrainCallbacks) if name.startswith("on_")]:
+    setattr(CallbackList, _event, _forward(_event))
 
 
 def with_trackers(report_to: str | Iterable[str] | None, callbacks: TrainCallbacks | None) -> CallbackList:
