@@ -118,7 +118,7 @@ if [ $DRY = 1 ]; then
 else
     run "optimizer_step.py --device cuda" 75 "$OUT/optimizer.log" "$PY" benchmarks/optimizer_step.py --device cuda
 fi
-bench=$(grep -iE "ratio|merit" "$OUT/optimizer.log" | tail -1 | tr -s ' ' | cut -c1-90)
+bench=$(grep -iE "median ratio" "$OUT/optimizer.log" | tail -1 | tr -s ' ' | cut -c1-140)
 row "optimizer step benchmark" "$STATUS" "$SECONDS_TAKEN" "${bench:-see optimizer.log}"
 
 # -- 4. training ----------------------------------------------------------------------------
@@ -131,7 +131,7 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 f = lambda v, spec: "-" if v is None else format(v, spec)
 print(f"{r['n_params'] / 1e6:.1f}M params, {r['batch']} (micro {r['micro_batch_size']}), {r['dtype']}: "
-      f"{f(r['tokens_per_s'], ',.0f')} tok/s, MFU {f(r['mfu'] and 100 * r['mfu'], '.1f')}%, "
+      f"{f(r['tokens_per_s'], ',.0f')} tok/s, MFU {'-' if r['mfu'] is None else format(r['mfu'], '.1%')}, "
       f"peak {f(r['peak_memory_gib'], '.1f')} GiB, loss {f(r['final_loss'], '.3f')}, "
       f"max logit {f(r['max_attention_logit'], '.2f')}")
 EOF
