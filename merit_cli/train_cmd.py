@@ -111,7 +111,8 @@ def micro_batch(ctx, param, value):
 def device_line(info: RunInfo) -> str:
     """Device name, compute dtype, TF32 and the peak MFU is measured against."""
     dtype = "bf16 autocast" if info.compute_dtype == "bfloat16" else "float32"
-    parts = [f"device {info.device_name or info.device}", dtype]
+    memory = f" ({info.device_memory / 2**30:.0f} GiB)" if info.device_memory else ""
+    parts = [f"device {info.device_name or info.device}{memory}", dtype]
     tf32 = "tf32 " + ("on" if info.config.tf32 else "off")
     if info.device.startswith("cuda"):
         parts.append(tf32)

@@ -41,6 +41,7 @@ class RunInfo:
     compute_dtype: str = "float32"  # what the matrix products run in: 'bfloat16' (autocast) or 'float32'
     tf32: bool = False  # whether float32 matrix products may use TF32 (CUDA only)
     peak_flops: float | None = None  # the device's dense bf16 peak, for MFU (None on CPU)
+    device_memory: int | None = None  # bytes of GPU memory (None on CPU)
 
 
 @dataclass
@@ -267,6 +268,7 @@ class TrainingRun:
                 compute_dtype=compute_dtype(c.dtype, self.parallel.device),
                 tf32=c.tf32 and self.parallel.device.type == "cuda",
                 peak_flops=hw.peak_flops,
+                device_memory=hw.total_memory,
             )
         )
         previous = read_metrics(self.run_dir) if ckpt is not None else []

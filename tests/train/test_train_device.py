@@ -261,3 +261,20 @@ def test_peak_table_and_mfu():
     info = hardware.device_info(torch.device("cpu"))
     assert info.peak_flops is None and info.total_memory is None and info.name
     assert hardware.peak_memory(torch.device("cpu")) > 10 * 2**20  # peak RSS of this Python process
+
+
+def test_start_line_on_a_gpu_names_device_dtype_tf32_and_the_mfu_peak():
+    from pathlib import Path
+
+    from merit_cli.train_cmd import device_line, peak_memory_text
+    from merit_core.train.training_run import RunInfo
+
+    def info(name, peak, dtype="bfloat16"):
+        return RunInfo(
+            Path("r"), load_config(), 1, 1, 0, 1, 1, 1, "cuda:0", Path("d"), None, name, dtype, True, peak, 141 * 2**30
+        )
+
+    line = device_line(info("NVIDIA H200", 989e12))
+    assert line == "device NVIDIA H200 (141 GiB), bf16 autocast, tf32 on, MFU against a 989 TFLOP/s bf16 peak"
+    assert "MFU not reported (GPU not in" in device_line(info("Tesla T4", None, "float32"))
+    assert peak_memory_text(3 * 2**30, "cuda:0") == "3.00 GiB (allocated on the GPU)"
