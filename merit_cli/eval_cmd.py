@@ -115,7 +115,11 @@ class _ProgressDisplay:
 )
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option(
-    "--dtype", default="auto", show_default=True, help="auto (bf16 on CUDA, fp32 on CPU), bfloat16, float16, float32."
+    "--dtype",
+    default="auto",
+    show_default=True,
+    help="Weights' dtype: auto (bfloat16 on CUDA, float32 on CPU), float32 or bfloat16 (float16 also works); "
+    "recorded in the JSON's meta.eval.dtype. Scores differ slightly between dtypes.",
 )
 @click.option("--batch-size", default="auto", show_default=True, help="Sequences per forward pass, or auto.")
 @click.option("--limit", type=int, default=None, help="Score only the first N documents of each task (quick runs).")

@@ -51,6 +51,7 @@ class RichTrainReport(LiveReport, TrainCallbacks):
             f"lr {c.lr:g}, batch {c.batch_size} x {c.seq_len} = {fmt_count(info.tokens_per_step)} tokens/step "
             f"(micro-batch {c.micro_batch_size}), {info.total_steps} steps on {info.device}{world}"
         )
+        self.out.print(f"[dim]{device_line(info)}[/]")
         self.out.print(f"[dim]run folder {info.run_dir}[/]")
         self.total_steps = info.total_steps
         if self.plain:
@@ -102,6 +103,9 @@ class RichTrainReport(LiveReport, TrainCallbacks):
             ("run folder", summary.run_dir),
             ("steps", f"{summary.steps} ({fmt_count(summary.tokens)} tokens)"),
             ("time", f"{fmt_duration(summary.elapsed_s)} ({fmt_count(summary.tokens_per_s)} tokens/s)"),
+            ("device", f"{summary.device} ({summary.device_name or '-'}), {summary.compute_dtype}"),
+            ("peak memory", peak_memory_text(summary.peak_memory, summary.device)),
+            ("MFU", f"{summary.mfu:.1%}" if summary.mfu is not None else "- (not measured on CPU or an unlisted GPU)"),
             ("final train loss", fmt_float(summary.final_loss)),
             ("final val loss", fmt_float(summary.final_val_loss)),
             ("max attention logit", ", ".join(fmt_float(v, 3) for v in logits) + "  (per layer)" if logits else "-"),
@@ -140,6 +144,38 @@ def _list_configs(ctx, param, value):
     ctx.exit(0)
 
 
+def micro_batch(ctx, param, value):
+    """--micro-batch-size: 'auto' (the trainer chooses: the config value "auto") or a positive integer."""
+    if value is not None and value.strip().lower() == "auto":
+        return "auto"
+    return number(int)(ctx, param, value)
+
+
+def device_line(info: RunInfo) -> str:
+    """Device name, compute dtype, TF32 and the peak MFU is measured against."""
+    dtype = "bf16 autocast" if info.compute_dtype == "bfloat16" else "float32"
+    memory = f" ({info.device_memory / 2**30:.0f} GiB)" if info.device_memory else ""
+    parts = [f"device {info.device_name or info.device}{memory}", dtype]
+    tf32 = "tf32 " + ("on" if info.config.tf32 else "off")
+    if info.device.startswith("cuda"):
+        parts.append(tf32)
+        parts.append(
+            f"MFU against a {info.peak_flops / 1e12:g} TFLOP/s bf16 peak"
+            if info.peak_flops
+            else "MFU not reported (GPU not in merit_core.train.hardware's peak table)"
+        )
+    else:
+        parts += [f"{tf32} (no effect on CPU)", "MFU not reported on CPU"]
+    return ", ".join(parts)
+
+
+def peak_memory_text(peak: int | None, device: str) -> str:
+    if peak is None:
+        return "-"
+    what = "allocated on the GPU" if device.startswith("cuda") else "peak RSS of the process"
+    return f"{peak / 2**30:.2f} GiB ({what})"
+
+
 @click.command("train", context_settings={"show_default": True})
 @click.argument("config_file", required=False, metavar="[CONFIG]")
 @click.option(
@@ -163,8 +199,9 @@ def _list_configs(ctx, param, value):
 @click.option("--batch-size", callback=number(int), help="Global batch size in sequences (default 16).")
 @click.option(
     "--micro-batch-size",
-    callback=number(int),
-    help="Sequences per forward pass per process; smaller means gradient accumulation.",
+    callback=micro_batch,
+    help="Sequences per forward pass per process (smaller: gradient accumulation), or auto (the default: "
+    "the largest that fits on a GPU, the whole batch on CPU; recorded in the run's config.toml).",
 )
 @click.option("--seq-len", callback=number(int), help="Tokens per sequence (default 128).")
 @click.option("--steps", callback=number(int), help="Optimizer updates (default 300).")
@@ -195,6 +232,11 @@ def _list_configs(ctx, param, value):
     help="Also checkpoint when this many minutes passed since the last checkpoint (0: off).",
 )
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model.")
+@click.option(
+    "--tf32/--no-tf32",
+    default=None,
+    help="Let CUDA float32 matrix products use TF32 (default on; --no-tf32 for full fp32 products).",
+)
 @click.option(
     "--parallel",
     type=click.Choice(["ddp", "fsdp"]),
@@ -231,6 +273,7 @@ def train(
     save_every,
     save_every_minutes,
     compile_,
+    tf32,
     parallel,
     report_to,
 ):
@@ -267,6 +310,7 @@ def train(
         save_every=save_every,
         save_every_minutes=save_every_minutes,
         compile=compile_,
+        tf32=tf32,
         parallel=parallel,
         report_to=report_to,
     )

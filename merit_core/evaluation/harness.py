@@ -56,6 +56,7 @@ class EvalSettings:
         if self.bootstrap_iters < 0:
             raise ConfigError(f"--bootstrap-iters must be 0 or more, got {self.bootstrap_iters}")
         parse_batch_size(self.batch_size)
+        resolve_dtype(self.dtype, "cpu")  # an unknown dtype name fails before anything is loaded
         return self
 
 
@@ -197,6 +198,23 @@ def _silenced(enabled: bool):
         yield
 
 
+@contextlib.contextmanager
+def _exact_float32(device: str, dtype: str):
+    """float32 on CUDA means float32 products (no TF32, whatever the process enabled), so that the
+    scores equal the CPU's; the previous setting is restored afterwards."""
+    if not (device.startswith("cuda") and dtype == "float32"):
+        yield
+        return
+    import torch
+
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 def evaluate_checkpoints(
     checkpoints: Sequence[str], settings: EvalSettings, progress: ProgressFn | None = None, quiet: bool = False
 ) -> list[CheckpointResult]:
@@ -226,7 +244,7 @@ def evaluate_checkpoints(
     records = []
     for index, (ref, config) in enumerate(zip(run.refs, configs)):
         run.report(index, "model")
-        with _silenced(quiet):
+        with _silenced(quiet), _exact_float32(device, dtype):
             model, tokenizer = load_model_and_tokenizer(ref, device, dtype)
             lm, batch_size = build_lm(model, tokenizer, parse_batch_size(settings.batch_size), device)
             report_request_progress(

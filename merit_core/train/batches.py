@@ -26,20 +26,35 @@ def check_split_length(n_tokens: int, seq_len: int, split: str) -> None:
         )
 
 
-def _windows(tokens: np.ndarray, offsets: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = np.stack([np.asarray(tokens[o : o + seq_len + 1]) for o in offsets]).astype(np.int64)
-    data = torch.from_numpy(rows)
-    return data[:, :-1], data[:, 1:]
+def _windows(
+    tokens: np.ndarray, offsets: np.ndarray, seq_len: int, pin_memory: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, labels): two contiguous int64 [n, seq_len] tensors, in page-locked memory if
+    `pin_memory` (needs CUDA), so that copies to the GPU can be asynchronous."""
+    rows = torch.from_numpy(np.stack([np.asarray(tokens[o : o + seq_len + 1]) for o in offsets]).astype(np.int64))
+    x = torch.empty((len(offsets), seq_len), dtype=torch.int64, pin_memory=pin_memory)
+    y = torch.empty((len(offsets), seq_len), dtype=torch.int64, pin_memory=pin_memory)
+    x.copy_(rows[:, :-1])
+    y.copy_(rows[:, 1:])
+    return x, y
+
+
+def to_device(batch: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Copy tensors to `device`; asynchronously only from pinned, contiguous host memory (an
+    asynchronous copy from pageable memory is staged synchronously anyway, and one from a
+    buffer that is reused before it finishes would read the new contents)."""
+    return tuple(t.to(device, non_blocking=t.is_pinned() and t.is_contiguous()) for t in batch)
 
 
 class TrainBatches:
     """Deterministic (seed, step) -> global batch of windows; sliced per rank and micro-batch."""
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, seed: int):
+    def __init__(self, tokens: np.ndarray, seq_len: int, seed: int, pin_memory: bool = False):
         check_split_length(len(tokens), seq_len, "train")
         self.tokens = tokens
         self.seq_len = seq_len
         self.seed = seed
+        self.pin_memory = pin_memory  # page-locked host tensors, for asynchronous copies to a GPU
 
     def offsets(self, step: int, batch_size: int) -> np.ndarray:
         """Start offsets of the `batch_size` windows of update `step` (0-based)."""
@@ -49,11 +64,12 @@ class TrainBatches:
     def micro_batches(
         self, step: int, *, batch_size: int, micro_batch_size: int, rank: int = 0, world_size: int = 1
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """(input_ids, labels) int64 CPU tensors [micro, seq_len] for this rank, in order."""
+        """(input_ids, labels) contiguous int64 CPU tensors [micro, seq_len] for this rank, in order
+        (pinned when the sampler was made with `pin_memory`)."""
         per_rank = batch_size // world_size
         mine = self.offsets(step, batch_size)[rank * per_rank : (rank + 1) * per_rank]
         for start in range(0, per_rank, micro_batch_size):
-            yield _windows(self.tokens, mine[start : start + micro_batch_size], self.seq_len)
+            yield _windows(self.tokens, mine[start : start + micro_batch_size], self.seq_len, self.pin_memory)
 
 
 def val_batches(

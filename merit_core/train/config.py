@@ -44,8 +44,14 @@ class TrainConfig:
         config name, e.g. 'en' for allenai/c4, and text column) or nothing (the built-in corpus).
     tokenizer / vocab_size: the tokenizer (name or path; default: a BPE of `vocab_size` trained on
         the data) used when the data must be prepared.
+    micro_batch_size: sequences per forward pass per process; None (written 'auto' in TOML and on
+        the command line) lets the trainer choose before step 0: on CUDA the largest that fits
+        (tried, halving on out-of-memory), on CPU the whole per-process batch unless host memory
+        is short. The chosen value is written to the run's config.toml, so a resume reuses it.
     device: 'auto' (cuda when available), 'cpu', 'cuda'. dtype: 'auto' (bf16 autocast on CUDA,
         float32 on CPU), 'float32', 'bfloat16' (autocast).
+    tf32: let CUDA float32 matrix products and convolutions use TF32 tensor cores (faster, ~1e-3
+        relative error; no effect on CPU or on bf16 autocast's bf16 products).
     eval_every / save_every / log_every: in steps; 0 means only at the end of the run.
     eval_batches / eval_batch_size: the fixed validation set (evenly spaced windows, the same for
         every seed, batch split and process count); its first batch is where the max attention
@@ -87,6 +93,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     dtype: str = "auto"
+    tf32: bool = True
     compile: bool = False
     parallel: str = "ddp"
     eval_every: int = 50
@@ -166,6 +173,8 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
     """Check names and types of a (possibly nested) mapping and build the config."""
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
+        if key == "micro_batch_size" and isinstance(value, str) and value.strip().lower() == "auto":
+            value = None  # 'auto': chosen by the trainer before step 0
         if key not in FIELD_NAMES:
             raise ConfigError(f"unknown config key {key!r}{_suggest(key, FIELD_NAMES)}")
         kwargs[key] = _coerce(key, value, _HINTS[key])
@@ -247,9 +256,13 @@ def resolve(
     world_size: int = 1,
     optimizer_defaults: dict[str, Any] | None = None,
     now: datetime.datetime | None = None,
+    auto_micro_batch: bool = False,
 ) -> TrainConfig:
     """A copy with derived fields filled: lr and weight_decay (from `optimizer_defaults`, the
     registry's defaults for the optimizer), steps, warmup_steps, min_lr, micro_batch_size, out.
+
+    An unset micro_batch_size becomes the whole per-process batch, unless `auto_micro_batch`
+    (the training run, which lets its Trainer choose it once the model is on its device).
 
     Raises ConfigError when the global batch cannot be split over `world_size` processes.
     """
@@ -279,9 +292,9 @@ def resolve(
     per_rank, rest = divmod(c.batch_size, world_size)
     if rest:
         raise ConfigError(f"batch_size {c.batch_size} is not divisible by the world size {world_size}")
-    if c.micro_batch_size is None:
+    if c.micro_batch_size is None and not auto_micro_batch:
         c.micro_batch_size = per_rank
-    if per_rank % c.micro_batch_size:
+    if c.micro_batch_size is not None and per_rank % c.micro_batch_size:
         raise ConfigError(
             f"batch_size {c.batch_size} is not divisible by micro_batch_size {c.micro_batch_size} x world size "
             f"{world_size}; pick a micro-batch that divides {per_rank}"

@@ -31,10 +31,13 @@ def setup_parallel(kind: str, device: str, dtype: str = "auto") -> Parallel:
         return Parallel(resolve_device(device))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = resolve_device(device, local_rank)
+    if dev.type == "cuda":
+        # Always, also when the caller created the process group: nccl collectives and every
+        # tensor created without an explicit device go to the current device, which is cuda:0
+        # in every process until it is set (all ranks on one GPU, collectives that hang).
+        torch.cuda.set_device(dev)
     owns = not dist.is_initialized()
     if owns:
-        if dev.type == "cuda":
-            torch.cuda.set_device(dev)
         backend = "nccl" if dev.type == "cuda" else "gloo"
         dist.init_process_group(
             backend=backend, timeout=datetime.timedelta(minutes=30), device_id=dev if dev.type == "cuda" else None

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 from merit_core.errors import MeritError
 from merit_core.optim.registry import StepContext, step_hook
-from merit_core.train.batches import TrainBatches, val_batches
+from merit_core.train import lm_loss
+from merit_core.train.batches import TrainBatches, to_device, val_batches
 from merit_core.train.config import TrainConfig
 from merit_core.train.distributed import Parallel
 from merit_core.train.schedule import lr_at
@@ -39,9 +40,13 @@ class StepOutput:
     lr: float
 
 
+def compute_dtype(dtype: str, device: torch.device) -> str:
+    """What a run's dtype setting means on `device`: 'bfloat16' (autocast) or 'float32'."""
+    return "bfloat16" if dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda") else "float32"
+
+
 def _autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
-    use_bf16 = dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda")
-    if not use_bf16:
+    if compute_dtype(dtype, device) != "bfloat16":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
@@ -84,11 +89,11 @@ class Trainer:
         self.forward = forward
         self.optimizer = optimizer
         self.lr_scales = [group["lr"] / config.lr for group in optimizer.param_groups]
-        self.batches = TrainBatches(train_tokens, config.seq_len, config.seed)
+        self.batches = TrainBatches(train_tokens, config.seq_len, config.seed, pin_memory=self.device.type == "cuda")
         self.val = val_batches(val_tokens, config.eval_batches, config.eval_batch_size, config.seq_len)
         self.autocast = lambda: _autocast(self.device, config.dtype)
         self.per_rank = config.batch_size // parallel.world_size
-        self.n_micro = self.per_rank // config.micro_batch_size
+        self.head = lm_loss.install(model)  # the loss is summed chunk by chunk inside the forward
         self.hook = step_hook(config.optimizer)  # the optimizer spec's extra work after some updates
         self.hook_every = self.hook.interval(optimizer) if self.hook is not None else None
         self.step = 0  # completed updates
@@ -99,10 +104,76 @@ class Trainer:
         c = self.config
         return lr_at(index, lr=c.lr, min_lr=c.min_lr, warmup_steps=c.warmup_steps, total_steps=c.steps)
 
+    @property
+    def n_micro(self) -> int:
+        """Micro-batches per update on each process."""
+        return self.per_rank // self.config.micro_batch_size
+
     def _loss(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
-        with self.autocast():
-            logits = module(input_ids=x, use_cache=False).logits
-        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum") * scale
+        """scale * the summed token cross-entropy of `module` on (x, y), in fp32; the full
+        [batch, seq, vocab] logits never exist at once (see merit_core.train.lm_loss)."""
+        with self.autocast(), lm_loss.targets_for(self.head, y) as summed:
+            out = module(input_ids=x, use_cache=False).logits
+        if summed:
+            return out * scale
+        return F.cross_entropy(out.float().flatten(0, 1), y.flatten(), reduction="sum") * scale
+
+    # -- choosing the micro-batch ------------------------------------------------------------
+    def choose_micro_batch(self) -> int:
+        """Set config.micro_batch_size when it is unset ('auto'), before step 0, and return it.
+
+        On CUDA: the per-process batch if a forward + backward of it fits next to the optimizer
+        state still to come, else the largest divisor of it at most half the last size that ran
+        out of memory (a power of two for power-of-two batches). On CPU: the per-process batch
+        unless its estimated activations exceed half the available host memory. Under several
+        processes the smallest choice is taken by all (under fsdp the tries run in lockstep and
+        assume every process runs out of memory alike: give --micro-batch-size to be safe).
+        """
+        if self.config.micro_batch_size is not None:
+            return self.config.micro_batch_size
+        fits = self._fits_on_gpu if self.device.type == "cuda" else self._fits_in_host_memory
+        size = largest_fitting(self.per_rank, fits)
+        agreed = self.parallel.all_reduce(torch.tensor(size, device=self.device), op="min")
+        self.config.micro_batch_size = int(agreed.item())
+        return self.config.micro_batch_size
+
+    def _fits_in_host_memory(self, size: int) -> bool:
+        from merit_core.train.hardware import available_host_memory
+
+        free = available_host_memory()
+        return free is None or size * activation_bytes_per_sequence(self.model.config, self.config.seq_len) <= free // 2
+
+    def _fits_on_gpu(self, size: int) -> bool:
+        """One forward + backward of `size` sequences (step 0's first micro-batch) on the plain
+        model, with the optimizer state's future memory held in reserve; the RNG is left as it was."""
+        x, y = next(
+            self.batches.micro_batches(
+                self.step,
+                batch_size=self.config.batch_size,
+                micro_batch_size=size,
+                rank=self.parallel.rank,
+                world_size=self.parallel.world_size,
+            )
+        )
+        ok = True
+        reserve = loss = None
+        with torch.random.fork_rng(devices=[self.device]):
+            try:
+                reserve = torch.empty(
+                    optimizer_state_reserve(self.model, self.optimizer), dtype=torch.uint8, device=self.device
+                )
+                loss = self._loss(self.model, x.to(self.device), y.to(self.device), 1.0)
+                loss.backward()
+                torch.cuda.synchronize(self.device)
+            except torch.cuda.OutOfMemoryError:
+                ok = False
+            finally:
+                del reserve, loss
+                self.model.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+        if self.parallel.lockstep_forward:  # every process tries the same sizes
+            ok = bool(self.parallel.all_reduce(torch.tensor(int(ok), device=self.device), op="min").item())
+        return ok
 
     def train_step(self) -> StepOutput:
         """One optimizer update on global batch number `self.step`."""
@@ -122,8 +193,7 @@ class Trainer:
             world_size=self.parallel.world_size,
         )
         for k, (x, y) in enumerate(micro):
-            x = x.to(self.device, non_blocking=True)
-            y = y.to(self.device, non_blocking=True)
+            x, y = to_device((x, y), self.device)
             first = x if first is None else first
             sync = k == self.n_micro - 1
             with contextlib.nullcontext() if sync else self.parallel.no_sync():
@@ -207,3 +277,37 @@ class Trainer:
             cuda_states = state["rng"]["cuda"]
             if len(cuda_states) == torch.cuda.device_count():
                 torch.cuda.set_rng_state_all(cuda_states)
+
+
+# -- micro-batch helpers ---------------------------------------------------------------------
+def largest_fitting(per_rank: int, fits) -> int:
+    """The first size that `fits(size)` accepts in per_rank, then repeatedly the largest divisor of
+    per_rank at most half the last size tried; 1 if none does (it is then left to fail in training)."""
+    size = per_rank
+    while size > 1:
+        if fits(size):
+            return size
+        size = max(d for d in range(1, size // 2 + 1) if per_rank % d == 0)
+    return 1
+
+
+def activation_bytes_per_sequence(model_config: Any, seq_len: int) -> int:
+    """Estimated fp32 activation memory one training sequence keeps for backward: the usual
+    per-layer count s * h * (34 + 5 * a * s / h) bytes for 16-bit activations (Korthikanti et al.,
+    2022), doubled for fp32; the chunked loss adds little beyond it."""
+    layers = int(getattr(model_config, "num_hidden_layers", 0) or 0)
+    hidden = int(getattr(model_config, "hidden_size", 0) or 0)
+    heads = int(getattr(model_config, "num_attention_heads", 0) or 0)
+    return 2 * layers * seq_len * (34 * hidden + 5 * heads * seq_len)
+
+
+def optimizer_state_reserve(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes to keep free for an optimizer state not allocated yet: two fp32 moments per local
+    parameter element (AdamW, MERIT, Sophia-G, LAMB; more than Lion or Muon need); 0 once it exists."""
+    if optimizer.state:
+        return 0
+    total = 0
+    for p in model.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        total += 2 * 4 * local.numel()
+    return total

@@ -49,6 +49,11 @@ class RunInfo:
     device: str
     data_dir: Path
     resumed_from: Path | None = None
+    device_name: str = ""  # 'NVIDIA H200', or the CPU model
+    compute_dtype: str = "float32"  # what the matrix products run in: 'bfloat16' (autocast) or 'float32'
+    tf32: bool = False  # whether float32 matrix products may use TF32 (CUDA only)
+    peak_flops: float | None = None  # the device's dense bf16 peak, for MFU (None on CPU)
+    device_memory: int | None = None  # bytes of GPU memory (None on CPU)
 
 
 @dataclass
@@ -68,6 +73,11 @@ class RunSummary:
     last_checkpoint: Path | None
     resumed_from: Path | None = None
     checkpoints: list[Path] = field(default_factory=list)
+    device: str = ""  # 'cuda:0', 'cpu'
+    device_name: str = ""
+    compute_dtype: str = "float32"
+    peak_memory: int | None = None  # bytes: GPU memory allocated at peak, or the process's peak RSS on CPU
+    mfu: float | None = None  # 6 * n_params * tokens_per_s / the device's bf16 peak (None on CPU)
 
 
 class TrainCallbacks:
@@ -152,7 +162,7 @@ class TrainingRun:
             from merit_core.train.fsdp import check_fsdp_optimizer
 
             check_fsdp_optimizer(config.optimizer)
-        self.config = resolve(config, parallel.world_size, default_hparams(config.optimizer))
+        self.config = resolve(config, parallel.world_size, default_hparams(config.optimizer), auto_micro_batch=True)
         self.config.out = parallel.broadcast_object(self.config.out)
         self.run_dir = Path(self.config.out)
         self.lock: runs.FileLock | None = None
@@ -288,8 +298,8 @@ class TrainingRun:
         eos = meta.eos_token_id
         mconf = model_config(c.model, vocab_size=meta.vocab_size, special_ids={"bos": eos, "eos": eos})
         if device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+            torch.backends.cuda.matmul.allow_tf32 = c.tf32
+            torch.backends.cudnn.allow_tf32 = c.tf32
         model = build_model(mconf, seed=c.seed)
         ckpt, state = self._load_resumable(model, candidates, meta) if candidates else (None, None)
         model.to(device)
@@ -298,6 +308,7 @@ class TrainingRun:
             trainer = build_trainer(c, model, self.parallel, train_tokens, val_tokens)
         except MemoryError:
             raise ConfigError("out of memory while building the model and batches; lower the batch sizes") from None
+        trainer.choose_micro_batch()  # 'auto' -> a size, before step 0; config.toml records it
         if ckpt is not None:
             try:
                 trainer.load_state_dict(_to_device(state, device), ckpt)
@@ -396,10 +407,13 @@ class TrainingRun:
 
     def _train(self, ckpt: Path | None, data_dir: Path) -> RunSummary:
         from merit_core.models import count_parameters
+        from merit_core.train.hardware import device_info, mfu, peak_memory, reset_peak_memory
         from merit_core.train.metrics import read_metrics
+        from merit_core.train.trainer import compute_dtype
 
         trainer, c = self.trainer, self.config
         self.n_params = count_parameters(trainer.model)
+        hw = device_info(self.parallel.device)
         self.cb.on_start(
             RunInfo(
                 run_dir=self.run_dir,
@@ -413,6 +427,11 @@ class TrainingRun:
                 device=str(self.parallel.device),
                 data_dir=data_dir,
                 resumed_from=ckpt,
+                device_name=hw.name,
+                compute_dtype=compute_dtype(c.dtype, self.parallel.device),
+                tf32=c.tf32 and self.parallel.device.type == "cuda",
+                peak_flops=hw.peak_flops,
+                device_memory=hw.total_memory,
             )
         )
         previous = read_metrics(self.run_dir) if ckpt is not None else []
@@ -420,6 +439,7 @@ class TrainingRun:
         self.last_eval = next((r for r in reversed(previous) if "val_loss" in r), {})
         self.last_ckpt = ckpt
         self.last_saved_step = trainer.step if ckpt is not None else None
+        reset_peak_memory(self.parallel.device)
         start = time.perf_counter()
         start_step = trainer.step
         with self._stop_signals():
@@ -430,6 +450,7 @@ class TrainingRun:
         if self.parallel.is_main:
             self._plot()
         trained_tokens = (trainer.step - start_step) * c.tokens_per_step
+        tokens_per_s = trained_tokens / elapsed if trained_tokens else None
         summary = RunSummary(
             run_dir=self.run_dir,
             config=c,
@@ -437,13 +458,19 @@ class TrainingRun:
             tokens=trainer.step * c.tokens_per_step,
             n_params=self.n_params,
             elapsed_s=elapsed,
-            tokens_per_s=trained_tokens / elapsed if trained_tokens else None,
+            tokens_per_s=tokens_per_s,
             final_loss=self.last_log.get("loss"),
             final_val_loss=self.last_eval.get("val_loss"),
             max_attention_logit=self.last_eval.get("max_attention_logit"),
             last_checkpoint=self.last_ckpt,
             resumed_from=ckpt,
             checkpoints=[p for _, p in _checkpoints(self.run_dir)],
+            device=str(self.parallel.device),
+            device_name=hw.name,
+            compute_dtype=compute_dtype(c.dtype, self.parallel.device),
+            peak_memory=peak_memory(self.parallel.device),
+            # tokens/s of all processes over one device's peak times the processes
+            mfu=mfu(self.n_params, tokens_per_s / self.parallel.world_size if tokens_per_s else None, hw.peak_flops),
         )
         self.cb.on_end(summary)
         return summary

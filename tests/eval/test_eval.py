@@ -326,6 +326,21 @@ def test_library_limit_matches_lm_eval(world):
     assert finished == {"loglikelihood": (3, 3), "loglikelihood_rolling": (3, 3)}
 
 
+def test_dtype_is_applied_and_recorded(world):
+    """--dtype float32 is exactly lm-eval on the fp32 model; bfloat16 loads bf16 weights (scores move a
+    little) and says so in meta.eval.dtype."""
+    from merit_core.evaluation import EvalSettings, evaluate_checkpoints
+
+    common = dict(include_path=str(world["tasks"]), device="cpu", batch_size=4, limit=3, bootstrap_iters=0)
+    ckpt = str(world["run"] / "step_12")
+    (fp32,) = evaluate_checkpoints([ckpt], EvalSettings(tasks=LOCAL_TASKS, dtype="float32", **common))
+    (bf16,) = evaluate_checkpoints([ckpt], EvalSettings(tasks=LOCAL_TASKS, dtype="bfloat16", **common))
+    assert fp32.meta["eval"]["dtype"] == "float32" and bf16.meta["eval"]["dtype"] == "bfloat16"
+    assert fp32.results == _direct_lm_eval(world["run"] / "step_12", world["tasks"], limit=3, bootstrap_iters=0)
+    a, b = fp32.results["harbour_wiki"]["bits_per_byte,none"], bf16.results["harbour_wiki"]["bits_per_byte,none"]
+    assert a != b and abs(a - b) < 0.05 * a  # bf16 weights: close, not equal
+
+
 def test_aliases_resolve_from_known_folders(world):
     from merit_core.evaluation.tasks import resolve_tasks
 

@@ -197,6 +197,7 @@ def test_settings_are_validated():
         {"batch_size": "0"},
         {"batch_size": "big"},
         {"bootstrap_iters": -1},
+        {"dtype": "float64"},
     ):
         with pytest.raises(ConfigError):
             EvalSettings(tasks=["x"], **bad).validated()

@@ -1,0 +1,116 @@
+"""What the training device is and how well a run uses it: name, peak memory, model FLOPs utilisation.
+
+The one place that knows accelerators' peak rates. MFU here is the usual training estimate
+`6 * N * tokens_per_s / peak`, with N the model's parameter count and `peak` the device's dense
+bf16 tensor-core rate from its datasheet (no sparsity). The 6N rule counts the forward (2N) and
+backward (4N) matrix products per token and leaves out attention's sequence-length term, so it
+slightly understates long-context runs. On a CPU no MFU is reported: there is no single peak
+rate worth dividing by (it depends on the vector units, the cores in use and the clock).
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from dataclasses import dataclass
+
+# Dense bf16 peak (FLOP/s, no 2:4 sparsity) by a lower-case substring of torch's device name.
+# First match wins, so a more specific name comes before a shorter one it contains. GPUs without
+# bf16 tensor cores (V100, T4) are left out: an MFU against their fp16 rate would mislead.
+BF16_PEAK_FLOPS: tuple[tuple[str, float], ...] = (
+    ("h200", 989e12),  # H200 SXM, also GH200 (the H200 NVL's 836e12 is not told apart by name)
+    ("h100 pcie", 756e12),
+    ("h100 nvl", 835e12),
+    ("h100", 989e12),  # H100 SXM
+    ("h800", 989e12),
+    ("b200", 2250e12),
+    ("b100", 1750e12),
+    ("a100", 312e12),  # SXM and PCIe have the same rate
+    ("a800", 312e12),
+    ("a10", 125e12),
+    ("a6000", 154.8e12),  # RTX A6000
+    ("l40s", 362e12),
+    ("l40", 181e12),
+    ("l4", 121e12),
+)
+
+
+def peak_bf16_flops(device_name: str) -> float | None:
+    """The dense bf16 peak of a device named like torch.cuda.get_device_name(), or None if unknown."""
+    name = device_name.lower()
+    for key, flops in BF16_PEAK_FLOPS:
+        if key in name:
+            return flops
+    return None
+
+
+def mfu(n_params: int, tokens_per_s: float | None, peak_flops: float | None) -> float | None:
+    """Model FLOPs utilisation 6 * N * tokens/s / peak, or None when a factor is unknown."""
+    if not tokens_per_s or not peak_flops:
+        return None
+    return 6.0 * n_params * tokens_per_s / peak_flops
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The device a run trains on, as shown in the start line."""
+
+    device: str  # 'cuda:0', 'cpu'
+    name: str  # 'NVIDIA H200', or the CPU's model name
+    total_memory: int | None  # bytes (GPU memory; None on CPU)
+    peak_flops: float | None  # dense bf16 peak (None on CPU or an unknown GPU)
+
+
+def device_info(device) -> DeviceInfo:
+    """Name, memory and bf16 peak of a torch.device."""
+    import torch
+
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return DeviceInfo(str(device), props.name, int(props.total_memory), peak_bf16_flops(props.name))
+    return DeviceInfo(str(device), cpu_name(), None, None)
+
+
+def cpu_name() -> str:
+    """The CPU model from /proc/cpuinfo (Linux), else the platform's machine name."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def reset_peak_memory(device) -> None:
+    """Start counting peak memory now (CUDA; a process's peak RSS cannot be reset)."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device) -> int:
+    """Peak bytes: memory allocated by tensors on a CUDA device since the last reset, else the
+    process's peak resident set size (which includes the Python interpreter and libraries)."""
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # Linux reports KiB, macOS bytes
+
+
+def available_host_memory() -> int | None:
+    """Bytes of host memory available to new allocations (Linux MemAvailable), or None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
