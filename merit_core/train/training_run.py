@@ -187,7 +187,8 @@ class TrainingRun:
         context = context_length(mconf)
         if c.seq_len > context:
             raise ConfigError(f"seq_len {c.seq_len} is beyond the context of {c.model} ({context} tokens)")
-        windows = max(c.micro_batch_size, c.eval_batches * c.eval_batch_size) * (c.seq_len + 1) * 8
+        micro = c.micro_batch_size or c.batch_size // self.parallel.world_size  # 'auto' tries the whole batch first
+        windows = max(micro, c.eval_batches * c.eval_batch_size) * (c.seq_len + 1) * 8
         if windows > MAX_BATCH_BYTES:
             raise ConfigError(
                 f"batch sizes too large: {windows / 2**30:.0f} GiB of token windows at once "
