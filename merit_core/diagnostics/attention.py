@@ -54,6 +54,24 @@ class LogitRecorder:
         return torch.stack([self.per_layer[i].float().cpu() for i in sorted(self.per_layer)])
 
 
+@contextlib.contextmanager
+def full_fp32(*device_types: str) -> Iterator[None]:
+    """Autocast off on `device_types` and TF32 off for CUDA matrix products, restored on exit.
+
+    A training run leaves TF32 on by default on CUDA (10-bit mantissa products), which would put
+    the probe ~1e-3 relative off the float32 logits; the probe measures full float32 on every device.
+    """
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        with contextlib.ExitStack() as stack:
+            for device in sorted(set(device_types)):
+                stack.enter_context(torch.autocast(device, enabled=False))
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
 def chunked_max_logits(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -67,7 +85,7 @@ def chunked_max_logits(
     bool [B or 1, 1 or H, Tq, Tk] (True = attend) or additive float of that shape.
     Returns a float32 tensor [H]; heads with no allowed pair get -inf.
     """
-    with torch.autocast(query.device.type, enabled=False):
+    with full_fp32(query.device.type):
         return _chunked_max_logits(query, key, attention_mask, scaling, query_chunk)
 
 
@@ -194,8 +212,7 @@ def probe_attention(
                 module = base.get_submodule(spec.attention.block.format(i=i))
                 hooks.append(module.register_forward_pre_hook(hook, with_kwargs=True))
         with contextlib.ExitStack() as stack:
-            for device in sorted({"cpu", input_ids.device.type}):
-                stack.enter_context(torch.autocast(device, enabled=False))
+            stack.enter_context(full_fp32("cpu", input_ids.device.type))
             rec = stack.enter_context(record_attention_logits(model, query_chunk))
             model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     finally:
@@ -211,7 +228,7 @@ def max_attention_logits(
 ) -> torch.Tensor:
     """Max attention logit per layer and head, [n_layers, n_heads], on one batch of token ids.
 
-    The forward pass runs with autocast off (on the model's device and the CPU), so a call from
-    inside a mixed-precision training step measures the same float32 logits as one outside it.
+    The forward pass runs with autocast and TF32 off (on the model's device and the CPU), so a call
+    from inside a mixed-precision training step measures the same float32 logits as one outside it.
     """
     return probe_attention(model, input_ids, attention_mask, query_chunk).max_logits

@@ -134,3 +134,18 @@ def test_padding_mask_is_respected():
         & torch.ones(3, 3, dtype=torch.bool).tril()
     )
     assert chunked_max_logits(q, k, mask, 1.0).item() == 2.0
+
+
+def test_probe_runs_without_tf32_and_restores_the_flags(ids):
+    """Training leaves TF32 on for CUDA; the probe's products are full float32 and the flags come back."""
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=2, n_head=4)).eval()
+    seen = []
+    model.register_forward_pre_hook(lambda *_: seen.append(torch.backends.cuda.matmul.allow_tf32))
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        max_attention_logits(model, ids[:, :32] % 97)
+        assert seen == [False]
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
