@@ -36,8 +36,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from merit_core.optim import merit_kernels  # noqa: E402
 from merit_core.optim.merit import MERIT  # noqa: E402
+from merit_core.optim.merit import cpu as merit_kernels  # noqa: E402
 
 
 def gpt2_shapes(n_layer=12, d=768, vocab=50257, ctx=1024) -> list[tuple[int, ...]]:
@@ -188,7 +188,7 @@ def candidates(params, args):
         ("foreach MERIT sketch", lambda: foreach_merit(params)),
     ]
     out += [("MERIT() default", lambda: MERIT(params).step)]
-    impls = ["reference", "eager", "cpp"] + (["compile"] if args.compile else [])
+    impls = ["reference", "foreach", "cpu"] + (["compile"] if args.compile else [])
     out += [(f"MERIT(implementation={i!r})", lambda i=i: MERIT(params, implementation=i).step) for i in impls]
     return out + [("AdamW(fused=True) again", out[0][1])]
 
