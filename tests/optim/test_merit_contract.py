@@ -2,6 +2,10 @@
 gradients, and that it actually trains."""
 
 import io
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -263,3 +267,37 @@ def test_explicit_cpu_without_a_kernel_raises_and_the_default_falls_back_once(mo
         ValueError, match="implementation='cpu'.*C\\+\\+ CPU kernel is unavailable: no C\\+\\+ compiler"
     ):
         MERIT(params, implementation="cpu").step()
+
+
+def test_triton_rules_once_wired(monkeypatch):
+    """The checks the functional core applies to the triton backend (wired by the lead): CPU
+    tensors need the interpreter, float64 is refused, an explicit choice raises the reason."""
+    from merit_core.optim.merit import functional
+
+    p = [torch.zeros(2, 3)]
+    monkeypatch.setitem(functional._TRITON, "installed", True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert "set TRITON_INTERPRET=1" in functional._triton(p, p)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert functional._triton(p, p) is None
+    assert "float64" in functional._triton([torch.zeros(2, dtype=torch.float64)], p)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    wired = functional.Backend("triton", lambda *a, **k: pytest.fail("ran"), functional._triton)
+    monkeypatch.setitem(functional.BACKENDS, "triton", wired)
+    params = _params(10)
+    _set_grads(params, 0)
+    with pytest.raises(ValueError, match="implementation='triton'.*TRITON_INTERPRET=1"):
+        MERIT(params, implementation="triton").step()
+    MERIT(params).step()  # the default on CPU is the C++ kernel, not triton
+
+
+def test_importing_merit_never_imports_triton():
+    # (Constructing any torch.optim.Optimizer imports torch._dynamo, which imports triton when it is
+    # installed: AdamW does too. MERIT's own code imports triton only in the wired triton backend.)
+    code = (
+        "import sys, merit_core; from merit_core import MERIT; from merit_core.optim.merit import functional; "
+        "assert 'triton' not in sys.modules, 'triton was imported'"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]

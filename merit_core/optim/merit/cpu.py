@@ -135,10 +135,10 @@ def _bind(lib: ctypes.CDLL) -> dict:
     return funcs
 
 
-@torch.compiler.disable
 def load_kernel() -> dict | None:
     """The kernel's entry points by parameter dtype, building it on first use; None (and one
-    warning) if that is impossible."""
+    warning) if that is impossible. (MERIT calls it from ``_init_group``, which torch.compile runs
+    eagerly, so a compiled step never traces a build.)"""
     if _state["loaded"]:
         return _state["lib"]
     with _lock:
