@@ -206,3 +206,18 @@ def test_dtensor_shards_match_reference_under_torchrun(tmp_path):
     errors = dict(re.findall(r"CONFIG (\S+) .*?max_abs_err=(\S+)", out))
     assert len(errors) == 7, out[-4000:]
     assert all(float(e) <= (2e-5 if name == "fsdp_fp32" else 1e-12) for name, e in errors.items()), errors
+
+
+@pytest.mark.parametrize("local", ["cpu", "torch"])
+def test_tensor_lr_equals_the_float_one(local):
+    weights, grads = CHECK.make_problem(seed=5)
+    opts = dict(CHECK.combos()[0], local=local)
+    a, _ = _run_plain(weights, grads, opts)
+    hp = dict(HP)
+    try:
+        HP["lr"] = torch.tensor(HP["lr"], dtype=torch.float64)
+        b, _ = _run_plain(weights, grads, opts)
+    finally:
+        HP.update(hp)
+    for name in weights:
+        torch.testing.assert_close(a[name][0], b[name][0], rtol=0, atol=1e-15)

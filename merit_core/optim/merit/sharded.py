@@ -37,6 +37,7 @@ completed row/column norms when those already cover the tensor). ``Partial``,
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -304,6 +305,9 @@ def merit_sharded(
         maximize=maximize,
     )
 
+    # The C++ passes take lr as a number: a tensor lr is read once (a CPU tensor: no device sync).
+    h_cpu = dataclasses.replace(h, lr=float(lr)) if isinstance(lr, Tensor) else h
+
     # Validate every parameter before touching any state or issuing any collective, so a
     # refused placement fails on every rank alike instead of leaving ranks in a collective.
     layouts = [_layout(p, (g, m, v)) for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs)]
@@ -323,7 +327,7 @@ def merit_sharded(
             if shapes is not None:
                 job.rows, job.cols = (w.new_zeros(s, dtype=_STATS) for s in shapes)
             job.total = w.new_zeros(2, dtype=_STATS)
-            _cpu.pass1(w, g, m, v, step, h, job.rows, job.cols, job.total)
+            _cpu.pass1(w, g, m, v, step, h_cpu, job.rows, job.cols, job.total)
         else:
             job = _Pending(w=w, u=_direction(w, g, m, v, step, h))
             if per_element:
@@ -352,7 +356,7 @@ def merit_sharded(
         elif job.total_from == "rows":
             job.total = _combine(job.rows, norm)
         if job.u is None:
-            _cpu.pass2(job.w, job.m, job.v, job.step, h, job.rows, job.cols, job.total)
+            _cpu.pass2(job.w, job.m, job.v, job.step, h_cpu, job.rows, job.cols, job.total)
         else:
             _apply(job, lr=lr, norm=norm, weight_bound=weight_bound, clip=clip)
 
