@@ -71,7 +71,10 @@ def merit_foreach(
 
 
 def _step(ps, gs, ms, vs, steps, *, h: Hyper, device: torch.device) -> None:
-    # Moments (fp32 for bf16/fp16 parameters: mixed-dtype foreach ops promote, as the reference).
+    # Moments (fp32 for bf16/fp16 parameters). Grads of another dtype are cast once, so that the
+    # moment updates take the multi-tensor fast path (mixed-dtype lists go tensor by tensor).
+    if gs[0].dtype != ms[0].dtype:
+        gs = [g.to(ms[0].dtype) for g in gs]
     sign = -1.0 if h.maximize else 1.0
     torch._foreach_mul_(ms, h.beta1)
     torch._foreach_add_(ms, gs, alpha=sign * (1 - h.beta1))
