@@ -106,31 +106,34 @@ def build(name: str, args, parallel):
 @torch.no_grad()
 def reference_step(optimizer) -> None:
     """MERIT's per-tensor reference update on each DTensor (DTensor ops insert the collectives)."""
-    from merit_core.optim.merit_update import Hyper, reference_update
+    from merit_core.optim.merit.common import Hyper
+    from merit_core.optim.merit.reference import reference_step as one_tensor
 
     for group in optimizer.param_groups:
-        beta1, beta2 = group["betas"]
-        hyper = Hyper(
-            lr=group["lr"],
-            beta1=beta1,
-            beta2=beta2,
-            eps=group["eps"],
-            weight_decay=group["weight_decay"],
-            bias_correction1=1.0,
-            bias_correction2=1.0,
-            clip=group["clip"],
-            norm=group["norm"],
-            elementwise=group["elementwise"],
-            weight_bound=group["weight_bound"],
-            maximize=False,
-        )
+        hyper = Hyper.of(**{k: group[k] for k in HYPER_KEYS})
         for p in group["params"]:
             if p.grad is None:
                 continue
             state = optimizer.state[p]
             if not state:
+                state["step"] = torch.tensor(0.0)
                 state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
-            reference_update(p, p.grad, state["exp_avg"], state["exp_avg_sq"], hyper)
+            state["step"] += 1
+            one_tensor(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"], hyper)
+
+
+HYPER_KEYS = (
+    "lr",
+    "betas",
+    "eps",
+    "weight_decay",
+    "norm",
+    "elementwise",
+    "weight_bound",
+    "clip",
+    "bias_correction",
+    "maximize",
+)
 
 
 def worker(rank: int, world: int, port: int, args) -> None:

@@ -1,32 +1,38 @@
-"""Time one optimizer step on GPT-2 small's parameter shapes: every MERIT path against AdamW
-(fused and foreach), pytorch-optimizer's Lamb and a literal per-parameter MERIT, in one run.
+"""Time one optimizer step on real model shapes: AdamW (fused, foreach) and every MERIT backend
+available on the device, in one run, with launches per step and the memory-traffic floor.
 
-    python benchmarks/optimizer_step.py                  # GPT-2 small, 124M params, all threads
-    python benchmarks/optimizer_step.py --threads 1 --steps 9
-    python benchmarks/optimizer_step.py --small          # tiny shapes: a quick smoke run
-    python benchmarks/optimizer_step.py --compile        # also the torch.compile path (cold: ~1 min)
+    python benchmarks/optimizer_step.py                          # CPU: GPT-2 small, fp32 and bf16
+    python benchmarks/optimizer_step.py --device cuda            # CUDA: GPT-2 small and Llama-1B
+    python benchmarks/optimizer_step.py --models tiny --steps 1  # a quick smoke run
+    python benchmarks/optimizer_step.py --device cuda --compile  # also the opt-in compile backend
 
-Gradients are random (fixed per run). Each optimizer gets `--warmup` untimed steps, then the
-median of `--steps` timed steps is reported with its ratio to AdamW(fused=True). Optimizers run
-one after another (only one set of optimizer state is alive at a time); AdamW(fused=True) is
-timed first and last and the mean is the baseline, so drift on a shared machine shows. Last,
-AdamW(fused=True) and the default MERIT() step alternately, and the median of the per-round
-ratios is printed: the number to trust when the machine is shared.
+Shapes: GPT-2 small (124M params, 148 tensors; HF layout, Conv1D weights [in, out], head tied),
+Llama-1B (24 layers, 2048 wide, 32 heads, MLP 5461, vocab 32000, head untied; nn.Linear
+[out, in]) and "tiny" (a 2-layer, 64-wide GPT-2). Gradients are random and fixed. Each
+optimizer gets `--warmup` untimed steps (state creation, kernel builds, compilation), then
+`--steps` timed steps; the median is reported (CUDA: torch.cuda.Event around each step, after a
+synchronize; CPU: wall clock). Optimizers run one after another, so only one set of state is
+alive at a time; AdamW(fused=True) runs first and last and the mean is the baseline of the
+ratios, so drift during the run shows.
 
-Extra memory of a step is measured after all timings: glibc is told to serve every allocation
-of 64 KiB or more with its own mmap (mallopt), so each temporary is resident while alive and
-unmapped when freed; the growth of the process's peak resident set (VmHWM, reset through
-/proc/self/clear_refs) over the resident set before the step then counts every temporary,
-whichever allocator made it, the C++ kernel's row/column buffers included. Linux/glibc only;
-left blank elsewhere.
+Columns:
+  launches   GPU kernel launches per step, counted on meta tensors by
+             merit_core.optim.merit.launches (foreach/reference paths and AdamW foreach; the
+             fused AdamW figure is the multi_tensor_apply model of its one kernel); "-" where the
+             path cannot be counted that way (C++ kernel, Triton, compiled).
+  floor ms   bytes the update must move at least, over the device's memory bandwidth: AdamW
+             reads g, w, m, v and writes w, m, v (7 tensors); MERIT's two passes read g, w, m, v
+             and write m, v, then read w, m, v and write w (10), with fp32 moments for bf16
+             parameters (AdamW keeps its moments in the parameter's dtype). The bandwidth is
+             measured by a large device-to-device copy (CUDA) or memory copy (CPU) in this run.
+  % floor    floor ms / measured ms.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import gc
+import math
 import statistics
 import sys
 import time
@@ -36,8 +42,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from merit_core.optim import merit_kernels  # noqa: E402
 from merit_core.optim.merit import MERIT  # noqa: E402
+from merit_core.optim.merit.functional import BACKENDS, choose  # noqa: E402
+from merit_core.optim.merit.launches import count_step_launches, multi_tensor_apply_launches  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def gpt2_shapes(n_layer=12, d=768, vocab=50257, ctx=1024) -> list[tuple[int, ...]]:
@@ -48,220 +57,163 @@ def gpt2_shapes(n_layer=12, d=768, vocab=50257, ctx=1024) -> list[tuple[int, ...
     return shapes + [(d,), (d,)]
 
 
-def literal_merit(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, wd=0.0):
-    """MERIT written the obvious way, one parameter at a time with plain torch ops."""
-    state = {}
-
-    def step():
-        with torch.no_grad():
-            for w in params:
-                g = w.grad
-                m, v = state.setdefault(w, (torch.zeros_like(w), torch.zeros_like(w)))
-                m.mul_(betas[0]).add_(g, alpha=1 - betas[0])
-                v.mul_(betas[1]).addcmul_(g, g, value=1 - betas[1])
-                u = m / (v.sqrt() + eps) + wd * w
-                aw, au = w.abs(), u.abs()
-                if w.ndim >= 2:
-                    rw, ru = aw.amax(1, keepdim=True), au.amax(1, keepdim=True)
-                    cw, cu = aw.amax(0, keepdim=True), au.amax(0, keepdim=True)
-                    s = torch.maximum(torch.maximum(rw / ru, cw / cu), aw.amax() / au.amax())
-                    s = torch.where((rw == 0) | (ru == 0) | (cw == 0) | (cu == 0), torch.ones_like(s), s)
-                else:
-                    bw, bu = aw.amax(), au.amax()
-                    s = torch.where((bw == 0) | (bu == 0), torch.ones_like(bw), bw / bu)
-                w.sub_((s * u).clamp_(-1, 1), alpha=lr)
-
-    return step
+def llama_shapes(n_layer=24, d=2048, mlp=5461, vocab=32000, kv_dim=None) -> list[tuple[int, ...]]:
+    """Parameter shapes of a Llama LM (nn.Linear [out, in]; no biases; head untied)."""
+    kv_dim = kv_dim or d
+    shapes = [(vocab, d)]
+    for _ in range(n_layer):
+        shapes += [(d, d), (kv_dim, d), (kv_dim, d), (d, d), (mlp, d), (mlp, d), (d, mlp), (d,), (d,)]
+    return shapes + [(d,), (vocab, d)]
 
 
-def _absmax(x, dim=None):
-    if dim is None:
-        return torch.maximum(x.amax(), -x.amin())
-    return torch.maximum(x.amax(dim, keepdim=True), -x.amin(dim, keepdim=True))
+MODELS = {"gpt2-small": gpt2_shapes, "llama-1b": llama_shapes, "tiny": lambda: gpt2_shapes(2, 64, 512, 128)}
 
 
-def foreach_merit(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6):
-    """A multi-tensor sketch: moments and u for all parameters with torch._foreach_* ops (u is
-    materialized for every parameter at once), then the per-tensor ratios. Benchmark only: it
-    shows what the foreach route costs on this machine."""
-    ms = [torch.zeros_like(p) for p in params]
-    vs = [torch.zeros_like(p) for p in params]
-
-    def step():
-        with torch.no_grad():
-            gs = [p.grad for p in params]
-            torch._foreach_lerp_(ms, gs, 1 - betas[0])
-            torch._foreach_mul_(vs, betas[1])
-            torch._foreach_addcmul_(vs, gs, gs, value=1 - betas[1])
-            us = torch._foreach_sqrt(vs)
-            torch._foreach_add_(us, eps)
-            torch._foreach_div_(us, ms)
-            torch._foreach_reciprocal_(us)  # u = m / (sqrt(v) + eps)
-            for w, u in zip(params, us):
-                bw, bu = _absmax(w), _absmax(u)
-                b = torch.where((bw == 0) | (bu == 0), torch.ones_like(bw), bw / bu)
-                if w.ndim >= 2:
-                    rw, ru, cw, cu = _absmax(w, 1), _absmax(u, 1), _absmax(w, 0), _absmax(u, 0)
-                    s = torch.maximum(torch.maximum(rw / ru, cw / cu), b)
-                    u.mul_(torch.where((rw == 0) | (ru == 0) | (cw == 0) | (cu == 0), torch.ones_like(s), s))
-                else:
-                    u.mul_(b)
-            torch._foreach_clamp_min_(us, -1.0)
-            torch._foreach_clamp_max_(us, 1.0)
-            torch._foreach_add_(params, us, alpha=-lr)
-
-    return step
+def floor_bytes(shapes, dtype: torch.dtype, merit: bool) -> int:
+    """Bytes one step must read and write at least (see the module docstring)."""
+    p = torch.tensor([], dtype=dtype).element_size()
+    numel = sum(math.prod(s) for s in shapes)
+    if not merit:
+        return numel * 7 * p  # g, w, m, v in; w, m, v out; moments in the parameter's dtype
+    s = 4 if dtype in (torch.float16, torch.bfloat16, torch.float32) else 8
+    return numel * (p + p + 2 * s + 2 * s + p + 2 * s + p)  # pass 1: g w m v, m v; pass 2: w m v, w
 
 
-def _rss_now() -> int | None:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * 4096
-    except OSError:
-        return None
+class Clock:
+    """Median step time in seconds on the device (CUDA events) or the host (wall clock)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def time(self, fn, steps: int) -> float:
+        times = []
+        for _ in range(steps):
+            self.sync()
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times)
 
 
-def exact_malloc_accounting() -> bool:
-    """Make glibc mmap (and on free, unmap) every allocation >= 64 KiB, so RSS tracks live bytes."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        return bool(libc.mallopt(m_mmap_threshold, 1 << 16)) and bool(libc.mallopt(m_trim_threshold, 1 << 16))
-    except (OSError, AttributeError, TypeError):
-        return False
+def bandwidth(device: torch.device, clock: Clock) -> float:
+    """Bytes per second of a large copy (read + write counted) on the device."""
+    n = (1 << 28) if device.type == "cuda" else (1 << 25)  # 1 GiB / 128 MiB of fp32
+    a = torch.empty(n, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    seconds = clock.time(lambda: b.copy_(a), 5)
+    return 2 * n * 4 / seconds
 
 
-def extra_memory(step) -> int | None:
-    """Peak resident bytes during step() above the resident bytes before it."""
-    try:
-        gc.collect()
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM to the current RSS
-        before = _rss_now()
-        step()
-        with open("/proc/self/status") as f:
-            hwm = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmHWM"))
-        return max(0, hwm - before)
-    except (OSError, StopIteration, TypeError):
-        return None
+def make_params(shapes, dtype, device, seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    params = []
+    for s in shapes:
+        p = torch.nn.Parameter((torch.randn(s, generator=gen, device=device) * 0.02).to(dtype))
+        p.grad = (torch.randn(s, generator=gen, device=device) * 1e-3).to(dtype)
+        params.append(p)
+    return params
 
 
-def time_steps(step, warmup: int, steps: int) -> tuple[float, float]:
-    """(seconds of the first step, median seconds of the timed steps)."""
-    t0 = time.perf_counter()
-    step()
-    first = time.perf_counter() - t0
-    for _ in range(max(0, warmup - 1)):
-        step()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return first, statistics.median(times)
-
-
-def head_to_head(params, rounds: int, warmup: int) -> tuple[float, float, float]:
-    """AdamW(fused=True) and MERIT() stepping alternately: (median AdamW s, median MERIT s,
-    median of the per-round ratios). Robust to load that changes during the run."""
-    adamw, merit = torch.optim.AdamW(params, lr=1e-3, fused=True), MERIT(params)
-    for _ in range(warmup):
-        adamw.step()
-        merit.step()
-    ta, tm = [], []
-    for _ in range(rounds):
-        for opt, times in ((adamw, ta), (merit, tm)):
-            t0 = time.perf_counter()
-            opt.step()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(ta), statistics.median(tm), statistics.median(m / a for a, m in zip(ta, tm))
-
-
-def candidates(params, args):
-    from pytorch_optimizer import Lamb
-
-    out = [("AdamW(fused=True)", lambda: torch.optim.AdamW(params, lr=1e-3, fused=True).step)]
-    out += [
-        ("AdamW(foreach=True)", lambda: torch.optim.AdamW(params, lr=1e-3, foreach=True).step),
-        ("pytorch_optimizer.Lamb", lambda: Lamb(params, lr=1e-3).step),
-        ("literal per-parameter MERIT", lambda: literal_merit(params)),
-        ("foreach MERIT sketch", lambda: foreach_merit(params)),
+def candidates(device: torch.device, args) -> list[tuple[str, callable, str | None]]:
+    """(label, make_step(params), launch-count kind) for this device."""
+    out = [
+        ("AdamW(fused=True)", lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True).step, "fused"),
+        ("AdamW(foreach=True)", lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True).step, "meta"),
+        ("MERIT() default", lambda ps: MERIT(ps).step, None),
     ]
-    out += [("MERIT() default", lambda: MERIT(params).step)]
-    impls = ["reference", "eager", "cpp"] + (["compile"] if args.compile else [])
-    out += [(f"MERIT(implementation={i!r})", lambda i=i: MERIT(params, implementation=i).step) for i in impls]
-    return out + [("AdamW(fused=True) again", out[0][1])]
+    names = ["reference", "foreach"] + (["cpu"] if device.type == "cpu" else [])
+    if device.type == "cuda" and BACKENDS["triton"].function is not None:
+        names.append("triton")
+    if args.compile:
+        names.append("compile")
+    for name in names:
+        kind = "meta" if name in ("reference", "foreach") else None
+        out.append((f"MERIT({name!r})", lambda ps, name=name: MERIT(ps, implementation=name).step, kind))
+    return out + [("AdamW(fused=True) again", out[0][1], "fused")]
+
+
+def launches(kind, make, shapes, dtype) -> str:
+    if kind == "meta":
+        return str(count_step_launches(make, shapes, dtype=dtype))
+    if kind == "fused":  # one _fused_adamw_ over 4 tensor lists + the step counters' increment
+        numels = [math.prod(s) for s in shapes]
+        return str(multi_tensor_apply_launches(numels, 4) + multi_tensor_apply_launches([1] * len(shapes), 1))
+    return "-"
+
+
+def run(model: str, dtype_name: str, device: torch.device, clock: Clock, bw: float, args) -> None:
+    shapes = MODELS[model]()
+    dtype = DTYPES[dtype_name]
+    numel = sum(math.prod(s) for s in shapes)
+    params = make_params(shapes, dtype, device)
+    default = choose(None, params, [p.grad for p in params])[0]
+    print(
+        f"\n{model}, {dtype_name} parameters: {len(shapes)} tensors, {numel / 1e6:.1f}M params; MERIT() -> {default!r}"
+    )
+    rows = []
+    for label, make, kind in candidates(device, args):
+        if label == "MERIT() default" and default in ("reference", "foreach"):
+            kind = "meta"
+        try:
+            step = make(params)
+            for _ in range(args.warmup):
+                step()
+            seconds = clock.time(step, args.steps)
+        except (ValueError, RuntimeError) as e:  # a backend this device or dtype cannot run
+            print(f"  {label}: skipped ({str(e).splitlines()[0]})")
+            continue
+        finally:
+            step = None
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        floor_s = floor_bytes(shapes, dtype, merit=label.startswith("MERIT")) / bw
+        rows.append((label, seconds, launches(kind, make, shapes, dtype), floor_s))
+    fused = [s for label, s, _, _ in rows if label.startswith("AdamW(fused=True)")]
+    base = statistics.mean(fused) if fused else float("nan")
+    print(f"  {'optimizer':26} {'ms/step':>9} {'x fused AdamW':>14} {'launches':>9} {'floor ms':>9} {'% floor':>8}")
+    for label, seconds, count, floor_s in rows:
+        print(
+            f"  {label:26} {1e3 * seconds:9.2f} {seconds / base:14.2f} {count:>9} "
+            f"{1e3 * floor_s:9.2f} {100 * floor_s / seconds:7.0f}%"
+        )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch / OpenMP threads")
-    ap.add_argument("--steps", type=int, default=5, help="timed steps per optimizer (median reported)")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (state init, compilation)")
-    ap.add_argument("--small", action="store_true", help="a 2-layer, 64-wide GPT-2 instead of GPT-2 small")
-    ap.add_argument(
-        "--compile",
-        action="store_true",
-        help="also time implementation='compile' (its first step compiles: ~40 s cold)",
-    )
-    ap.add_argument("--only", default="", help="comma-separated substrings: time only matching optimizers")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--models", default=None, help="comma-separated: gpt2-small, llama-1b, tiny (default per device)")
+    ap.add_argument("--dtypes", default="fp32,bf16", help="comma-separated parameter dtypes: fp32, bf16")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per optimizer (median reported)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (state, builds, compilation)")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="CPU threads")
+    ap.add_argument("--compile", action="store_true", help="also time the opt-in compile backend (compiles first)")
     args = ap.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("benchmarks/optimizer_step.py: --device cuda, but torch sees no CUDA device")
     torch.set_num_threads(args.threads)
-    shapes = gpt2_shapes(2, 64, 512, 128) if args.small else gpt2_shapes()
-    gen = torch.Generator().manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(s, generator=gen) * 0.02) for s in shapes]
-    for p in params:
-        p.grad = torch.randn(p.shape, generator=gen) * 1e-3
-    numel = sum(p.numel() for p in params)
-    largest = max(p.numel() * p.element_size() for p in params)
-    t0 = time.perf_counter()
-    merit_kernels.load_kernel()
-    info = merit_kernels.kernel_info()
-    kernel = (
-        (f"built in {info['build_s']:.1f} s" if info["build_s"] is not None else "loaded from cache")
-        if info["available"]
-        else f"unavailable: {info['error']}"
-    )
-    print(
-        f"{len(shapes)} tensors, {numel / 1e6:.1f}M params, {args.threads} threads, "
-        f"torch {torch.__version__}; C++ kernel {kernel} ({time.perf_counter() - t0:.1f} s)"
-    )
-
-    rows = []
-    only = [s for s in args.only.split(",") if s]
-    chosen = [
-        (n, mk)
-        for n, mk in candidates(params, args)
-        if not only or any(s in n for s in only) or n.startswith("AdamW(fused=True)")
-    ]
-    for name, make in chosen:
-        step = make()
-        first, med = time_steps(step, args.warmup, args.steps)
-        rows.append([name, first, med, None])
-        del step
-        gc.collect()
-    if exact_malloc_accounting():
-        for row, (name, make) in zip(rows, chosen):
-            if "MERIT" in name or name == "AdamW(fused=True)":
-                step = make()
-                step()  # state is created on the first step; measure the second
-                row[3] = extra_memory(step)
-                del step
-                gc.collect()
-
-    base = statistics.mean(r[2] for r in rows if r[0].startswith("AdamW(fused=True)"))
-    print(f"\n{'optimizer':34} {'first step':>11} {'median step':>12} {'x fused AdamW':>14} {'extra memory':>22}")
-    for name, first, med, extra in rows:
-        mem = "" if extra is None else f"{extra / 2**20:8.1f} MiB = {extra / largest:4.2f}x"
-        print(f"{name:34} {first:10.3f}s {med:11.3f}s {med / base:13.2f}x {mem:>22}")
-    a, m, r = head_to_head(params, max(args.steps, 5), args.warmup)
-    print(f"\nhead to head, alternating steps: AdamW(fused=True) {a:.3f} s, MERIT() {m:.3f} s, median ratio {r:.2f}x")
-    biggest = max(shapes, key=lambda s: torch.Size(s).numel())
-    print(
-        f"\nbaseline AdamW(fused=True): {base:.3f} s (mean of first and last run); largest parameter: "
-        f"{tuple(biggest)} = {largest / 2**20:.1f} MiB. Extra memory: peak RSS growth during one "
-        "step with every allocation >= 64 KiB mmapped."
-    )
+    models = (args.models or ("gpt2-small,llama-1b" if device.type == "cuda" else "gpt2-small")).split(",")
+    clock = Clock(device)
+    bw = bandwidth(device, clock)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {args.threads} threads"
+    print(f"{name}; torch {torch.__version__}; measured copy bandwidth {bw / 1e9:.0f} GB/s (the floor's bandwidth)")
+    for model in models:
+        for dtype_name in args.dtypes.split(","):
+            run(model, dtype_name, device, clock, bw, args)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ Choices:
 Optimizers under fsdp (each checked against a single process fed the same gradients, see
 tests/dist_scripts/fsdp_checks.py; the others are refused, each with the reason its registry
 spec gives in `fsdp_refused`):
-- MERIT and its ablations: exact on the shards through `merit_core.optim.merit_sharded`, with
+- MERIT and its ablations: exact on the shards through `merit_core.optim.merit.sharded`, with
   one small all-reduce per param group per step (the row/column/tensor max-norm statistics of
   all its parameters in one buffer).
 - AdamW (foreach; the fused kernel takes no DTensors), Lion, Sophia-G (and its Hessian

@@ -1,17 +1,16 @@
-"""Check merit_step_sharded on DTensors against a literal single-process MERIT, under torchrun.
+"""Check merit_sharded on DTensors against a literal single-process MERIT, under torchrun.
 
 Run: python -m torch.distributed.run --standalone --nproc_per_node 2 tests/dist_scripts/merit_sharded_check.py
 (also works with 4 processes, which adds 2x2 meshes). Every rank builds the same global
 tensors, distributes them over several meshes/placements, runs a few MERIT steps for every
-ablation combination, gathers the results and compares them with ``reference_step`` (plain
-Python loops over rows and columns in float64). It counts all-reduces per step and asserts
-the expected number. Prints one ``CONFIG ...`` line per layout and ``ALL OK`` on success.
+ablation combination, gathers the results and compares them with ``reference_step`` (the
+shared literal transcription, tests/optim/merit_literal.py: plain Python loops in float64). It
+counts all-reduces per step and asserts the expected number. Prints one ``CONFIG ...`` line per layout and ``ALL OK`` on success.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import sys
 import time
@@ -60,80 +59,26 @@ def make_problem(seed: int = 0) -> tuple[dict, dict]:
 # ---------------------------------------------------------------- literal reference
 
 
-def _norm(xs: list[float], norm: str) -> float:
-    return max(abs(x) for x in xs) if norm == "max" else math.sqrt(sum(x * x for x in xs))
-
-
 CLIPPED = [0]  # how many elements the reference clipped (sanity: the test exercises clipping)
 
 
-def reference_step(
-    w,
-    g,
-    m,
-    v,
-    t,
-    *,
-    lr,
-    beta1,
-    beta2,
-    eps,
-    weight_decay,
-    norm,
-    elementwise,
-    weight_bound,
-    clip,
-    bias_correction,
-    maximize,
-):
-    """One MERIT step on full float64 tensors, written element by element; returns (w, m, v).
+def reference_step(w, g, m, v, t, *, lr, beta1, beta2, eps, **opts):
+    """One MERIT step on full float64 tensors by the shared literal transcription
+    (tests/optim/merit_literal.py); returns (w, m, v). t is the 1-based step number."""
+    from tests.optim.merit_literal import literal_step
 
-    t is the 1-based step number. A tensor is indexed [i][j][k]: rows i (dim 0), columns j
-    (dim 1) and k over the flattened trailing dims, each k being its own matrix for the row and
-    column norms (the tensor-wide norm spans everything). Below 2 dims: one ratio.
-    """
-    shape = w.shape
-    R = shape[0] if len(shape) >= 1 else 1
-    C = shape[1] if len(shape) >= 2 else 1
-    K = math.prod(shape[2:]) if len(shape) >= 3 else 1
-    W, G, M, V = (x.reshape(R, C, K).tolist() for x in (w, g, m, v))
-    U = [[[0.0] * K for _ in range(C)] for _ in range(R)]
-    cells = [(i, j, k) for i in range(R) for j in range(C) for k in range(K)]
-    for i, j, k in cells:
-        gijk = -G[i][j][k] if maximize else G[i][j][k]
-        M[i][j][k] = beta1 * M[i][j][k] + (1 - beta1) * gijk
-        V[i][j][k] = beta2 * V[i][j][k] + (1 - beta2) * gijk * gijk
-        mh, vh = M[i][j][k], V[i][j][k]
-        if bias_correction:
-            mh, vh = mh / (1 - beta1**t), vh / (1 - beta2**t)
-        U[i][j][k] = mh / (math.sqrt(vh) + eps) + weight_decay * W[i][j][k]
+    new_w, new_m, new_v = literal_step(w, g, m, v, t, lr=lr, betas=(beta1, beta2), eps=eps, **opts)
+    if opts["clip"] is not None:  # an element was clipped where the step is exactly lr * clip
+        CLIPPED[0] += int(((new_w - w).abs() >= lr * opts["clip"] * (1 - 1e-12)).sum())
+    return new_w, new_m, new_v
 
-    bw = _norm([W[i][j][k] for i, j, k in cells], norm)
-    bu = _norm([U[i][j][k] for i, j, k in cells], norm)
-    S = [[[1.0] * K for _ in range(C)] for _ in range(R)]
-    if len(shape) >= 2 and elementwise:
-        rw = [[_norm([W[i][j][k] for j in range(C)], norm) for k in range(K)] for i in range(R)]
-        ru = [[_norm([U[i][j][k] for j in range(C)], norm) for k in range(K)] for i in range(R)]
-        cw = [[_norm([W[i][j][k] for i in range(R)], norm) for k in range(K)] for j in range(C)]
-        cu = [[_norm([U[i][j][k] for i in range(R)], norm) for k in range(K)] for j in range(C)]
-        for i, j, k in cells:
-            if rw[i][k] == 0 or ru[i][k] == 0 or cw[j][k] == 0 or cu[j][k] == 0:
-                continue
-            candidates = [rw[i][k] / ru[i][k], cw[j][k] / cu[j][k]]
-            if weight_bound:
-                candidates.append(bw / bu)
-            S[i][j][k] = max(candidates)
-    elif bw != 0 and bu != 0:
-        for i, j, k in cells:
-            S[i][j][k] = bw / bu
-    for i, j, k in cells:
-        d = S[i][j][k] * U[i][j][k]
-        if clip is not None and abs(d) > clip:
-            d = math.copysign(clip, d)
-            CLIPPED[0] += 1
-        W[i][j][k] = W[i][j][k] - lr * d
-    as_tensor = lambda x: torch.tensor(x, dtype=torch.float64).reshape(shape)  # noqa: E731
-    return as_tensor(W), as_tensor(M), as_tensor(V)
+
+def sharded_step(fn, params, grads, exp_avgs, exp_avg_sqs, steps, *, beta1, beta2, **kw):
+    """What the functional core does around merit_sharded: advance the step counters (when they
+    are tensors; merit_sharded refuses anything else), pass the betas as a pair."""
+    if all(isinstance(s, torch.Tensor) for s in steps):
+        torch._foreach_add_(steps, 1)
+    fn(params, grads, exp_avgs, exp_avg_sqs, steps, betas=(beta1, beta2), **kw)
 
 
 def combos() -> list[dict]:
@@ -224,7 +169,7 @@ class Counter:
 def check_layout(name, mesh, placements_of, expected, weights, grads, references, counter, dtype, atol):
     from torch.distributed.tensor import distribute_tensor
 
-    from merit_core.optim.merit_sharded import merit_step_sharded
+    from merit_core.optim.merit.sharded import merit_sharded
 
     worst = 0.0
     # Scatter once per layout; every combo starts from (local) clones of these DTensors.
@@ -241,7 +186,8 @@ def check_layout(name, mesh, placements_of, expected, weights, grads, references
         for t in range(STEPS):
             gs = d_grads[t]
             before = counter.calls
-            merit_step_sharded(
+            sharded_step(
+                merit_sharded,
                 list(params.values()),
                 gs,
                 list(ms.values()),
@@ -269,7 +215,7 @@ def check_refusals(mesh):
     """Unsupported placements fail with a clear error on every rank, before any collective."""
     from torch.distributed.tensor import DTensor, Partial, Replicate
 
-    from merit_core.optim.merit_sharded import merit_step_sharded
+    from merit_core.optim.merit.sharded import merit_sharded
 
     kw = dict(
         lr=0.1,
@@ -289,8 +235,14 @@ def check_refusals(mesh):
     replicated = DTensor.from_local(local, mesh, (Replicate(),), run_check=False)
     for params, grads, needle in (([partial], [partial], "Partial"), ([replicated], [partial], "differ")):
         try:
-            merit_step_sharded(
-                params, grads, [torch.zeros_like(params[0])], [torch.zeros_like(params[0])], [torch.tensor(0.0)], **kw
+            sharded_step(
+                merit_sharded,
+                params,
+                grads,
+                [torch.zeros_like(params[0])],
+                [torch.zeros_like(params[0])],
+                [torch.tensor(0.0)],
+                **kw,
             )
         except NotImplementedError as exc:
             assert needle in str(exc), f"unhelpful error: {exc}"
@@ -303,7 +255,7 @@ def check_fully_shard(mesh) -> float:
     """Real FSDP2 parameters (Linear(4, 1) has a [1, 4] weight: an empty shard on rank 1)."""
     from torch.distributed.fsdp import fully_shard
 
-    from merit_core.optim.merit_sharded import merit_step_sharded
+    from merit_core.optim.merit.sharded import merit_sharded
 
     torch.manual_seed(5)
     model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)).double()
@@ -322,7 +274,8 @@ def check_fully_shard(mesh) -> float:
     for t in range(1, STEPS + 1):
         model(x).square().mean().backward()
         grads = {k: p.grad.full_tensor() for k, p in params.items()}
-        merit_step_sharded(
+        sharded_step(
+            merit_sharded,
             list(params.values()),
             [p.grad for p in params.values()],
             list(ms.values()),

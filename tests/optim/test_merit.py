@@ -1,101 +1,29 @@
-"""MERIT: every implementation path against a literal loop transcription of the algorithm, the
-paper's ablations as formulas, and the optimizer contract (validation, state, dtypes, groups)."""
-
-import itertools
-import math
+"""MERIT: every backend against the literal transcription (tests/optim/merit_literal.py) in
+float64 and against the reference backend in fp32/bf16, on zero rows and columns, 1-D, 3-D,
+transposed and non-contiguous tensors; the paper's ablations as formulas; tensor learning rates."""
 
 import pytest
 import torch
 
-from merit_core.optim import merit_kernels
-from merit_core.optim.merit import IMPLEMENTATIONS, MERIT
+from merit_core.optim.merit import BACKENDS, IMPLEMENTATIONS, MERIT
+from tests.optim.merit_literal import literal_step
 
-# The compiled path is exercised (on tiny shapes, to bound its compile time) in test_merit_compile.py.
-FAST_PATHS = ["reference", "eager", "cpp"]
+# The compile backend is exercised (on tiny shapes, to bound its compile time) in
+# test_merit_compile.py; the triton backend is not wired into this branch (test_merit_contract.py).
+FAST_PATHS = ["reference", "foreach", "cpu"]
 
 
 @pytest.fixture(autouse=True, scope="module")
 def kernel_cache(tmp_path_factory):
     """Build the C++ kernel into a temporary cache (cold, ~2 s), never into the user's."""
+    from merit_core.optim.merit import cpu
+
     mp = pytest.MonkeyPatch()
     mp.setenv("MERIT_KERNEL_CACHE", str(tmp_path_factory.mktemp("merit_kernels")))
-    mp.setattr(merit_kernels, "_state", dict(loaded=False, lib=None, error=None, path=None, build_s=None))
-    assert merit_kernels.load_kernel() is not None, merit_kernels.kernel_info()
+    mp.setattr(cpu, "_state", dict(loaded=False, lib=None, error=None, path=None, build_s=None))
+    assert cpu.load_kernel() is not None, cpu.kernel_info()
     yield
     mp.undo()
-
-
-# ---- the literal transcription -------------------------------------------------------------
-def _norm(values, kind):
-    values = list(values)
-    if kind == "max":
-        return max(abs(x) for x in values)
-    return math.sqrt(sum(x * x for x in values))
-
-
-def _ratio(a, b):
-    return 1.0 if a == 0 or b == 0 else a / b
-
-
-def literal_step(
-    w,
-    g,
-    m,
-    v,
-    step,
-    *,
-    lr,
-    betas,
-    eps,
-    weight_decay,
-    norm="max",
-    elementwise=True,
-    weight_bound=True,
-    clip=1.0,
-    bias_correction=False,
-    maximize=False,
-):
-    """One MERIT step on float64 tensors: returns new (w, m, v); inputs are not modified."""
-    b1, b2 = betas
-    shape = tuple(w.shape)
-    idx = list(itertools.product(*[range(n) for n in shape]))
-    W = {i: float(w[i]) for i in idx}
-    G = {i: (-1.0 if maximize else 1.0) * float(g[i]) for i in idx}
-    M = {i: b1 * float(m[i]) + (1 - b1) * G[i] for i in idx}
-    V = {i: b2 * float(v[i]) + (1 - b2) * G[i] ** 2 for i in idx}
-    bc1 = 1 - b1**step if bias_correction else 1.0
-    bc2 = 1 - b2**step if bias_correction else 1.0
-    U = {i: (M[i] / bc1) / (math.sqrt(V[i] / bc2) + eps) + weight_decay * W[i] for i in idx}
-
-    b = _ratio(_norm(W.values(), norm), _norm(U.values(), norm))
-    S = {}
-    if len(shape) >= 2 and elementwise:
-        rows, cols = shape[0], shape[1]
-        trailing = list(itertools.product(*[range(n) for n in shape[2:]]))
-        for t in trailing:  # each trailing index is its own [rows, cols] matrix
-            rw = [_norm((W[(i, j) + t] for j in range(cols)), norm) for i in range(rows)]
-            ru = [_norm((U[(i, j) + t] for j in range(cols)), norm) for i in range(rows)]
-            cw = [_norm((W[(i, j) + t] for i in range(rows)), norm) for j in range(cols)]
-            cu = [_norm((U[(i, j) + t] for i in range(rows)), norm) for j in range(cols)]
-            for i in range(rows):
-                for j in range(cols):
-                    if rw[i] == 0 or ru[i] == 0 or cw[j] == 0 or cu[j] == 0:
-                        S[(i, j) + t] = 1.0
-                    else:
-                        s = max(rw[i] / ru[i], cw[j] / cu[j])
-                        S[(i, j) + t] = max(s, b) if weight_bound else s
-    else:
-        S = {i: b for i in idx}
-
-    new_w = torch.empty(shape, dtype=torch.float64)
-    new_m, new_v = torch.empty_like(new_w), torch.empty_like(new_w)
-    for i in idx:
-        d = S[i] * U[i]
-        if clip is not None:
-            d = min(max(d, -clip), clip)
-        new_w[i] = W[i] - lr * d
-        new_m[i], new_v[i] = M[i], V[i]
-    return new_w, new_m, new_v
 
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -142,8 +70,9 @@ CONFIGS = {
 
 
 # ---- parity with the literal transcription --------------------------------------------------
-def test_every_implementation_is_covered():
-    assert set(FAST_PATHS) | {"compile"} == set(IMPLEMENTATIONS)  # compile: test_merit_compile.py
+def test_every_backend_is_covered():
+    assert set(FAST_PATHS) | {"compile", "triton"} == set(BACKENDS)
+    assert set(IMPLEMENTATIONS) == set(BACKENDS) | {"eager", "cpp"}  # the old names stay accepted
 
 
 @pytest.mark.parametrize("impl", FAST_PATHS)
@@ -310,3 +239,58 @@ def test_three_dim_tensor_is_a_stack_of_matrices_along_trailing_dims():
     for k in range(2):
         part, _ = _run([w[..., k].contiguous()], [[g[..., k].contiguous()] for g in grads], weight_bound=False)
         torch.testing.assert_close(whole[0][..., k], part[0], rtol=1e-12, atol=1e-12)
+
+
+# ---- low precision, layouts and tensor learning rates against the reference backend --------
+def _problem_like(dtype, seed=9):
+    """The parity problem in `dtype`, plus a transposed (non-contiguous) parameter."""
+    ws, grads = _problem(seed)
+    ws = [w.to(dtype) for w in ws] + [torch.randn(7, 4, dtype=torch.float64).to(dtype).t()]
+    grads = [[g.to(dtype) for g in gs] + [torch.randn(4, 7, dtype=torch.float64).to(dtype)] for gs in grads]
+    return ws, grads
+
+
+def _run_noncontiguous(ws, grads, **kw):
+    """Like _run, with every 2-D+ gradient handed over as a non-contiguous view."""
+    params = [torch.nn.Parameter(w.clone()) if w.is_contiguous() else torch.nn.Parameter(w.t().clone().t()) for w in ws]
+    opt = MERIT(params, **kw)
+    for gs in grads:
+        for p, g in zip(params, gs):
+            p.grad = g.t().contiguous().t() if g.dim() == 2 else g.clone()
+            assert p.grad.dim() != 2 or p.grad.shape[0] == 1 or p.grad.shape[1] == 1 or not p.grad.is_contiguous()
+        opt.step()
+    return [p.detach() for p in params], opt
+
+
+@pytest.mark.parametrize("impl", ["foreach", "cpu"])
+@pytest.mark.parametrize("config", ["merit-wd", "l2-merit", "max-lamb", "nobound", "bias-corr", "maximize"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_low_precision_and_non_contiguous_match_the_reference(impl, config, dtype):
+    kw = dict(lr=0.05, betas=(0.9, 0.99), eps=1e-6) | CONFIGS[config]
+    ws, grads = _problem_like(dtype)
+    got, opt = _run_noncontiguous(ws, grads[:3], implementation=impl, **kw)
+    want, ref = _run_noncontiguous(ws, grads[:3], implementation="reference", **kw)
+    for a, b, p, q in zip(got, want, opt.param_groups[0]["params"], ref.param_groups[0]["params"]):
+        assert a.dtype == dtype and opt.state[p]["exp_avg"].dtype == torch.float32
+        if dtype == torch.float32:
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        else:  # one bf16 ulp: the fp32 results may differ in their last bits before the one rounding
+            torch.testing.assert_close(a.float(), b.float(), rtol=2**-7, atol=1e-30)
+        torch.testing.assert_close(opt.state[p]["exp_avg_sq"], ref.state[q]["exp_avg_sq"], rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", FAST_PATHS + ["eager", "cpp"])
+def test_tensor_learning_rate_equals_the_float_one(impl):
+    ws, grads = _problem(seed=10)
+    lr = torch.tensor(0.05, dtype=torch.float64)
+    a, opt = _run(ws, grads[:4], lr=lr, weight_decay=0.1, implementation=impl)
+    b, _ = _run(ws, grads[:4], lr=0.05, weight_decay=0.1, implementation=impl)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    assert opt.param_groups[0]["lr"] is lr  # kept as the caller's tensor, as AdamW does
+    lr.fill_(0.0)  # changing the tensor in place changes the next step
+    before = [p.detach().clone() for p in opt.param_groups[0]["params"]]
+    for p, g in zip(opt.param_groups[0]["params"], grads[5]):
+        p.grad = g.clone()
+    opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(opt.param_groups[0]["params"], before))

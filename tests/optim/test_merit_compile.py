@@ -1,4 +1,4 @@
-"""The opt-in torch.compile path, on two tiny shapes only: a cold Inductor compile costs seconds
+"""The opt-in compile backend, on two tiny shapes only: a cold Inductor compile costs seconds
 per (shape, switches) combination, so this file compiles exactly four graphs."""
 
 import pytest
@@ -26,7 +26,7 @@ def test_compiled_path_matches_reference_and_never_recompiles_for_a_new_lr():
         opt = MERIT(params, lr=0.1, weight_decay=0.1, implementation=impl)
         g = torch.Generator().manual_seed(1)
         for step in range(4):
-            opt.param_groups[0]["lr"] = 0.1 / (step + 1)  # a schedule: lr travels as a tensor
+            opt.param_groups[0]["lr"] = 0.1 / (step + 1)  # a schedule: lr travels inside a tensor
             for p in params:
                 p.grad = torch.randn(p.shape, generator=g)
             opt.step()
@@ -34,7 +34,7 @@ def test_compiled_path_matches_reference_and_never_recompiles_for_a_new_lr():
     for a, b in zip(runs["compile"], runs["reference"]):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
-    from merit_core.optim import merit_compiled
+    from merit_core.optim.merit import compiled as merit_compiled
 
     # Two passes x two shapes = four graphs; a changing lr did not add any.
     frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]

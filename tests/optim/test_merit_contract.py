@@ -2,14 +2,17 @@
 gradients, and that it actually trains."""
 
 import io
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from merit_core.optim import merit_kernels
-from merit_core.optim.merit import MERIT
+from merit_core.optim.merit import MERIT, cpu
 
-PATHS = ["reference", "eager", "cpp"]
+PATHS = ["reference", "foreach", "cpu"]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -17,7 +20,7 @@ def kernel_cache(tmp_path_factory):
     """Build the C++ kernel into a temporary cache, never into the user's."""
     mp = pytest.MonkeyPatch()
     mp.setenv("MERIT_KERNEL_CACHE", str(tmp_path_factory.mktemp("merit_kernels")))
-    mp.setattr(merit_kernels, "_state", dict(loaded=False, lib=None, error=None, path=None, build_s=None))
+    mp.setattr(cpu, "_state", dict(loaded=False, lib=None, error=None, path=None, build_s=None))
     yield
     mp.undo()
 
@@ -193,3 +196,108 @@ def test_a_tiny_mlp_regression_converges(impl):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.1 * losses[0], (losses[0], losses[-1])
+
+
+def test_load_state_dict_keeps_step_on_the_cpu(monkeypatch):
+    # torch.load(map_location="cuda") puts every tensor on the GPU; without a GPU here, a state
+    # dict whose step tensors report another device stands in for it (the GPU test does it for real).
+    params = _params(8)
+    opt = MERIT(params, lr=0.01)
+    _set_grads(params, 0)
+    opt.step()
+    sd = opt.state_dict()
+    moved = []
+
+    class Elsewhere(torch.Tensor):
+        @property
+        def device(self):
+            return torch.device("meta")
+
+        def to(self, *args, **kwargs):
+            moved.append(args)
+            return torch.Tensor.to(self.as_subclass(torch.Tensor), *args, **kwargs)
+
+    for st in sd["state"].values():
+        st["step"] = st["step"].as_subclass(Elsewhere)
+    clones = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt2 = MERIT(clones)
+    opt2.load_state_dict(sd)
+    assert len(moved) == len(params) and all(a == ("cpu",) for a in moved)
+    for q in clones:
+        step = opt2.state[q]["step"]
+        assert type(step) is torch.Tensor and step.device.type == "cpu" and step.item() == 1
+
+
+@pytest.mark.parametrize(
+    "impl, params, match",
+    [
+        (
+            "cpu",
+            [torch.nn.Parameter(torch.zeros(2, 3, device="meta"))],
+            "runs on CPU tensors only, got tensors on meta",
+        ),
+        ("cpp", [torch.nn.Parameter(torch.zeros(2, 3, device="meta"))], "implementation='cpp'.*CPU tensors only"),
+        ("triton", [torch.nn.Parameter(torch.zeros(2, 3))], "triton backend not available"),
+        ("mps-fast", [torch.nn.Parameter(torch.zeros(2, 3))], "implementation must be"),
+    ],
+)
+def test_an_explicit_implementation_that_cannot_be_honoured_raises_why(impl, params, match):
+    for p in params:
+        p.grad = torch.ones_like(p)
+    with pytest.raises(ValueError, match=match):
+        opt = MERIT(params, implementation=impl)
+        opt.step()
+    if impl != "mps-fast":
+        assert not opt.state[params[0]] or opt.state[params[0]]["step"].item() == 0  # nothing advanced
+
+
+def test_explicit_cpu_without_a_kernel_raises_and_the_default_falls_back_once(monkeypatch, tmp_path):
+    monkeypatch.setattr(cpu, "_state", dict(loaded=False, lib=None, error=None, path=None, build_s=None))
+    monkeypatch.setenv("MERIT_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no compiler to be found
+    monkeypatch.delenv("CXX", raising=False)
+    params = _params(9)
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found.*foreach") as record:
+        for step in range(2):
+            _set_grads(params, step)
+            MERIT(params).step()
+    assert len([w for w in record if issubclass(w.category, RuntimeWarning)]) == 1
+    _set_grads(params, 3)
+    with pytest.raises(
+        ValueError, match="implementation='cpu'.*C\\+\\+ CPU kernel is unavailable: no C\\+\\+ compiler"
+    ):
+        MERIT(params, implementation="cpu").step()
+
+
+def test_triton_rules_once_wired(monkeypatch):
+    """The checks the functional core applies to the triton backend (wired by the lead): CPU
+    tensors need the interpreter, float64 is refused, an explicit choice raises the reason."""
+    from merit_core.optim.merit import functional
+
+    p = [torch.zeros(2, 3)]
+    monkeypatch.setitem(functional._TRITON, "installed", True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert "set TRITON_INTERPRET=1" in functional._triton(p, p)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert functional._triton(p, p) is None
+    assert "float64" in functional._triton([torch.zeros(2, dtype=torch.float64)], p)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    wired = functional.Backend("triton", lambda *a, **k: pytest.fail("ran"), functional._triton)
+    monkeypatch.setitem(functional.BACKENDS, "triton", wired)
+    params = _params(10)
+    _set_grads(params, 0)
+    with pytest.raises(ValueError, match="implementation='triton'.*TRITON_INTERPRET=1"):
+        MERIT(params, implementation="triton").step()
+    MERIT(params).step()  # the default on CPU is the C++ kernel, not triton
+
+
+def test_importing_merit_never_imports_triton():
+    # (Constructing any torch.optim.Optimizer imports torch._dynamo, which imports triton when it is
+    # installed: AdamW does too. MERIT's own code imports triton only in the wired triton backend.)
+    code = (
+        "import sys, merit_core; from merit_core import MERIT; from merit_core.optim.merit import functional; "
+        "assert 'triton' not in sys.modules, 'triton was imported'"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""merit_step_sharded: exact MERIT on plain tensors and, under torchrun, on DTensor shards."""
+"""merit_sharded: exact MERIT on plain tensors and, under torchrun, on DTensor shards."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from merit_core.optim.merit_sharded import merit_step_sharded
+from merit_core.optim.merit.sharded import merit_sharded
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "dist_scripts" / "merit_sharded_check.py"
@@ -27,6 +27,7 @@ def _load_check():
 
 CHECK = _load_check()
 HP = CHECK.HP
+sharded_step = CHECK.sharded_step
 
 
 def _run_plain(weights, grads, opts, dtype=torch.float64, state_dtype=None):
@@ -37,7 +38,8 @@ def _run_plain(weights, grads, opts, dtype=torch.float64, state_dtype=None):
     steps = [torch.tensor(0.0) for _ in ws]
     for t in range(CHECK.STEPS):
         gs = [grads[k][t].to(dtype) for k in ws]
-        merit_step_sharded(
+        sharded_step(
+            merit_sharded,
             list(ws.values()),
             gs,
             list(ms.values()),
@@ -52,10 +54,11 @@ def _run_plain(weights, grads, opts, dtype=torch.float64, state_dtype=None):
     return {k: (ws[k], ms[k], vs[k]) for k in ws}, steps
 
 
+@pytest.mark.parametrize("local", ["cpu", "torch"])
 @pytest.mark.parametrize("opts", CHECK.combos(), ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
-def test_plain_tensors_match_literal_reference(opts):
+def test_plain_tensors_match_literal_reference(opts, local):
     weights, grads = CHECK.make_problem(seed=1)
-    got, steps = _run_plain(weights, grads, opts)
+    got, steps = _run_plain(weights, grads, dict(opts, local=local))
     want = CHECK.reference_run(weights, grads, opts)
     assert [float(s) for s in steps] == [CHECK.STEPS] * len(steps)
     for name in weights:
@@ -102,7 +105,8 @@ def test_moves_at_most_lr_times_clip_and_transpose_is_symmetric():
         maximize=False,
     )
     a, at = w.clone(), w.T.clone()
-    merit_step_sharded(
+    sharded_step(
+        merit_sharded,
         [a, at],
         [g, g.T.contiguous()],
         [torch.zeros_like(a), torch.zeros_like(at)],
@@ -138,7 +142,8 @@ def test_3d_tensor_is_one_matrix_per_trailing_index():
     slices = [w[:, :, k].clone() for k in range(2)]
     tensors = [cube] + slices
     grads = [g] + [g[:, :, k].contiguous() for k in range(2)]
-    merit_step_sharded(
+    sharded_step(
+        merit_sharded,
         tensors,
         grads,
         [torch.zeros_like(t) for t in tensors],
@@ -154,11 +159,12 @@ def test_no_host_sync_in_step(monkeypatch):
     weights, grads = CHECK.make_problem(seed=4)
 
     def refuse(self, *args, **kwargs):
-        raise AssertionError("host sync inside merit_step_sharded")
+        raise AssertionError("host sync inside merit_sharded")
 
     for attr in ("item", "tolist", "__bool__", "__float__", "__int__"):
         monkeypatch.setattr(torch.Tensor, attr, refuse)
-    _run_plain(weights, grads, dict(CHECK.combos()[1], bias_correction=True))
+    # The torch path is the one that runs on GPUs (the C++ passes read CPU step counters: no sync).
+    _run_plain(weights, grads, dict(CHECK.combos()[1], bias_correction=True, local="torch"))
 
 
 def test_bad_arguments_are_refused_before_touching_state():
@@ -177,11 +183,11 @@ def test_bad_arguments_are_refused_before_touching_state():
         maximize=False,
     )
     with pytest.raises(ValueError, match="norm must be one of"):
-        merit_step_sharded([w], [g], [m], [m.clone()], [torch.tensor(0.0)], norm="linf", **kw)
+        sharded_step(merit_sharded, [w], [g], [m], [m.clone()], [torch.tensor(0.0)], norm="linf", **kw)
     with pytest.raises(ValueError, match="differ in length"):
-        merit_step_sharded([w], [g], [m], [], [torch.tensor(0.0)], norm="max", **kw)
+        sharded_step(merit_sharded, [w], [g], [m], [], [torch.tensor(0.0)], norm="max", **kw)
     with pytest.raises(TypeError, match="steps must be scalar tensors"):
-        merit_step_sharded([w], [g], [m], [m.clone()], [0], norm="max", **kw)
+        sharded_step(merit_sharded, [w], [g], [m], [m.clone()], [0], norm="max", **kw)
     assert torch.equal(w, torch.ones(2, 2)) and torch.equal(m, torch.zeros(2, 2))
 
 
@@ -200,3 +206,18 @@ def test_dtensor_shards_match_reference_under_torchrun(tmp_path):
     errors = dict(re.findall(r"CONFIG (\S+) .*?max_abs_err=(\S+)", out))
     assert len(errors) == 7, out[-4000:]
     assert all(float(e) <= (2e-5 if name == "fsdp_fp32" else 1e-12) for name, e in errors.items()), errors
+
+
+@pytest.mark.parametrize("local", ["cpu", "torch"])
+def test_tensor_lr_equals_the_float_one(local):
+    weights, grads = CHECK.make_problem(seed=5)
+    opts = dict(CHECK.combos()[0], local=local)
+    a, _ = _run_plain(weights, grads, opts)
+    hp = dict(HP)
+    try:
+        HP["lr"] = torch.tensor(HP["lr"], dtype=torch.float64)
+        b, _ = _run_plain(weights, grads, opts)
+    finally:
+        HP.update(hp)
+    for name in weights:
+        torch.testing.assert_close(a[name][0], b[name][0], rtol=0, atol=1e-15)

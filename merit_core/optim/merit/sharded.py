@@ -37,6 +37,7 @@ completed row/column norms when those already cover the tensor). ``Partial``,
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -44,7 +45,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["merit_step_sharded"]
+from merit_core.optim.merit import cpu as _cpu
+from merit_core.optim.merit.common import Hyper
+
+__all__ = ["merit_sharded"]
+
+_STATS = torch.float64  # statistics travel in float64: the C++ passes write them so, one bucket per group
 
 _NORMS = ("max", "l2")
 
@@ -76,9 +82,12 @@ class _Pending:
     """One parameter between its local statistics and its update."""
 
     w: Tensor
-    u: Tensor
-    rows: Tensor | None = None  # [2, local rows]: row norms of w and u
-    cols: Tensor | None = None  # [2, local cols]: column norms of w and u
+    u: Tensor | None  # the torch path's update direction; None: the C++ passes recompute it
+    m: Tensor | None = None  # moments and step, for the C++ pass 2
+    v: Tensor | None = None
+    step: Tensor | None = None
+    rows: Tensor | None = None  # [2, local rows, T] (or [2, rows*T]): row norms of w and u
+    cols: Tensor | None = None  # [2, local cols, T]: column norms of w and u
     total: Tensor | None = None  # [2]: tensor-wide norms of w and u
     total_from: str = "local"  # "local" | "rows" | "cols" | "none": source of the tensor-wide norms
 
@@ -94,7 +103,7 @@ def _layout(p: Tensor, others: tuple[Tensor, ...]) -> _Layout | None:
     if not _is_dtensor(p):
         for t in others:
             if _is_dtensor(t):
-                raise ValueError("merit_step_sharded: a plain parameter has a DTensor gradient or state")
+                raise ValueError("merit_sharded: a plain parameter has a DTensor gradient or state")
         return _Layout()
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
@@ -103,7 +112,7 @@ def _layout(p: Tensor, others: tuple[Tensor, ...]) -> _Layout | None:
         if not _is_dtensor(t) or t.placements != p.placements or t.device_mesh != p.device_mesh:
             got = t.placements if _is_dtensor(t) else "a plain tensor"
             raise NotImplementedError(
-                f"merit_step_sharded: gradient/state placements {got} differ from the parameter's "
+                f"merit_sharded: gradient/state placements {got} differ from the parameter's "
                 f"{p.placements}; redistribute them to the parameter's placements first"
             )
     mesh = p.device_mesh
@@ -115,7 +124,7 @@ def _layout(p: Tensor, others: tuple[Tensor, ...]) -> _Layout | None:
             continue
         if not isinstance(placement, Shard) or isinstance(placement, _StridedShard):
             raise NotImplementedError(
-                f"merit_step_sharded: placement {placement!r} (mesh dim {mesh_dim}) is not supported; "
+                f"merit_sharded: placement {placement!r} (mesh dim {mesh_dim}) is not supported; "
                 "MERIT supports Shard(d) and Replicate() parameters"
             )
         if mesh.size(mesh_dim) == 1:
@@ -203,13 +212,9 @@ def _ratio(stats: Tensor, norm: str) -> tuple[Tensor, Tensor]:
     return ratio, (stats[0] == 0) | (stats[1] == 0)
 
 
-def _apply(job: _Pending, *, lr, norm: str, elementwise: bool, weight_bound: bool, clip) -> None:
-    """Scale, clip and apply one parameter's update from its completed statistics."""
+def _apply(job: _Pending, *, lr, norm: str, weight_bound: bool, clip) -> None:
+    """Scale, clip and apply one parameter's update from its completed statistics (torch path)."""
     u, w = job.u, job.w
-    if job.total_from == "cols":
-        job.total = _combine(job.cols, norm)
-    elif job.total_from == "rows":
-        job.total = _combine(job.rows, norm)
     if job.rows is None:  # one ratio for the whole tensor
         b, zero = _ratio(job.total, norm)
         scale = torch.where(zero, torch.ones_like(b), b).to(u.dtype)
@@ -233,16 +238,15 @@ def _apply(job: _Pending, *, lr, norm: str, elementwise: bool, weight_bound: boo
 
 
 @torch.no_grad()
-def merit_step_sharded(
+def merit_sharded(
     params: list[Tensor],
     grads: list[Tensor],
     exp_avgs: list[Tensor],
     exp_avg_sqs: list[Tensor],
-    steps: list[Tensor],
+    state_steps: list[Tensor],
     *,
     lr: float | Tensor,
-    beta1: float,
-    beta2: float,
+    betas: tuple[float, float],
     eps: float,
     weight_decay: float,
     norm: str,
@@ -251,6 +255,7 @@ def merit_step_sharded(
     clip: float | None,
     bias_correction: bool,
     maximize: bool,
+    local: str | None = None,
 ) -> None:
     """One MERIT step, in place, on DTensor (or plain) parameters and their AdamW-shaped state.
 
@@ -259,85 +264,124 @@ def merit_step_sharded(
             gradient and both moments must be DTensors with the parameter's mesh and
             placements (what FSDP2 and ``torch.zeros_like(param)`` give). Plain tensors are
             treated as whole tensors (no communication).
-        steps: one scalar step tensor per parameter (AdamW's ``state["step"]``), incremented
-            in place by 1 here before use, as ``torch.optim.adamw``'s functional API does.
-            Read only through tensor ops (no host sync); used only for bias correction.
-        lr: learning rate, a float or a scalar tensor.
-        norm: ``"max"`` (MERIT) or ``"l2"`` (LAMB-style ratios).
-        elementwise: element-wise ratios s_ij = max(r_i, c_j[, b]) for tensors with >= 2
-            dims; False gives the weight-wise ratio b everywhere ("max-LAMB" / LAMB).
-        weight_bound: include b as a floor in s_ij (ignored when ``elementwise`` is False).
-        clip: clamp the scaled update to [-clip, clip]; None disables clipping.
-        bias_correction: Adam bias correction of both moments before forming u.
-        maximize: ascend instead of descend (the gradient is negated).
+        state_steps: one scalar step tensor per parameter (AdamW's ``state["step"]``), already
+            advanced for this step by the caller (the functional core); used only for bias
+            correction, read through tensor ops or, by the C++ passes, on the CPU.
+        lr ... maximize: as :func:`merit_core.optim.merit.functional.merit`.
+        local: how each rank computes on its local shards: ``"cpu"`` (the C++ kernel's two
+            passes; CPU shards), ``"torch"`` (torch ops; any device), or None: the C++ passes
+            where they can take the shard, torch ops elsewhere.
 
     Every rank of every mesh that holds a parameter must call this with the same parameter
     list, since the statistics are completed by collectives. Under FSDP2 (1-D mesh,
     ``Shard(0)``) a step issues exactly one all-reduce; in general one per (round, process
-    group, reduce op, dtype), where a tensor split on both its rows and its columns needs
-    one round per splitting mesh dimension.
+    group, reduce op), where a tensor split on both its rows and its columns needs one round
+    per splitting mesh dimension.
 
     Raises:
-        ValueError: unknown ``norm`` or mismatched list lengths.
+        ValueError: unknown ``norm``/``local`` or mismatched list lengths.
         NotImplementedError: a placement other than Shard/Replicate, or states whose
             placements differ from their parameter's.
     """
     if norm not in _NORMS:
-        raise ValueError(f"merit_step_sharded: norm must be one of {_NORMS}, got {norm!r}")
+        raise ValueError(f"merit_sharded: norm must be one of {_NORMS}, got {norm!r}")
+    if local not in (None, "cpu", "torch"):
+        raise ValueError(f"merit_sharded: local must be None, 'cpu' or 'torch', got {local!r}")
     n = len(params)
-    if not (len(grads) == len(exp_avgs) == len(exp_avg_sqs) == len(steps) == n):
-        raise ValueError("merit_step_sharded: params, grads, exp_avgs, exp_avg_sqs, steps differ in length")
+    if not (len(grads) == len(exp_avgs) == len(exp_avg_sqs) == len(state_steps) == n):
+        raise ValueError("merit_sharded: params, grads, exp_avgs, exp_avg_sqs, state_steps differ in length")
     reduce_op = "max" if norm == "max" else "sum"
+    beta1, beta2 = betas
+    h = Hyper.of(
+        lr=lr,
+        betas=betas,
+        eps=eps,
+        weight_decay=weight_decay,
+        norm=norm,
+        elementwise=elementwise,
+        weight_bound=weight_bound,
+        clip=clip,
+        bias_correction=bias_correction,
+        maximize=maximize,
+    )
+
+    # The C++ passes take lr as a number: a tensor lr is read once (a CPU tensor: no device sync).
+    h_cpu = dataclasses.replace(h, lr=float(lr)) if isinstance(lr, Tensor) else h
 
     # Validate every parameter before touching any state or issuing any collective, so a
     # refused placement fails on every rank alike instead of leaving ranks in a collective.
     layouts = [_layout(p, (g, m, v)) for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs)]
-    if not all(isinstance(step, Tensor) for step in steps):
-        raise TypeError("merit_step_sharded: steps must be scalar tensors (AdamW's state['step'])")
+    if not all(isinstance(step, Tensor) for step in state_steps):
+        raise TypeError("merit_sharded: state_steps must be scalar tensors (AdamW's state['step'])")
 
     jobs: list[_Pending] = []
     requests: list[_Request] = []
-    for p, g, m, v, step, layout in zip(params, grads, exp_avgs, exp_avg_sqs, steps, layouts):
+    for p, g, m, v, step, layout in zip(params, grads, exp_avgs, exp_avg_sqs, state_steps, layouts):
         if layout is None:
             continue
         w, g, m, v = _local(p), _local(g), _local(m), _local(v)
-        step += 1
-        if maximize:
-            g = -g
-        m.mul_(beta1).add_(g, alpha=1 - beta1)
-        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        if bias_correction:  # factors from the step tensor, at the parameter's precision or better
-            t = step.to(torch.promote_types(step.dtype, w.dtype))
-            denom = (v / (1 - beta2**t)).sqrt_().add_(eps)
-            u = (m / (1 - beta1**t)).div_(denom)
+        per_element = w.ndim >= 2 and elementwise
+        if _use_kernel(local, w, g):
+            job = _Pending(w=w, u=None, m=m, v=v, step=step)
+            shapes = _cpu.stats_shapes(w, h)
+            if shapes is not None:
+                job.rows, job.cols = (w.new_zeros(s, dtype=_STATS) for s in shapes)
+            job.total = w.new_zeros(2, dtype=_STATS)
+            _cpu.pass1(w, g, m, v, step, h_cpu, job.rows, job.cols, job.total)
         else:
-            u = m / (v.sqrt().add_(eps))
-        if weight_decay != 0:
-            u.add_(w, alpha=weight_decay)
-
-        dtype = torch.promote_types(w.dtype, torch.float32)
-        job = _Pending(w=w, u=u)
+            job = _Pending(w=w, u=_direction(w, g, m, v, step, h))
+            if per_element:
+                job.rows, job.cols, job.total = _norms(_as_3d(w), _as_3d(job.u), (1, 0, None), norm, _STATS)
+            else:
+                (job.total,) = _norms(w, job.u, (None,), norm, _STATS)
         jobs.append(job)
-        if w.ndim >= 2 and elementwise:
+        if per_element:
             if not weight_bound:
                 job.total_from = "none"
             elif not (layout.col_groups or layout.batch_groups):
                 job.total_from = "cols"  # the completed column norms cover the whole tensor
             elif not (layout.row_groups or layout.batch_groups):
                 job.total_from = "rows"  # likewise the completed row norms
-            # rows: [2, R, T] norms over dim 1; cols: [2, C, T] over dim 0 (T: the trailing dims)
-            dims = (1, 0, None) if job.total_from == "local" else (1, 0)
-            stats = _norms(_as_3d(w), _as_3d(u), dims, norm, dtype)
-            job.rows, job.cols = stats[0], stats[1]
             requests.append(_Request(job.rows, reduce_op, layout.col_groups))
             requests.append(_Request(job.cols, reduce_op, layout.row_groups))
             if job.total_from == "local":  # complete the local tensor-wide norms over every group
-                job.total = stats[2]
                 requests.append(_Request(job.total, reduce_op, layout.all_groups))
         else:
-            (job.total,) = _norms(w, u, (None,), norm, dtype)
             requests.append(_Request(job.total, reduce_op, layout.all_groups))
 
     _all_reduce_rounds(requests)
     for job in jobs:
-        _apply(job, lr=lr, norm=norm, elementwise=elementwise, weight_bound=weight_bound, clip=clip)
+        if job.total_from == "cols":
+            job.total = _combine(job.cols, norm)
+        elif job.total_from == "rows":
+            job.total = _combine(job.rows, norm)
+        if job.u is None:
+            _cpu.pass2(job.w, job.m, job.v, job.step, h_cpu, job.rows, job.cols, job.total)
+        else:
+            _apply(job, lr=lr, norm=norm, weight_bound=weight_bound, clip=clip)
+
+
+def _use_kernel(local: str | None, w: Tensor, g: Tensor) -> bool:
+    """Whether this rank's shard takes the C++ passes (``local="cpu"`` insists: checked by the caller)."""
+    if local == "torch":
+        return False
+    if local == "cpu":
+        return True
+    return w.device.type == "cpu" and _cpu.unavailable([w], [g]) is None
+
+
+def _direction(w: Tensor, g: Tensor, m: Tensor, v: Tensor, step: Tensor, h: Hyper) -> Tensor:
+    """Moments in place, and u = m_hat / (sqrt(v_hat) + eps) + wd*w in the moments' dtype (torch ops)."""
+    if h.maximize:
+        g = -g
+    m.mul_(h.beta1).add_(g, alpha=1 - h.beta1)
+    v.mul_(h.beta2).addcmul_(g, g, value=1 - h.beta2)
+    if h.bias_correction:  # factors from the step tensor, at the parameter's precision or better
+        t = step.to(torch.promote_types(step.dtype, m.dtype))
+        denom = (v / (1 - h.beta2**t)).sqrt_().add_(h.eps)
+        u = (m / (1 - h.beta1**t)).div_(denom)
+    else:
+        u = m / (v.sqrt().add_(h.eps))
+    if h.weight_decay != 0:
+        u.add_(w, alpha=h.weight_decay)
+    return u

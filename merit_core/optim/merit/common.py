@@ -1,0 +1,116 @@
+"""What every MERIT backend shares: the hyperparameter record and the norm helpers.
+
+Backends take the hyperparameters as keyword arguments (one signature for all, see
+:mod:`merit_core.optim.merit.functional`) and turn them into one :class:`Hyper` record; the
+norms of MERIT's ratios are computed by :func:`norm` (max-norm or l2, whole tensor or along one
+dim) and turned into ratios by :func:`ratio_or_one`.
+
+Shapes, as the authors' code does: a tensor with 2 or more dims uses element-wise ratios, rows
+along dim 0 and columns along dim 1; for 3-D+ tensors every index of the trailing dims is its
+own [dim0, dim1] matrix for the row and column norms, while the weight-wise ratio spans the
+whole tensor. A tensor with fewer than 2 dims gets one ratio ``||w|| / ||u||`` (1 if either is 0).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """One param group's MERIT hyperparameters, as every backend receives them."""
+
+    lr: float | Tensor
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    norm: str  # "max" | "l2"
+    elementwise: bool
+    weight_bound: bool
+    clip: float | None
+    bias_correction: bool
+    maximize: bool
+
+    @classmethod
+    def of(cls, *, lr, betas, eps, weight_decay, norm, elementwise, weight_bound, clip, bias_correction, maximize):
+        """The record from the backends' keyword arguments (``betas`` as a pair)."""
+        beta1, beta2 = betas
+        return cls(
+            lr=lr,
+            beta1=float(beta1),
+            beta2=float(beta2),
+            eps=float(eps),
+            weight_decay=float(weight_decay),
+            norm=norm,
+            elementwise=bool(elementwise),
+            weight_bound=bool(weight_bound),
+            clip=None if clip is None else float(clip),
+            bias_correction=bool(bias_correction),
+            maximize=bool(maximize),
+        )
+
+    def corrections(self, step: Tensor | float) -> tuple[float, float]:
+        """Adam's bias corrections (1 - beta1**t, 1 - beta2**t), or (1, 1) without bias correction.
+
+        ``step`` is a parameter's step counter, already advanced for this step; MERIT keeps it
+        on the CPU, so reading it is never a device sync."""
+        if not self.bias_correction:
+            return 1.0, 1.0
+        t = float(step)
+        return 1 - self.beta1**t, 1 - self.beta2**t
+
+    def kernel_vector(self, step: Tensor | float) -> list[float]:
+        """[lr, beta1, beta2, eps, weight_decay, 1/bc1, 1/sqrt(bc2), clip]: the fused kernels' layout
+        (clip = inf for no clipping)."""
+        bc1, bc2 = self.corrections(step)
+        return [
+            math.nan if isinstance(self.lr, Tensor) else float(self.lr),  # a tensor lr: the caller fills it in
+            self.beta1,
+            self.beta2,
+            self.eps,
+            self.weight_decay,
+            1 / bc1,
+            1 / math.sqrt(bc2),
+            math.inf if self.clip is None else self.clip,
+        ]
+
+
+def norm(x: Tensor, kind: str, dim: int | None = None, dtype: torch.dtype | None = None) -> Tensor:
+    """Max-norm (largest |entry|) or l2-norm of x, over one dim (kept, for broadcasting) or all of it.
+
+    One kernel either way (``vector_norm(ord=inf)`` instead of abs + amax); ``dtype`` is the
+    precision of the result (a max-norm is exact in any dtype)."""
+    order = math.inf if kind == "max" else 2
+    if dim is None:
+        return torch.linalg.vector_norm(x, order, dtype=dtype)
+    return torch.linalg.vector_norm(x, order, dim=dim, keepdim=True, dtype=dtype)
+
+
+def ratio_or_one(wn: Tensor, un: Tensor) -> Tensor:
+    """||w|| / ||u||, or 1 where either norm is zero."""
+    return torch.where((wn == 0) | (un == 0), torch.ones_like(wn), wn / un)
+
+
+def state_dtype(p: Tensor) -> torch.dtype:
+    """The moments' dtype for a parameter: fp32 for bf16/fp16 parameters, else the parameter's."""
+    return torch.float32 if p.dtype in LOW_PRECISION else p.dtype
+
+
+def is_plain(t: Tensor) -> bool:
+    """A plain tensor or Parameter (no DTensor or other subclass)."""
+    return type(t) in (torch.Tensor, torch.nn.Parameter)
+
+
+def is_dtensor(t: Tensor) -> bool:
+    if is_plain(t) or not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)

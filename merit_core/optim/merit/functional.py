@@ -1,0 +1,244 @@
+"""The functional MERIT step: one function, one backend chosen per call (per param group).
+
+Like ``torch.optim.adam.adam``: the :class:`~merit_core.optim.merit.MERIT` optimizer validates
+its hyperparameters and collects each group's tensor lists, then calls :func:`merit`, which
+advances the step counters (the only place they move) and hands the lists to one backend.
+Every backend has the same signature::
+
+    backend(params, grads, exp_avgs, exp_avg_sqs, state_steps, *, lr, betas, eps,
+            weight_decay, norm, elementwise, weight_bound, clip, bias_correction, maximize)
+
+with ``state_steps`` already advanced. The backends:
+
+================  ==========================================================================
+``"reference"``   readable single-tensor transcription (``reference.py``); any tensor
+``"foreach"``     eager multi-tensor torch ops (``foreach.py``); the fallback on GPUs without
+                  Triton, MPS and XPU; alias ``"eager"``
+``"cpu"``         fused C++/OpenMP kernel as a custom op (``cpu.py``); the CPU default; alias
+                  ``"cpp"``
+``"compile"``     torch.compile of two passes per tensor (``compiled.py``); opt-in
+``"triton"``      grouped Triton kernels; the CUDA default when triton imports
+================  ==========================================================================
+
+DTensor parameters (FSDP2 and friends) take the sharded path (``sharded.py``), which runs the
+``"cpu"`` kernel's two passes or torch ops on each local shard and completes the statistics
+with one all-reduce per group. Other tensor subclasses take the reference backend.
+
+An explicit backend that cannot take the group's tensors raises ``ValueError`` saying why,
+before any state changes; the default choice falls back (foreach) instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from merit_core.optim.merit import cpu
+from merit_core.optim.merit.common import is_dtensor, is_plain
+from merit_core.optim.merit.compiled import merit_compiled
+from merit_core.optim.merit.cpu import merit_cpu
+from merit_core.optim.merit.foreach import merit_foreach
+from merit_core.optim.merit.reference import merit_reference
+from merit_core.optim.merit.sharded import merit_sharded
+
+ALIASES = {"eager": "foreach", "cpp": "cpu"}
+_LOADED: dict[str, Callable] = {}
+_TRITON: dict[str, bool] = {}
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A backend: its function (or "module:function", imported on first use) and what it cannot take."""
+
+    name: str
+    function: Callable | str | None  # None: not wired yet
+    unavailable: Callable[[list[Tensor], list[Tensor]], str | None]
+
+    def load(self) -> Callable:
+        if callable(self.function):
+            return self.function
+        if self.name not in _LOADED:
+            module, function = self.function.split(":")
+            _LOADED[self.name] = getattr(importlib.import_module(module), function)
+        return _LOADED[self.name]
+
+
+def _plain(params, grads) -> str | None:
+    if not all(is_plain(p) and type(g) is torch.Tensor for p, g in zip(params, grads)):
+        return "it takes plain tensors, not DTensors or other tensor subclasses"
+    return None
+
+
+def _anything(params, grads) -> str | None:
+    return None
+
+
+def _cpu(params, grads) -> str | None:
+    return cpu.unavailable(params, grads)
+
+
+def _triton(params, grads) -> str | None:
+    reason = _plain(params, grads)
+    if reason:
+        return reason
+    if not _triton_installed():
+        return "triton is not installed"
+    devices = {p.device.type for p in params}
+    if devices - {"cuda", "cpu"} or len(devices) != 1:
+        return f"it runs on CUDA tensors (one device type per group), got {', '.join(sorted(devices))}"
+    if devices == {"cpu"} and os.environ.get("TRITON_INTERPRET") != "1":
+        return "CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before triton is imported"
+    if any(p.dtype == torch.float64 for p in params):
+        return "it does not support float64 parameters"
+    return None
+
+
+def _triton_installed() -> bool:
+    if "installed" not in _TRITON:
+        _TRITON["installed"] = importlib.util.find_spec("triton") is not None  # does not import triton
+    return _TRITON["installed"]
+
+
+def _triton_unwired(params, grads) -> str | None:
+    return "triton backend not available: it is not wired into this build yet"
+
+
+BACKENDS: dict[str, Backend] = {
+    "reference": Backend("reference", merit_reference, _anything),
+    "foreach": Backend("foreach", merit_foreach, _plain),
+    "cpu": Backend("cpu", merit_cpu, _cpu),
+    "compile": Backend("compile", merit_compiled, _plain),
+    # PLACEHOLDER until the Triton backend is wired; then this entry becomes (lazy: triton is
+    # imported on first use only)
+    #   "triton": Backend("triton", "merit_core.optim.merit.triton_backend:merit_triton", _triton),
+    "triton": Backend("triton", None, _triton_unwired),
+}
+IMPLEMENTATIONS = tuple(BACKENDS) + tuple(ALIASES)
+_warned: set = set()
+
+
+def _default(params: list[Tensor], grads: list[Tensor]) -> str:
+    devices = {p.device.type for p in params}
+    if devices == {"cpu"}:
+        if BACKENDS["cpu"].unavailable(params, grads) is None:
+            return "cpu"
+    elif devices == {"cuda"} and BACKENDS["triton"].function is not None:
+        reason = BACKENDS["triton"].unavailable(params, grads)
+        if reason is None:
+            return "triton"
+        if reason != "triton is not installed" and reason not in _warned:
+            _warned.add(reason)
+            warnings.warn(f"MERIT: the triton backend cannot be used ({reason}); using foreach", stacklevel=4)
+    return "foreach"
+
+
+def choose(backend: str | None, params: list[Tensor], grads: list[Tensor]) -> tuple[str, Callable, dict]:
+    """(backend name, function, extra keyword arguments) for one group's tensors.
+
+    Raises ValueError if an explicit ``backend`` is unknown or cannot take these tensors."""
+    name = ALIASES.get(backend, backend)
+    if name is not None and name not in BACKENDS:
+        raise ValueError(f"MERIT: unknown implementation {backend!r}; one of {', '.join(IMPLEMENTATIONS)}")
+    if any(is_dtensor(p) for p in params):
+        return "sharded", merit_sharded, {"local": _sharded_local(name, params, grads)}
+    if name is None:
+        name = "reference" if _plain(params, grads) else _default(params, grads)
+    else:
+        reason = BACKENDS[name].unavailable(params, grads)
+        if reason:
+            raise ValueError(f"MERIT(implementation={backend!r}) cannot be used: {reason}")
+    return name, BACKENDS[name].load(), {}
+
+
+def _sharded_local(name: str | None, params: list[Tensor], grads: list[Tensor]) -> str | None:
+    """How the sharded path computes on local shards for an explicit backend (None: its own choice)."""
+    if name in (None,):
+        return None
+    if name in ("reference", "foreach"):
+        return "torch"
+    if name == "cpu":
+        local_p = [p.to_local() if is_dtensor(p) else p for p in params]
+        local_g = [g.to_local() if is_dtensor(g) else g for g in grads]
+        reason = BACKENDS["cpu"].unavailable(local_p, local_g)
+        if reason:
+            raise ValueError(f"MERIT(implementation='cpu') cannot be used on these shards: {reason}")
+        return "cpu"
+    raise ValueError(
+        f"MERIT(implementation={name!r}) cannot be used: DTensor parameters take the sharded path, "
+        "which runs 'cpu' or torch ('foreach'/'reference') on each shard"
+    )
+
+
+@torch.no_grad()
+def merit(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    state_steps: list[Tensor],
+    *,
+    lr: float | Tensor,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+    norm: str,
+    elementwise: bool,
+    weight_bound: bool,
+    clip: float | None,
+    bias_correction: bool,
+    maximize: bool,
+    backend: str | None = None,
+) -> None:
+    r"""One MERIT step of a group of parameters, in place. Functional API of :class:`MERIT`.
+
+    For each parameter ``w`` with gradient ``g`` (step ``t``, after advancing it)::
+
+        m <- b1*m + (1-b1)*g ;  v <- b2*v + (1-b2)*g^2      (g negated if maximize)
+        u <- m_hat / (sqrt(v_hat) + eps) + weight_decay*w     (hats: bias correction, if on)
+        2+ dims: s_ij = max(r_i, c_j[, b]), r_i = ||w_i,:|| / ||u_i,:||, c_j likewise, b = ||w|| / ||u||,
+                 s_ij = 1 where any of the four row/column norms feeding it is zero
+        < 2 dims (or elementwise=False): s = b, or 1 if either norm is zero
+        w <- w - lr * clamp(s*u, -clip, clip)
+
+    Args:
+        params, grads, exp_avgs, exp_avg_sqs, state_steps: equal-length lists; moments in the
+            parameter's dtype, fp32 for bf16/fp16 parameters; ``state_steps`` are CPU scalar
+            tensors, advanced by 1 here.
+        lr: float or 0-d tensor (a changing tensor lr never recompiles anything).
+        backend: None (the best available for these tensors) or a name of :data:`BACKENDS`
+            (aliases ``"eager"``, ``"cpp"``).
+
+    Raises:
+        ValueError: an explicit ``backend`` that cannot take these tensors (nothing changed).
+    """
+    if not params:
+        return
+    if not (len(grads) == len(exp_avgs) == len(exp_avg_sqs) == len(state_steps) == len(params)):
+        raise ValueError("MERIT: params, grads, exp_avgs, exp_avg_sqs and state_steps differ in length")
+    _, fn, extra = choose(backend, params, grads)
+    torch._foreach_add_(state_steps, 1)
+    fn(
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        state_steps,
+        lr=lr,
+        betas=betas,
+        eps=eps,
+        weight_decay=weight_decay,
+        norm=norm,
+        elementwise=elementwise,
+        weight_bound=weight_bound,
+        clip=clip,
+        bias_correction=bias_correction,
+        maximize=maximize,
+        **extra,
+    )

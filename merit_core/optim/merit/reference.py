@@ -1,0 +1,62 @@
+"""The readable MERIT backend: one parameter at a time, transcribed directly from the algorithm.
+
+It is the definition the other backends are tested against, and the path for tensor subclasses
+the fast backends cannot take (its ops are plain reductions and broadcasts, which DTensor and
+most subclasses support). Any device, any float dtype; bf16/fp16 parameters are updated in fp32
+and rounded once.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from merit_core.optim.merit.common import Hyper, norm, ratio_or_one
+
+
+def reference_step(p: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: Tensor, h: Hyper) -> None:
+    """One MERIT step of p in place; ``step`` is p's (already advanced) step counter."""
+    bc1, bc2 = h.corrections(step)
+    g = grad.to(exp_avg.dtype)
+    if h.maximize:
+        g = -g
+    exp_avg.mul_(h.beta1).add_(g, alpha=1 - h.beta1)
+    exp_avg_sq.mul_(h.beta2).addcmul_(g, g, value=1 - h.beta2)
+    w = p.to(exp_avg.dtype)  # a copy only for bf16/fp16 parameters (fp32 math)
+    m_hat = exp_avg / bc1
+    v_hat = exp_avg_sq / bc2
+    u = m_hat / (v_hat.sqrt() + h.eps) + h.weight_decay * w
+
+    b = ratio_or_one(norm(w, h.norm), norm(u, h.norm))  # weight-wise ratio
+    if p.dim() >= 2 and h.elementwise:
+        rw, ru = norm(w, h.norm, dim=1), norm(u, h.norm, dim=1)  # one per row (and trailing index)
+        cw, cu = norm(w, h.norm, dim=0), norm(u, h.norm, dim=0)  # one per column
+        s = torch.maximum(rw / ru, cw / cu)
+        if h.weight_bound:
+            s = torch.maximum(s, b)
+        zero = (rw == 0) | (ru == 0) | (cw == 0) | (cu == 0)
+        s = torch.where(zero, torch.ones_like(s), s)
+    else:
+        s = b
+    d = s * u
+    if h.clip is not None:
+        d = d.clamp(-h.clip, h.clip)
+    new_w = w - d * h.lr if isinstance(h.lr, Tensor) else w.sub(d, alpha=h.lr)
+    p.copy_(new_w)  # rounded to p's dtype once
+
+
+@torch.no_grad()
+def merit_reference(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    state_steps: list[Tensor],
+    **hyper,
+) -> None:
+    """The reference backend: :func:`reference_step` on each parameter (hyperparameters as in
+    :func:`merit_core.optim.merit.functional.merit`)."""
+    h = Hyper.of(**hyper)
+    for p, g, m, v, step in zip(params, grads, exp_avgs, exp_avg_sqs, state_steps):
+        if p.numel():
+            reference_step(p, g, m, v, step, h)
