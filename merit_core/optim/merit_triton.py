@@ -55,12 +55,16 @@ except ImportError:  # pragma: no cover - exercised only where triton is not ins
     triton = None
     tl = None
 
+# Tile and chunk sizes (read at each launch; tests shrink them to exercise many tiles). Tiles of
+# 32 x 128 with 8 warps keep each thread's share of the ~7 tile-sized arrays of pass 1 in
+# registers. A finalize program reduces its partials in blocks of FIN_* tiles per iteration,
+# so a tall matrix's columns (GPT-2's wte: 1571 row tiles) take a few dozen iterations.
 TILE_ROWS = 32
 TILE_COLS = 128
-FIN_COL_TILES = 16  # column tiles a finalize program reduces per iteration
-FIN_ROW_TILES = 16  # row tiles likewise
-FIN_TILES = 256  # whole-tensor tile partials likewise
-NUM_WARPS = 4
+FIN_COL_TILES = 16  # column tiles per iteration when reducing a tile-row's row partials
+FIN_ROW_TILES = 64  # row tiles per iteration when reducing a tile-column's column partials
+FIN_TILES = 1024  # tiles per iteration when reducing a tensor's tile partials
+NUM_WARPS = 8
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _CACHE_SIZE = 16  # plans kept (one per distinct list of parameters, e.g. per param group)
@@ -135,7 +139,7 @@ if triton is not None:
     @triton.jit
     def _tile(meta, tile_tensor, NM: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
         """This program's tensor row in the table, its tile coordinates and element offsets."""
-        pid = tl.program_id(0)
+        pid = tl.program_id(0).to(tl.int64)  # offsets into the partials may pass 2**31
         t = tl.load(tile_tensor + pid)
         row = meta + t.to(tl.int64) * NM
         n_rows = tl.load(row + 4)
