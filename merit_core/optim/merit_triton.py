@@ -37,7 +37,13 @@ SUM for "l2").
 
 Triton is imported when this module is; without it, :func:`is_available` is False and
 :func:`merit_triton` raises RuntimeError. On CPU tensors it runs under Triton's interpreter,
-which must be switched on (``TRITON_INTERPRET=1``) before this module is imported.
+which must be switched on (``TRITON_INTERPRET=1``) before triton is first imported in the
+process (triton's own library functions are decorated then), e.g. in a fresh subprocess.
+
+The kernels write parameters and moments through raw addresses, as other Triton optimizers do:
+autograd's version counters of these tensors are not bumped. NaN/inf in a gradient spread to
+the weights as in the reference only where the hardware's max propagates NaN (the interpreter's
+does not).
 """
 
 from __future__ import annotations

@@ -91,24 +91,24 @@ def _assert_within_one_ulp(got: torch.Tensor, want: torch.Tensor) -> None:
 class Case:
     """Params, moments and steps of the Triton run and of the reference run, in lockstep."""
 
-    def __init__(self, shapes, dtypes=None, seed=0, init=None):
+    def __init__(self, shapes, dtypes=None, seed=0, init=None, device="cpu"):
         gen = torch.Generator().manual_seed(seed)
         dtypes = dtypes or [torch.float32] * len(shapes)
-        self.gen = gen
+        self.gen, self.device = gen, device
         # |w| ~ 0.2 keeps most of |s*u| below the clip of 1, so the ratios decide the update
-        self.params = [(0.2 * torch.randn(s, generator=gen)).to(d) for s, d in zip(shapes, dtypes)]
+        self.params = [(0.2 * torch.randn(s, generator=gen)).to(device, d) for s, d in zip(shapes, dtypes)]
         if init is not None:
             init(self.params)
         self.ref = [p.clone() for p in self.params]
-        self.m = [torch.zeros(p.shape) for p in self.params]
-        self.v = [torch.zeros(p.shape) for p in self.params]
-        self.m_ref = [torch.zeros(p.shape) for p in self.params]
-        self.v_ref = [torch.zeros(p.shape) for p in self.params]
-        self.steps = [torch.tensor(0.0) for _ in self.params]
+        self.m = [torch.zeros(p.shape, device=device) for p in self.params]
+        self.v = [torch.zeros(p.shape, device=device) for p in self.params]
+        self.m_ref = [torch.zeros(p.shape, device=device) for p in self.params]
+        self.v_ref = [torch.zeros(p.shape, device=device) for p in self.params]
+        self.steps = [torch.tensor(0.0) for _ in self.params]  # CPU, as the optimizer keeps them
 
     def grads(self, make=None):
         make = make or (lambda p, gen: torch.randn(p.shape, generator=gen).to(p.dtype))
-        return [make(p, self.gen) for p in self.params]
+        return [make(p, self.gen).to(self.device) for p in self.params]
 
     def step(self, mt, grads, **kw):
         kw = {**DEFAULTS, **kw}
@@ -339,3 +339,33 @@ if not _INTERPRETED:
         assert proc.returncode == 0, report
         summary = proc.stdout.strip().splitlines()[-1]
         assert re.fullmatch(r"(\d+) passed in .*", summary) and int(summary.split()[0]) >= 20, report
+
+    def _transposed(p):
+        g = torch.randn(p.shape[::-1]) if p.dim() == 2 else torch.randn(p.shape)
+        return g.to(p.dtype)
+
+    @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton kernels need a CUDA GPU")
+    def test_compiled_kernels_on_cuda_match_the_reference_and_lr_never_recompiles():
+        import merit_core.optim.merit_triton as mt
+
+        def compiled():
+            kernels = (mt._pass1_kernel, mt._finalize_kernel, mt._pass2_kernel)
+            return sum(len(cache[0]) for k in kernels for cache in k.device_caches.values())
+
+        dtypes = [torch.float32, torch.float32, torch.bfloat16, torch.float32, torch.float16]
+        case = Case([(300, 200), (200,), (300, 200), (64, 48, 3), (1000, 50)], dtypes=dtypes, device="cuda")
+        case.run(mt, n_steps=2, weight_decay=0.01, bias_correction=True)
+        case.step(mt, [g.mT if g.dim() == 2 else g for g in case.grads(lambda p, gen: _transposed(p))], lr=0.02)
+        count = compiled()
+        lr = torch.tensor(0.01, device="cuda")
+        for value in (0.003, 0.03):
+            case.step(mt, case.grads(), lr=value)
+            lr.fill_(value)
+            case.step(mt, case.grads(), lr=lr)
+        assert compiled() - count <= 1  # the device-lr variant of pass 2, once; never per lr value
+        before = mt.launch_counts()
+        grads = case.grads()
+        case.step(mt, grads, lr=lr)
+        case.step(mt, grads, lr=lr)
+        after = mt.launch_counts()
+        assert {k: after[k] - before[k] for k in after} == {"kernels": 6, "copies": 1, "rebuilds": 1}
