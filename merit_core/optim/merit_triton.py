@@ -1,7 +1,7 @@
 """A grouped Triton backend of MERIT: one step of all of a param group's tensors in three launches.
 
-The math is exactly ``reference_update`` (merit_core/optim/merit_update.py, after
-/work/shared/MERIT.md); only the schedule differs. Every tensor is described as a batch of
+The math is exactly that of ``reference_update`` (merit_core/optim/merit_update.py), in the
+same order of fp32 operations (IEEE division and square root); only the schedule differs. Every tensor is described as a batch of
 ``K`` matrices ``[R, C]`` (rows along dim 0, columns along dim 1, ``K`` = the product of the
 trailing dims, each index of which is its own matrix for the row and column norms, as the
 reference does); a tensor with fewer than 2 dims is laid out flat as rows of ``TILE_COLS``
@@ -410,7 +410,8 @@ class TritonPlan:
 
     ``row_stats`` ([2, total_rows]: |w| then |u| norms, one per row of each matrix),
     ``col_stats`` ([2, total_cols]) and ``tensor_stats`` ([T, 2]) hold the finalized norms
-    between :meth:`finalize` and :meth:`pass2` (sums of squares for ``norm="l2"``). Tensor ``n``
+    between :meth:`finalize` and :meth:`pass2` (sums of squares for ``norm="l2"``). The phases
+    launch on the current device: make the tensors' device current before calling them. Tensor ``n``
     of the plan (``plan.index[n]`` is its position in the caller's lists; empty tensors are
     left out) has its rows at ``row_offset[n]`` (``K * R`` of them, matrix-major) and its
     columns at ``col_offset[n]``.
@@ -746,6 +747,14 @@ def merit_triton(
         bias_correction=bias_correction,
         maximize=maximize,
     )
+    if plan.device.type == "cuda" and plan.device.index != torch.cuda.current_device():
+        with torch.cuda.device(plan.device):  # Triton launches on the current device
+            _run_phases(plan, s)
+    else:
+        _run_phases(plan, s)
+
+
+def _run_phases(plan: TritonPlan, s: Scalars) -> None:
     plan.pass1(s)
     plan.finalize(s)
     plan.pass2(s)
