@@ -140,7 +140,7 @@ def test_0d_1d_2d_3d_and_4d_match_the_reference(mt):
 
 
 def test_many_tiles_and_finalize_loops_match_the_reference(mt, small_tiles):
-    Case([(17, 36), (3, 17, 2)]).run(mt, n_steps=2, weight_decay=0.05)
+    Case([(17, 36), (10, 17, 2), (200,)]).run(mt, n_steps=2, weight_decay=0.05)
     Case([(12, 36)], seed=1).run(mt, n_steps=2, norm="l2")
 
 
