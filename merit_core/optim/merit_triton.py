@@ -1,10 +1,10 @@
-"""A grouped Triton backend of MERIT: one step of all of a param group's tensors in three launches.
+"""A grouped Triton backend of MERIT: one step of all of a param group's tensors in 3 to 5 launches.
 
 The math is exactly that of ``reference_update`` (merit_core/optim/merit_update.py), in the
-same order of fp32 operations (IEEE division and square root); only the schedule differs. Every tensor is described as a batch of
-``K`` matrices ``[R, C]`` (rows along dim 0, columns along dim 1, ``K`` = the product of the
-trailing dims, each index of which is its own matrix for the row and column norms, as the
-reference does); a tensor with fewer than 2 dims is laid out flat as rows of ``TILE_COLS``
+same order of fp32 operations (IEEE division and square root); only the schedule differs.
+Every tensor is described as a batch of ``K`` matrices ``[R, C]`` (rows along dim 0, columns
+along dim 1, ``K`` = the product of the trailing dims, each index of which is its own matrix
+for the row and column norms, as the reference does); a tensor with fewer than 2 dims is laid out flat as rows of ``TILE_COLS``
 elements and only its whole-tensor norm is used. Each matrix is cut into ``TILE_ROWS x
 TILE_COLS`` tiles, and the tiles of all tensors form one launch grid:
 
@@ -22,6 +22,9 @@ TILE_COLS`` tiles, and the tiles of all tensors form one launch grid:
    feeding norm is zero) or s = b, and writes w - lr * clamp(s*u, -clip, clip), rounded once to
    the parameter's dtype.
 
+Passes 1 and 2 launch twice when vectorisable and other tensors are mixed (see
+:class:`TritonPlan`): 3 to 5 launches per step, independent of the number of tensors.
+
 Per-tensor addresses, shapes and strides live in a small int64 table on the device, with a
 tile -> tensor table. Both are cached per list of parameters and rebuilt when any data pointer
 or grad stride changes (``zero_grad(set_to_none=True)`` reallocates grads). Nothing in a step
@@ -31,7 +34,7 @@ never recompiles anything).
 
 Phases for sharded callers: :func:`plan_for` returns the cached :class:`TritonPlan` of a list of
 tensors; ``plan.pass1(s)``, ``plan.finalize(s)`` and ``plan.pass2(s)`` (``s`` from
-:func:`scalars`) run the three launches, and between finalize and pass 2 a caller may combine
+:func:`scalars`) run the launches, and between finalize and pass 2 a caller may combine
 ``plan.row_stats``, ``plan.col_stats`` and ``plan.tensor_stats`` across ranks (MAX for "max",
 SUM for "l2").
 
@@ -62,15 +65,17 @@ except ImportError:  # pragma: no cover - exercised only where triton is not ins
     tl = None
 
 # Tile and chunk sizes (read at each launch; tests shrink them to exercise many tiles). Tiles of
-# 32 x 128 with 8 warps keep each thread's share of the ~7 tile-sized arrays of pass 1 in
-# registers. A finalize program reduces its partials in blocks of FIN_* tiles per iteration,
-# so a tall matrix's columns (GPT-2's wte: 1571 row tiles) take a few dozen iterations.
+# 32 x 128: with 8 warps the vectorised passes compile to ~80-100 registers a thread for sm_90;
+# the strided variant (per-element 64-bit addresses) needs ~240 at 8 warps, ~100-125 at 16.
+# A finalize program reduces its partials in blocks of FIN_* tiles per iteration, so a tall
+# matrix's columns (GPT-2's wte: 1571 row tiles) take a few dozen iterations.
 TILE_ROWS = 32
 TILE_COLS = 128
 FIN_COL_TILES = 16  # column tiles per iteration when reducing a tile-row's row partials
 FIN_ROW_TILES = 64  # row tiles per iteration when reducing a tile-column's column partials
 FIN_TILES = 1024  # tiles per iteration when reducing a tensor's tile partials
-NUM_WARPS = 8
+NUM_WARPS = 8  # vectorised passes and finalize
+NUM_WARPS_STRIDED = 16  # passes over tensors with general strides
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _CACHE_SIZE = 16  # plans kept (one per distinct list of parameters, e.g. per param group)
@@ -97,7 +102,8 @@ def is_available() -> bool:
 def launch_counts() -> dict[str, int]:
     """Work this module has issued since import: ``kernels`` (Triton launches), ``copies``
     (host-to-device copies of tables and grad copies it had to make) and ``rebuilds`` (pointer
-    tables rebuilt). A steady step adds exactly 3 kernels and nothing else."""
+    tables rebuilt). A steady step adds 3 kernels (5 when the list mixes vectorisable and
+    other tensors, see :class:`TritonPlan`) and nothing else."""
     return dict(_launches)
 
 
@@ -123,29 +129,41 @@ class Scalars(NamedTuple):
 if triton is not None:
 
     @triton.jit
-    def _load_f32(addr, dt, offs, mask):
+    def _ptr(addr, ty: tl.constexpr, ALIGNED: tl.constexpr):
+        # An int64 address as a pointer; ALIGNED: the address is a multiple of 16 bytes.
+        p = addr.to(tl.pointer_type(ty))
+        if ALIGNED:
+            p = tl.multiple_of(p, 16)
+        return p
+
+    @triton.jit
+    def _load_f32(addr, dt, offs, mask, ALIGNED: tl.constexpr):
         # addr: an int64 address; dt: 0 fp32, 1 bf16, 2 fp16.
         if dt == 0:
-            x = tl.load(addr.to(tl.pointer_type(tl.float32)) + offs, mask=mask, other=0.0)
+            x = tl.load(_ptr(addr, tl.float32, ALIGNED) + offs, mask=mask, other=0.0)
         elif dt == 1:
-            x = tl.load(addr.to(tl.pointer_type(tl.bfloat16)) + offs, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(_ptr(addr, tl.bfloat16, ALIGNED) + offs, mask=mask, other=0.0).to(tl.float32)
         else:
-            x = tl.load(addr.to(tl.pointer_type(tl.float16)) + offs, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(_ptr(addr, tl.float16, ALIGNED) + offs, mask=mask, other=0.0).to(tl.float32)
         return x
 
     @triton.jit
-    def _store_from_f32(addr, dt, offs, x, mask):
+    def _store_from_f32(addr, dt, offs, x, mask, ALIGNED: tl.constexpr):
         if dt == 0:
-            tl.store(addr.to(tl.pointer_type(tl.float32)) + offs, x, mask=mask)
+            tl.store(_ptr(addr, tl.float32, ALIGNED) + offs, x, mask=mask)
         elif dt == 1:
-            tl.store(addr.to(tl.pointer_type(tl.bfloat16)) + offs, x.to(tl.bfloat16), mask=mask)
+            tl.store(_ptr(addr, tl.bfloat16, ALIGNED) + offs, x.to(tl.bfloat16), mask=mask)
         else:
-            tl.store(addr.to(tl.pointer_type(tl.float16)) + offs, x.to(tl.float16), mask=mask)
+            tl.store(_ptr(addr, tl.float16, ALIGNED) + offs, x.to(tl.float16), mask=mask)
 
     @triton.jit
-    def _tile(meta, tile_tensor, NM: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
-        """This program's tensor row in the table, its tile coordinates and element offsets."""
-        pid = tl.program_id(0).to(tl.int64)  # offsets into the partials may pass 2**31
+    def _tile(
+        meta, tile_tensor, first_tile, NM: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, ALIGNED: tl.constexpr
+    ):
+        """This program's tensor row in the table, its tile coordinates and element offsets.
+        ALIGNED: the tensor is 1-D/2-D, its column count (and size) a multiple of 4 elements and
+        its addresses 16-byte aligned, so that loads and stores can be vectorised."""
+        pid = tl.program_id(0).to(tl.int64) + first_tile  # offsets into the partials may pass 2**31
         t = tl.load(tile_tensor + pid)
         row = meta + t.to(tl.int64) * NM
         n_rows = tl.load(row + 4)
@@ -160,17 +178,25 @@ if triton is not None:
         ct = rem - rt * nct
         i = rt * BR + tl.arange(0, BR).to(tl.int64)
         j = ct * BC + tl.arange(0, BC).to(tl.int64)
+        if ALIGNED:
+            n_cols = tl.multiple_of(n_cols, 4)
+            lim = tl.multiple_of(lim, 4)
         mask = (i[:, None] < n_rows) & (j[None, :] < n_cols) & ((i[:, None] * n_cols + j[None, :]) < lim)
-        p_offs = i[:, None] * tl.load(row + 7) + j[None, :] * tl.load(row + 8) + k * tl.load(row + 9)
+        if ALIGNED:
+            p_offs = i[:, None] * tl.multiple_of(tl.load(row + 7), 4) + j[None, :]
+        else:
+            p_offs = i[:, None] * tl.load(row + 7) + j[None, :] * tl.load(row + 8) + k * tl.load(row + 9)
         return pid, t, row, k, rt, ct, i, j, mask, p_offs
 
     @triton.jit
-    def _direction(row, t, p_offs, mask, m, v, bc1, bc2, bcs, eps, wd, PER_TENSOR_BC: tl.constexpr):
+    def _direction(
+        row, t, p_offs, mask, m, v, bc1, bc2, bcs, eps, wd, PER_TENSOR_BC: tl.constexpr, ALIGNED: tl.constexpr
+    ):
         """u = m_hat / (sqrt(v_hat) + eps) + wd * w, in the reference's order of operations."""
         if PER_TENSOR_BC:
             bc1 = tl.load(bcs + 2 * t)
             bc2 = tl.load(bcs + 2 * t + 1)
-        w = _load_f32(tl.load(row + 0), tl.load(row + 19), p_offs, mask)
+        w = _load_f32(tl.load(row + 0), tl.load(row + 19), p_offs, mask, ALIGNED)
         u = tl.div_rn(tl.div_rn(m, bc1), tl.sqrt_rn(tl.div_rn(v, bc2)) + eps) + wd * w
         return w, u
 
@@ -178,6 +204,7 @@ if triton is not None:
     def _pass1_kernel(
         meta,
         tile_tensor,
+        first_tile,
         row_part,
         col_part,
         tensor_part,
@@ -197,19 +224,23 @@ if triton is not None:
         L2: tl.constexpr,
         ROWCOL: tl.constexpr,
         PER_TENSOR_BC: tl.constexpr,
+        ALIGNED: tl.constexpr,
     ):
-        pid, t, row, k, rt, ct, i, j, mask, p_offs = _tile(meta, tile_tensor, NM, BR, BC)
-        g_offs = i[:, None] * tl.load(row + 10) + j[None, :] * tl.load(row + 11) + k * tl.load(row + 12)
-        g = _load_f32(tl.load(row + 1), tl.load(row + 20), g_offs, mask)
+        pid, t, row, k, rt, ct, i, j, mask, p_offs = _tile(meta, tile_tensor, first_tile, NM, BR, BC, ALIGNED)
+        if ALIGNED:
+            g_offs = i[:, None] * tl.multiple_of(tl.load(row + 10), 4) + j[None, :]
+        else:
+            g_offs = i[:, None] * tl.load(row + 10) + j[None, :] * tl.load(row + 11) + k * tl.load(row + 12)
+        g = _load_f32(tl.load(row + 1), tl.load(row + 20), g_offs, mask, ALIGNED)
         if MAXIMIZE:
             g = -g
-        m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.float32))
-        v_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float32))
+        m_ptr = _ptr(tl.load(row + 2), tl.float32, ALIGNED)
+        v_ptr = _ptr(tl.load(row + 3), tl.float32, ALIGNED)
         m = tl.load(m_ptr + p_offs, mask=mask, other=0.0) * beta1 + one_minus_beta1 * g
         v = tl.load(v_ptr + p_offs, mask=mask, other=0.0) * beta2 + one_minus_beta2 * g * g
         tl.store(m_ptr + p_offs, m, mask=mask)
         tl.store(v_ptr + p_offs, v, mask=mask)
-        w, u = _direction(row, t, p_offs, mask, m, v, bc1, bc2, bcs, eps, wd, PER_TENSOR_BC)
+        w, u = _direction(row, t, p_offs, mask, m, v, bc1, bc2, bcs, eps, wd, PER_TENSOR_BC, ALIGNED)
         if L2:
             sw = w * w
             su = u * u
@@ -262,7 +293,7 @@ if triton is not None:
         L2: tl.constexpr,
         ROWCOL: tl.constexpr,
     ):
-        pid, t, row, k, rt, ct, i, j, mask, p_offs = _tile(meta, tile_tensor, NM, BR, BC)
+        pid, t, row, k, rt, ct, i, j, mask, p_offs = _tile(meta, tile_tensor, 0, NM, BR, BC, False)
         nrt = tl.load(row + 14)
         nct = tl.load(row + 15)
         tile0 = tl.load(row + 13)
@@ -346,6 +377,7 @@ if triton is not None:
     def _pass2_kernel(
         meta,
         tile_tensor,
+        first_tile,
         row_stats,
         col_stats,
         tensor_stats,
@@ -368,11 +400,12 @@ if triton is not None:
         CLIP: tl.constexpr,
         LR_PTR: tl.constexpr,
         PER_TENSOR_BC: tl.constexpr,
+        ALIGNED: tl.constexpr,
     ):
-        pid, t, row, k, rt, ct, i, j, mask, p_offs = _tile(meta, tile_tensor, NM, BR, BC)
-        m = tl.load(tl.load(row + 2).to(tl.pointer_type(tl.float32)) + p_offs, mask=mask, other=0.0)
-        v = tl.load(tl.load(row + 3).to(tl.pointer_type(tl.float32)) + p_offs, mask=mask, other=0.0)
-        w, u = _direction(row, t, p_offs, mask, m, v, bc1, bc2, bcs, eps, wd, PER_TENSOR_BC)
+        pid, t, row, k, rt, ct, i, j, mask, p_offs = _tile(meta, tile_tensor, first_tile, NM, BR, BC, ALIGNED)
+        m = tl.load(_ptr(tl.load(row + 2), tl.float32, ALIGNED) + p_offs, mask=mask, other=0.0)
+        v = tl.load(_ptr(tl.load(row + 3), tl.float32, ALIGNED) + p_offs, mask=mask, other=0.0)
+        w, u = _direction(row, t, p_offs, mask, m, v, bc1, bc2, bcs, eps, wd, PER_TENSOR_BC, ALIGNED)
         b, _ = _ratio(tl.load(tensor_stats + 2 * t), tl.load(tensor_stats + 2 * t + 1), L2)
         s = tl.zeros([BR, BC], dtype=tl.float32) + b
         if ROWCOL:
@@ -402,11 +435,17 @@ if triton is not None:
             d = tl.minimum(tl.maximum(d, -clip), clip)
         if LR_PTR:
             lr = tl.load(lr_ptr).to(tl.float32)
-        _store_from_f32(tl.load(row + 0), tl.load(row + 19), p_offs, w - lr * d, mask)
+        _store_from_f32(tl.load(row + 0), tl.load(row + 19), p_offs, w - lr * d, mask, ALIGNED)
 
 
 class TritonPlan:
-    """Tables and scratch buffers of one list of tensors, and the three launches of a step.
+    """Tables and scratch buffers of one list of tensors, and the launches of a step.
+
+    Tensors that are 1-D or 2-D, 16-byte aligned and hold whole 4-element groups per row (with
+    grads and moments alike) are "vectorisable": their tiles come first and pass 1 / pass 2 run
+    them in a launch compiled with alignment hints (128-bit loads); the other tiles take a second,
+    strided launch. So a step is 3 launches (pass 1, finalize, pass 2) when all tensors are of one
+    kind and 5 when both kinds are present, whatever the number of tensors.
 
     ``row_stats`` ([2, total_rows]: |w| then |u| norms, one per row of each matrix),
     ``col_stats`` ([2, total_cols]) and ``tensor_stats`` ([T, 2]) hold the finalized norms
@@ -419,7 +458,10 @@ class TritonPlan:
 
     def __init__(self, params, device: torch.device):
         self.device = device
-        self.index = [n for n, p in enumerate(params) if p.numel() > 0]
+        nonempty = [n for n, p in enumerate(params) if p.numel() > 0]
+        vec = [n for n in nonempty if _vectorisable(params[n])]
+        self.index = vec + [n for n in nonempty if n not in set(vec)]  # their tiles come first
+        self.n_vec = len(vec)
         self.row_offset, self.col_offset, static, tile_tensor = [], [], [], []
         rows = cols = tiles = 0
         for n in self.index:
@@ -444,6 +486,8 @@ class TritonPlan:
             n_tiles = k_mats * nrt * nct
             tile_tensor += [len(static) - 1] * n_tiles
             tiles += n_tiles
+            if len(static) == self.n_vec:
+                self.n_vec_tiles = tiles
             if is_mat:
                 rows += k_mats * n_rows
                 cols += k_mats * n_cols
@@ -456,14 +500,18 @@ class TritonPlan:
         self.row_stats = torch.empty(2, self.total_rows, **f32)
         self.col_stats = torch.empty(2, self.total_cols, **f32)
         self.tensor_stats = torch.empty(max(len(static), 1), 2, **f32)
+        if self.n_vec == 0:
+            self.n_vec_tiles = 0
         self.pointer_key = None
         self.meta = None
+        self.aligned = False  # whether the vectorised kernels may take the first n_vec_tiles tiles
         self._keep = None  # grad copies the table points at (grads that could not be viewed)
 
     def bind(self, grads, exp_avgs, exp_avg_sqs, params, pointer_key) -> None:
         """(Re)build the device table with the current addresses and grad strides."""
         table, keep = [], []
-        for entry, n in zip(self.static, self.index):
+        aligned = True
+        for pos, (entry, n) in enumerate(zip(self.static, self.index)):
             g = _grad_view(params[n], grads[n])
             if g.data_ptr() != grads[n].data_ptr() or g.storage_offset() != grads[n].storage_offset():
                 keep.append(g)
@@ -478,7 +526,11 @@ class TritonPlan:
                 entry[_F_GR], entry[_F_GC], entry[_F_GK] = g.stride()
             else:
                 entry[_F_GR], entry[_F_GC], entry[_F_GK] = TILE_COLS * g.stride(0), g.stride(0), 0
+            if pos < self.n_vec:
+                addresses = (entry[_F_G], entry[_F_M], entry[_F_V])
+                aligned &= entry[_F_GC] == 1 and entry[_F_GR] % 4 == 0 and all(a % 16 == 0 for a in addresses)
             table.append(entry)
+        self.aligned = aligned
         self.meta = _to_device(torch.tensor(table or [[0] * NMETA], dtype=torch.int64), self.device)
         self._keep = keep
         # A copied grad must be copied again next step: leave the key unset so the table is rebuilt.
@@ -488,12 +540,25 @@ class TritonPlan:
     def _grid(self):
         return (self.n_tiles,)
 
+    def _segments(self):
+        """(first tile, tiles, vectorised) of each launch of a pass: one launch for the tiles of
+        the vectorisable tensors and one for the rest (or one for all, if addresses disallow)."""
+        if not self.aligned or self.n_vec_tiles == 0:
+            return [(0, self.n_tiles, False)]
+        rest = self.n_tiles - self.n_vec_tiles
+        return [(0, self.n_vec_tiles, True)] + ([(self.n_vec_tiles, rest, False)] if rest else [])
+
     def pass1(self, s: Scalars) -> None:
         """Update m and v; write per-tile partial norms of |w| and |u|."""
         bc = s.bc_tensor if s.bc_tensor is not None else self.tensor_stats
-        _pass1_kernel[self._grid()](
+        for first, count, aligned in self._segments():
+            self._pass1(s, bc, first, count, aligned)
+
+    def _pass1(self, s: Scalars, bc, first: int, count: int, aligned: bool) -> None:
+        _pass1_kernel[(count,)](
             self.meta,
             self.tile_tensor,
+            first,
             self.row_part,
             self.col_part,
             self.tensor_part,
@@ -513,7 +578,8 @@ class TritonPlan:
             L2=s.l2,
             ROWCOL=s.elementwise,
             PER_TENSOR_BC=s.bc_tensor is not None,
-            num_warps=NUM_WARPS,
+            ALIGNED=aligned,
+            num_warps=NUM_WARPS if aligned else NUM_WARPS_STRIDED,
         )
         _launches["kernels"] += 1
 
@@ -546,9 +612,14 @@ class TritonPlan:
         """Recompute u and apply w <- w - lr * clamp(s*u)."""
         bc = s.bc_tensor if s.bc_tensor is not None else self.tensor_stats
         lr_t = s.lr_tensor if s.lr_tensor is not None else self.tensor_stats
-        _pass2_kernel[self._grid()](
+        for first, count, aligned in self._segments():
+            self._pass2(s, bc, lr_t, first, count, aligned)
+
+    def _pass2(self, s: Scalars, bc, lr_t, first: int, count: int, aligned: bool) -> None:
+        _pass2_kernel[(count,)](
             self.meta,
             self.tile_tensor,
+            first,
             self.row_stats,
             self.col_stats,
             self.tensor_stats,
@@ -571,7 +642,8 @@ class TritonPlan:
             CLIP=s.clip is not None,
             LR_PTR=s.lr_tensor is not None,
             PER_TENSOR_BC=s.bc_tensor is not None,
-            num_warps=NUM_WARPS,
+            ALIGNED=aligned,
+            num_warps=NUM_WARPS if aligned else NUM_WARPS_STRIDED,
         )
         _launches["kernels"] += 1
 
@@ -585,6 +657,13 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
         return t
     _launches["copies"] += 1
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def _vectorisable(p: torch.Tensor) -> bool:
+    """1-D/2-D, a whole number of 4-element groups per row and 16-byte aligned (the grad and
+    moments are checked when the table is built)."""
+    per_row = p.shape[1] if p.dim() == 2 else TILE_COLS
+    return p.dim() <= 2 and p.numel() % 4 == 0 and per_row % 4 == 0 and p.data_ptr() % 16 == 0
 
 
 def _grad_view(p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
