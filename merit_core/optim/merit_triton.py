@@ -129,32 +129,42 @@ class Scalars(NamedTuple):
 if triton is not None:
 
     @triton.jit
-    def _ptr(addr, ty: tl.constexpr, ALIGNED: tl.constexpr):
-        # An int64 address as a pointer; ALIGNED: the address is a multiple of 16 bytes.
-        p = addr.to(tl.pointer_type(ty))
-        if ALIGNED:
-            p = tl.multiple_of(p, 16)
-        return p
-
-    @triton.jit
     def _load_f32(addr, dt, offs, mask, ALIGNED: tl.constexpr):
-        # addr: an int64 address; dt: 0 fp32, 1 bf16, 2 fp16.
+        # addr: an int64 address (16-byte aligned if ALIGNED); dt: 0 fp32, 1 bf16, 2 fp16.
         if dt == 0:
-            x = tl.load(_ptr(addr, tl.float32, ALIGNED) + offs, mask=mask, other=0.0)
+            p32 = addr.to(tl.pointer_type(tl.float32))
+            if ALIGNED:
+                p32 = tl.multiple_of(p32, 16)
+            x = tl.load(p32 + offs, mask=mask, other=0.0)
         elif dt == 1:
-            x = tl.load(_ptr(addr, tl.bfloat16, ALIGNED) + offs, mask=mask, other=0.0).to(tl.float32)
+            pbf = addr.to(tl.pointer_type(tl.bfloat16))
+            if ALIGNED:
+                pbf = tl.multiple_of(pbf, 16)
+            x = tl.load(pbf + offs, mask=mask, other=0.0).to(tl.float32)
         else:
-            x = tl.load(_ptr(addr, tl.float16, ALIGNED) + offs, mask=mask, other=0.0).to(tl.float32)
+            p16 = addr.to(tl.pointer_type(tl.float16))
+            if ALIGNED:
+                p16 = tl.multiple_of(p16, 16)
+            x = tl.load(p16 + offs, mask=mask, other=0.0).to(tl.float32)
         return x
 
     @triton.jit
     def _store_from_f32(addr, dt, offs, x, mask, ALIGNED: tl.constexpr):
         if dt == 0:
-            tl.store(_ptr(addr, tl.float32, ALIGNED) + offs, x, mask=mask)
+            p32 = addr.to(tl.pointer_type(tl.float32))
+            if ALIGNED:
+                p32 = tl.multiple_of(p32, 16)
+            tl.store(p32 + offs, x, mask=mask)
         elif dt == 1:
-            tl.store(_ptr(addr, tl.bfloat16, ALIGNED) + offs, x.to(tl.bfloat16), mask=mask)
+            pbf = addr.to(tl.pointer_type(tl.bfloat16))
+            if ALIGNED:
+                pbf = tl.multiple_of(pbf, 16)
+            tl.store(pbf + offs, x.to(tl.bfloat16), mask=mask)
         else:
-            tl.store(_ptr(addr, tl.float16, ALIGNED) + offs, x.to(tl.float16), mask=mask)
+            p16 = addr.to(tl.pointer_type(tl.float16))
+            if ALIGNED:
+                p16 = tl.multiple_of(p16, 16)
+            tl.store(p16 + offs, x.to(tl.float16), mask=mask)
 
     @triton.jit
     def _tile(
@@ -234,8 +244,11 @@ if triton is not None:
         g = _load_f32(tl.load(row + 1), tl.load(row + 20), g_offs, mask, ALIGNED)
         if MAXIMIZE:
             g = -g
-        m_ptr = _ptr(tl.load(row + 2), tl.float32, ALIGNED)
-        v_ptr = _ptr(tl.load(row + 3), tl.float32, ALIGNED)
+        m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.float32))
+        v_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float32))
+        if ALIGNED:
+            m_ptr = tl.multiple_of(m_ptr, 16)
+            v_ptr = tl.multiple_of(v_ptr, 16)
         m = tl.load(m_ptr + p_offs, mask=mask, other=0.0) * beta1 + one_minus_beta1 * g
         v = tl.load(v_ptr + p_offs, mask=mask, other=0.0) * beta2 + one_minus_beta2 * g * g
         tl.store(m_ptr + p_offs, m, mask=mask)
@@ -403,8 +416,13 @@ if triton is not None:
         ALIGNED: tl.constexpr,
     ):
         pid, t, row, k, rt, ct, i, j, mask, p_offs = _tile(meta, tile_tensor, first_tile, NM, BR, BC, ALIGNED)
-        m = tl.load(_ptr(tl.load(row + 2), tl.float32, ALIGNED) + p_offs, mask=mask, other=0.0)
-        v = tl.load(_ptr(tl.load(row + 3), tl.float32, ALIGNED) + p_offs, mask=mask, other=0.0)
+        m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.float32))
+        v_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float32))
+        if ALIGNED:
+            m_ptr = tl.multiple_of(m_ptr, 16)
+            v_ptr = tl.multiple_of(v_ptr, 16)
+        m = tl.load(m_ptr + p_offs, mask=mask, other=0.0)
+        v = tl.load(v_ptr + p_offs, mask=mask, other=0.0)
         w, u = _direction(row, t, p_offs, mask, m, v, bc1, bc2, bcs, eps, wd, PER_TENSOR_BC, ALIGNED)
         b, _ = _ratio(tl.load(tensor_stats + 2 * t), tl.load(tensor_stats + 2 * t + 1), L2)
         s = tl.zeros([BR, BC], dtype=tl.float32) + b
