@@ -1,0 +1,428 @@
+"""The grouped Triton backend against the reference, under Triton's interpreter on CPU tensors.
+
+TRITON_INTERPRET=1 must be set before triton is first imported (triton's own library functions
+are decorated then), and in an ordinary test process triton may already have been imported
+(torch.compile's tests import it) without it. So in an ordinary process this file holds one
+test, which runs this file again in a child pytest with TRITON_INTERPRET=1 and passes if all of
+its cases pass; with TRITON_INTERPRET=1 set (the child, or a direct
+``TRITON_INTERPRET=1 pytest tests/optim/test_merit_triton.py``) the cases themselves are
+collected. No other test sees the variable.
+"""
+
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+pytest.importorskip("numpy")  # the interpreter needs it
+
+from merit_core.optim.merit_update import Hyper, reference_update  # noqa: E402
+
+DEFAULTS = dict(
+    lr=0.01,
+    betas=(0.9, 0.999),
+    eps=1e-6,
+    weight_decay=0.0,
+    norm="max",
+    elementwise=True,
+    weight_bound=True,
+    clip=1.0,
+    bias_correction=False,
+    maximize=False,
+)
+_MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10}
+
+
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.fixture(scope="module")
+def mt():
+    import merit_core.optim.merit_triton as module
+
+    assert type(module._pass1_kernel).__name__ == "InterpretedFunction"
+    module._plans.clear()
+    return module
+
+
+@pytest.fixture
+def small_tiles(mt, monkeypatch):
+    """Tiles of 8x16 and finalize chunks of 2: many tiles per tensor, several loop iterations."""
+    for name, value in dict(TILE_ROWS=8, TILE_COLS=16, FIN_COL_TILES=2, FIN_ROW_TILES=2, FIN_TILES=2).items():
+        monkeypatch.setattr(mt, name, value)
+    mt._plans.clear()
+    yield
+    mt._plans.clear()
+
+
+def _hyper(kw: dict, step: float) -> Hyper:
+    b1, b2 = kw["betas"]
+    bc1, bc2 = (1 - b1**step, 1 - b2**step) if kw["bias_correction"] else (1.0, 1.0)
+    return Hyper(
+        lr=float(kw["lr"]),
+        beta1=b1,
+        beta2=b2,
+        eps=kw["eps"],
+        weight_decay=kw["weight_decay"],
+        bias_correction1=bc1,
+        bias_correction2=bc2,
+        clip=kw["clip"],
+        norm=kw["norm"],
+        elementwise=kw["elementwise"],
+        weight_bound=kw["weight_bound"],
+        maximize=kw["maximize"],
+    )
+
+
+def _assert_within_one_ulp(got: torch.Tensor, want: torch.Tensor) -> None:
+    bits = _MANTISSA_BITS[want.dtype]
+    exponent = torch.frexp(want.float().abs()).exponent.float()
+    ulp = torch.where(want == 0, torch.full_like(exponent, 2.0**-133), torch.exp2(exponent - 1 - bits))
+    err = (got.float() - want.float()).abs()
+    assert bool((err <= ulp).all()), f"{want.dtype}: max error {err.max().item()} exceeds one ulp"
+
+
+class Case:
+    """Params, moments and steps of the Triton run and of the reference run, in lockstep."""
+
+    def __init__(self, shapes, dtypes=None, seed=0, init=None, device="cpu"):
+        gen = torch.Generator().manual_seed(seed)
+        dtypes = dtypes or [torch.float32] * len(shapes)
+        self.gen, self.device = gen, device
+        # |w| ~ 0.2 keeps most of |s*u| below the clip of 1, so the ratios decide the update
+        self.params = [(0.2 * torch.randn(s, generator=gen)).to(device, d) for s, d in zip(shapes, dtypes)]
+        if init is not None:
+            init(self.params)
+        self.ref = [p.clone() for p in self.params]
+        self.m = [torch.zeros(p.shape, device=device) for p in self.params]
+        self.v = [torch.zeros(p.shape, device=device) for p in self.params]
+        self.m_ref = [torch.zeros(p.shape, device=device) for p in self.params]
+        self.v_ref = [torch.zeros(p.shape, device=device) for p in self.params]
+        self.steps = [torch.tensor(0.0) for _ in self.params]  # CPU, as the optimizer keeps them
+
+    def grads(self, make=None):
+        make = make or (lambda p, gen: torch.randn(p.shape, generator=gen).to(p.dtype))
+        return [make(p, self.gen).to(self.device) for p in self.params]
+
+    def step(self, mt, grads, **kw):
+        kw = {**DEFAULTS, **kw}
+        for s in self.steps:
+            s += 1
+        mt.merit_triton(self.params, grads, self.m, self.v, self.steps, **kw)
+        for p, g, m, v, s in zip(self.ref, grads, self.m_ref, self.v_ref, self.steps):
+            if p.numel():  # the reference cannot reduce an empty tensor; the backend skips them
+                reference_update(p, g, m, v, _hyper(kw, float(s)))
+        for n, (got, want) in enumerate(zip(self.params, self.ref)):
+            if want.dtype == torch.float32:
+                torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=lambda m, n=n: f"tensor {n}: {m}")
+            else:
+                _assert_within_one_ulp(got, want)
+                want.copy_(got)  # one ulp may flip the next step's rounding: compare each step afresh
+            torch.testing.assert_close(self.m[n], self.m_ref[n], rtol=1e-6, atol=1e-7)
+            torch.testing.assert_close(self.v[n], self.v_ref[n], rtol=1e-6, atol=1e-9)
+
+    def run(self, mt, n_steps=3, make=None, **kw):
+        for _ in range(n_steps):
+            self.step(mt, self.grads(make), **kw)
+
+
+SHAPES = [(12, 20), (20,), (3, 5, 2), (1,), ()]
+
+
+def test_0d_1d_2d_3d_and_4d_match_the_reference(mt):
+    Case([*SHAPES, (2, 3, 1, 2)]).run(mt)
+
+
+def test_many_tiles_and_finalize_loops_match_the_reference(mt, small_tiles):
+    Case([(17, 36), (10, 17, 2), (200,)]).run(mt, n_steps=2, weight_decay=0.05)
+    Case([(12, 36)], seed=1).run(mt, n_steps=2, norm="l2")
+
+
+def _zero_row_and_column(params):
+    for p in params:
+        p.mul_(25)  # |w| >> |u|: ratios above 1, so a zero norm's "ratio 1" rule shows (clip=None)
+    params[0][3] = 0
+    params[0][:, 5] = 0
+    params[1][:, :, 1] = 0  # a whole matrix of a 3-D tensor
+    params[2].zero_()
+
+
+def test_zero_rows_and_columns_of_w_and_u(mt, small_tiles):
+    def grads(p, gen):
+        g = torch.randn(p.shape, generator=gen)
+        if p.dim() == 2:
+            g[:, 7] = 0  # with no weight decay the column of u stays zero
+            g[10] = 0
+        return g
+
+    for kw in (dict(clip=None), dict(norm="l2", clip=None)):
+        Case([(12, 20), (3, 10, 2), (30,)], init=_zero_row_and_column).run(mt, n_steps=2, make=grads, **kw)
+
+
+@pytest.mark.parametrize(
+    "ablation",
+    [
+        dict(clip=None),
+        dict(weight_bound=False),
+        dict(elementwise=False),
+        dict(norm="l2"),
+        dict(norm="l2", elementwise=False, clip=None),  # LAMB
+    ],
+    ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
+)
+def test_each_ablation_matches_the_reference(mt, ablation):
+    Case([(12, 20), (3, 5, 2)]).run(mt, n_steps=2, lr=0.05, **ablation)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [dict(maximize=True, clip=0.5), dict(weight_decay=0.1), dict(bias_correction=True, weight_decay=0.01)],
+    ids=lambda kw: ",".join(kw),
+)
+def test_maximize_weight_decay_and_bias_correction(mt, flags):
+    Case(SHAPES[:2]).run(mt, n_steps=2, lr=0.05, **flags)
+
+
+def test_bias_correction_with_different_step_counts(mt):
+    case = Case(SHAPES[:2])
+    case.steps[1] += 5  # e.g. a tensor that had grads before the others
+    case.run(mt, n_steps=2, bias_correction=True)
+
+
+def test_non_contiguous_grads(mt):
+    case = Case([(12, 20), (20,), (3, 5, 2), (2, 3, 2, 2)])
+
+    def grads(p, gen):
+        if p.dim() == 1:
+            return torch.randn(2 * p.numel(), generator=gen)[::2]
+        if p.dim() == 2:
+            return torch.randn(p.shape[::-1], generator=gen).t()  # transposed
+        if p.dim() == 3:
+            return torch.randn(p.shape[0], p.shape[1], 2 * p.shape[2], generator=gen)[:, :, ::2]
+        return torch.randn(p.shape[::-1], generator=gen).permute(3, 2, 1, 0)  # trailing dims not mergeable
+
+    before = mt.launch_counts()
+    case.run(mt, n_steps=2, make=grads)
+    after = mt.launch_counts()
+    assert after["copies"] - before["copies"] == 2  # only the 4-D grad is copied, once a step
+
+
+def test_mixed_dtypes_in_one_call(mt):
+    dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.bfloat16, torch.float16]
+    case = Case([(12, 20), (12, 20), (3, 5, 2), (20,), (20,)], dtypes=dtypes)
+    case.run(mt, n_steps=2, weight_decay=0.1)
+    # bf16 params with fp32 grads (e.g. grads accumulated in fp32)
+    case.run(mt, make=lambda p, gen: torch.randn(p.shape, generator=gen), n_steps=1)
+
+
+def test_float_and_tensor_learning_rates(mt):
+    case = Case(SHAPES[:2])
+    for lr in (0.01, 0.003):
+        case.step(mt, case.grads(), lr=lr)
+    lr = torch.tensor(0.01)
+    for value in (0.005, 0.03):
+        lr.fill_(value)  # the same tensor, a new value: read by the kernel at launch
+        case.step(mt, case.grads(), lr=lr)
+    case.step(mt, case.grads(), lr=torch.tensor(0.02, dtype=torch.float64))
+
+
+def test_pointer_table_is_rebuilt_only_when_addresses_change(mt):
+    case = Case(SHAPES[:2])
+    grads = case.grads()
+    case.step(mt, grads)
+    count = mt.launch_counts()["rebuilds"]
+    for g in grads:  # accumulate in place: same addresses, same table
+        g.copy_(torch.randn(g.shape, generator=case.gen))
+    case.step(mt, grads)
+    assert mt.launch_counts()["rebuilds"] == count
+    fresh = [g.clone() for g in case.grads()]  # zero_grad(set_to_none=True): new grad tensors
+    case.step(mt, fresh)
+    assert mt.launch_counts()["rebuilds"] == count + 1
+    case.m = [m.clone() for m in case.m]  # e.g. load_state_dict replaced the moments
+    case.v = [v.clone() for v in case.v]
+    case.step(mt, fresh)
+    assert mt.launch_counts()["rebuilds"] == count + 2
+
+
+@pytest.mark.parametrize(
+    "shapes, launches",
+    [
+        ([(8, 12)], 3),
+        ([(8, 12), (12,), (3, 4)] * 2, 3),  # all vectorisable: one launch per pass
+        ([(5,), (3, 4, 2), (7, 3)], 3),  # none vectorisable
+        ([(8, 12), (5,), (3, 4, 2)] * 2, 5),  # both kinds: pass 1 and pass 2 launch twice
+    ],
+    ids=["one", "six-vectorised", "three-plain", "six-mixed"],
+)
+def test_launches_per_step_do_not_depend_on_the_number_of_tensors(mt, shapes, launches):
+    case = Case(shapes)
+    grads = case.grads()
+    case.step(mt, grads, bias_correction=True, lr=torch.tensor(0.01))
+    before = mt.launch_counts()
+    case.step(mt, grads, bias_correction=True, lr=torch.tensor(0.02))
+    after = mt.launch_counts()
+    assert {k: after[k] - before[k] for k in after} == {"kernels": launches, "copies": 0, "rebuilds": 0}
+
+
+def test_phases_can_be_run_separately(mt):
+    case = Case([(12, 20), (20,)])
+    grads = case.grads()
+    for s in case.steps:
+        s += 1
+    plan = mt.plan_for(case.params, grads, case.m, case.v)
+    scalars = mt.scalars(plan, case.steps, **DEFAULTS)
+    plan.pass1(scalars)
+    plan.finalize(scalars)
+    w = case.params[0]
+    torch.testing.assert_close(plan.row_stats[0, :12], w.abs().amax(1))
+    torch.testing.assert_close(plan.col_stats[0, :20], w.abs().amax(0))
+    torch.testing.assert_close(plan.tensor_stats[:, 0], torch.stack([w.abs().max(), case.params[1].abs().max()]))
+    plan.pass2(scalars)
+    for p, g, m, v in zip(case.ref, grads, case.m_ref, case.v_ref):
+        reference_update(p, g, m, v, _hyper(DEFAULTS, 1.0))
+    for got, want in zip(case.params, case.ref):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_empty_tensors_are_skipped(mt):
+    case = Case([(0, 5), (12, 20), (0,)])
+    case.run(mt, n_steps=2)
+
+
+def test_bad_inputs_raise_value_errors(mt):
+    def call(params, grads=None, **kw):
+        grads = grads if grads is not None else [torch.zeros_like(p) for p in params]
+        zeros = [torch.zeros(p.shape) for p in params]
+        steps = [torch.tensor(1.0) for _ in params]
+        mt.merit_triton(params, grads, zeros, [z.clone() for z in zeros], steps, **{**DEFAULTS, **kw})
+
+    with pytest.raises(ValueError, match="float64"):
+        call([torch.zeros(3, 4, dtype=torch.float64)])
+    with pytest.raises(ValueError, match="contiguous"):
+        call([torch.zeros(4, 3).t()])
+    with pytest.raises(ValueError, match="shapes differ"):
+        call([torch.zeros(3, 4)], grads=[torch.zeros(4, 3)])
+    with pytest.raises(ValueError, match="norm"):
+        call([torch.zeros(3, 4)], norm="l1")
+    with pytest.raises(ValueError, match="clip"):
+        call([torch.zeros(3, 4)], clip=0.0)
+    with pytest.raises(ValueError, match="one element"):
+        call([torch.zeros(3, 4)], lr=torch.tensor([0.1, 0.2]))
+    with pytest.raises(ValueError, match="length"):
+        mt.merit_triton([torch.zeros(2)], [], [], [], [], **DEFAULTS)
+
+
+def test_every_element_moves_by_at_most_lr(mt):
+    case = Case([(12, 20)])
+    before = case.params[0].clone()
+    case.step(mt, [torch.randn(12, 20, generator=case.gen) * 1e3], lr=0.1)
+    assert (case.params[0] - before).abs().max().item() <= 0.1 * (1 + 1e-6)
+    assert math.isfinite(case.params[0].sum().item())
+
+
+if not _INTERPRETED:
+    # Not collected here: the child pytest below runs them, with the interpreter on.
+    for _name in [name for name in globals() if name.startswith("test_")]:
+        del globals()[_name]
+
+    def test_triton_backend_under_the_interpreter():
+        """Every case above, in a child pytest with TRITON_INTERPRET=1 (see the module docstring)."""
+        root = Path(__file__).resolve().parents[2]
+        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).resolve())],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        report = proc.stdout[-6000:] + proc.stderr[-2000:]
+        assert proc.returncode == 0, report
+        summary = proc.stdout.strip().splitlines()[-1]
+        assert re.fullmatch(r"(\d+) passed in .*", summary) and int(summary.split()[0]) >= 20, report
+
+    def _transposed(p):
+        g = torch.randn(p.shape[::-1]) if p.dim() == 2 else torch.randn(p.shape)
+        return g.to(p.dtype)
+
+    def test_kernels_compile_for_sm90_without_a_gpu(monkeypatch, tmp_path):
+        """Triton's compiler (and the ptxas its wheel bundles) needs no GPU: compile the richest
+        variants for an H100/H200 and check that the aligned pass gets 128-bit loads."""
+        pytest.importorskip("triton.backends.nvidia")
+        monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # compile afresh, leave ~/.triton alone
+        monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, stated (it warns otherwise)
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+
+        import merit_core.optim.merit_triton as mt
+
+        tables = dict(meta="*i64", tile_tensor="*i32", first_tile="i32")
+        f32 = dict.fromkeys(["bc1", "bc2", "eps", "wd"], "fp32")
+        pass1 = dict(tables, **f32, **dict.fromkeys(["beta1", "one_minus_beta1", "beta2", "one_minus_beta2"], "fp32"))
+        pass1.update(dict.fromkeys(["row_part", "col_part", "tensor_part", "bcs"], "*fp32"))
+        pass2 = dict(tables, **f32, lr="fp32", clip="fp32", total_rows="i64", total_cols="i64")
+        pass2.update(dict.fromkeys(["row_stats", "col_stats", "tensor_stats", "lr_ptr", "bcs"], "*fp32"))
+        finalize = dict(tables, total_rows="i64", total_cols="i64")
+        finalize.update(dict.fromkeys(["row_part", "col_part", "tensor_part"], "*fp32"))
+        finalize.update(dict.fromkeys(["row_stats", "col_stats", "tensor_stats"], "*fp32"))
+        tile = dict(NM=mt.NMETA, BR=mt.TILE_ROWS, BC=mt.TILE_COLS)
+        variants = [
+            (mt._pass1_kernel, pass1, dict(MAXIMIZE=True, L2=False, ROWCOL=True, PER_TENSOR_BC=True, ALIGNED=True)),
+            (
+                mt._finalize_kernel,
+                finalize,
+                dict(FC=mt.FIN_COL_TILES, FR=mt.FIN_ROW_TILES, FT=mt.FIN_TILES, L2=True, ROWCOL=True),
+            ),
+            (
+                mt._pass2_kernel,
+                pass2,
+                dict(L2=False, ROWCOL=True, BOUND=True, CLIP=True, LR_PTR=True, PER_TENSOR_BC=False, ALIGNED=False),
+            ),
+        ]
+        for kernel, types, flags in variants:
+            consts = {**tile, **flags}
+            signature = {name: "constexpr" if name in consts else types[name] for name in kernel.arg_names}
+            compiled = triton.compile(
+                ASTSource(kernel, signature, constexprs=consts),
+                target=GPUTarget("cuda", 90, 32),
+                options={"num_warps": 8},
+            )
+            if flags.get("ALIGNED"):
+                assert "ld.global.v4" in compiled.asm["ptx"]
+
+    @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton kernels need a CUDA GPU")
+    def test_compiled_kernels_on_cuda_match_the_reference_and_lr_never_recompiles():
+        import merit_core.optim.merit_triton as mt
+
+        def compiled():
+            kernels = (mt._pass1_kernel, mt._finalize_kernel, mt._pass2_kernel)
+            return sum(len(cache[0]) for k in kernels for cache in k.device_caches.values())
+
+        dtypes = [torch.float32, torch.float32, torch.bfloat16, torch.float32, torch.float16]
+        case = Case([(300, 200), (200,), (300, 200), (64, 48, 3), (1000, 50)], dtypes=dtypes, device="cuda")
+        case.run(mt, n_steps=2, weight_decay=0.01, bias_correction=True)
+        case.step(mt, [g.mT if g.dim() == 2 else g for g in case.grads(lambda p, gen: _transposed(p))], lr=0.02)
+        lr = torch.tensor(0.01, device="cuda")
+        case.step(mt, case.grads(), lr=lr)  # compiles the device-lr variants of pass 2
+        count = compiled()
+        for value in (0.003, 0.03):
+            case.step(mt, case.grads(), lr=value)
+            lr.fill_(value)
+            case.step(mt, case.grads(), lr=lr)
+        assert compiled() == count  # a new lr value, float or tensor, compiles nothing
+        before = mt.launch_counts()
+        grads = case.grads()
+        case.step(mt, grads, lr=lr)
+        case.step(mt, grads, lr=lr)
+        after = mt.launch_counts()
+        # 5 launches a step: two shapes are vectorisable, (64, 48, 3) and (1000, 50) are not
+        assert {k: after[k] - before[k] for k in after} == {"kernels": 10, "copies": 1, "rebuilds": 1}
