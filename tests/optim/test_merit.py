@@ -9,7 +9,7 @@ from merit_core.optim.merit import BACKENDS, IMPLEMENTATIONS, MERIT
 from tests.optim.merit_literal import literal_step
 
 # The compile backend is exercised (on tiny shapes, to bound its compile time) in
-# test_merit_compile.py; the triton backend is not wired into this branch (test_merit_contract.py).
+# test_merit_compile.py; the triton backend under Triton's interpreter in test_merit_triton.py.
 FAST_PATHS = ["reference", "foreach", "cpu"]
 
 

@@ -22,7 +22,7 @@ import torch
 pytest.importorskip("triton")
 pytest.importorskip("numpy")  # the interpreter needs it
 
-from merit_core.optim.merit_update import Hyper, reference_update  # noqa: E402
+from merit_core.optim.merit.reference import merit_reference  # noqa: E402
 
 DEFAULTS = dict(
     lr=0.01,
@@ -44,7 +44,7 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 @pytest.fixture(scope="module")
 def mt():
-    import merit_core.optim.merit_triton as module
+    import merit_core.optim.merit.triton_backend as module
 
     assert type(module._pass1_kernel).__name__ == "InterpretedFunction"
     module._plans.clear()
@@ -59,25 +59,6 @@ def small_tiles(mt, monkeypatch):
     mt._plans.clear()
     yield
     mt._plans.clear()
-
-
-def _hyper(kw: dict, step: float) -> Hyper:
-    b1, b2 = kw["betas"]
-    bc1, bc2 = (1 - b1**step, 1 - b2**step) if kw["bias_correction"] else (1.0, 1.0)
-    return Hyper(
-        lr=float(kw["lr"]),
-        beta1=b1,
-        beta2=b2,
-        eps=kw["eps"],
-        weight_decay=kw["weight_decay"],
-        bias_correction1=bc1,
-        bias_correction2=bc2,
-        clip=kw["clip"],
-        norm=kw["norm"],
-        elementwise=kw["elementwise"],
-        weight_bound=kw["weight_bound"],
-        maximize=kw["maximize"],
-    )
 
 
 def _assert_within_one_ulp(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -117,7 +98,7 @@ class Case:
         mt.merit_triton(self.params, grads, self.m, self.v, self.steps, **kw)
         for p, g, m, v, s in zip(self.ref, grads, self.m_ref, self.v_ref, self.steps):
             if p.numel():  # the reference cannot reduce an empty tensor; the backend skips them
-                reference_update(p, g, m, v, _hyper(kw, float(s)))
+                merit_reference([p], [g], [m], [v], [s], **kw)
         for n, (got, want) in enumerate(zip(self.params, self.ref)):
             if want.dtype == torch.float32:
                 torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=lambda m, n=n: f"tensor {n}: {m}")
@@ -285,7 +266,7 @@ def test_phases_can_be_run_separately(mt):
     torch.testing.assert_close(plan.tensor_stats[:, 0], torch.stack([w.abs().max(), case.params[1].abs().max()]))
     plan.pass2(scalars)
     for p, g, m, v in zip(case.ref, grads, case.m_ref, case.v_ref):
-        reference_update(p, g, m, v, _hyper(DEFAULTS, 1.0))
+        merit_reference([p], [g], [m], [v], [torch.tensor(1.0)], **DEFAULTS)
     for got, want in zip(case.params, case.ref):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
@@ -326,6 +307,34 @@ def test_every_element_moves_by_at_most_lr(mt):
     assert math.isfinite(case.params[0].sum().item())
 
 
+def test_merit_optimizer_with_triton_matches_the_reference_backend(mt):
+    """Through the public class: MERIT(implementation="triton") on CPU tensors under the
+    interpreter equals MERIT(implementation="reference"), with param groups and several steps,
+    and takes a handful of launches per group whatever the number of tensors."""
+    from merit_core.optim import MERIT
+
+    gen = torch.Generator().manual_seed(5)
+    shapes = [(12, 20), (20,), (3, 4, 5), (7, 9), (9,)]
+    ours = [torch.nn.Parameter(0.2 * torch.randn(s, generator=gen)) for s in shapes]
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+
+    def groups(ps):
+        return [{"params": ps[:3], "weight_decay": 0.1}, {"params": ps[3:], "lr": 0.02}]
+
+    opt = MERIT(groups(ours), lr=0.01, implementation="triton")
+    opt_ref = MERIT(groups(ref), lr=0.01, implementation="reference")
+    for _ in range(3):
+        for a, b in zip(ours, ref):
+            a.grad = torch.randn(a.shape, generator=gen)
+            b.grad = a.grad.clone()
+        before = mt.launch_counts()["kernels"]
+        opt.step()
+        assert mt.launch_counts()["kernels"] - before <= 2 * 6  # two groups
+        opt_ref.step()
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-6, atol=1e-6)
+
+
 if not _INTERPRETED:
     # Not collected here: the child pytest below runs them, with the interpreter on.
     for _name in [name for name in globals() if name.startswith("test_")]:
@@ -363,7 +372,7 @@ if not _INTERPRETED:
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
 
-        import merit_core.optim.merit_triton as mt
+        import merit_core.optim.merit.triton_backend as mt
 
         tables = dict(meta="*i64", tile_tensor="*i32", first_tile="i32")
         f32 = dict.fromkeys(["bc1", "bc2", "eps", "wd"], "fp32")
@@ -401,7 +410,7 @@ if not _INTERPRETED:
 
     @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton kernels need a CUDA GPU")
     def test_compiled_kernels_on_cuda_match_the_reference_and_lr_never_recompiles():
-        import merit_core.optim.merit_triton as mt
+        import merit_core.optim.merit.triton_backend as mt
 
         def compiled():
             kernels = (mt._pass1_kernel, mt._finalize_kernel, mt._pass2_kernel)

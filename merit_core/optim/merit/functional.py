@@ -58,7 +58,7 @@ class Backend:
     """A backend: its function (or "module:function", imported on first use) and what it cannot take."""
 
     name: str
-    function: Callable | str | None  # None: not wired yet
+    function: Callable | str  # or "module:function", imported on first use
     unavailable: Callable[[list[Tensor], list[Tensor]], str | None]
 
     def load(self) -> Callable:
@@ -106,19 +106,13 @@ def _triton_installed() -> bool:
     return _TRITON["installed"]
 
 
-def _triton_unwired(params, grads) -> str | None:
-    return "triton backend not available: it is not wired into this build yet"
-
-
 BACKENDS: dict[str, Backend] = {
     "reference": Backend("reference", merit_reference, _anything),
     "foreach": Backend("foreach", merit_foreach, _plain),
     "cpu": Backend("cpu", merit_cpu, _cpu),
     "compile": Backend("compile", merit_compiled, _plain),
-    # PLACEHOLDER until the Triton backend is wired; then this entry becomes (lazy: triton is
-    # imported on first use only)
-    #   "triton": Backend("triton", "merit_core.optim.merit.triton_backend:merit_triton", _triton),
-    "triton": Backend("triton", None, _triton_unwired),
+    # a "module:function" string: triton is imported on first use only
+    "triton": Backend("triton", "merit_core.optim.merit.triton_backend:merit_triton", _triton),
 }
 IMPLEMENTATIONS = tuple(BACKENDS) + tuple(ALIASES)
 _warned: set = set()
@@ -129,7 +123,7 @@ def _default(params: list[Tensor], grads: list[Tensor]) -> str:
     if devices == {"cpu"}:
         if BACKENDS["cpu"].unavailable(params, grads) is None:
             return "cpu"
-    elif devices == {"cuda"} and BACKENDS["triton"].function is not None:
+    elif devices == {"cuda"}:
         reason = BACKENDS["triton"].unavailable(params, grads)
         if reason is None:
             return "triton"
