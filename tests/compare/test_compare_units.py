@@ -108,7 +108,7 @@ def test_report_is_computed_from_the_numbers():
     flipped["best"] = select_best(flipped["runs"])
     text = render_report(flipped)
     assert "**Batch 64:** adamw had the lowest final validation loss, 2.9000" in text
-    assert "**does not hold here**: MERIT's loss minus the best other optimizer's is +0.7000" in text
+    assert "**does not hold here**: MERIT's loss minus the best other optimizer's (adamw) is +0.7000" in text
 
 
 def test_auto_grid_rule():
