@@ -266,8 +266,7 @@ def results_table(summary: dict[str, Any]):
 @click.option(
     "--quick",
     is_flag=True,
-    help=f"A smoke test: {QUICK_TOKENS} tokens per run and only the centre of "
-    "each auto grid (6 runs of the default, under 3 minutes on 2 cores).",
+    help=f"A smoke test: {QUICK_TOKENS} tokens per run and only the centre of each auto grid (6 runs of the default).",
 )
 @click.option(
     "--seeds",

@@ -5,12 +5,19 @@ at the end `<out>/summary.json`, `<out>/compare.png` and `<out>/REPORT.md` are w
 those folders. Modules: spec (settings), grid (lr grids and run configs), runner (states and
 execution), worker (one run in a subprocess), summary, report, plots.
 
+Rounds: train the planned runs; while an auto grid's best lr sits on its edge, train the next
+lr beyond it (grid); then measure the best runs (--hessian, --eval: measures) and write the
+outputs. `--seeds N` trains every lr N times and ranks on the mean (summary); `--preset
+ablations` compares MERIT with its registry ablations at the largest batch (spec, report).
+`run_compare` returns a typed `CompareSummary` (results) whose `to_dict()` is summary.json.
+
 The default comparison (no arguments) is adamw, lamb and merit on gpt2-tiny (1.35M parameters)
-with the built-in corpus, sequence length 128, batch sizes 8 and 64 (8x apart, as the paper's
-GPT-2 medium 480 -> 4k) at 131,072 tokens per run (128 and 16 steps), a three-point lr grid
-each: 18 runs, two at a time on 2 cores. Measured on the project's 2-core CPU, shared with other
-jobs: 5 min 14 s at load 1-2, 13 min 45 s at load ~4 (the limit is 20 min). `--quick` runs the
-auto grid's centre only, at 65,536 tokens: 6 runs, 1 min 55 s at load 2-3.
+with the built-in corpus, sequence length 128, batch sizes 2 and 16 (8x apart, as the paper's
+GPT-2 medium 480 -> 4k) at 131,072 tokens per run (512 and 64 optimizer steps), a three-point
+lr grid each (extended past an edge holding the best lr, at most twice per side): 18 runs or
+more, one per core at a time on CPU. The token budget is the same as the previous default's
+(which had 16 steps at batch 64): only the batch sizes moved, so the large batch gets 64 steps
+at about the same cost. `--quick` runs the auto grid's centre only, at 65,536 tokens: 6 runs.
 """
 
 from __future__ import annotations
