@@ -73,7 +73,8 @@ class RichCompareReport(LiveReport, CompareCallbacks):
             + ", ".join(f"{o} b{b} lr {_lr(lr)}" for o, b, lr in cells)
             + f" ({len(todo)} run(s) to train)"
         )
-        self.progress.update(self.overall, total=self.progress.tasks[self.overall].total + len(runs))
+        overall = next(t for t in self.progress.tasks if t.id == self.overall)
+        self.progress.update(self.overall, total=(overall.total or 0) + len(runs))
         self.progress.advance(self.overall, len(runs) - len(todo))
 
     def on_measure(self, what: str, run_name: str) -> None:

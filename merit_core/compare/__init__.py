@@ -162,7 +162,7 @@ def _measure(spec: CompareSpec, summary: dict[str, Any], data_dir: Path, callbac
             measured = []
             for name in entry["run_names"]:
                 callbacks.on_measure("hessian", name)
-                measured.append(run_hessian(run_dirs[name], data_dir))
+                measured.append(run_hessian(run_dirs[name], data_dir, _hessian_device(spec)))
             entry["hessian"] = hessian_cell(measured)
     if spec.eval is not None and finished:
         names = [name for entry in finished for name in entry["run_names"]]
@@ -171,6 +171,16 @@ def _measure(spec: CompareSpec, summary: dict[str, Any], data_dir: Path, callbac
         results = dict(zip(names, run_eval([run_dirs[n] for n in names], spec.eval, _eval_device(spec))))
         for entry in finished:
             entry["zero_shot"] = eval_cell([results[name] for name in entry["run_names"]])
+
+
+def _hessian_device(spec: CompareSpec) -> str:
+    """Where the runs trained: a GPU when the spec allows one and there is one, else the CPU."""
+    import torch
+
+    device = str(spec.train.get("device", "auto"))
+    if device == "cpu" or not torch.cuda.is_available():
+        return "cpu"
+    return device if device.startswith("cuda") else "cuda"
 
 
 def _eval_device(spec: CompareSpec) -> str:

@@ -66,7 +66,7 @@ def _final_checkpoint(run_dir: Path) -> tuple[int, Path]:
 
 
 # -- sharpness --------------------------------------------------------------------------------
-def run_hessian(run_dir: str | Path, data_dir: str | Path) -> dict[str, Any]:
+def run_hessian(run_dir: str | Path, data_dir: str | Path, device: str = "cpu") -> dict[str, Any]:
     """Top Hessian eigenvalue and Hutchinson trace of the run's final checkpoint on its first
     validation batch: {"top_eigenvalue", "eigen_iters", "eigen_converged", "trace", "trace_stderr",
     "trace_samples", "step", "sequences", "seq_len", "seed"} (read back when already measured)."""
@@ -96,11 +96,14 @@ def run_hessian(run_dir: str | Path, data_dir: str | Path) -> dict[str, Any]:
     if cached and all(cached.get(k) == v for k, v in settings.items()):
         return cached
     (ckpt,) = find_checkpoints(ckpt_dir)
-    model = load_model(ckpt, SafetensorsReader(ckpt), "cpu")
-    ids = val_batches(open_tokens(data_dir, "val"), 1, sequences, seq_len)[0][0]
+    model = load_model(ckpt, SafetensorsReader(ckpt), device)
+    ids = val_batches(open_tokens(data_dir, "val"), 1, sequences, seq_len)[0][0].to(device)
     torch.manual_seed(HESSIAN_SEED)
     estimate = model_hessian(model, ids, HESSIAN_ITERS, HUTCHINSON_SAMPLES, HESSIAN_SEED)
-    result = {**settings, **estimate.to_dict()}
+    del model
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    result = {**settings, **estimate.to_dict(), "device": device}
     _write(run_dir / HESSIAN_FILE, result)
     return result
 

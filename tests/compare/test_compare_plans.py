@@ -191,3 +191,16 @@ def test_default_plan_step_counts():
     quick = plan_runs(load_spec(None, quick=True))
     assert [(r.batch_size, r.steps) for r in quick if r.optimizer == "merit"] == [(2, 256), (16, 32)]
     assert len(quick) == 6
+
+
+def test_shipped_cpu_reproduction_spec():
+    """compare-cpu.toml: >= 100 steps at the large batch, >= 2 seeds, the Hessian on, 36 base runs."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "merit_core" / "configs" / "compare-cpu.toml"
+    spec = load_spec(path)
+    runs = plan_runs(spec)
+    assert spec.seeds >= 2 and spec.hessian and spec.max_extensions == 2
+    assert min(r.steps for r in runs if r.batch_size == max(spec.all_batch_sizes)) >= 100
+    assert len(runs) == 3 * 2 * 3 * 2 and {r.seed for r in runs} == {0, 1}
+    assert {r.tokens for r in runs} == {212_992}
