@@ -232,6 +232,11 @@ def test_other_settings_in_the_same_folder_are_refused(finished, model_cfg, data
         (["--seq-len", "4096"], "beyond the context"),
         (["--set", "lr=1e-3"], "'lr' is set by the comparison"),
         (["--set", "warmup_ration=0.1"], "unknown config key 'warmup_ration'"),
+        (["--seeds", "0"], "seeds must be a positive integer"),
+        (["--preset", "ablations", "--optimizers", "adamw"], "give either the preset or --optimizers"),
+        (["--include-path", "tasks"], "--include-path and --eval-limit need --eval TASKS"),
+        (["--eval", ","], "--eval is empty"),
+        (["--max-extensions", "-1"], "max_extensions must be 0 or a positive integer"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, expected):

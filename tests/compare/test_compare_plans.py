@@ -204,3 +204,17 @@ def test_shipped_cpu_reproduction_spec():
     assert min(r.steps for r in runs if r.batch_size == max(spec.all_batch_sizes)) >= 100
     assert len(runs) == 3 * 2 * 3 * 2 and {r.seed for r in runs} == {0, 1}
     assert {r.tokens for r in runs} == {212_992}
+
+
+def test_cli_reports_grid_extensions(tmp_path, model_cfg, data_dir, monkeypatch):
+    from click.testing import CliRunner
+
+    from merit_cli.main import cli
+
+    fake_training(monkeypatch, {"adamw": 0.1})
+    args = ["--model", str(model_cfg), "--data", str(data_dir), "--seq-len", "32", "--optimizers", "adamw"]
+    args += ["--batch-sizes", "8", "--tokens", "8192", "--out", str(tmp_path / "cmp")]
+    result = CliRunner().invoke(cli, ["compare", *args])
+    assert result.exit_code == 0, result.output
+    assert "adding adamw b8 lr 0.009" in result.output and "adding adamw b8 lr 0.027" in result.output
+    assert "grids extended past an edge: adamw b8 +0.009, 0.027" in result.output
