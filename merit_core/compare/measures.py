@@ -3,8 +3,9 @@ landscape's sharpness (`--hessian`) and zero-shot task scores (`--eval`).
 
 - Sharpness: the top Hessian eigenvalue (power iteration) and Hutchinson trace of the
   validation loss, with `merit inspect`'s estimators (merit_core.diagnostics.hessian), on one
-  fixed batch: the run's first validation batch (the batch the max attention logit is measured
-  on; the same windows for every run, since validation batches do not depend on the seed).
+  fixed batch: the first HESSIAN_SEQUENCES windows of the run's first validation batch (the
+  batch the max attention logit is measured on; the same windows for every run, since
+  validation batches do not depend on the seed).
 - Zero-shot: `merit eval`'s harness (merit_core.evaluation.evaluate_checkpoints) on the given
   lm-eval tasks, local task YAMLs included through `include_path`.
 
@@ -28,6 +29,10 @@ EVAL_FILE = "compare_eval.json"
 HESSIAN_ITERS = 20  # power iterations (stops earlier when the estimate changes by < 0.1%)
 HUTCHINSON_SAMPLES = 10
 HESSIAN_SEED = 0
+# Sequences of the fixed batch: the first HESSIAN_SEQUENCES windows of the first validation batch.
+# Each Hessian-vector product is a double backward through eager attention, several times the cost
+# of a training step on the same tokens, and a comparison measures every seed of every best cell.
+HESSIAN_SEQUENCES = 4
 # The paper's figures for GPT-2 Small at batch 1k (../shared/MERIT.md), shown beside ours.
 PAPER = {
     "hessian": {
@@ -83,7 +88,7 @@ def run_hessian(run_dir: str | Path, data_dir: str | Path, device: str = "cpu") 
     run_dir = Path(run_dir)
     step, ckpt_dir = _final_checkpoint(run_dir)
     config = read_toml(run_dir / CONFIG_FILE)
-    sequences, seq_len = int(config.get("eval_batch_size", 16)), int(config["seq_len"])
+    sequences, seq_len = min(int(config.get("eval_batch_size", 16)), HESSIAN_SEQUENCES), int(config["seq_len"])
     settings = {
         "step": step,
         "sequences": sequences,
@@ -97,7 +102,8 @@ def run_hessian(run_dir: str | Path, data_dir: str | Path, device: str = "cpu") 
         return cached
     (ckpt,) = find_checkpoints(ckpt_dir)
     model = load_model(ckpt, SafetensorsReader(ckpt), device)
-    ids = val_batches(open_tokens(data_dir, "val"), 1, sequences, seq_len)[0][0].to(device)
+    first = val_batches(open_tokens(data_dir, "val"), 1, int(config.get("eval_batch_size", 16)), seq_len)[0][0]
+    ids = first[:sequences].to(device)
     torch.manual_seed(HESSIAN_SEED)
     estimate = model_hessian(model, ids, HESSIAN_ITERS, HUTCHINSON_SAMPLES, HESSIAN_SEED)
     del model

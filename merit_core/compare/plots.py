@@ -153,9 +153,10 @@ def _plot_hessian(ax: Any, summary: dict[str, Any], optimizers: list[str], batch
             if len(seeds) > 1:
                 ax.plot([x] * len(seeds), seeds, linestyle="", marker=".", color="black", alpha=0.6)
             if h.get("trace") is not None:
+                top = h["top_eigenvalue"] + (h.get("top_eigenvalue_std") or 0.0)
                 ax.annotate(
                     f"tr {h['trace']:.3g}",
-                    (x, h["top_eigenvalue"]),
+                    (x, top),
                     ha="center",
                     va="bottom",
                     textcoords="offset points",

@@ -257,7 +257,8 @@ def hessian_lines(summary: dict[str, Any]) -> list[str]:
     batch, est = first.get("batch") or {}, first.get("estimator") or {}
     paper = (summary["settings"].get("paper") or {}).get("hessian") or {}
     rows = [
-        f"Final weights, on the first validation batch ({batch.get('sequences')} x {batch.get('seq_len')} tokens); "
+        f"Final weights, on a fixed validation batch (the first {batch.get('sequences')} windows of "
+        f"{batch.get('seq_len')} tokens of the first validation batch, the same for every run); "
         f"top eigenvalue by power iteration (at most {est.get('iters')} iterations), trace by Hutchinson "
         f"({est.get('samples')} Rademacher samples); mean ± std over seeds.",
         "",
