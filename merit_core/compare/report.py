@@ -125,9 +125,18 @@ def _degradation_lines(best, optimizers, small: int, large: int) -> list[str]:
     )
     if len(rows) > 1:
         line += (
-            f" The smallest change: {rows[0][0]} ({rows[0][1]:+.4f}); the largest: {rows[-1][0]} ({rows[-1][1]:+.4f})."
+            f" The smallest change: {rows[0][0]} ({rows[0][1]:+.4f}); the largest: {rows[-1][0]} ({rows[-1][1]:+.4f})"
         )
+        first, last = _seed_deltas(rows[0][2], rows[0][3]), _seed_deltas(rows[-1][2], rows[-1][3])
+        line += f" ({_resolution(first, last, 'change')})." if len(first["change_values"]) > 1 else "."
     return [line]
+
+
+def _seed_deltas(small: dict[str, Any], large: dict[str, Any]) -> dict[str, Any]:
+    """The loss change from the small to the large batch, seed by seed (same seeds, paired)."""
+    a, b = _values(small, "final_val_loss"), _values(large, "final_val_loss")
+    values = [y - x for x, y in zip(a, b)] if len(a) == len(b) else []
+    return {"change": None, "change_values": values}
 
 
 def _logit_line(batch: int, entries: list[dict[str, Any] | None]) -> str | None:
@@ -137,7 +146,7 @@ def _logit_line(batch: int, entries: list[dict[str, Any] | None]) -> str | None:
     )
     if not ranked:
         return None
-    parts = [f"{e['optimizer']} {_f(e['max_attention_logit'], 2)} (layer {_argmax(e)})" for e in ranked]
+    parts = [f"{e['optimizer']} {_ms(e, 'max_attention_logit', 2)} (layer {_argmax(e)})" for e in ranked]
     line = f"**Max attention logit at the end, batch {batch}** (best-lr runs, max over layers): {', '.join(parts)}."
     lo, hi = ranked[0]["max_attention_logit"], ranked[-1]["max_attention_logit"]
     if len(ranked) > 1 and lo > 0:

@@ -72,6 +72,8 @@ def test_report_calls_a_difference_within_the_seed_spread_not_resolved():
     assert "not resolved: within the seed spread" in text
     assert "Paper claim 1 (MERIT has the lowest loss at large batch): at batch 64, **holds here**" in text
     assert "(adamw) is -0.3250 (resolved by 2 seeds)" in text
+    # the loss change from batch 8 to 64 is compared seed by seed (paired seeds)
+    assert "The smallest change: merit (+0.2500); the largest: adamw (+0.5500) (resolved by 2 seeds)." in text
     assert "2 seeds per learning rate" in text and "One seed" not in text
     assert "| merit | 8 | 0.001 | 0: 4.0500, 1: 4.1000 |" in text  # each seed's value
 
