@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shlex
 import time
 from typing import Any
 
@@ -68,6 +69,22 @@ class RichCompareReport(LiveReport, CompareCallbacks):
         self.progress.start()
         self.overall = self.progress.add_task("all runs", total=len(runs), completed=done, info="")
 
+    def on_extend(self, runs, states, jobs) -> None:
+        todo = [r for r in runs if states[r.name] in ("new", "partial")]
+        cells = sorted({(r.optimizer, r.batch_size, r.lr) for r in runs})
+        self.progress.console.print(
+            "[yellow]grid edge:[/] the best lr sat on an edge; adding "
+            + ", ".join(f"{o} b{b} lr {_lr(lr)}" for o, b, lr in cells)
+            + f" ({len(todo)} run(s) to train)"
+        )
+        overall = next(t for t in self.progress.tasks if t.id == self.overall)
+        self.progress.update(self.overall, total=(overall.total or 0) + len(runs))
+        self.progress.advance(self.overall, len(runs) - len(todo))
+
+    def on_measure(self, what: str, run_name: str) -> None:
+        label = {"hessian": "Hessian (top eigenvalue, trace)", "eval": "zero-shot evaluation"}.get(what, what)
+        self.progress.console.print(f"[dim]measuring {label} of {run_name}[/]")
+
     def on_run_start(self, run, resumed: bool) -> None:
         self.started[run.name] = time.perf_counter()
         if self.plain:
@@ -117,6 +134,23 @@ class RichCompareReport(LiveReport, CompareCallbacks):
             self.progress.console.print(f"[red]diverged[/] {run.name:<22} [dim]{message}[/]")
 
 
+def _command_line(ctx: click.Context) -> str:
+    """The comparison as one `merit compare` command line, from the parsed options (recorded in REPORT.md)."""
+    parts = ["merit", "compare"]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if value is None or value is False or value == ():
+            continue
+        if isinstance(param, click.Argument):
+            parts.append(shlex.quote(str(value)))
+        elif value is True:
+            parts.append(param.opts[0])
+        else:
+            for item in value if isinstance(value, tuple) else (value,):
+                parts += [param.opts[0], shlex.quote(str(item))]
+    return " ".join(parts)
+
+
 def _grid_table(runs):
     from rich.table import Table
 
@@ -132,8 +166,50 @@ def _grid_table(runs):
     return table
 
 
+def measures_table(summary: dict[str, Any]):
+    """Each best run's top Hessian eigenvalue and trace (--hessian) and zero-shot scores (--eval), or None."""
+    from rich.table import Table
+
+    entries = [b for b in summary["best"] if b.get("hessian") or b.get("zero_shot")]
+    if not entries:
+        return None
+    table = Table(
+        title="Best runs' final weights (mean ± std over seeds)",
+        title_justify="left",
+        header_style="bold",
+        caption="paper, GPT-2 Small: top eigenvalue AdamW 37.2, MERIT 12.3; trace 12,995 vs 3,445",
+        caption_justify="left",
+    )
+    for name in ("optimizer", "batch", "lr"):
+        table.add_column(name, justify="left" if name == "optimizer" else "right")
+    with_h = any(b.get("hessian") for b in entries)
+    if with_h:
+        table.add_column("top Hessian eig", justify="right")
+        table.add_column("Hessian trace", justify="right")
+    keys = list(dict.fromkeys((r["task"], r["metric"]) for b in entries for r in b.get("zero_shot") or []))
+    for task, metric in keys:
+        table.add_column(f"{task} {metric}", justify="right")
+
+    def ms(row, key, digits):
+        value, std = row.get(key), row.get(f"{key}_std")
+        if value is None:
+            return "-"
+        return fmt_float(value, digits) + (f" ± {fmt_float(std, digits)}" if std else "")
+
+    for b in entries:
+        cells = [b["optimizer"], str(b["batch_size"]), _lr(b["lr"])]
+        h = b.get("hessian") or {}
+        if with_h:
+            cells += [ms(h, "top_eigenvalue", 4), ms(h, "trace", 4)]
+        rows = {(r["task"], r["metric"]): r for r in b.get("zero_shot") or []}
+        cells += [ms(rows[k], "value", 4) if k in rows else "-" for k in keys]
+        table.add_row(*cells)
+    return table
+
+
 def results_table(summary: dict[str, Any]):
-    """Optimizers x batch sizes: best-lr final validation loss, its lr, and the max attention logit.
+    """Optimizers x batch sizes: best-lr final validation loss (± std over seeds), its lr, and the max
+    attention logit.
 
     The lowest loss and the lowest max logit at each batch size are bold."""
     from rich.table import Table
@@ -172,7 +248,7 @@ def results_table(summary: dict[str, Any]):
                 cells += ["[red]diverged[/]", "-", "-"]
             else:
                 loss, logit = e["final_val_loss"], e["max_attention_logit"]
-                loss_text = f"{loss:.4f}"
+                loss_text = f"{loss:.4f}" + (f" ± {e['final_val_loss_std']:.4f}" if e.get("final_val_loss_std") else "")
                 logit_text = fmt_float(logit, 3)
                 if loss == lowest[b, "final_val_loss"]:
                     loss_text = f"[bold green]{loss_text}[/]"
@@ -210,8 +286,31 @@ def results_table(summary: dict[str, Any]):
 @click.option(
     "--quick",
     is_flag=True,
-    help=f"A smoke test: {QUICK_TOKENS} tokens per run and only the centre of "
-    "each auto grid (6 runs of the default, under 3 minutes on 2 cores).",
+    help=f"A smoke test: {QUICK_TOKENS} tokens per run and only the centre of each auto grid (6 runs of the default).",
+)
+@click.option(
+    "--seeds",
+    type=int,
+    help="Runs per learning rate, with train seeds seed, seed+1, ...; best lr on the mean  [default: 1]",
+)
+@click.option(
+    "--hessian",
+    is_flag=True,
+    default=None,
+    help="Top Hessian eigenvalue and trace of each best run's final weights on a fixed validation batch.",
+)
+@click.option(
+    "--preset",
+    type=click.Choice(["ablations"]),
+    help="ablations: merit, merit-noclip, merit-nobound, max-lamb, l2-merit, lamb-ref at the largest batch.",
+)
+@click.option("--eval", "eval_tasks", metavar="TASKS", help="Zero-shot tasks (merit eval's names) for each best run.")
+@click.option("--include-path", type=click.Path(), help="A folder of local lm-eval task YAMLs for --eval.")
+@click.option("--eval-limit", type=int, help="At most this many documents per --eval task.")
+@click.option(
+    "--max-extensions",
+    type=int,
+    help="x3 steps an auto lr grid may grow past an edge holding the best lr, per side  [default: 2]",
 )
 @click.option(
     "--set",
@@ -221,7 +320,26 @@ def results_table(summary: dict[str, Any]):
     help="A merit train setting for every run (e.g. warmup_ratio=0.05, micro_batch_size=16).",
 )
 def compare(
-    config_file, optimizers, batch_sizes, lrs, tokens, model, data, seq_len, device, out, jobs, quick, overrides
+    config_file,
+    optimizers,
+    batch_sizes,
+    lrs,
+    tokens,
+    model,
+    data,
+    seq_len,
+    device,
+    out,
+    jobs,
+    quick,
+    seeds,
+    hessian,
+    preset,
+    eval_tasks,
+    include_path,
+    eval_limit,
+    max_extensions,
+    overrides,
 ):
     """Compare optimizers at a small and a large batch, same token budget, each at its best lr.
 
@@ -246,20 +364,44 @@ def compare(
         quick=quick,
         overrides=overrides,
         train_values=dict(model=model, data=data, seq_len=seq_len, device=device),
+        seeds=seeds,
+        hessian=hessian,
+        eval_tasks=eval_tasks,
+        include_path=include_path,
+        eval_limit=eval_limit,
+        preset=preset,
+        max_extensions=max_extensions,
     )
+    spec.command = _command_line(click.get_current_context())
     report = RichCompareReport()
     try:
         result = run_compare(spec, report)
     finally:
         report.close()
     out_console = report.out
+    summary = result.summary.to_dict()
     out_console.print()
-    out_console.print(results_table(result.summary))
-    diverged = [r["name"] for r in result.summary["runs"] if r["status"] == "diverged"]
+    out_console.print(results_table(summary))
+    measures = measures_table(summary)
+    if measures is not None:
+        out_console.print(measures)
+    diverged = [r["name"] for r in summary["runs"] if r["status"] == "diverged"]
     if diverged:
         out_console.print(f"[red]diverged:[/] {', '.join(diverged)}")
-    if any(b.get("lr_at_edge") for b in result.summary["best"]):
-        out_console.print("[dim]↓/↑: the best lr is the smallest/largest of its grid; the optimum may lie outside.[/]")
+    extended = [b for b in summary["best"] if b.get("lr_extended")]
+    if extended:
+        out_console.print(
+            "[dim]grids extended past an edge: "
+            + ", ".join(
+                f"{b['optimizer']} b{b['batch_size']} +{', '.join(map(_lr, b['lr_extended']))}" for b in extended
+            )
+            + "[/]"
+        )
+    if any(b.get("lr_at_edge") for b in summary["best"]):
+        out_console.print(
+            "[dim]↓/↑: the best lr is still the smallest/largest of its grid (extension limit, a given list or "
+            "--quick); the optimum may lie outside.[/]"
+        )
     trained = len(result.trained)
     out_console.print(
         f"\n{trained} run(s) trained, {len(result.states_before) - trained} skipped, "

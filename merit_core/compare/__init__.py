@@ -5,11 +5,19 @@ at the end `<out>/summary.json`, `<out>/compare.png` and `<out>/REPORT.md` are w
 those folders. Modules: spec (settings), grid (lr grids and run configs), runner (states and
 execution), worker (one run in a subprocess), summary, report, plots.
 
+Rounds: train the planned runs; while an auto grid's best lr sits on its edge, train the next
+lr beyond it (grid); then measure the best runs (--hessian, --eval: measures) and write the
+outputs. `--seeds N` trains every lr N times and ranks on the mean (summary); `--preset
+ablations` compares MERIT with its registry ablations at the largest batch (spec, report).
+`run_compare` returns a typed `CompareSummary` (results) whose `to_dict()` is summary.json.
+
 The default comparison (no arguments) is adamw, lamb and merit on gpt2-tiny (1.35M parameters)
-with the built-in corpus, sequence length 128, batch sizes 8 and 64 (8x apart, as the paper's
-GPT-2 medium 480 -> 4k) at 131,072 tokens per run (128 and 16 steps), a three-point lr grid
-each: 18 runs, two at a time on 2 cores. `--quick` runs the auto grid's centre only, at 65,536
-tokens: 6 runs. Their wall times are in benchmarks/README.md.
+with the built-in corpus, sequence length 128, batch sizes 2 and 16 (8x apart, as the paper's
+GPT-2 medium 480 -> 4k) at 131,072 tokens per run (512 and 64 optimizer steps), a three-point
+lr grid each (extended past an edge holding the best lr, at most twice per side): 18 runs or
+more, one per core at a time on CPU. The token budget is the same as the previous default's
+(which had 16 steps at batch 64): only the batch sizes moved, so the large batch gets 64 steps
+at about the same cost. `--quick` runs the auto grid's centre only, at 65,536 tokens: 6 runs.
 """
 
 from __future__ import annotations
@@ -19,7 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from merit_core.compare.grid import PlannedRun, lr_grids, plan_runs
+from merit_core.compare.grid import (
+    PlannedRun,
+    annotate_extensions,
+    lr_grids,
+    next_extensions,
+    plan_runs,
+    seed_list,
+)
+from merit_core.compare.measures import PAPER
+from merit_core.compare.results import BestResult, CompareSummary, RunResult
 from merit_core.compare.runner import CompareCallbacks, default_jobs, execute, run_state
 from merit_core.compare.spec import CompareSpec, load_spec
 from merit_core.compare.summary import SUMMARY_FILE, build_summary, select_best, write_json
@@ -30,6 +47,9 @@ __all__ = [
     "CompareSpec",
     "CompareCallbacks",
     "CompareResult",
+    "CompareSummary",
+    "BestResult",
+    "RunResult",
     "PlannedRun",
     "load_spec",
     "plan_compare",
@@ -51,10 +71,10 @@ class ComparePlan:
 
 @dataclass
 class CompareResult:
-    """What `run_compare` produced."""
+    """What `run_compare` produced (`summary`: typed; `summary.to_dict()` is summary.json)."""
 
     out: Path
-    summary: dict[str, Any]
+    summary: CompareSummary
     summary_path: Path
     plot_path: Path
     report_path: Path
@@ -63,9 +83,11 @@ class CompareResult:
     elapsed_s: float = 0.0
 
 
-def plan_compare(spec: CompareSpec) -> ComparePlan:
-    """Validate the comparison and find each run's state; writes nothing (ConfigError on bad input)."""
-    runs = plan_runs(spec)
+def plan_compare(spec: CompareSpec, extra: dict[tuple[str, int], list[float]] | None = None) -> ComparePlan:
+    """Validate the comparison and find each run's state; writes nothing (ConfigError on bad input).
+
+    `extra`: lrs added past grid edges (see merit_core.compare.grid.next_extensions)."""
+    runs = plan_runs(spec, extra)
     states = {run.name: run_state(run) for run in runs}
     device = str(spec.train.get("device", "auto"))
     todo = sum(state in ("new", "partial") for state in states.values())
@@ -73,17 +95,42 @@ def plan_compare(spec: CompareSpec) -> ComparePlan:
 
 
 def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) -> CompareResult:
-    """Run (or finish) the comparison and write summary.json, compare.png and REPORT.md."""
+    """Run (or finish) the comparison and write summary.json, compare.png and REPORT.md.
+
+    Rounds: train the planned runs; while an auto grid's best lr sits on its edge (and the
+    extension limit allows), add the next lr beyond it and train that; then measure the best
+    runs (--hessian, --eval) and write the outputs."""
     from merit_core.compare.plots import plot_compare
     from merit_core.compare.report import render_report
 
     callbacks = callbacks or CompareCallbacks()
     start = time.perf_counter()
+    if spec.eval is not None:
+        from merit_core.evaluation.tasks import resolve_tasks
+
+        resolve_tasks(list(spec.eval.tasks), spec.eval.include_path)  # a bad task name fails before training
     plan = plan_compare(spec)
-    meta = _prepare_data(spec, callbacks)
+    data_dir, meta = _prepare_data(spec, callbacks)
     callbacks.on_plan(plan.runs, plan.states, plan.jobs)
     states = execute(plan.runs, plan.states, plan.jobs, spec.out / "logs", callbacks)
-    summary = build_summary(_settings(spec, plan.runs, meta), plan.runs, states)
+    before = dict(plan.states)
+    extra: dict[tuple[str, int], list[float]] = {}
+    while True:
+        summary = build_summary({}, plan.runs, states)
+        grown = next_extensions(spec, summary["best"], extra)
+        if not grown:
+            break
+        extra = grown
+        plan = plan_compare(spec, extra)
+        new = [run for run in plan.runs if run.name not in states]
+        before.update({run.name: plan.states[run.name] for run in new})
+        callbacks.on_extend(new, plan.states, plan.jobs)
+        states.update(execute(new, plan.states, plan.jobs, spec.out / "logs", callbacks))
+    summary = build_summary(_settings(spec, plan.runs, meta, extra), plan.runs, states)
+    annotate_extensions(spec, summary["best"])
+    _measure(spec, summary, data_dir, callbacks)
+    typed = CompareSummary.from_dict(summary)
+    summary = typed.to_dict()  # summary.json is exactly the typed result
     spec.out.mkdir(parents=True, exist_ok=True)
     summary_path = write_json(spec.out / SUMMARY_FILE, summary)
     plot_path = plot_compare(summary, spec.out)
@@ -91,10 +138,54 @@ def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) ->
     tmp = report_path.with_name(REPORT_FILE + ".tmp")
     tmp.write_text(render_report(summary))
     tmp.replace(report_path)
-    trained = [name for name, state in plan.states.items() if state in ("new", "partial")]
+    trained = [name for name, state in before.items() if state in ("new", "partial")]
     return CompareResult(
-        spec.out, summary, summary_path, plot_path, report_path, plan.states, trained, time.perf_counter() - start
+        spec.out,
+        typed,
+        summary_path,
+        plot_path,
+        report_path,
+        before,
+        trained,
+        time.perf_counter() - start,
     )
+
+
+def _measure(spec: CompareSpec, summary: dict[str, Any], data_dir: Path, callbacks: CompareCallbacks) -> None:
+    """--hessian and --eval on every seed of each finished best cell (see merit_core.compare.measures)."""
+    from merit_core.compare.measures import eval_cell, hessian_cell, run_eval, run_hessian
+
+    run_dirs = {r["name"]: Path(r["run_dir"]) for r in summary["runs"]}
+    finished = [b for b in summary["best"] if b["status"] == "finished"]
+    if spec.hessian:
+        for entry in finished:
+            measured = []
+            for name in entry["run_names"]:
+                callbacks.on_measure("hessian", name)
+                measured.append(run_hessian(run_dirs[name], data_dir, _hessian_device(spec)))
+            entry["hessian"] = hessian_cell(measured)
+    if spec.eval is not None and finished:
+        names = [name for entry in finished for name in entry["run_names"]]
+        for name in names:
+            callbacks.on_measure("eval", name)
+        results = dict(zip(names, run_eval([run_dirs[n] for n in names], spec.eval, _eval_device(spec))))
+        for entry in finished:
+            entry["zero_shot"] = eval_cell([results[name] for name in entry["run_names"]])
+
+
+def _hessian_device(spec: CompareSpec) -> str:
+    """Where the runs trained: a GPU when the spec allows one and there is one, else the CPU."""
+    import torch
+
+    device = str(spec.train.get("device", "auto"))
+    if device == "cpu" or not torch.cuda.is_available():
+        return "cpu"
+    return device if device.startswith("cuda") else "cuda"
+
+
+def _eval_device(spec: CompareSpec) -> str:
+    device = str(spec.train.get("device", "auto"))
+    return device if device in ("cpu", "auto") or device.startswith("cuda") else "auto"
 
 
 def _prepare_data(spec: CompareSpec, callbacks: CompareCallbacks):
@@ -107,10 +198,10 @@ def _prepare_data(spec: CompareSpec, callbacks: CompareCallbacks):
         vocab_size=int(spec.train.get("vocab_size", 4096)),
         progress=callbacks.on_prepare,
     )
-    return load_meta(path)
+    return Path(path), load_meta(path)
 
 
-def _settings(spec: CompareSpec, runs: list[PlannedRun], meta) -> dict[str, Any]:
+def _settings(spec: CompareSpec, runs: list[PlannedRun], meta, extra=None) -> dict[str, Any]:
     from merit_core.train.checkpoint import latest_checkpoint, read_trainer_info
 
     first = runs[0].config
@@ -123,7 +214,12 @@ def _settings(spec: CompareSpec, runs: list[PlannedRun], meta) -> dict[str, Any]
     grids = lr_grids(spec)
     rule = (
         "auto: a centre per optimizer x sqrt(batch / smallest batch), "
-        + ("the centre only (--quick)" if spec.quick else "x {1/3, 1, 3}")
+        + (
+            "the centre only (--quick)"
+            if spec.quick
+            else f"x {{1/3, 1, 3}}, extended x3 past an edge holding the best lr, at most {spec.max_extensions} "
+            "time(s) per side"
+        )
         + " (see merit_core.compare.grid)"
     )
     explicit = {name for name, setting in spec.lrs.items() if setting != "auto"}
@@ -147,12 +243,24 @@ def _settings(spec: CompareSpec, runs: list[PlannedRun], meta) -> dict[str, Any]
         f"vocabulary {meta.vocab_size}",
         "lr_rule": rule,
         "lr_grids": [{"optimizer": o, "batch_size": b, "lrs": lrs} for (o, b), lrs in grids.items()],
+        "lr_grids_extended": [
+            {"optimizer": o, "batch_size": b, "lrs": lrs} for (o, b), lrs in lr_grids(spec, extra).items()
+        ],
+        "max_extensions": spec.max_extensions,
         "warmup_steps": {
             str(b): next(int(r.config.warmup_steps) for r in runs if r.batch_size == b) for b in spec.all_batch_sizes
         },
         "min_lr_ratio": float(first.min_lr_ratio),
         "grad_clip": float(first.grad_clip),
         "seed": int(first.seed),
+        "seeds": seed_list(spec),
+        "hessian": spec.hessian,
+        "eval": None
+        if spec.eval is None
+        else {"tasks": list(spec.eval.tasks), "include_path": spec.eval.include_path, "limit": spec.eval.limit},
+        "preset": spec.preset,
+        "paper": PAPER,
+        "command": spec.command,
         "dtype": str(first.dtype),
         "eval_tokens": int(first.eval_batches * first.eval_batch_size * first.seq_len),
         "out": str(spec.out),

@@ -12,6 +12,14 @@ after them), where
 - `scale` is "small" for models narrower than 512 (CPU models) and "gpt2" otherwise;
 - the centres are the optimizer's registry spec (`merit_core.optim.registry.lr_centre`: measured
   ones for AdamW, LAMB and MERIT, MERIT's for its ablations, the others from their default lr).
+
+No optimum on a grid edge: when the best lr of an auto grid of several points is its smallest
+or largest, the comparison adds the next point beyond that edge (x3 or x1/3, `edge_extension`)
+and trains it, until the best is interior or `spec.max_extensions` points were added on that
+side (`next_extensions`). Given lists (--lrs 1e-3,...) are never extended.
+
+With `spec.seeds` > 1 every lr is trained with train seeds seed, seed + 1, ...; the first keeps
+the plain run name, the others add '-s<seed>' (so a one-seed comparison's runs are reused).
 """
 
 from __future__ import annotations
@@ -26,9 +34,11 @@ from merit_core.compare.spec import CompareSpec
 from merit_core.errors import ConfigError
 
 AUTO_FACTORS = (1 / 3, 1.0, 3.0)
+EXTENSION_FACTOR = 3.0
 QUICK_FACTORS = (1.0,)
 SMALL_WIDTH = 512
 RUNS_DIR = "runs"
+EVAL_POINTS = 8  # validation points per run: the max-attention-logit and loss curves over steps
 # Keys of a run's config.toml that do not change what the run computes; a finished run whose
 # saved config differs from the planned one in any *other* key belongs to another comparison.
 NON_IDENTITY_KEYS = frozenset(
@@ -60,10 +70,15 @@ class PlannedRun:
     lr: float
     grid: tuple[float, ...]
     config: Any  # merit_core.train.config.TrainConfig
+    seed_index: int = 0  # 0 for the comparison's first seed
+
+    @property
+    def seed(self) -> int:
+        return int(self.config.seed)
 
     @property
     def name(self) -> str:
-        return run_name(self.optimizer, self.batch_size, self.lr)
+        return run_name(self.optimizer, self.batch_size, self.lr, self.seed if self.seed_index else None)
 
     @property
     def run_dir(self) -> Path:
@@ -78,9 +93,15 @@ class PlannedRun:
         return self.steps * self.batch_size * int(self.config.seq_len)
 
 
-def run_name(optimizer: str, batch_size: int, lr: float) -> str:
-    """'<optimizer>-b<batch>-lr<lr>', e.g. 'merit-b64-lr0.003'."""
-    return f"{optimizer}-b{batch_size}-lr{lr:.3g}"
+def run_name(optimizer: str, batch_size: int, lr: float, seed: int | None = None) -> str:
+    """'<optimizer>-b<batch>-lr<lr>', e.g. 'merit-b64-lr0.003'; '-s<seed>' added for a seed other than the first."""
+    return f"{optimizer}-b{batch_size}-lr{lr:.3g}" + ("" if seed is None else f"-s{seed}")
+
+
+def seed_list(spec: CompareSpec) -> list[int]:
+    """The train seeds of every cell: the [train] seed (default 0) and the next spec.seeds - 1."""
+    base = int(spec.train.get("seed", 0))
+    return [base + k for k in range(spec.seeds)]
 
 
 def round_lr(value: float) -> float:
@@ -111,23 +132,83 @@ def auto_lr_grid(
     return sorted({round_lr(centre * f) for f in factors})
 
 
-def lr_grids(spec: CompareSpec) -> dict[tuple[str, int], list[float]]:
-    """(optimizer, batch size) -> the learning rates to try, in the spec's order."""
+def lr_grids(
+    spec: CompareSpec, extra: dict[tuple[str, int], list[float]] | None = None
+) -> dict[tuple[str, int], list[float]]:
+    """(optimizer, batch size) -> the learning rates to try, in the spec's order, with `extra`
+    (the edge extensions found so far, see `next_extensions`) merged in."""
     d_model = model_width(str(spec.train["model"]))
     smallest = min(spec.all_batch_sizes)
     grids = {}
     for name in spec.optimizers:
         for batch in spec.batch_sizes[name]:
             setting = spec.lrs[name]
-            grids[name, batch] = (
+            grid = (
                 auto_lr_grid(name, batch, smallest, d_model, spec.quick)
                 if setting == "auto"
                 else sorted({round_lr(v) for v in setting})
             )
+            grids[name, batch] = sorted(set(grid) | set((extra or {}).get((name, batch), ())))
     return grids
 
 
-def plan_runs(spec: CompareSpec) -> list[PlannedRun]:
+def edge_extension(lr: float, edge: str) -> float:
+    """The next grid point beyond an edge: lr x3 past the 'high' edge, lr / 3 past the 'low' one."""
+    return round_lr(lr * EXTENSION_FACTOR if edge == "high" else lr / EXTENSION_FACTOR)
+
+
+def extension_counts(base: list[float], grid: list[float]) -> tuple[int, int]:
+    """How many points of `grid` lie below and above the base grid (the extensions so far)."""
+    return sum(lr < min(base) for lr in grid), sum(lr > max(base) for lr in grid)
+
+
+def next_extensions(
+    spec: CompareSpec, best: list[dict[str, Any]], extra: dict[tuple[str, int], list[float]]
+) -> dict[tuple[str, int], list[float]]:
+    """The extended `extra` after this round's best entries, or {} when no grid grows.
+
+    An auto grid of several points grows by one point past the edge holding its best lr while
+    fewer than spec.max_extensions points were added on that side (see the module docstring).
+    """
+    if spec.quick:
+        return {}
+    base = lr_grids(spec)
+    grown = {key: list(lrs) for key, lrs in extra.items()}
+    changed = False
+    for entry in best:
+        key = (entry["optimizer"], entry["batch_size"])
+        edge = entry.get("lr_at_edge")
+        if spec.lrs.get(key[0]) != "auto" or edge is None or len(base[key]) < 2:
+            continue
+        low, high = extension_counts(base[key], entry["grid"])
+        if (low if edge == "low" else high) >= spec.max_extensions:
+            continue
+        grown.setdefault(key, []).append(edge_extension(entry["lr"], edge))
+        changed = True
+    return grown if changed else {}
+
+
+def annotate_extensions(spec: CompareSpec, best: list[dict[str, Any]]) -> None:
+    """Add to each best entry `lr_extended` (the lrs added past its base grid's edges) and
+    `edge_reason` when its best lr still sits on an edge: 'limit' (spec.max_extensions points
+    were added on that side), 'given' (a given lr list, never extended) or 'quick'."""
+    base = lr_grids(spec)
+    for entry in best:
+        key = (entry["optimizer"], entry["batch_size"])
+        grid = base.get(key, entry["grid"])
+        entry["lr_extended"] = sorted(set(entry["grid"]) - set(grid))
+        edge = entry.get("lr_at_edge")
+        if edge is None:
+            entry["edge_reason"] = None
+        elif spec.lrs.get(key[0]) != "auto":
+            entry["edge_reason"] = "given"
+        elif spec.quick:
+            entry["edge_reason"] = "quick"
+        else:
+            entry["edge_reason"] = "limit"
+
+
+def plan_runs(spec: CompareSpec, extra: dict[tuple[str, int], list[float]] | None = None) -> list[PlannedRun]:
     """Every run of the comparison with its resolved train config; ConfigError on bad settings."""
     from merit_core.models import context_length, model_config
     from merit_core.optim import default_hparams
@@ -141,23 +222,25 @@ def plan_runs(spec: CompareSpec) -> list[PlannedRun]:
     if seq_len > context:
         raise ConfigError(f"seq_len {seq_len} is beyond the context of {model} ({context} tokens)")
     runs = []
-    for (optimizer, batch), grid in lr_grids(spec).items():
+    for (optimizer, batch), grid in lr_grids(spec, extra).items():
         steps = max(1, math.ceil(spec.tokens / (batch * seq_len)))
         for lr in grid:
-            values = {
-                **spec.train,
-                "optimizer": optimizer,
-                "batch_size": batch,
-                "lr": lr,
-                "steps": steps,
-                "optimizer_args": dict(spec.optimizer_args.get(optimizer, {})),
-                "out": str(spec.out / RUNS_DIR / run_name(optimizer, batch, lr)),
-            }
-            values.setdefault("eval_every", max(1, steps // 8))
-            values.setdefault("save_every", max(1, math.ceil(steps / 4)))
-            values.setdefault("keep_checkpoints", 1)
-            config = resolve(from_dict(values), 1, default_hparams(optimizer))
-            runs.append(PlannedRun(optimizer, batch, lr, tuple(grid), config))
+            for index, seed in enumerate(seed_list(spec)):
+                values = {
+                    **spec.train,
+                    "optimizer": optimizer,
+                    "batch_size": batch,
+                    "lr": lr,
+                    "steps": steps,
+                    "seed": seed,
+                    "optimizer_args": dict(spec.optimizer_args.get(optimizer, {})),
+                    "out": str(spec.out / RUNS_DIR / run_name(optimizer, batch, lr, seed if index else None)),
+                }
+                values.setdefault("eval_every", max(1, steps // EVAL_POINTS))
+                values.setdefault("save_every", max(1, math.ceil(steps / 4)))
+                values.setdefault("keep_checkpoints", 1)
+                config = resolve(from_dict(values), 1, default_hparams(optimizer))
+                runs.append(PlannedRun(optimizer, batch, lr, tuple(grid), config, index))
     return runs
 
 

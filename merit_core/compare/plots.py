@@ -1,5 +1,10 @@
-"""compare.png: validation loss against batch size per optimizer (best lr each), and the max
-attention logit and validation loss against step at the largest batch size."""
+"""compare.png: validation loss against batch size per optimizer (best lr each), the max
+attention logit and validation loss against step at the largest batch size, and (with
+--hessian) the top Hessian eigenvalue of each best run.
+
+With several seeds a point is the mean over seeds with a bar of ± one standard deviation and
+each seed's value as a small dot; a curve is the mean over seeds with the seeds' range shaded.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +31,10 @@ def plot_compare(summary: dict[str, Any], out_dir: str | Path) -> Path:
     optimizers, batches = settings["optimizers"], settings["batch_sizes"]
     best = {(b["optimizer"], b["batch_size"]): b for b in summary["best"]}
     largest = batches[-1]
-    fig, (ax_b, ax_logit, ax_val) = plt.subplots(1, 3, figsize=(17, 4.8), constrained_layout=True)
+    with_hessian = any(b.get("hessian") for b in summary["best"])
+    panels = 4 if with_hessian else 3
+    fig, axes = plt.subplots(1, panels, figsize=(5.7 * panels, 4.8), constrained_layout=True)
+    ax_b, ax_logit, ax_val = axes[:3]
 
     for i, name in enumerate(optimizers):
         points = [
@@ -39,7 +47,12 @@ def plot_compare(summary: dict[str, Any], out_dir: str | Path) -> Path:
         if points:
             xs, entries = zip(*points)
             ys = [e["final_val_loss"] for e in entries]
-            ax_b.plot(xs, ys, marker="o", color=_color(name, i), label=name, linewidth=1.6)
+            errs = [e.get("final_val_loss_std") or 0.0 for e in entries]
+            ax_b.errorbar(xs, ys, yerr=errs, marker="o", color=_color(name, i), label=name, linewidth=1.6, capsize=3)
+            for x, e in zip(xs, entries):
+                seeds = [v for v in e.get("final_val_loss_values") or [] if v is not None]
+                if len(seeds) > 1:
+                    ax_b.plot([x] * len(seeds), seeds, linestyle="", marker=".", color=_color(name, i), alpha=0.5)
             for x, y, e in zip(xs, ys, entries):
                 ax_b.annotate(
                     f"lr {e['lr']:.2g}",
@@ -75,9 +88,14 @@ def plot_compare(summary: dict[str, Any], out_dir: str | Path) -> Path:
         curve = entry["curve"]
         style = dict(color=_color(name, i), marker=".", linewidth=1.6)
         suffix = "" if entry["status"] == "finished" else " (diverged)"
-        label = f"{name} (lr {entry['lr']:.2g}){suffix}"
-        _plot_series(ax_logit, curve["step"], curve["max_attention_logit"], label, style)
-        _plot_series(ax_val, curve["step"], curve["val_loss"], label, style)
+        seeds = entry.get("seed_curves") or []
+        n = f", {len(seeds)} seeds" if len(seeds) > 1 else ""
+        label = f"{name} (lr {entry['lr']:.2g}{n}){suffix}"
+        for ax, key in ((ax_logit, "max_attention_logit"), (ax_val, "val_loss")):
+            if len(seeds) > 1 and all(s["step"] == curve["step"] for s in seeds):
+                _plot_seeds(ax, curve["step"], [s[key] for s in seeds], label, style)
+            else:
+                _plot_series(ax, curve["step"], curve[key], label, style)
     ax_logit.set(
         title=f"Max attention logit vs step, batch {largest}",
         xlabel="step",
@@ -85,7 +103,9 @@ def plot_compare(summary: dict[str, Any], out_dir: str | Path) -> Path:
     )
     _log_if_spread(ax_logit)
     ax_val.set(title=f"Validation loss vs step, batch {largest}", xlabel="step", ylabel="validation loss (nats/token)")
-    for ax in (ax_b, ax_logit, ax_val):
+    if with_hessian:
+        _plot_hessian(axes[3], summary, optimizers, batches)
+    for ax in axes:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small")
@@ -107,6 +127,53 @@ def _log_if_spread(ax: Any, ratio: float = 20.0) -> None:
     if values and min(values) > 0 and max(values) / min(values) > ratio:
         ax.set_yscale("log")
         ax.set_ylabel(ax.get_ylabel() + " (log scale)")
+
+
+def _plot_seeds(ax: Any, steps: list[int], series: list[list[float | None]], label: str, style: dict) -> None:
+    """The mean over seeds at each step where every seed has a value, with the seeds' range shaded."""
+    points = [(s, [v[k] for v in series]) for k, s in enumerate(steps) if all(v[k] is not None for v in series)]
+    if not points:
+        return
+    xs = [s for s, _ in points]
+    ax.plot(xs, [sum(v) / len(v) for _, v in points], label=label, **style)
+    ax.fill_between(xs, [min(v) for _, v in points], [max(v) for _, v in points], color=style["color"], alpha=0.2)
+
+
+def _plot_hessian(ax: Any, summary: dict[str, Any], optimizers: list[str], batches: list[int]) -> None:
+    """Bars: the top Hessian eigenvalue of each best run (± std over seeds, seed values as dots)."""
+    labels, x = [], 0
+    for i, name in enumerate(optimizers):
+        for b in batches:
+            entry = next((e for e in summary["best"] if (e["optimizer"], e["batch_size"]) == (name, b)), None)
+            h = (entry or {}).get("hessian") or {}
+            if h.get("top_eigenvalue") is None:
+                continue
+            ax.bar(x, h["top_eigenvalue"], yerr=h.get("top_eigenvalue_std") or 0.0, color=_color(name, i), capsize=3)
+            seeds = [v for v in h.get("top_eigenvalue_values") or [] if v is not None]
+            if len(seeds) > 1:
+                ax.plot([x] * len(seeds), seeds, linestyle="", marker=".", color="black", alpha=0.6)
+            if h.get("trace") is not None:
+                top = h["top_eigenvalue"] + (h.get("top_eigenvalue_std") or 0.0)
+                ax.annotate(
+                    f"tr {h['trace']:.3g}",
+                    (x, top),
+                    ha="center",
+                    va="bottom",
+                    textcoords="offset points",
+                    xytext=(0, 3),
+                    fontsize="x-small",
+                )
+            labels.append((x, f"{name}\nb{b}"))
+            x += 1
+    if labels:
+        ax.set_xticks([p for p, _ in labels], [t for _, t in labels], fontsize="small")
+    paper = (summary["settings"].get("paper") or {}).get("hessian") or {}
+    ref = ", ".join(f"{o} {v:g}" for o, v in (paper.get("top_eigenvalue") or {}).items())
+    ax.set(
+        title="Top Hessian eigenvalue of the final weights (tr: trace)",
+        ylabel="top eigenvalue (validation batch)",
+        xlabel=f"paper, {paper.get('model', 'GPT-2 Small')}: {ref}" if ref else "",
+    )
 
 
 def _plot_series(ax: Any, steps: list[int], values: list[float | None], label: str, style: dict[str, Any]) -> None:

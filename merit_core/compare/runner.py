@@ -64,6 +64,12 @@ class CompareCallbacks:
     def on_run_end(self, run: PlannedRun, state: str, message: str | None) -> None:
         """A run stopped: state 'finished' or 'diverged' (message: why)."""
 
+    def on_extend(self, runs: list[PlannedRun], states: dict[str, str], jobs: int) -> None:
+        """Runs added past a grid edge holding the best lr (see grid.next_extensions), before they train."""
+
+    def on_measure(self, what: str, run_name: str) -> None:
+        """A best run's final checkpoint is measured: what is 'hessian' or 'eval'."""
+
 
 # -- state ------------------------------------------------------------------------------------
 def run_state(run: PlannedRun) -> str:

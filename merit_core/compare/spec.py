@@ -29,16 +29,37 @@ from typing import Any
 from merit_core.errors import ConfigError
 
 # The default comparison (no arguments): the paper's three optimizers on the tiny GPT-2 and the
-# built-in corpus, a small and a large batch (8x apart) at one token budget. Sized by measuring
-# throughput on a 2-core CPU (see merit_core.compare.__doc__).
+# built-in corpus, a small and a large batch (8x apart) at one token budget, sized so the large
+# batch takes 64 optimizer steps (at least 50) within the 2-core CPU budget (see
+# merit_core.compare.__doc__ and benchmarks/README.md).
 DEFAULT_OPTIMIZERS = ("adamw", "lamb", "merit")
-DEFAULT_BATCH_SIZES = (8, 64)
+DEFAULT_BATCH_SIZES = (2, 16)
 DEFAULT_TOKENS = 131_072
 DEFAULT_TRAIN: dict[str, Any] = {"model": "gpt2-tiny", "seq_len": 128, "warmup_ratio": 0.1}
 # `--quick`: the same comparison with half the tokens and one lr per optimizer (the auto grid's centre).
 QUICK_TOKENS = 65_536
 
-COMPARE_KEYS = ("optimizers", "batch_sizes", "lrs", "tokens", "jobs", "out", "train", "per_optimizer")
+# `--preset ablations`: MERIT and its registry ablations (each removes or changes one component)
+# with the LAMB reference, at the comparison's largest batch only.
+PRESETS = {"ablations": ("merit", "merit-noclip", "merit-nobound", "max-lamb", "l2-merit", "lamb-ref")}
+# How many x3 steps an auto grid may grow beyond each of its edges while its best lr sits there.
+DEFAULT_MAX_EXTENSIONS = 2
+
+COMPARE_KEYS = (
+    "optimizers",
+    "batch_sizes",
+    "lrs",
+    "tokens",
+    "jobs",
+    "out",
+    "train",
+    "per_optimizer",
+    "seeds",
+    "hessian",
+    "eval",
+    "preset",
+    "max_extensions",
+)
 PER_OPTIMIZER_KEYS = ("lrs", "batch_sizes", "optimizer_args")
 OWNED_TRAIN_KEYS = {
     "optimizer": "--optimizers / optimizers",
@@ -51,12 +72,25 @@ OWNED_TRAIN_KEYS = {
 }
 
 
+@dataclass(frozen=True)
+class EvalRequest:
+    """`--eval`: zero-shot tasks for each best run's final checkpoint (merit eval's task names)."""
+
+    tasks: tuple[str, ...]
+    include_path: str | None = None
+    limit: int | None = None
+
+
 @dataclass
 class CompareSpec:
     """A comparison: every optimizer at each of its batch sizes and each lr of its grid.
 
     lrs: per optimizer, a list of learning rates or "auto" (see merit_core.compare.grid).
     train: `merit train` settings shared by every run (a TrainConfig mapping, no owned keys).
+    seeds: runs per (optimizer, batch, lr) cell, with train seeds seed, seed + 1, ...
+    hessian: estimate the top Hessian eigenvalue and trace of each best run's final weights.
+    eval: zero-shot tasks for each best run's final checkpoint, or None.
+    max_extensions: how many x3 steps an auto grid may grow past an edge holding the best lr.
     """
 
     optimizers: list[str]
@@ -68,6 +102,12 @@ class CompareSpec:
     out: Path = Path("runs/compare")
     jobs: int | None = None
     quick: bool = False
+    seeds: int = 1
+    hessian: bool = False
+    eval: EvalRequest | None = None
+    preset: str | None = None
+    max_extensions: int = DEFAULT_MAX_EXTENSIONS
+    command: str | None = None  # the command line that made it, recorded in summary.json and REPORT.md
 
     @property
     def all_batch_sizes(self) -> list[int]:
@@ -86,12 +126,20 @@ def load_spec(
     quick: bool = False,
     train_values: dict[str, Any] | None = None,
     overrides: Iterable[str] = (),
+    seeds: int | None = None,
+    hessian: bool | None = None,
+    eval_tasks: str | None = None,
+    include_path: str | None = None,
+    eval_limit: int | None = None,
+    preset: str | None = None,
+    max_extensions: int | None = None,
 ) -> CompareSpec:
     """The comparison from defaults < `path` (a compare TOML) < the given values.
 
     String values are the command-line forms: comma-separated optimizers and batch sizes, and
     lrs as 'auto' or comma-separated numbers. `train_values` (None entries ignored) and the
-    `key=value` `overrides` set [train] keys. Raises ConfigError on any bad value.
+    `key=value` `overrides` set [train] keys. `preset` ('ablations') sets the optimizers and keeps
+    only the largest batch size. Raises ConfigError on any bad value.
     """
     from merit_core.train.config import parse_override, read_toml
 
@@ -102,16 +150,25 @@ def load_spec(
         hint = " (a merit train key? put it under [train])" if _is_train_key(key) else ""
         raise ConfigError(f"unknown compare key {key!r} in {path}{hint}; known keys: {', '.join(COMPARE_KEYS)}")
 
+    preset_name = preset if preset is not None else raw.get("preset")
+    if preset_name is not None and preset_name not in PRESETS:
+        raise ConfigError(f"unknown preset {preset_name!r}; known: {', '.join(PRESETS)}")
+    if preset_name is not None and (optimizers is not None or "optimizers" in raw):
+        raise ConfigError(f"preset {preset_name!r} sets the optimizers: give either the preset or --optimizers")
     opt_list = (
         parse_optimizers(optimizers)
         if optimizers is not None
-        else _optimizer_list(raw.get("optimizers", list(DEFAULT_OPTIMIZERS)))
+        else _optimizer_list(
+            list(PRESETS[preset_name]) if preset_name else raw.get("optimizers", list(DEFAULT_OPTIMIZERS))
+        )
     )
     default_batches = (
         parse_batch_sizes(batch_sizes)
         if batch_sizes is not None
         else _batch_list(raw.get("batch_sizes", list(DEFAULT_BATCH_SIZES)), "batch_sizes")
     )
+    if preset_name is not None:
+        default_batches = default_batches[-1:]  # the large batch: where the components are claimed to matter
     if lrs is not None:
         lr_setting: Any = parse_lrs(lrs)
     else:
@@ -137,7 +194,7 @@ def load_spec(
             )
         batches[name] = (
             default_batches
-            if batch_sizes is not None or "batch_sizes" not in table
+            if batch_sizes is not None or preset_name is not None or "batch_sizes" not in table
             else _batch_list(table["batch_sizes"], f"per_optimizer.{name}.batch_sizes")
         )
         setting = lr_setting if lrs is not None else table.get("lrs", lr_setting)
@@ -147,10 +204,18 @@ def load_spec(
     train = _train_settings(raw.get("train", {}), train_values or {}, overrides, parse_override)
     out_dir = out if out is not None else raw.get("out")
     if out_dir is None:
-        out_dir = Path("runs") / f"compare-{_model_stem(str(train['model']))}{'-quick' if quick else ''}"
+        suffix = (f"-{preset_name}" if preset_name else "") + ("-quick" if quick else "")
+        out_dir = Path("runs") / f"compare-{_model_stem(str(train['model']))}{suffix}"
     n_jobs = jobs if jobs is not None else raw.get("jobs")
     if n_jobs is not None:
         n_jobs = _positive_int(n_jobs, "jobs")
+    n_seeds = _positive_int(seeds if seeds is not None else raw.get("seeds", 1), "seeds")
+    with_hessian = hessian if hessian else raw.get("hessian", False)
+    if not isinstance(with_hessian, bool):
+        raise ConfigError(f"hessian must be true or false, got {with_hessian!r}")
+    extensions = max_extensions if max_extensions is not None else raw.get("max_extensions", DEFAULT_MAX_EXTENSIONS)
+    if isinstance(extensions, bool) or not isinstance(extensions, int) or extensions < 0:
+        raise ConfigError(f"max_extensions must be 0 or a positive integer, got {extensions!r}")
     return CompareSpec(
         optimizers=opt_list,
         batch_sizes=batches,
@@ -161,7 +226,35 @@ def load_spec(
         out=Path(out_dir),
         jobs=n_jobs,
         quick=quick,
+        seeds=n_seeds,
+        hessian=with_hessian,
+        eval=_eval_request(raw.get("eval"), eval_tasks, include_path, eval_limit),
+        preset=preset_name,
+        max_extensions=extensions,
     )
+
+
+def _eval_request(table: Any, tasks: str | None, include_path: str | None, limit: int | None) -> EvalRequest | None:
+    """--eval / --include-path / --eval-limit over the TOML's [eval] table (tasks, include_path, limit)."""
+    table = {} if table is None else table
+    if not isinstance(table, dict) or set(table) - {"tasks", "include_path", "limit"}:
+        raise ConfigError("eval must be a table with tasks, include_path and limit ([eval])")
+    names = tasks if tasks is not None else table.get("tasks")
+    if isinstance(names, str):
+        names = [part.strip() for part in names.split(",") if part.strip()]
+    if names is None or names == []:
+        if tasks is not None or table:
+            raise ConfigError("--eval is empty: give task names, e.g. --eval lambada_openai,wikitext")
+        if include_path is not None or limit is not None:
+            raise ConfigError("--include-path and --eval-limit need --eval TASKS")
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"eval tasks must be a list of task names, got {names!r}")
+    path = include_path if include_path is not None else table.get("include_path")
+    n = limit if limit is not None else table.get("limit")
+    if n is not None:
+        n = _positive_int(n, "eval limit")
+    return EvalRequest(tuple(names), None if path is None else str(path), n)
 
 
 # -- parsing the command-line forms ---------------------------------------------------------

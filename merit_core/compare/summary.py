@@ -1,8 +1,12 @@
-"""summary.json: one record per run, read back from its run folder, and the best run per
-(optimizer, batch size) by final validation loss.
+"""summary.json: one record per run, read back from its run folder; one cell per (optimizer,
+batch size, lr) over its seeds; and the best cell per (optimizer, batch size) by mean final
+validation loss.
 
 A run whose training stopped on a non-finite loss, or whose final validation loss is not
-finite, is 'diverged': it ranks below every finished run and is reported, never raised.
+finite, is 'diverged': it ranks below every finished run and is reported, never raised. A cell
+is 'diverged' when any of its seeds diverged (an lr that fails on one seed is not a safe best).
+A cell's numbers are the mean over its seeds, with `<key>_std` (sample standard deviation,
+None for one seed) and `<key>_values` (each seed's value, in seed order) beside them.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +22,7 @@ from merit_core.compare.grid import PlannedRun
 from merit_core.compare.runner import read_status
 
 SUMMARY_FILE = "summary.json"
+CELL_KEYS = ("final_val_loss", "max_attention_logit", "final_train_loss")
 
 
 def run_record(run: PlannedRun, state: str) -> dict[str, Any]:
@@ -40,6 +46,7 @@ def run_record(run: PlannedRun, state: str) -> dict[str, Any]:
         "optimizer": run.optimizer,
         "batch_size": run.batch_size,
         "lr": run.lr,
+        "seed": run.seed,
         "tokens": run.tokens,
         "steps": run.steps,
         "seq_len": int(run.config.seq_len),
@@ -82,23 +89,68 @@ def _peak(values: list[float | None] | None) -> float | None:
 
 
 def rank_key(record: dict[str, Any]) -> tuple[float, float]:
-    """Sort key: lower final validation loss first; diverged and missing runs last; ties -> lower lr."""
+    """Sort key: lower (mean) final validation loss first; diverged and missing last; ties -> lower lr."""
     loss = record.get("final_val_loss")
     ok = record.get("status") == "finished" and loss is not None and math.isfinite(loss)
     return (loss if ok else math.inf, record["lr"])
 
 
+def spread(values: list[float | None]) -> tuple[float | None, float | None]:
+    """(mean, sample standard deviation) of the finite values; std None below two values."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite or len(finite) < len(values):
+        return None, None
+    return statistics.fmean(finite), statistics.stdev(finite) if len(finite) > 1 else None
+
+
+def aggregate(group: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
+    """`key`, `key_std` and `key_values` for each key over the records of one cell (seed order)."""
+    out: dict[str, Any] = {}
+    for key in keys:
+        values = [r.get(key) for r in group]
+        out[key], out[f"{key}_std"] = spread(values)
+        out[f"{key}_values"] = values
+    return out
+
+
+def cell_record(group: list[dict[str, Any]]) -> dict[str, Any]:
+    """One (optimizer, batch, lr) cell: its first seed's record with the seed means, spreads and values."""
+    group = sorted(group, key=lambda r: r.get("seed", 0))
+    first = group[0]
+    failed = [r for r in group if r["status"] != "finished"]
+    cell = {**first, **aggregate(group, CELL_KEYS)}
+    cell["seeds"] = [r.get("seed", 0) for r in group]
+    cell["run_names"] = [r["name"] for r in group]
+    cell["seed_curves"] = [{"seed": r.get("seed", 0), **r["curve"]} for r in group if "curve" in r]
+    if failed:
+        cell["status"] = "diverged"
+        cell["message"] = "; ".join(f"seed {r.get('seed', 0)}: {r.get('message')}" for r in failed)
+        for key in CELL_KEYS:
+            cell[key] = None
+        cell["max_attention_logit_by_layer"] = None
+    return cell
+
+
+def cells(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per (optimizer, batch size, lr), in first-seen order (see `cell_record`)."""
+    groups: dict[tuple[str, int, float], list[dict[str, Any]]] = {}
+    for record in records:
+        groups.setdefault((record["optimizer"], record["batch_size"], record["lr"]), []).append(record)
+    return [cell_record(group) for group in groups.values()]
+
+
 def select_best(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The best run per (optimizer, batch size), in first-seen order, with the grid it came from:
-    `grid` (the lrs tried), `n_diverged`, and `lr_at_edge` ('low' / 'high' when the best lr is
-    the smallest / largest of a grid of several, so the optimum may lie outside it; else None)."""
+    """The best cell per (optimizer, batch size) by mean final validation loss over its seeds, in
+    first-seen order, with the grid it came from: `grid` (the lrs tried), `n_diverged` (runs),
+    and `lr_at_edge` ('low' / 'high' when the best lr is the smallest / largest of a grid of
+    several, so the optimum may lie outside it; else None)."""
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for record in records:
         groups.setdefault((record["optimizer"], record["batch_size"]), []).append(record)
     best = []
     for group in groups.values():
-        winner = min(group, key=rank_key)
-        lrs = sorted(r["lr"] for r in group)
+        winner = min(cells(group), key=rank_key)
+        lrs = sorted({r["lr"] for r in group})
         edge = None
         if len(lrs) > 1 and winner["status"] == "finished":
             edge = "low" if winner["lr"] == lrs[0] else "high" if winner["lr"] == lrs[-1] else None
@@ -109,11 +161,13 @@ def select_best(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def build_summary(settings: dict[str, Any], runs: list[PlannedRun], states: dict[str, str]) -> dict[str, Any]:
-    """{"settings", "runs", "best"}: `runs` drop their curves (they stay on the best entries)."""
+    """{"settings", "runs", "cells", "best"}: `runs` and `cells` drop their curves (they stay on
+    the best entries)."""
     records = [run_record(run, states[run.name]) for run in runs]
     best = select_best(records)
     plain = [{k: v for k, v in r.items() if k != "curve"} for r in records]
-    return {"settings": settings, "runs": plain, "best": best}
+    table = [{k: v for k, v in c.items() if k not in ("curve", "seed_curves")} for c in cells(records)]
+    return {"settings": settings, "runs": plain, "cells": table, "best": best}
 
 
 def write_json(path: Path, data: dict[str, Any]) -> Path:

@@ -55,7 +55,7 @@ def finished(tmp_path_factory, model_cfg, data_dir):
 def test_every_run_is_a_train_run_folder(finished):
     spec, result, calls = finished
     assert len(calls.started) == 8 and all(not resumed for _, resumed in calls.started)
-    runs = result.summary["runs"]
+    runs = result.summary.to_dict()["runs"]
     assert {(r["optimizer"], r["batch_size"], r["lr"]) for r in runs} == {
         (o, b, lr) for o in ("adamw", "merit") for b in (2, 4) for lr in (1e-3, 1e-2)
     }
@@ -82,7 +82,8 @@ def test_every_run_is_a_train_run_folder(finished):
 def test_summary_json_shape_and_best(finished):
     spec, result, _ = finished
     data = json.loads((spec.out / "summary.json").read_text())
-    assert set(data) == {"settings", "runs", "best"}
+    assert set(data) == {"settings", "runs", "cells", "best"}
+    assert data == json.loads(json.dumps(result.summary.to_dict()))  # the typed result is summary.json
     required = {
         "optimizer",
         "batch_size",
@@ -117,10 +118,12 @@ def test_plot_is_a_png(finished):
 def test_report_states_the_numbers(finished):
     spec, result, _ = finished
     text = (spec.out / "REPORT.md").read_text()
-    for b in result.summary["best"]:
+    for b in result.summary.to_dict()["best"]:
         assert f"{b['final_val_loss']:.4f}" in text
     for batch in (2, 4):
-        winner = min((b for b in result.summary["best"] if b["batch_size"] == batch), key=lambda b: b["final_val_loss"])
+        winner = min(
+            (b for b in result.summary.to_dict()["best"] if b["batch_size"] == batch), key=lambda b: b["final_val_loss"]
+        )
         assert f"**Batch {batch}:** {winner['optimizer']} had the lowest final validation loss" in text
     assert "512 tokens" in text and "Caveats" in text and "One seed" in text
 
@@ -133,17 +136,17 @@ def test_rerun_skips_finished_and_resumes_unfinished(finished, model_cfg, data_d
     again = run_compare(tiny_spec(model_cfg, data_dir, spec.out), calls)
     assert calls.started == [] and again.trained == []
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
-    assert again.summary["best"] == result.summary["best"]
+    assert again.summary.to_dict()["best"] == result.summary.to_dict()["best"]
 
     # an interrupted run: its final checkpoint is gone, an earlier one remains
     victim = spec.out / "runs" / "merit-b2-lr0.01"
-    before = [r for r in result.summary["runs"] if r["name"] == "merit-b2-lr0.01"][0]
+    before = [r for r in result.summary.to_dict()["runs"] if r["name"] == "merit-b2-lr0.01"][0]
     shutil.rmtree(victim / "step_8")
     assert [s for s, _ in list_checkpoints(victim)][-1] == 6
     calls = Counting()
     resumed = run_compare(tiny_spec(model_cfg, data_dir, spec.out), calls)
     assert calls.started == [("merit-b2-lr0.01", True)] and calls.ended == [("merit-b2-lr0.01", "finished")]
-    after = [r for r in resumed.summary["runs"] if r["name"] == "merit-b2-lr0.01"][0]
+    after = [r for r in resumed.summary.to_dict()["runs"] if r["name"] == "merit-b2-lr0.01"][0]
     assert after["final_val_loss"] == pytest.approx(before["final_val_loss"], rel=1e-6)
     assert [s for s, _ in list_checkpoints(victim)][-1] == 8
 
@@ -162,10 +165,10 @@ def test_diverged_run_is_reported_and_skipped(tmp_path, model_cfg, data_dir, mon
     monkeypatch.setattr(train_run, "run_training", sometimes_diverges)
     spec = tiny_spec(model_cfg, data_dir, tmp_path / "cmp", optimizers="adamw", batch_sizes="4")
     result = run_compare(spec, Counting())
-    by_lr = {r["lr"]: r for r in result.summary["runs"]}
+    by_lr = {r["lr"]: r for r in result.summary.to_dict()["runs"]}
     assert by_lr[1e-2]["status"] == "diverged" and by_lr[1e-2]["final_val_loss"] is None
     assert "non-finite" in by_lr[1e-2]["message"]
-    assert result.summary["best"][0]["lr"] == 1e-3 and result.summary["best"][0]["n_diverged"] == 1
+    assert result.summary.to_dict()["best"][0]["lr"] == 1e-3 and result.summary.to_dict()["best"][0]["n_diverged"] == 1
     assert "Diverged runs" in (spec.out / "REPORT.md").read_text()
     plan = plan_compare(spec)
     assert plan.states == {"adamw-b4-lr0.001": "finished", "adamw-b4-lr0.01": "diverged"}
@@ -177,7 +180,7 @@ def test_parallel_jobs_run_in_worker_processes(tmp_path, model_cfg, data_dir):
     calls = Counting()
     result = run_compare(spec, calls)
     assert sorted(calls.ended) == [("merit-b4-lr0.001", "finished"), ("merit-b4-lr0.01", "finished")]
-    assert all(r["status"] == "finished" and r["final_val_loss"] is not None for r in result.summary["runs"])
+    assert all(r["status"] == "finished" and r["final_val_loss"] is not None for r in result.summary.to_dict()["runs"])
     assert (spec.out / "logs" / "merit-b4-lr0.01.log").is_file()
     for run in plan_compare(spec).runs:
         assert run_state(run) == "finished"
@@ -229,6 +232,11 @@ def test_other_settings_in_the_same_folder_are_refused(finished, model_cfg, data
         (["--seq-len", "4096"], "beyond the context"),
         (["--set", "lr=1e-3"], "'lr' is set by the comparison"),
         (["--set", "warmup_ration=0.1"], "unknown config key 'warmup_ration'"),
+        (["--seeds", "0"], "seeds must be a positive integer"),
+        (["--preset", "ablations", "--optimizers", "adamw"], "give either the preset or --optimizers"),
+        (["--include-path", "tasks"], "--include-path and --eval-limit need --eval TASKS"),
+        (["--eval", ","], "--eval is empty"),
+        (["--max-extensions", "-1"], "max_extensions must be 0 or a positive integer"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, expected):

@@ -108,7 +108,7 @@ def test_report_is_computed_from_the_numbers():
     flipped["best"] = select_best(flipped["runs"])
     text = render_report(flipped)
     assert "**Batch 64:** adamw had the lowest final validation loss, 2.9000" in text
-    assert "**does not hold here**: MERIT's loss minus the best other optimizer's is +0.7000" in text
+    assert "**does not hold here**: MERIT's loss minus the best other optimizer's (adamw) is +0.7000" in text
 
 
 def test_auto_grid_rule():
@@ -155,24 +155,6 @@ def test_spec_parsing_and_layers(tmp_path):
     with pytest.raises(ConfigError, match="unknown hyperparameter 'beta'"):
         config.write_text("[per_optimizer.merit]\noptimizer_args = {beta = 0.9}\n")
         load_spec(config)
-
-
-def test_default_and_quick_comparisons():
-    runs = plan_runs(load_spec(None))
-    assert len(runs) == 18 and {r.optimizer for r in runs} == {"adamw", "lamb", "merit"}
-    assert {(r.batch_size, r.steps, r.tokens) for r in runs} == {(8, 128, 131_072), (64, 16, 131_072)}
-    assert all(r.config.model == "gpt2-tiny" and r.config.seq_len == 128 for r in runs)
-    assert str(runs[0].run_dir) == "runs/compare-gpt2-tiny/runs/adamw-b8-lr0.000333"
-    quick = plan_runs(load_spec(None, quick=True))
-    assert [(r.name, r.steps) for r in quick] == [
-        ("adamw-b8-lr0.001", 64),
-        ("adamw-b64-lr0.00283", 8),
-        ("lamb-b8-lr0.03", 64),
-        ("lamb-b64-lr0.0849", 8),
-        ("merit-b8-lr0.03", 64),
-        ("merit-b64-lr0.0849", 8),
-    ]
-    assert str(quick[0].run_dir).startswith("runs/compare-gpt2-tiny-quick/")
 
 
 def test_config_mismatch_names_the_key():
