@@ -72,10 +72,14 @@ class RichCompareReport(LiveReport, CompareCallbacks):
     def on_extend(self, runs, states, jobs) -> None:
         todo = [r for r in runs if states[r.name] in ("new", "partial")]
         cells = sorted({(r.optimizer, r.batch_size, r.lr) for r in runs})
-        self.progress.console.print(
-            "[yellow]grid edge:[/] the best lr sat on an edge; adding "
-            + ", ".join(f"{o} b{b} lr {_lr(lr)}" for o, b, lr in cells)
-            + f" ({len(todo)} run(s) to train)"
+        added = ", ".join(f"{o} b{b} lr {_lr(lr)}" for o, b, lr in cells)
+        self.total += len(runs)
+        self.done += len(runs) - len(todo)
+        if self.plain:
+            self.say(f"grid edge: the best lr sat on an edge; adding {added} ({len(todo)} run(s) to train)")
+            return
+        self.out.print(
+            f"[yellow]grid edge:[/] the best lr sat on an edge; adding {added} ({len(todo)} run(s) to train)"
         )
         overall = next(t for t in self.progress.tasks if t.id == self.overall)
         self.progress.update(self.overall, total=(overall.total or 0) + len(runs))
@@ -83,7 +87,10 @@ class RichCompareReport(LiveReport, CompareCallbacks):
 
     def on_measure(self, what: str, run_name: str) -> None:
         label = {"hessian": "Hessian (top eigenvalue, trace)", "eval": "zero-shot evaluation"}.get(what, what)
-        self.progress.console.print(f"[dim]measuring {label} of {run_name}[/]")
+        if self.plain:
+            self.say(plain_line("measure", [("what", what), ("run", run_name)]))
+            return
+        self.out.print(f"[dim]measuring {label} of {run_name}[/]")
 
     def on_run_start(self, run, resumed: bool) -> None:
         self.started[run.name] = time.perf_counter()
