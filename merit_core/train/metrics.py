@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
+
+from merit_core.runs import atomic_write
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -41,9 +42,7 @@ class MetricsLog:
         if not self.path.exists():
             return
         kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, self.path)
+        atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def reset(self) -> None:
         self.path.unlink(missing_ok=True)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
+import io
 from pathlib import Path
 from typing import Any
 
+from merit_core.runs import atomic_write
 from merit_core.train.metrics import read_metrics
 
 CURVES_FILE = "curves.png"
@@ -38,12 +39,10 @@ def plot_curves(run_dir: str | Path, title: str | None = None) -> Path | None:
     _plot_logits(ax_logit, logits)
     if title:
         fig.suptitle(title)
-    out = run_dir / CURVES_FILE
-    tmp = run_dir / (".tmp-" + CURVES_FILE)
-    fig.savefig(tmp, dpi=110, format="png")
+    image = io.BytesIO()
+    fig.savefig(image, dpi=110, format="png")
     plt.close(fig)
-    os.replace(tmp, out)
-    return out
+    return atomic_write(run_dir / CURVES_FILE, image.getvalue())
 
 
 def _plot_logits(ax: Any, logits: list[tuple[int, list[float | None]]]) -> None:
