@@ -138,7 +138,7 @@ def resolve_tasks(tasks: str | Iterable[str], include_path: str | os.PathLike | 
         manager = _task_manager(user_paths, include_defaults=False)
         local = set(manager.all_tasks)
         if not local:
-            raise ConfigError(f"--include-path {include_path}: no lm-eval task YAML found in it")
+            raise ConfigError(f"--include-path {include_path}: {_why_no_tasks(path)}")
         if all(n in local for n in names):
             return ResolvedTasks(names, manager, "include-path")
 
@@ -231,6 +231,30 @@ def load_tasks(resolved: ResolvedTasks) -> list[Any]:
             seen.update(tasks)
         seen.add(name)
     return objects
+
+
+def _why_no_tasks(folder: Path) -> str:
+    """Why lm-eval found no task under `folder` (it skips a YAML it cannot read with a log line only)."""
+    import yaml
+
+    class _Loader(yaml.SafeLoader):  # lm-eval's own tags (!function ...) are not this check's business
+        pass
+
+    _Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+    files = sorted(f for f in folder.rglob("*") if f.suffix in (".yaml", ".yml") and f.is_file())
+    if not files:
+        return "no lm-eval task YAML found in it"
+    for file in files:
+        try:
+            doc = yaml.load(file.read_text(errors="replace"), Loader=_Loader)
+        except yaml.YAMLError as exc:
+            where = getattr(exc, "problem_mark", None)
+            line = f" (line {where.line + 1})" if where is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            return f"{file.name} is not valid YAML{line}: {problem}"
+        if not isinstance(doc, dict) or not ({"task", "group"} & set(doc)):
+            return f"{file.name} is not an lm-eval task (no 'task:' key)"
+    return f"lm-eval found no task in its {len(files)} YAML file(s); check their 'task:' and dataset keys"
 
 
 def list_local_tasks(include_path: str | os.PathLike) -> list[str]:

@@ -216,3 +216,27 @@ def test_cli_import_stays_light():
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("task: broken\ndataset_path: [unclosed\n", r"broken\.yaml is not valid YAML \(line \d+\)"),
+        ("dataset_path: json\noutput_type: loglikelihood\n", r"broken\.yaml is not an lm-eval task \(no 'task:' key\)"),
+    ],
+)
+def test_a_broken_task_yaml_is_named_with_what_is_wrong(tmp_path, text, expected):
+    from merit_core.evaluation.tasks import resolve_tasks
+
+    (tmp_path / "broken.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=expected) as err:
+        resolve_tasks(["broken"], str(tmp_path))
+    assert "\n" not in str(err.value)
+
+
+def test_an_include_path_without_yaml_says_so(tmp_path):
+    from merit_core.evaluation.tasks import resolve_tasks
+
+    (tmp_path / "notes.txt").write_text("no tasks here")
+    with pytest.raises(ConfigError, match="no lm-eval task YAML found in it"):
+        resolve_tasks(["x"], str(tmp_path))
