@@ -2,8 +2,8 @@
 called through one ``torch.library.custom_op`` per param group.
 
 The kernel (``csrc/merit_cpu.cpp``, shipped as package data) is plain C++ without torch headers,
-so a cold build takes about a second instead of the ~30 s that ``torch.utils.cpp_extension``
-needs for ``torch/extension.h``. It is compiled with the system C++ compiler (``$CXX``, else
+so a cold build is quick, where ``torch.utils.cpp_extension`` would compile all of
+``torch/extension.h`` (build times are in benchmarks/README.md). It is compiled with the system C++ compiler (``$CXX``, else
 ``g++``/``c++``) into a user cache directory (``$MERIT_KERNEL_CACHE``, else the ``kernels``
 folder of merit's cache: ``$MERIT_CACHE_DIR``, ``$XDG_CACHE_HOME/merit`` or ``~/.cache/merit``),
 keyed by a hash of the source, the compiler and the CPU, and loaded with :mod:`ctypes`. If it
@@ -47,7 +47,7 @@ from merit_core.optim.merit.common import Hyper, is_plain, state_dtype
 
 log = logging.getLogger(__name__)
 
-BUILD_TIMEOUT_S = 300  # a cold build takes ~1-3 s; this only bounds a pathological compiler.
+BUILD_TIMEOUT_S = 300  # far above a normal cold build; this only bounds a pathological compiler.
 FLAG_MAXIMIZE, FLAG_L2, FLAG_ELEMENTWISE, FLAG_BOUND = 1, 2, 4, 8
 PARALLEL_MIN_NUMEL = 1 << 15  # below this, OpenMP start-up costs more than it saves.
 

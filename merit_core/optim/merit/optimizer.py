@@ -51,7 +51,7 @@ class MERIT(Optimizer):
         maximize: maximize the objective instead of minimizing it.
         implementation: the backend; None picks the best available one per param group:
             ``"triton"`` on CUDA when triton imports (grouped kernels), ``"cpu"`` on CPU (fused
-            two-pass C++/OpenMP kernel, built once per machine, ~2 s, cached in
+            two-pass C++/OpenMP kernel, built once per machine and cached in
             ``~/.cache/merit/kernels``), ``"foreach"`` elsewhere (eager multi-tensor torch ops).
             Or one of those names, ``"reference"`` (readable single-tensor torch code; any
             tensor) or ``"compile"`` (torch.compile of two passes per tensor; opt-in: the first
