@@ -311,6 +311,7 @@ def inspect_cmd(
     """
     from rich.console import Console
 
+    from merit_cli.render import ProgressView
     from merit_core.diagnostics.probe import read_text_file
 
     if text is not None and text_file is not None:
@@ -357,8 +358,8 @@ def inspect_cmd(
     console = Console()
     if not console.is_terminal:  # piped / redirected: no terminal width to respect
         console = Console(width=160)
-    with console.status("inspecting") as status:
-        report = inspect_paths([str(p) for p in paths], opts, progress=lambda msg: status.update(msg))
+    with ProgressView(console, one_line=True, first="inspecting") as view:
+        report = inspect_paths([str(p) for p in paths], opts, progress=view)
     render(console, report, per_head, show_weights)
     if json_path is not None:
         write_json(report, json_path)

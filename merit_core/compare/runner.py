@@ -32,6 +32,7 @@ from typing import Any
 
 from merit_core.compare.grid import PlannedRun, config_mismatch
 from merit_core.errors import ConfigError, MeritError
+from merit_core.progress import Progress
 from merit_core.runs import RunInterrupted
 from merit_core.train.training_run import STOP_SIGNALS, TrainCallbacks
 
@@ -49,7 +50,7 @@ class RunFailed(MeritError):
 class CompareCallbacks:
     """Progress hooks of a comparison; override what you need."""
 
-    def on_prepare(self, stage: str, done: int, total: int | None) -> None:
+    def on_prepare(self, event: Progress) -> None:
         """Data preparation progress (the shared data is prepared once, before any run)."""
 
     def on_plan(self, runs: list[PlannedRun], states: dict[str, str], jobs: int) -> None:

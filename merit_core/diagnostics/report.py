@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from merit_core.diagnostics.weights import (
     logit_bounds,
     read_config,
 )
+from merit_core.progress import Progress, ProgressFn, report_to
 
 TRAINER_KEYS = ("optimizer", "global_batch_size", "seq_len", "tokens")
 SUMMARY_KEYS = ("q_max_norm", "k_max_norm", "bound", "max_attention_logit")
@@ -191,7 +192,7 @@ def summarize(layers: list[LayerStats]) -> Summary:
     return out
 
 
-def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOptions, progress) -> None:
+def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOptions, progress: ProgressFn) -> None:
     """Fill max attention logits (and the Hessian) into `stats`, building the model once."""
     import torch
 
@@ -199,7 +200,7 @@ def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOpt
     from merit_core.diagnostics.probe import load_model, make_probe_batch
     from merit_core.models import context_length
 
-    progress(f"{ckpt.label}: building the model")
+    progress(Progress("building the model", item=ckpt.label))
     model = load_model(ckpt, reader, opts.device)
     # a user's text is measured as given, up to the context; the built-in paragraph fills 256 tokens
     seq_len = opts.seq_len or (
@@ -213,7 +214,7 @@ def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOpt
     ids = batch.input_ids.to(opts.device)
     stats.probe = batch.describe()
     if opts.logits:
-        progress(f"{ckpt.label}: max attention logits on {stats.probe.n_tokens} tokens")
+        progress(Progress(f"max attention logits on {stats.probe.n_tokens} tokens", item=ckpt.label))
         probed = probe_attention(model, ids, query_chunk=opts.query_chunk, inputs=True)
         for layer, row in zip(stats.layers, probed.max_logits.tolist()):
             layer.max_attention_logit = max(row)
@@ -226,8 +227,10 @@ def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOpt
         from merit_core.diagnostics.hessian import model_hessian
 
         progress(
-            f"{ckpt.label}: Hessian ({opts.hessian_iters} power iterations, "
-            f"{opts.hutchinson_samples} Hutchinson samples)"
+            Progress(
+                f"Hessian ({opts.hessian_iters} power iterations, {opts.hutchinson_samples} Hutchinson samples)",
+                item=ckpt.label,
+            )
         )
         est = model_hessian(model, ids, opts.hessian_iters, opts.hutchinson_samples, opts.seed)
         stats.hessian = {**est.to_dict(), "seq_len": stats.probe.n_tokens, "seed": opts.seed}
@@ -237,18 +240,18 @@ def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOpt
 
 
 def inspect_checkpoint(
-    ckpt: Checkpoint, opts: InspectOptions | None = None, progress: Callable[[str], None] | None = None
+    ckpt: Checkpoint, opts: InspectOptions | None = None, progress: ProgressFn | None = None
 ) -> CheckpointReport:
     """Weight statistics, then (with a config.json) max attention logits and optionally the Hessian."""
     opts = opts or InspectOptions()
-    progress = progress or (lambda msg: None)
+    progress = report_to(progress)
     with checkpoint_context(ckpt.path):
         return _inspect_checkpoint(ckpt, opts, progress)
 
 
-def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: Callable[[str], None]) -> CheckpointReport:
+def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: ProgressFn) -> CheckpointReport:
     reader = SafetensorsReader(ckpt)
-    progress(f"{ckpt.label}: weight statistics")
+    progress(Progress("weight statistics", item=ckpt.label))
     weights = attention_weight_stats(reader, read_config(ckpt.config_path), opts.n_heads, opts.top_k)
     stats = CheckpointReport.from_weights(ckpt, weights, _trainer_state(ckpt))
     if opts.logits or opts.hessian:
@@ -265,7 +268,7 @@ def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: Callab
 
 
 def inspect_paths(
-    paths: Sequence[str | Path], opts: InspectOptions | None = None, progress: Callable[[str], None] | None = None
+    paths: Sequence[str | Path], opts: InspectOptions | None = None, progress: ProgressFn | None = None
 ) -> InspectReport:
     """Inspect every checkpoint the paths resolve to (all are validated before any work starts)."""
     resolved = [(Path(p), find_checkpoints(p)) for p in paths]

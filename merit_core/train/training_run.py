@@ -22,6 +22,7 @@ from typing import Any
 
 from merit_core import runs
 from merit_core.errors import CheckpointError, ConfigError, MeritError
+from merit_core.progress import Progress
 from merit_core.runs import CONFIG_FILE, RunInterrupted
 from merit_core.train.config import TrainConfig, resolve, save_config
 
@@ -83,8 +84,8 @@ class RunSummary:
 class TrainCallbacks:
     """Progress hooks; override what you need. Called on the main process only."""
 
-    def on_prepare(self, stage: str, done: int, total: int | None) -> None:
-        """Data preparation progress: `done` of `total` (None: unknown) units of `stage`."""
+    def on_prepare(self, event: Progress) -> None:
+        """Data preparation progress (merit_core.progress.Progress: `done` of `total` units of `stage`)."""
 
     def on_data(self, meta) -> None:
         """The prepared data is ready (`meta`: merit_core.data.DataMeta)."""
