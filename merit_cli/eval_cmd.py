@@ -12,7 +12,14 @@ from rich.table import Table
 
 from merit_cli.render import ProgressView
 from merit_core.errors import ConfigError
-from merit_core.evaluation.results import CheckpointResult, check_output_path, format_value, metric_rows
+from merit_core.evaluation import EvalSettings, evaluate_checkpoints
+from merit_core.evaluation.results import (
+    CheckpointResult,
+    check_output_path,
+    format_value,
+    metric_rows,
+    write_results_json,
+)
 from merit_core.evaluation.tasks import ALIASES, list_local_tasks, split_task_list
 
 _NOISY_LOGGERS = ("lm_eval", "transformers", "datasets", "accelerate", "huggingface_hub")
@@ -135,8 +142,6 @@ def eval_cmd(
         console.print(_aliases_table(include_path))
         return
 
-    from merit_core.evaluation import EvalSettings
-
     if not checkpoints:
         raise ConfigError("no checkpoint given: merit eval CKPT... --tasks lambada,wikitext")
     if not tasks or not split_task_list(tasks):
@@ -159,8 +164,6 @@ def eval_cmd(
     prefer_offline()  # before lm-eval / datasets / transformers are imported
     if not verbose:
         _quiet_libraries()
-    from merit_core.evaluation import evaluate_checkpoints
-    from merit_core.evaluation.results import write_results_json
 
     # The display holds its own stderr: in quiet mode the library silences sys.stderr and fd 2 while it runs.
     own = _display_stream()

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import click
 
-from merit_core.diagnostics.plots import short_labels
+from merit_core.diagnostics.plots import plot_report, short_labels
 from merit_core.errors import ConfigError
+from merit_core.runs import check_writable
 
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 MAX_SIDE_BY_SIDE = 8
@@ -318,7 +319,6 @@ def inspect_cmd(
         raise ConfigError("give --text or --text-file, not both")
     if plot_path is not None and plot_path.suffix.lower() not in PLOT_SUFFIXES:
         raise ConfigError(f"--plot {plot_path}: use a {', '.join(PLOT_SUFFIXES)} file name")
-    from merit_core.runs import check_writable
 
     for option, path in (("--json", json_path), ("--plot", plot_path)):
         if path is not None:
@@ -365,7 +365,5 @@ def inspect_cmd(
         write_json(report, json_path)
         console.print(f"wrote {json_path}")
     if plot_path is not None:
-        from merit_core.diagnostics.plots import plot_report
-
         kind = plot_report(report, plot_path)
         console.print(f"wrote {plot_path} ({'trajectory over steps' if kind == 'trajectory' else 'per-layer bars'})")

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 
 import click
+from rich.console import Console
+from rich.table import Table
 
 from merit_cli.options import number
 from merit_cli.render import ProgressView
@@ -15,8 +17,6 @@ from merit_core.errors import ConfigError
 
 
 def _summary(meta, seconds: float):
-    from rich.table import Table
-
     table = Table(title="Prepared data", show_header=False, title_justify="left")
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
@@ -108,8 +108,6 @@ def prepare(
 
     A .txt file holds one document per blank-line-separated block; other formats one per row.
     """
-    from rich.console import Console
-
     from merit_core.data import load_meta
 
     if builtin and source:

@@ -7,7 +7,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 
@@ -139,8 +147,6 @@ class ProgressView:
         first: str | None = None,
         redirect: bool = True,
     ):
-        from rich.progress import MofNCompleteColumn, SpinnerColumn, TimeElapsedColumn
-
         self.out = out
         self.plain = not out.is_terminal
         self.one_line = one_line

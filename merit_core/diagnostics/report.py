@@ -20,8 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from merit_core.diagnostics.attention import probe_attention
 from merit_core.diagnostics.checkpoints import Checkpoint, SafetensorsReader, find_checkpoints
-from merit_core.diagnostics.probe import ProbeInfo
+from merit_core.diagnostics.hessian import model_hessian
+from merit_core.diagnostics.probe import ProbeInfo, load_model, make_probe_batch
 from merit_core.diagnostics.weights import (
     AttentionLayout,
     HeadStats,
@@ -33,7 +37,10 @@ from merit_core.diagnostics.weights import (
     logit_bounds,
     read_config,
 )
+from merit_core.errors import DataError
+from merit_core.models import context_length
 from merit_core.progress import Progress, ProgressFn, report_to
+from merit_core.runs import atomic_write_json
 
 TRAINER_KEYS = ("optimizer", "global_batch_size", "seq_len", "tokens")
 SUMMARY_KEYS = ("q_max_norm", "k_max_norm", "bound", "max_attention_logit")
@@ -194,12 +201,6 @@ def summarize(layers: list[LayerStats]) -> Summary:
 
 def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOptions, progress: ProgressFn) -> None:
     """Fill max attention logits (and the Hessian) into `stats`, building the model once."""
-    import torch
-
-    from merit_core.diagnostics.attention import probe_attention
-    from merit_core.diagnostics.probe import load_model, make_probe_batch
-    from merit_core.models import context_length
-
     progress(Progress("building the model", item=ckpt.label))
     model = load_model(ckpt, reader, opts.device)
     # a user's text is measured as given, up to the context; the built-in paragraph fills 256 tokens
@@ -207,8 +208,6 @@ def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOpt
         context_length(model.config) if opts.text is not None else min(context_length(model.config), 256)
     )
     if seq_len > context_length(model.config):
-        from merit_core.errors import DataError
-
         raise DataError(f"--seq-len {seq_len} exceeds the model's context of {context_length(model.config)}")
     batch = make_probe_batch(ckpt.folder, model.config.vocab_size, seq_len, opts.text, opts.text_source, opts.seed)
     ids = batch.input_ids.to(opts.device)
@@ -224,8 +223,6 @@ def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOpt
                 head.max_attention_logit = value
         logit_bounds(reader, stats.layout, stats.layers, probed.input_max_l1, probed.scaling)
     if opts.hessian:
-        from merit_core.diagnostics.hessian import model_hessian
-
         progress(
             Progress(
                 f"Hessian ({opts.hessian_iters} power iterations, {opts.hutchinson_samples} Hutchinson samples)",
@@ -279,8 +276,6 @@ def inspect_paths(
 
 def write_json(report: InspectReport | dict, path: str | Path) -> None:
     """Write the report (its `to_dict()`) atomically and durably (merit_core.runs), with the user's umask."""
-    from merit_core.runs import atomic_write_json
-
     if hasattr(report, "to_dict"):
         report = report.to_dict()
     path = Path(path)
