@@ -8,8 +8,11 @@ import time
 from typing import Any
 
 import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from merit_cli.render import LiveReport, fmt_duration, fmt_float, plain_line
+from merit_core.compare import load_spec, run_compare
 from merit_core.compare.runner import CompareCallbacks
 from merit_core.compare.spec import DEFAULT_BATCH_SIZES, DEFAULT_OPTIMIZERS, DEFAULT_TOKENS, DEFAULT_TRAIN, QUICK_TOKENS
 
@@ -29,8 +32,6 @@ class RichCompareReport(LiveReport, CompareCallbacks):
         self.last: dict[str, dict[str, Any]] = {}
 
     def on_plan(self, runs, states, jobs) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
         if self.stages is not None:
             self.stages.stop()
         first = runs[0]
@@ -159,8 +160,6 @@ def _command_line(ctx: click.Context) -> str:
 
 
 def _grid_table(runs):
-    from rich.table import Table
-
     table = Table(title="Learning-rate grid", title_justify="left", box=None, padding=(0, 2), header_style="bold")
     for name in ("optimizer", "batch", "steps", "learning rates"):
         table.add_column(name, justify="right" if name in ("batch", "steps") else "left")
@@ -175,8 +174,6 @@ def _grid_table(runs):
 
 def measures_table(summary: dict[str, Any]):
     """Each best run's top Hessian eigenvalue and trace (--hessian) and zero-shot scores (--eval), or None."""
-    from rich.table import Table
-
     entries = [b for b in summary["best"] if b.get("hessian") or b.get("zero_shot")]
     if not entries:
         return None
@@ -219,8 +216,6 @@ def results_table(summary: dict[str, Any]):
     attention logit.
 
     The lowest loss and the lowest max logit at each batch size are bold."""
-    from rich.table import Table
-
     settings = summary["settings"]
     best = {(b["optimizer"], b["batch_size"]): b for b in summary["best"]}
     table = Table(
@@ -355,11 +350,11 @@ def compare(
     compare.png (loss vs batch size, max attention logit vs step) and REPORT.md. A re-run
     skips finished runs and resumes unfinished ones.
     """
-    from merit_core.compare import load_spec, run_compare
-    from merit_core.configs import find_config
     from merit_core.hub import prefer_offline
 
     prefer_offline()
+    from merit_core.configs import find_config
+
     spec = load_spec(
         find_config(config_file, "compare") if config_file is not None else None,
         optimizers=optimizers,

@@ -8,20 +8,21 @@ import sys
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from merit_cli.render import ProgressView
 from merit_core.errors import ConfigError
-from merit_core.evaluation.results import CheckpointResult, check_output_path, format_value, metric_rows
+from merit_core.evaluation import EvalSettings, evaluate_checkpoints
+from merit_core.evaluation.results import (
+    CheckpointResult,
+    check_output_path,
+    format_value,
+    metric_rows,
+    write_results_json,
+)
 from merit_core.evaluation.tasks import ALIASES, list_local_tasks, split_task_list
 
 _NOISY_LOGGERS = ("lm_eval", "transformers", "datasets", "accelerate", "huggingface_hub")
-_STAGES = {
-    "checkpoints": "checking checkpoints",
-    "tasks": "loading tasks and datasets",
-    "model": "loading model",
-    "done": "done",
-}
 
 
 def _quiet_libraries() -> None:
@@ -88,25 +89,6 @@ def _display_stream():
         return None
 
 
-class _ProgressDisplay:
-    """Turns EvalProgress reports into one rich progress line on stderr."""
-
-    def __init__(self, progress: Progress):
-        self.progress = progress
-        self.task_id = progress.add_task("loading torch and lm-eval", total=None)
-
-    def __call__(self, event) -> None:
-        prefix = f"[{event.index + 1}/{event.count}] {event.label}: " if event.count > 1 else f"{event.label}: "
-        if event.stage == "requests":
-            text = f"{prefix}{event.request_type} requests"
-            self.progress.update(self.task_id, description=text, completed=event.done, total=event.total)
-        else:
-            text = prefix + _STAGES.get(event.stage, event.stage)
-            if event.stage in ("checkpoints", "tasks"):  # these concern all checkpoints at once
-                text = _STAGES[event.stage]
-            self.progress.update(self.task_id, description=text, completed=0, total=None)
-
-
 @click.command("eval")
 @click.argument("checkpoints", nargs=-1, metavar="CKPT...")
 @click.option("--tasks", "-t", default=None, help="Comma-separated tasks or aliases, e.g. lambada,wikitext,superglue.")
@@ -160,8 +142,6 @@ def eval_cmd(
         console.print(_aliases_table(include_path))
         return
 
-    from merit_core.evaluation import EvalSettings
-
     if not checkpoints:
         raise ConfigError("no checkpoint given: merit eval CKPT... --tasks lambada,wikitext")
     if not tasks or not split_task_list(tasks):
@@ -184,31 +164,13 @@ def eval_cmd(
     prefer_offline()  # before lm-eval / datasets / transformers are imported
     if not verbose:
         _quiet_libraries()
-    from merit_core.evaluation import evaluate_checkpoints
-    from merit_core.evaluation.results import write_results_json
 
-    columns = (
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
     # The display holds its own stderr: in quiet mode the library silences sys.stderr and fd 2 while it runs.
     own = _display_stream()
     try:
         display = Console(file=own or sys.stderr, stderr=own is None)
-        with Progress(
-            *columns,
-            console=display,
-            transient=True,
-            redirect_stdout=False,
-            redirect_stderr=False,
-            disable=not display.is_terminal,
-        ) as bar:
-            records = evaluate_checkpoints(
-                list(checkpoints), settings, progress=_ProgressDisplay(bar), quiet=not verbose
-            )
+        with ProgressView(display, one_line=True, first="loading torch and lm-eval", redirect=False) as view:
+            records = evaluate_checkpoints(list(checkpoints), settings, progress=view, quiet=not verbose)
     finally:
         if own is not None:
             own.close()

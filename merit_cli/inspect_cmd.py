@@ -10,8 +10,9 @@ from pathlib import Path
 
 import click
 
-from merit_core.diagnostics.plots import short_labels
+from merit_core.diagnostics.plots import plot_report, short_labels
 from merit_core.errors import ConfigError
+from merit_core.runs import check_writable
 
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 MAX_SIDE_BY_SIDE = 8
@@ -311,13 +312,13 @@ def inspect_cmd(
     """
     from rich.console import Console
 
+    from merit_cli.render import ProgressView
     from merit_core.diagnostics.probe import read_text_file
 
     if text is not None and text_file is not None:
         raise ConfigError("give --text or --text-file, not both")
     if plot_path is not None and plot_path.suffix.lower() not in PLOT_SUFFIXES:
         raise ConfigError(f"--plot {plot_path}: use a {', '.join(PLOT_SUFFIXES)} file name")
-    from merit_core.runs import check_writable
 
     for option, path in (("--json", json_path), ("--plot", plot_path)):
         if path is not None:
@@ -357,14 +358,12 @@ def inspect_cmd(
     console = Console()
     if not console.is_terminal:  # piped / redirected: no terminal width to respect
         console = Console(width=160)
-    with console.status("inspecting") as status:
-        report = inspect_paths([str(p) for p in paths], opts, progress=lambda msg: status.update(msg))
+    with ProgressView(console, one_line=True, first="inspecting") as view:
+        report = inspect_paths([str(p) for p in paths], opts, progress=view)
     render(console, report, per_head, show_weights)
     if json_path is not None:
         write_json(report, json_path)
         console.print(f"wrote {json_path}")
     if plot_path is not None:
-        from merit_core.diagnostics.plots import plot_report
-
         kind = plot_report(report, plot_path)
         console.print(f"wrote {plot_path} ({'trajectory over steps' if kind == 'trajectory' else 'per-layer bars'})")

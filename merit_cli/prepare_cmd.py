@@ -2,67 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
 
 import click
+from rich.console import Console
+from rich.table import Table
 
 from merit_cli.options import number
+from merit_cli.render import ProgressView
 from merit_core.errors import ConfigError
 
 
-class _RichProgress:
-    """The `progress(stage, done, total)` callback of merit_core.data, drawn as rich progress bars."""
-
-    def __init__(self, console):
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            SpinnerColumn,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self.bar = Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description:<28}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=console,
-            transient=True,
-        )
-        self.tasks: dict[str, int] = {}
-        self.last: str | None = None
-
-    def __enter__(self):
-        self.bar.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._finish_last()
-        self.bar.stop()
-
-    def _finish_last(self):
-        if self.last is not None:
-            task = self.bar.tasks[self.tasks[self.last]]
-            self.bar.update(task.id, total=task.completed or 1, completed=task.completed or 1)
-
-    def __call__(self, stage: str, done: int, total: int | None) -> None:
-        if stage not in self.tasks:
-            self._finish_last()
-            self.tasks[stage] = self.bar.add_task(stage, total=total)
-            self.last = stage
-        self.bar.update(self.tasks[stage], completed=done, total=total)
-
-
 def _summary(meta, seconds: float):
-    from rich.table import Table
-
     table = Table(title="Prepared data", show_header=False, title_justify="left")
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
@@ -154,8 +108,6 @@ def prepare(
 
     A .txt file holds one document per blank-line-separated block; other formats one per row.
     """
-    from rich.console import Console
-
     from merit_core.data import load_meta
 
     if builtin and source:
@@ -167,7 +119,7 @@ def prepare(
 
     err = Console(stderr=True)
     start = time.perf_counter()
-    with _RichProgress(err) if not as_json else _NoProgress() as progress:
+    with ProgressView(err) if not as_json else contextlib.nullcontext() as progress:
         if builtin:
             from merit_core.data.builtin import BUILTIN_VAL_FRACTION, builtin_data, prepare_builtin
 
@@ -207,11 +159,3 @@ def prepare(
     console = Console()
     console.print(_summary(meta, seconds))
     console.print(f"Train on it with: [bold]merit train --data {meta.path}[/]", soft_wrap=True)
-
-
-class _NoProgress:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

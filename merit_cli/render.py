@@ -1,4 +1,4 @@
-"""Shared rich rendering: consoles, number formats, key/value tables, a training progress bar."""
+"""Shared rich rendering: consoles, number formats, key/value tables, progress of long work, a training bar."""
 
 from __future__ import annotations
 
@@ -7,7 +7,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 
@@ -120,31 +128,90 @@ def key_value_table(title: str | None, rows: Iterable[tuple[str, Any]]) -> Table
     return table
 
 
-class StageProgress:
-    """A transient bar per stage for `progress(stage, done, total)` callbacks (total None: unknown)."""
+class ProgressView:
+    """The one renderer of merit_core.progress.Progress events, for every command.
 
-    def __init__(self, out: Console):
-        from rich.progress import MofNCompleteColumn, SpinnerColumn, TimeElapsedColumn
+    On a terminal: transient rich bars, one per stage (the stage before is shown complete when the
+    next begins), or with `one_line` a single line that follows the latest event. Off a terminal (a
+    batch system's log, a pipe): with `plain_kind`, one `KIND stage=... total=N` line per new stage;
+    without, nothing (commands whose stderr must stay one error line). `first` is shown before the
+    first event (a slow import); `redirect` lets rich redirect prints to stdout/stderr above the bars.
+    """
 
+    def __init__(
+        self,
+        out: Console,
+        *,
+        one_line: bool = False,
+        plain_kind: str | None = None,
+        first: str | None = None,
+        redirect: bool = True,
+    ):
+        self.out = out
+        self.plain = not out.is_terminal
+        self.one_line = one_line
+        self.plain_kind = plain_kind
+        self.first = first
         self.bar = Progress(
             SpinnerColumn(),
-            TextColumn("{task.description:<24}"),
+            TextColumn("{task.description:<28}"),
             BarColumn(bar_width=24),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             console=out,
             transient=True,
+            redirect_stdout=redirect,
+            redirect_stderr=redirect,
         )
-        self.tasks: dict[str, Any] = {}
+        self.tasks: dict[tuple[str | None, str], Any] = {}
+        self.last: Any = None
+        self.seen: set[tuple[str | None, str]] = set()
         self.started = False
 
-    def __call__(self, stage: str, done: int, total: int | None) -> None:
-        if not self.started:
-            self.bar.start()
-            self.started = True
-        if stage not in self.tasks:
-            self.tasks[stage] = self.bar.add_task(stage, total=total)
-        self.bar.update(self.tasks[stage], completed=done, total=total)
+    def __enter__(self) -> ProgressView:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if self.started or self.plain:
+            return
+        self.bar.start()
+        self.started = True
+        if self.first is not None:
+            self.last = self.bar.add_task(self.first, total=None)
+
+    def __call__(self, event: Any) -> None:
+        """Draw one merit_core.progress.Progress event."""
+        key = (event.item, event.stage)
+        if self.plain:
+            if key not in self.seen and self.plain_kind is not None:
+                self.seen.add(key)
+                fields = [("stage", event.stage.replace(" ", "_")), ("item", event.item), ("total", event.total)]
+                self.out.print(plain_line(self.plain_kind, fields), markup=False, highlight=False, soft_wrap=True)
+            return
+        self.start()
+        if self.one_line:
+            if self.last is None:
+                self.last = self.bar.add_task("", total=None)
+            self.bar.update(self.last, description=event.describe(), completed=event.done, total=event.total)
+            return
+        if key not in self.tasks:
+            self._finish_last()
+            self.tasks[key] = self.last = self.bar.add_task(event.describe(), total=event.total)
+        self.bar.update(self.tasks[key], completed=event.done, total=event.total)
+
+    def _finish_last(self) -> None:
+        if self.last is None:
+            return
+        if self.last not in self.tasks.values():  # the `first` line: it ends with the first stage
+            self.bar.remove_task(self.last)
+        else:
+            task = next(t for t in self.bar.tasks if t.id == self.last)
+            self.bar.update(task.id, total=task.completed or 1, completed=task.completed or 1)
+        self.last = None
 
     def stop(self) -> None:
         if self.started:
@@ -178,23 +245,18 @@ class LiveReport:
         self.plain = not self.out.is_terminal
         if self.plain:
             self.out.soft_wrap = True  # a log file has no width: keep each line whole
-        self.stages: StageProgress | None = None
+        self.stages: ProgressView | None = None
         self.progress = None
 
     def say(self, line: str) -> None:
         """Print `line` as it is: no markup, no wrapping (rich flushes after each print)."""
         self.out.print(line, markup=False, highlight=False, soft_wrap=True)
 
-    def on_prepare(self, stage: str, done: int, total: int | None) -> None:
-        if self.plain:
-            seen = self.__dict__.setdefault("_stages_seen", set())
-            if stage not in seen:
-                seen.add(stage)
-                self.say(plain_line("prepare", [("stage", stage.replace(" ", "_")), ("total", total)]))
-            return
+    def on_prepare(self, event) -> None:
+        """Data preparation progress (a merit_core.progress.Progress event)."""
         if self.stages is None:
-            self.stages = StageProgress(self.out)
-        self.stages(stage, done, total)
+            self.stages = ProgressView(self.out, plain_kind="prepare")
+        self.stages(event)
 
     def close(self) -> None:
         if self.stages is not None:

@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.markup import escape
 
 from merit_cli.options import number
 from merit_cli.render import (
     LiveReport,
     command_hints,
+    configs_table,
+    console,
     eval_line,
     fmt_count,
     fmt_duration,
@@ -21,8 +24,9 @@ from merit_cli.render import (
     train_log_line,
     training_progress,
 )
-from merit_core.errors import MeritError
-from merit_core.train.training_run import RunInfo, RunSummary, TrainCallbacks
+from merit_core.errors import ConfigError, MeritError
+from merit_core.train.config import load_config
+from merit_core.train.training_run import CONFIG_FILE, RunInfo, RunSummary, TrainCallbacks, run_training
 
 
 class RichTrainReport(LiveReport, TrainCallbacks):
@@ -92,7 +96,6 @@ class RichTrainReport(LiveReport, TrainCallbacks):
 
     def on_note(self, message: str) -> None:
         console = self.progress.console if self.progress is not None else self.out
-        from rich.markup import escape
 
         console.print(f"[yellow]note:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
@@ -124,7 +127,7 @@ class RichTrainReport(LiveReport, TrainCallbacks):
 def _list_configs(ctx, param, value):
     if not value or ctx.resilient_parsing:
         return
-    from merit_cli.render import configs_table, console
+
     from merit_core.configs import shipped_configs
 
     out = console()
@@ -317,7 +320,6 @@ def train(
     main = int(os.environ.get("RANK", "0")) == 0
     try:
         summary_config = _load(config_file, overrides, values)
-        from merit_core.train.training_run import run_training
 
         report = RichTrainReport() if main else None
         try:
@@ -334,9 +336,6 @@ def train(
 def _load(config_file, overrides, values):
     """Defaults < CONFIG.toml (or the resumed run's config.toml) < --set < options."""
     from merit_core.configs import find_config
-    from merit_core.errors import ConfigError
-    from merit_core.train.config import load_config
-    from merit_core.train.training_run import CONFIG_FILE
 
     base = find_config(config_file, "train") if config_file is not None else None
     if values.get("resume") or values.get("resume_from"):

@@ -35,7 +35,9 @@ from merit_core.compare.grid import (
     plan_runs,
     seed_list,
 )
-from merit_core.compare.measures import PAPER
+from merit_core.compare.measures import PAPER, eval_cell, hessian_cell, run_eval, run_hessian
+from merit_core.compare.plots import plot_compare
+from merit_core.compare.report import render_report
 from merit_core.compare.results import BestResult, CompareSummary, RunResult
 from merit_core.compare.runner import CompareCallbacks, default_jobs, execute, run_state
 from merit_core.compare.spec import CompareSpec, load_spec
@@ -100,14 +102,11 @@ def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) ->
     Rounds: train the planned runs; while an auto grid's best lr sits on its edge (and the
     extension limit allows), add the next lr beyond it and train that; then measure the best
     runs (--hessian, --eval) and write the outputs."""
-    from merit_core.compare.plots import plot_compare
-    from merit_core.compare.report import render_report
-
     callbacks = callbacks or CompareCallbacks()
     start = time.perf_counter()
-    if spec.eval is not None:
-        from merit_core.evaluation.tasks import resolve_tasks
+    from merit_core.evaluation.tasks import resolve_tasks
 
+    if spec.eval is not None:
         resolve_tasks(list(spec.eval.tasks), spec.eval.include_path)  # a bad task name fails before training
     plan = plan_compare(spec)
     data_dir, meta = _prepare_data(spec, callbacks)
@@ -153,8 +152,6 @@ def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) ->
 
 def _measure(spec: CompareSpec, summary: dict[str, Any], data_dir: Path, callbacks: CompareCallbacks) -> None:
     """--hessian and --eval on every seed of each finished best cell (see merit_core.compare.measures)."""
-    from merit_core.compare.measures import eval_cell, hessian_cell, run_eval, run_hessian
-
     run_dirs = {r["name"]: Path(r["run_dir"]) for r in summary["runs"]}
     finished = [b for b in summary["best"] if b["status"] == "finished"]
     if spec.hessian:

@@ -32,6 +32,8 @@ from typing import Any
 
 from merit_core.compare.spec import CompareSpec
 from merit_core.errors import ConfigError
+from merit_core.models import context_length, model_config
+from merit_core.train.config import from_dict, resolve
 
 AUTO_FACTORS = (1 / 3, 1.0, 3.0)
 EXTENSION_FACTOR = 3.0
@@ -110,8 +112,6 @@ def round_lr(value: float) -> float:
 
 def model_width(model: str) -> int:
     """d_model of a named model or config.json (ConfigError for an unknown model)."""
-    from merit_core.models import model_config
-
     config = model_config(model)
     return int(getattr(config, "n_embd", None) or config.hidden_size)
 
@@ -210,9 +210,7 @@ def annotate_extensions(spec: CompareSpec, best: list[dict[str, Any]]) -> None:
 
 def plan_runs(spec: CompareSpec, extra: dict[tuple[str, int], list[float]] | None = None) -> list[PlannedRun]:
     """Every run of the comparison with its resolved train config; ConfigError on bad settings."""
-    from merit_core.models import context_length, model_config
     from merit_core.optim import default_hparams
-    from merit_core.train.config import from_dict, resolve
 
     model = str(spec.train["model"])
     context = context_length(model_config(model))

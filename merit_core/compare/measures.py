@@ -23,6 +23,10 @@ from typing import Any
 
 from merit_core.compare.spec import EvalRequest
 from merit_core.compare.summary import spread
+from merit_core.errors import CheckpointError
+from merit_core.train.config import read_toml
+from merit_core.train.metrics import json_safe
+from merit_core.train.training_run import CONFIG_FILE
 
 HESSIAN_FILE = "compare_hessian.json"
 EVAL_FILE = "compare_eval.json"
@@ -53,15 +57,12 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
-    from merit_core.train.metrics import json_safe
-
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n")
     os.replace(tmp, path)
 
 
 def _final_checkpoint(run_dir: Path) -> tuple[int, Path]:
-    from merit_core.errors import CheckpointError
     from merit_core.train.checkpoint import list_checkpoints
 
     found = list_checkpoints(run_dir)
@@ -82,8 +83,6 @@ def run_hessian(run_dir: str | Path, data_dir: str | Path, device: str = "cpu") 
     from merit_core.diagnostics.hessian import model_hessian
     from merit_core.diagnostics.probe import load_model
     from merit_core.train.batches import val_batches
-    from merit_core.train.config import read_toml
-    from merit_core.train.training_run import CONFIG_FILE
 
     run_dir = Path(run_dir)
     step, ckpt_dir = _final_checkpoint(run_dir)
@@ -133,8 +132,6 @@ def hessian_cell(measured: list[dict[str, Any]]) -> dict[str, Any]:
 def run_eval(run_dirs: list[Path], request: EvalRequest, device: str = "auto") -> list[dict[str, Any]]:
     """lm-eval results of each run's final checkpoint ({"step", "tasks", ..., "results", "meta"}),
     evaluating in one harness call only the runs without a matching result in their folder."""
-    from merit_core.evaluation import EvalSettings, evaluate_checkpoints
-
     wanted = {"tasks": list(request.tasks), "include_path": request.include_path, "limit": request.limit}
     results: dict[Path, dict[str, Any]] = {}
     todo: list[tuple[Path, int, Path]] = []
@@ -146,6 +143,8 @@ def run_eval(run_dirs: list[Path], request: EvalRequest, device: str = "auto") -
         else:
             todo.append((run_dir, step, ckpt))
     if todo:
+        from merit_core.evaluation import EvalSettings, evaluate_checkpoints
+
         settings = EvalSettings(
             tasks=list(request.tasks), include_path=request.include_path, device=device, limit=request.limit
         )

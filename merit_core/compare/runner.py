@@ -32,8 +32,11 @@ from typing import Any
 
 from merit_core.compare.grid import PlannedRun, config_mismatch
 from merit_core.errors import ConfigError, MeritError
-from merit_core.runs import RunInterrupted
-from merit_core.train.training_run import STOP_SIGNALS, TrainCallbacks
+from merit_core.progress import Progress
+from merit_core.runs import RunInterrupted, atomic_write_json
+from merit_core.train.config import read_toml
+from merit_core.train.metrics import json_safe, read_metrics
+from merit_core.train.training_run import CONFIG_FILE, STOP_SIGNALS, TrainCallbacks
 
 STATUS_FILE = "compare_status.json"
 EXIT_INTERRUPTED = (130, 143)
@@ -49,7 +52,7 @@ class RunFailed(MeritError):
 class CompareCallbacks:
     """Progress hooks of a comparison; override what you need."""
 
-    def on_prepare(self, stage: str, done: int, total: int | None) -> None:
+    def on_prepare(self, event: Progress) -> None:
         """Data preparation progress (the shared data is prepared once, before any run)."""
 
     def on_plan(self, runs: list[PlannedRun], states: dict[str, str], jobs: int) -> None:
@@ -78,8 +81,6 @@ def run_state(run: PlannedRun) -> str:
     ConfigError when the folder holds a run with other settings (another comparison's run).
     """
     from merit_core.train.checkpoint import latest_checkpoint, read_trainer_info
-    from merit_core.train.config import read_toml
-    from merit_core.train.training_run import CONFIG_FILE
 
     status = read_status(run.run_dir)
     config_path = run.run_dir / CONFIG_FILE
@@ -111,10 +112,7 @@ def read_status(run_dir: Path) -> dict[str, Any]:
 
 def mark_diverged(run: PlannedRun, message: str) -> None:
     """Write the marker that keeps a re-run from training a diverged run again (with its config)."""
-    from merit_core.train.metrics import json_safe
-
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    from merit_core.runs import atomic_write_json
 
     record = {"state": "diverged", "message": message, "config": json_safe(dataclasses.asdict(run.config))}
     atomic_write_json(run.run_dir / STATUS_FILE, record, indent=2)
@@ -156,7 +154,7 @@ def execute(
 
 def _run_here(run: PlannedRun, resume: bool, callbacks: CompareCallbacks) -> str:
     from merit_core.train.trainer import TrainingDiverged
-    from merit_core.train.training_run import run_training
+    from merit_core.train.training_run import run_training  # looked up per call: tests stand in for it
 
     callbacks.on_run_start(run, resume)
     try:
@@ -305,8 +303,6 @@ def _run_parallel(
 
 def _forward_new_records(run: PlannedRun, seen: int, callbacks: CompareCallbacks) -> int:
     """Pass a worker's metrics records past line `seen` on as progress; return the new count."""
-    from merit_core.train.metrics import read_metrics
-
     records = read_metrics(run.run_dir) if run.run_dir.is_dir() else []
     if len(records) < seen:  # a resumed run truncated its metrics file
         seen = 0
@@ -330,8 +326,6 @@ def _finish(run: PlannedRun, code: int, log: Path, callbacks: CompareCallbacks) 
 
 
 def _line_count(run: PlannedRun) -> int:
-    from merit_core.train.metrics import read_metrics
-
     return len(read_metrics(run.run_dir)) if run.run_dir.is_dir() else 0
 
 

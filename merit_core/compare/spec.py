@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from merit_core.errors import ConfigError
+from merit_core.train.config import FIELD_NAMES, from_dict, parse_override, read_toml
 
 # The default comparison (no arguments): the paper's three optimizers on the tiny GPT-2 and the
 # built-in corpus, a small and a large batch (8x apart) at one token budget, sized so the large
@@ -141,8 +142,6 @@ def load_spec(
     `key=value` `overrides` set [train] keys. `preset` ('ablations') sets the optimizers and keeps
     only the largest batch size. Raises ConfigError on any bad value.
     """
-    from merit_core.train.config import parse_override, read_toml
-
     raw = read_toml(path) if path is not None else {}
     unknown = set(raw) - set(COMPARE_KEYS)
     if unknown:
@@ -360,15 +359,11 @@ def _optimizer_args(name: str, args: Any) -> dict[str, Any]:
 
 
 def _is_train_key(key: str) -> bool:
-    from merit_core.train.config import FIELD_NAMES
-
     return key in FIELD_NAMES
 
 
 def _train_settings(table: Any, values: dict[str, Any], overrides: Iterable[str], parse_override) -> dict[str, Any]:
     """DEFAULT_TRAIN < [train] < --set < options, checked by building a TrainConfig."""
-    from merit_core.train.config import FIELD_NAMES
-
     if not isinstance(table, dict):
         raise ConfigError("train must be a table of merit train settings ([train])")
     merged: dict[str, Any] = dict(DEFAULT_TRAIN)
@@ -384,8 +379,6 @@ def _train_settings(table: Any, values: dict[str, Any], overrides: Iterable[str]
         if key in OWNED_TRAIN_KEYS:
             raise ConfigError(f"'{key}' is set by the comparison, not [train] or --set; use {OWNED_TRAIN_KEYS[key]}")
         if key not in FIELD_NAMES:
-            from merit_core.train.config import from_dict
-
             from_dict({key: merged[key]})  # raises the train config's 'unknown key ... did you mean' error
     if merged.get("optimizer_args"):
         raise ConfigError("optimizer_args differ per optimizer: set them in [per_optimizer.NAME] tables")

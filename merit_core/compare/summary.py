@@ -20,6 +20,8 @@ from typing import Any
 
 from merit_core.compare.grid import PlannedRun
 from merit_core.compare.runner import read_status
+from merit_core.errors import MeritError
+from merit_core.train.metrics import json_safe, read_metrics
 
 SUMMARY_FILE = "summary.json"
 CELL_KEYS = ("final_val_loss", "max_attention_logit", "final_train_loss")
@@ -28,8 +30,6 @@ CELL_KEYS = ("final_val_loss", "max_attention_logit", "final_train_loss")
 def run_record(run: PlannedRun, state: str) -> dict[str, Any]:
     """What one run gave: final validation loss, max attention logit (max over layers and per
     layer) at the end, and its trajectory (step, val loss, max logit) for the plots."""
-    from merit_core.train.metrics import read_metrics
-
     records = read_metrics(run.run_dir) if run.run_dir.is_dir() else []
     evals = [r for r in records if "val_loss" in r]
     logs = [r for r in records if r.get("loss") is not None]
@@ -71,7 +71,6 @@ def _qk_bounds(run: PlannedRun) -> list[float] | None:
     """||W_Q||_m * ||W_K||_m per layer at the final checkpoint (the paper's bound on the max logit,
     up to input-norm constants), via merit inspect's weight statistics; None if unreadable."""
     from merit_core.diagnostics.weights import weight_stats
-    from merit_core.errors import MeritError
     from merit_core.train.checkpoint import latest_checkpoint
 
     ckpt = latest_checkpoint(run.run_dir)
@@ -172,8 +171,6 @@ def build_summary(settings: dict[str, Any], runs: list[PlannedRun], states: dict
 
 def write_json(path: Path, data: dict[str, Any]) -> Path:
     """Write `data` as JSON atomically (non-finite floats become null)."""
-    from merit_core.train.metrics import json_safe
-
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n")
     os.replace(tmp, path)

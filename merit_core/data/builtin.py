@@ -21,6 +21,7 @@ from merit_core.data.prepare import batched, check_vocab_size, prepare_documents
 from merit_core.data.publish import build_lock
 from merit_core.data.tokenizer import tokenizer_identity
 from merit_core.paths import cache_dir
+from merit_core.progress import Progress, ProgressFn
 
 SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"})
 BUILTIN_VAL_FRACTION = 0.02  # ~1.6 MB corpus: 2% keeps the validation loss steady
@@ -97,11 +98,11 @@ def prepare_builtin(
     vocab_size: int = 4096,
     val_fraction: float = BUILTIN_VAL_FRACTION,
     seed: int = 0,
-    progress=None,
+    progress: ProgressFn | None = None,
 ):
     """Prepare the built-in corpus into `out_dir` (see `prepare_documents`); returns its DataMeta."""
     if progress is not None:
-        progress("gathering stdlib docstrings", 0, None)
+        progress(Progress("gathering stdlib docstrings"))
     docs = builtin_corpus_documents()
     return prepare_documents(
         lambda: batched(docs),
@@ -116,7 +117,7 @@ def prepare_builtin(
     )
 
 
-def builtin_data(vocab_size: int = 4096, *, tokenizer: str | None = None, progress=None) -> Path:
+def builtin_data(vocab_size: int = 4096, *, tokenizer: str | None = None, progress: ProgressFn | None = None) -> Path:
     """The prepared built-in corpus, built on first use and then cached in the user cache folder.
 
     With `tokenizer` None it uses a byte-level BPE of `vocab_size` trained on the corpus;

@@ -31,9 +31,10 @@ from merit_core.data.tokenizer import (
     train_bpe,
 )
 from merit_core.errors import ConfigError, DataError
+from merit_core.progress import Progress, ProgressFn, report_to
 from merit_core.runs import STAGING_MARKER, pid_alive, remove_stale_lock
 
-Progress = Callable[[str, int, "int | None"], None]
+Report = Callable[[str, int, "int | None"], None]  # report(stage, done, total): a Progress event each
 Batches = Callable[[], Iterable[tuple[list[str], int]]]
 
 MAX_VOCAB = 2**24
@@ -60,7 +61,7 @@ def prepare_corpus(
     vocab_size: int = 4096,
     val_fraction: float = 0.01,
     seed: int = 0,
-    progress: Progress | None = None,
+    progress: ProgressFn | None = None,
     text_column: str = "text",
     dataset_config: str | None = None,
     split: str = "train",
@@ -121,7 +122,7 @@ def prepare_documents(
     val_fraction: float = 0.01,
     seed: int = 0,
     total: int | None = None,
-    progress: Progress | None = None,
+    progress: ProgressFn | None = None,
 ) -> DataMeta:
     """Prepare documents from `batches()` (called once or twice; yields (docs, input size)) into `out_dir`."""
     check_vocab_size(vocab_size)
@@ -131,7 +132,11 @@ def prepare_documents(
     target = Path(out_dir).expanduser().resolve()
     check_target(target)
     remove_stale_temp(target)
-    report = progress or (lambda stage, done, total: None)
+    emit = report_to(progress)
+
+    def report(stage: str, done: int, total: int | None) -> None:
+        emit(Progress(stage, done, total))
+
     start = time.perf_counter()
     with staging_dir(target) as tmp:
         (tmp / STAGING_MARKER).write_text(f"{os.getpid()}\n")  # what a later cleanup recognises as ours
@@ -222,7 +227,7 @@ def _read_pid_text(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _train_tokenizer(batches: Batches, vocab_size: int, source: str, total: int | None, report: Progress):
+def _train_tokenizer(batches: Batches, vocab_size: int, source: str, total: int | None, report: Report):
     limit = TOKENIZER_TRAIN_CHARS
     shown_total = min(total, limit) if total else None
     seen = {"docs": 0, "chars": 0, "done": 0}
@@ -244,7 +249,7 @@ def _train_tokenizer(batches: Batches, vocab_size: int, source: str, total: int 
     return tok
 
 
-def _tokenize(batches: Batches, tok, dtype: np.dtype, stream: Path, total: int | None, report: Progress):
+def _tokenize(batches: Batches, tok, dtype: np.dtype, stream: Path, total: int | None, report: Report):
     lengths: list[np.ndarray] = []
     chars = done = 0
     report("tokenizing", 0, total)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from merit_core.data.meta import is_prepared
 from merit_core.errors import DataError
+from merit_core.runs import exclusive_lock, folder_mode
 
 TMP_PREFIX = ".merit-tmp-"
 
@@ -19,7 +20,6 @@ def staging_dir(target: Path):
     """Yield an empty temp folder next to `target`; it is removed if still there on exit."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-", dir=target.parent))
-    from merit_core.runs import folder_mode
 
     os.chmod(tmp, folder_mode())  # mkdtemp makes it private; the published folder gets the user's umask
     try:
@@ -65,7 +65,6 @@ def build_lock(target: Path):
     except ImportError:  # pragma: no cover - Windows
         yield
         return
-    from merit_core.runs import exclusive_lock
 
     target.parent.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(lock_path(target)):

@@ -7,11 +7,12 @@ from pathlib import Path
 
 from merit_core.data.builtin import builtin_data
 from merit_core.data.meta import FORMAT, is_prepared
-from merit_core.data.prepare import Progress, check_vocab_size, prepare_corpus
+from merit_core.data.prepare import check_vocab_size, prepare_corpus
 from merit_core.data.publish import build_lock
 from merit_core.data.sources import resolve_source
 from merit_core.data.tokenizer import tokenizer_identity
 from merit_core.paths import cache_dir
+from merit_core.progress import ProgressFn
 
 
 def cache_key(
@@ -29,7 +30,7 @@ def resolve_data(
     *,
     tokenizer: str | None = None,
     vocab_size: int = 4096,
-    progress: Progress | None = None,
+    progress: ProgressFn | None = None,
     text_column: str = "text",
     dataset_config: str | None = None,
 ) -> Path:

@@ -25,6 +25,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
+
+from merit_core.models import family_spec
 
 PROBE_NAME = "merit_logit_probe"  # delegates to SDPA
 EAGER_PROBE_NAME = "merit_logit_probe_eager"  # delegates to the family's eager attention
@@ -126,8 +131,6 @@ def _record(module, query, key, attention_mask, scaling) -> None:
 
 
 def _probe_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     _record(module, query, key, attention_mask, scaling)
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
 
@@ -143,8 +146,6 @@ def _register() -> None:
     with _register_lock:
         if _registered:
             return
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
         AttentionInterface.register(PROBE_NAME, _probe_attention)
         AttentionMaskInterface.register(PROBE_NAME, sdpa_mask)
@@ -199,8 +200,6 @@ def probe_attention(
     hooks = []
     try:
         if inputs:
-            from merit_core.models import family_spec
-
             spec = family_spec(model.config)
             base = getattr(model, model.base_model_prefix)
             for i in range(spec.n_layers(model.config)):

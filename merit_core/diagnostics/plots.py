@@ -13,6 +13,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from merit_core.runs import file_mode
+
 PANELS = (
     ("q_max_norm", "max-norm of $W_Q$", r"$\|W_Q\|_m$"),
     ("k_max_norm", "max-norm of $W_K$", r"$\|W_K\|_m$"),
@@ -55,7 +57,6 @@ def _save(plt, fig, path: Path) -> None:
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=120)
-        from merit_core.runs import file_mode
 
         os.chmod(tmp, file_mode())  # mkstemp makes it 0600; the plot gets the user's umask
         os.replace(tmp, path)

@@ -14,8 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoTokenizer
 
-from merit_core.errors import CheckpointError, DataError
+from merit_core.diagnostics.weights import read_config
+from merit_core.errors import CheckpointError, ConfigError, DataError
+from merit_core.models import build_model, config_from_dict, family_spec
 from merit_core.runs import TOKENIZER_FILES
 
 PROBE_TEXT = (
@@ -70,8 +73,6 @@ def has_tokenizer(folder: Path) -> bool:
 
 
 def _tokenize(folder: Path, text: str) -> list[int]:
-    from transformers import AutoTokenizer
-
     try:
         tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as exc:  # transformers raises many types for a broken tokenizer folder
@@ -125,10 +126,6 @@ def load_model(checkpoint, tensors, device: str | torch.device = "cpu"):
     Keys saved without the base-model prefix (older GPT-2 files) and the names transformers saves
     some weights under (GPT-NeoX embed_out) are accepted.
     """
-    from merit_core.diagnostics.weights import read_config
-    from merit_core.errors import ConfigError
-    from merit_core.models import build_model, config_from_dict, family_spec
-
     raw = read_config(checkpoint.config_path)
     if raw is None:
         raise CheckpointError(f"no config.json next to {checkpoint.path}")

@@ -15,13 +15,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from merit_core.diagnostics.attention import probe_attention
 from merit_core.diagnostics.checkpoints import Checkpoint, SafetensorsReader, find_checkpoints
-from merit_core.diagnostics.probe import ProbeInfo
+from merit_core.diagnostics.hessian import model_hessian
+from merit_core.diagnostics.probe import ProbeInfo, load_model, make_probe_batch
 from merit_core.diagnostics.weights import (
     AttentionLayout,
     HeadStats,
@@ -33,6 +37,10 @@ from merit_core.diagnostics.weights import (
     logit_bounds,
     read_config,
 )
+from merit_core.errors import DataError
+from merit_core.models import context_length
+from merit_core.progress import Progress, ProgressFn, report_to
+from merit_core.runs import atomic_write_json
 
 TRAINER_KEYS = ("optimizer", "global_batch_size", "seq_len", "tokens")
 SUMMARY_KEYS = ("q_max_norm", "k_max_norm", "bound", "max_attention_logit")
@@ -191,29 +199,21 @@ def summarize(layers: list[LayerStats]) -> Summary:
     return out
 
 
-def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOptions, progress) -> None:
+def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOptions, progress: ProgressFn) -> None:
     """Fill max attention logits (and the Hessian) into `stats`, building the model once."""
-    import torch
-
-    from merit_core.diagnostics.attention import probe_attention
-    from merit_core.diagnostics.probe import load_model, make_probe_batch
-    from merit_core.models import context_length
-
-    progress(f"{ckpt.label}: building the model")
+    progress(Progress("building the model", item=ckpt.label))
     model = load_model(ckpt, reader, opts.device)
     # a user's text is measured as given, up to the context; the built-in paragraph fills 256 tokens
     seq_len = opts.seq_len or (
         context_length(model.config) if opts.text is not None else min(context_length(model.config), 256)
     )
     if seq_len > context_length(model.config):
-        from merit_core.errors import DataError
-
         raise DataError(f"--seq-len {seq_len} exceeds the model's context of {context_length(model.config)}")
     batch = make_probe_batch(ckpt.folder, model.config.vocab_size, seq_len, opts.text, opts.text_source, opts.seed)
     ids = batch.input_ids.to(opts.device)
     stats.probe = batch.describe()
     if opts.logits:
-        progress(f"{ckpt.label}: max attention logits on {stats.probe.n_tokens} tokens")
+        progress(Progress(f"max attention logits on {stats.probe.n_tokens} tokens", item=ckpt.label))
         probed = probe_attention(model, ids, query_chunk=opts.query_chunk, inputs=True)
         for layer, row in zip(stats.layers, probed.max_logits.tolist()):
             layer.max_attention_logit = max(row)
@@ -223,11 +223,11 @@ def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOpt
                 head.max_attention_logit = value
         logit_bounds(reader, stats.layout, stats.layers, probed.input_max_l1, probed.scaling)
     if opts.hessian:
-        from merit_core.diagnostics.hessian import model_hessian
-
         progress(
-            f"{ckpt.label}: Hessian ({opts.hessian_iters} power iterations, "
-            f"{opts.hutchinson_samples} Hutchinson samples)"
+            Progress(
+                f"Hessian ({opts.hessian_iters} power iterations, {opts.hutchinson_samples} Hutchinson samples)",
+                item=ckpt.label,
+            )
         )
         est = model_hessian(model, ids, opts.hessian_iters, opts.hutchinson_samples, opts.seed)
         stats.hessian = {**est.to_dict(), "seq_len": stats.probe.n_tokens, "seed": opts.seed}
@@ -237,18 +237,18 @@ def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOpt
 
 
 def inspect_checkpoint(
-    ckpt: Checkpoint, opts: InspectOptions | None = None, progress: Callable[[str], None] | None = None
+    ckpt: Checkpoint, opts: InspectOptions | None = None, progress: ProgressFn | None = None
 ) -> CheckpointReport:
     """Weight statistics, then (with a config.json) max attention logits and optionally the Hessian."""
     opts = opts or InspectOptions()
-    progress = progress or (lambda msg: None)
+    progress = report_to(progress)
     with checkpoint_context(ckpt.path):
         return _inspect_checkpoint(ckpt, opts, progress)
 
 
-def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: Callable[[str], None]) -> CheckpointReport:
+def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: ProgressFn) -> CheckpointReport:
     reader = SafetensorsReader(ckpt)
-    progress(f"{ckpt.label}: weight statistics")
+    progress(Progress("weight statistics", item=ckpt.label))
     weights = attention_weight_stats(reader, read_config(ckpt.config_path), opts.n_heads, opts.top_k)
     stats = CheckpointReport.from_weights(ckpt, weights, _trainer_state(ckpt))
     if opts.logits or opts.hessian:
@@ -265,7 +265,7 @@ def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: Callab
 
 
 def inspect_paths(
-    paths: Sequence[str | Path], opts: InspectOptions | None = None, progress: Callable[[str], None] | None = None
+    paths: Sequence[str | Path], opts: InspectOptions | None = None, progress: ProgressFn | None = None
 ) -> InspectReport:
     """Inspect every checkpoint the paths resolve to (all are validated before any work starts)."""
     resolved = [(Path(p), find_checkpoints(p)) for p in paths]
@@ -276,8 +276,6 @@ def inspect_paths(
 
 def write_json(report: InspectReport | dict, path: str | Path) -> None:
     """Write the report (its `to_dict()`) atomically and durably (merit_core.runs), with the user's umask."""
-    from merit_core.runs import atomic_write_json
-
     if hasattr(report, "to_dict"):
         report = report.to_dict()
     path = Path(path)

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from merit_core.diagnostics.checkpoints import Checkpoint, SafetensorsReader, find_checkpoints
 from merit_core.errors import CheckpointError, ConfigError, MeritError
 from merit_core.models.family import CONV1D, FUSED_PER_HEAD, FamilySpec, all_families, get_family
 
@@ -610,8 +611,6 @@ def weight_stats(path, n_heads: int | None = None, top_k: int = 3, include_other
     Sets `path`, `label` and `step` of `attention_weight_stats`'s result. A run folder with several step_*
     checkpoints is a CheckpointError here: use `find_checkpoints` and call this per checkpoint.
     """
-    from merit_core.diagnostics.checkpoints import Checkpoint, SafetensorsReader, find_checkpoints
-
     if isinstance(path, Checkpoint):
         ckpt = path
     else:

@@ -12,7 +12,7 @@ import gc
 import io
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ from merit_core.evaluation.checkpoint import (
 )
 from merit_core.evaluation.results import CheckpointResult
 from merit_core.evaluation.tasks import load_tasks, resolve_tasks
+from merit_core.progress import Progress, ProgressFn
 
 CPU_BATCH_SIZE = 8  # what batch size "auto" means on CPU (lm-eval's search for the largest one is for GPUs)
 REQUEST_TYPES = ("loglikelihood", "loglikelihood_rolling", "generate_until")
@@ -60,24 +61,7 @@ class EvalSettings:
         return self
 
 
-@dataclass(frozen=True)
-class EvalProgress:
-    """One progress report: checkpoint `index` of `count` is in `stage`.
-
-    Stages: 'checkpoints' and 'tasks' (once, before any model is loaded), then per checkpoint
-    'model', 'requests' (with `done` of `total` requests of `request_type`) and 'done'.
-    """
-
-    index: int
-    count: int
-    label: str
-    stage: str
-    request_type: str = ""
-    done: int = 0
-    total: int = 0
-
-
-ProgressFn = Callable[[EvalProgress], None]
+EvalProgress = Progress  # the former name of eval's progress event (merit_core.progress.Progress)
 
 
 def parse_batch_size(value: int | str) -> int | str:
@@ -99,17 +83,21 @@ class _Run:
     progress: ProgressFn | None
     refs: list[CheckpointRef] = field(default_factory=list)
 
-    def report(self, index: int, stage: str, **kw: Any) -> None:
-        if self.progress is not None:
-            self.progress(EvalProgress(index, len(self.refs), self.refs[index].label, stage, **kw))
+    def report(self, stage: str, index: int | None = None, **kw: Any) -> None:
+        """Report `stage` (of checkpoint `index`; None: a stage of all checkpoints at once)."""
+        if self.progress is None:
+            return
+        if index is not None:
+            kw.update(item=self.refs[index].label, index=index, count=len(self.refs))
+        self.progress(Progress(stage, **kw))
 
 
 def _request_size(instance: Any) -> int:
     return sum(len(a) for a in instance.args if isinstance(a, str))
 
 
-def report_request_progress(lm: Any, on_chunk: Callable[[str, int, int], None], min_chunk: int = 512) -> None:
-    """Make `lm` score requests in chunks and call `on_chunk(type, done, total)` after each.
+def report_request_progress(lm: Any, progress: ProgressFn, min_chunk: int = 512) -> None:
+    """Make `lm` score requests in chunks and report `Progress('<type> requests', done, total)` after each.
 
     Each request's score does not depend on the others, so the results are those of one call; the
     chunks (about 40 per call) only give the progress display something to count. Loglikelihood and
@@ -128,12 +116,12 @@ def report_request_progress(lm: Any, on_chunk: Callable[[str, int, int], None], 
                 order.sort(key=lambda i: -_request_size(requests[i]))
             size = max(min_chunk, math.ceil(total / 40))
             out: list[Any] = [None] * total
-            on_chunk(_type, 0, total)
+            progress(Progress(f"{_type} requests", 0, total, unit="requests"))
             for start in range(0, total, size):
                 part = order[start : start + size]
                 for i, result in zip(part, _original([requests[i] for i in part], disable_tqdm=True)):
                     out[i] = result
-                on_chunk(_type, min(start + size, total), total)
+                progress(Progress(f"{_type} requests", min(start + size, total), total, unit="requests"))
             return out
 
         setattr(lm, request_type, chunked)
@@ -231,25 +219,25 @@ def evaluate_checkpoints(
     if not checkpoints:
         raise ConfigError("no checkpoint given: pass one or more model folders, run folders or hub names")
     run = _Run(settings, progress, [resolve_checkpoint(c) for c in checkpoints])
-    run.report(0, "checkpoints")
+    run.report("checking checkpoints")
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     configs = [check_causal_lm(ref) for ref in run.refs]
 
-    run.report(0, "tasks")
+    run.report("loading tasks and datasets")
     with _silenced(quiet):
         resolved = resolve_tasks(settings.tasks, settings.include_path)
         task_objects = load_tasks(resolved)
 
     records = []
     for index, (ref, config) in enumerate(zip(run.refs, configs)):
-        run.report(index, "model")
+        run.report("loading model", index)
         with _silenced(quiet), _exact_float32(device, dtype):
             model, tokenizer = load_model_and_tokenizer(ref, device, dtype)
             lm, batch_size = build_lm(model, tokenizer, parse_batch_size(settings.batch_size), device)
             report_request_progress(
                 lm,
-                lambda kind, done, total, i=index: run.report(i, "requests", request_type=kind, done=done, total=total),
+                lambda event, i=index: run.report(event.stage, i, done=event.done, total=event.total, unit=event.unit),
             )
             out = lm_eval.simple_evaluate(
                 model=lm,
@@ -280,7 +268,7 @@ def evaluate_checkpoints(
             },
         }
         records.append(CheckpointResult(path=ref.location, label=ref.label, results=out["results"], meta=meta))
-        run.report(index, "done")
+        run.report("done", index)
         del lm, model, tokenizer
         _release_memory(device)
     return records

@@ -11,6 +11,7 @@ in `merit_core.models.family` / `families`; this module only builds.
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,7 +114,6 @@ def model_config(
         path = path / "config.json"
     if path.suffix == ".json" or path.exists():
         return _config_from_file(path, vocab_size, context)
-    import difflib
 
     close = difflib.get_close_matches(name_or_path, NAMED_MODELS, n=3)
     hint = f" Did you mean {', '.join(close)}?" if close else ""

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.optim import AdamW, Optimizer
 
+from merit_core.errors import ConfigError
 from merit_core.optim.param_groups import classify_parameters, decays, make_group
 
 
@@ -37,8 +38,6 @@ def _muon_class() -> type[Optimizer]:
     try:
         from torch.optim import Muon
     except ImportError:
-        from merit_core.errors import ConfigError
-
         raise ConfigError(
             f"optimizer 'muon' needs torch>=2.9 (torch.optim.Muon); this is torch {torch.__version__}"
         ) from None

@@ -30,10 +30,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.optim import Optimizer
+from torch.optim import AdamW, Optimizer
 
 from merit_core.errors import ConfigError
 from merit_core.extras import require
+from merit_core.optim.merit import MERIT
 from merit_core.optim.muon import MuonWithAdamW, fast_adamw_options, muon_param_groups
 from merit_core.optim.param_groups import build_param_groups
 from merit_core.optim.sophia import SophiaG, sampled_label_loss
@@ -246,15 +247,11 @@ def _decay_groups(model_or_params: Any, hp: dict[str, Any]) -> list[dict[str, An
 
 
 def _build_merit(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimizer:
-    from merit_core.optim.merit import MERIT
-
     groups = _decay_groups(model_or_params, hp)
     return _construct(name, MERIT, groups, **hp)
 
 
 def _build_adamw(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimizer:
-    from torch.optim import AdamW
-
     groups = _decay_groups(model_or_params, hp)
     fused, foreach = hp.pop("fused"), hp.pop("foreach")
     if fused is None and foreach is None:

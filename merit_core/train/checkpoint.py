@@ -20,9 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 
 from merit_core import runs
+from merit_core.data.tokenizer import make_tokenizer_portable
 from merit_core.errors import CheckpointError
+from merit_core.models import family_spec
 from merit_core.runs import STATE_FORMAT, STATE_JSON, STATE_PT
 
 __all__ = [
@@ -92,8 +95,6 @@ def save_checkpoint(
     kwargs = {"state_dict": state_dict} if state_dict is not None else {}
     model.save_pretrained(tmp, **kwargs)
     if tokenizer_dir is not None:
-        from merit_core.data.tokenizer import make_tokenizer_portable
-
         for item in runs.tokenizer_files(tokenizer_dir):
             shutil.copyfile(item, tmp / item.name)
         make_tokenizer_portable(tmp)  # data prepared by transformers 5 before tokenizers were saved portably
@@ -128,8 +129,6 @@ def load_trainer_state(checkpoint: str | Path, map_location: str | torch.device 
 
 def load_model_weights(model: torch.nn.Module, checkpoint: str | Path) -> None:
     """Copy the checkpoint's safetensors weights into `model` (tied weights may be absent)."""
-    from safetensors.torch import load_file
-
     path = Path(checkpoint) / "model.safetensors"
     if not path.is_file():
         raise CheckpointError(f"{checkpoint} has no model.safetensors")
@@ -137,7 +136,6 @@ def load_model_weights(model: torch.nn.Module, checkpoint: str | Path) -> None:
         weights = load_file(path)
     except Exception as exc:
         raise CheckpointError(f"{path} is unreadable: {_first_line(exc)}") from None
-    from merit_core.models import family_spec
 
     spec = family_spec(model.config)  # names save_pretrained renames (GPT-NeoX lm_head -> embed_out)
     weights = {spec.model_name(name): tensor for name, tensor in weights.items()}

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from merit_core.errors import ConfigError
+from merit_core.runs import CONFIG_HEADER, atomic_write
 
 DTYPES = ("auto", "float32", "bfloat16")
 PARALLEL = ("ddp", "fsdp")
@@ -246,7 +247,7 @@ def validate(config: TrainConfig) -> None:
     for key in config.optimizer_args:
         if not isinstance(key, str) or not key.isidentifier():
             raise ConfigError(f"optimizer_args key {key!r} is not a valid name")
-    from merit_core.train.trackers import parse_report_to
+    from merit_core.train.trackers import parse_report_to  # trackers needs training_run, which needs this module
 
     parse_report_to(config.report_to)
 
@@ -310,8 +311,6 @@ def resolve(
 def save_config(config: TrainConfig, path: str | Path) -> None:
     """Write the config as TOML, atomically (None values are left out: they mean 'default'; the
     ACTION_KEYS are what one invocation does, not properties of the run, and are left out too)."""
-    from merit_core.runs import CONFIG_HEADER, atomic_write
-
     values = {k: v for k, v in config.to_dict().items() if k not in ACTION_KEYS}
     atomic_write(path, CONFIG_HEADER + "\n" + dumps_toml(values))
 

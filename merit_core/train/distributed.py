@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from merit_core.errors import CheckpointError, ConfigError
 
@@ -125,8 +126,6 @@ class DDPParallel(Parallel):
         self._owns_group = owns_group
 
     def wrap(self, model, compile=False):
-        from torch.nn.parallel import DistributedDataParallel
-
         ids = [self.device.index] if self.device.type == "cuda" else None
         self._ddp = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
         # compiling the DDP module lets dynamo split graphs at gradient-bucket boundaries (overlap)

@@ -10,6 +10,7 @@ rate worth dividing by (it depends on the vector units, the cores in use and the
 
 from __future__ import annotations
 
+import platform
 import resource
 import sys
 from dataclasses import dataclass
@@ -80,7 +81,6 @@ def cpu_name() -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import platform
 
     return platform.processor() or platform.machine() or "cpu"
 

@@ -18,12 +18,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from merit_core.diagnostics.attention import max_attention_logits
 from merit_core.errors import MeritError
+from merit_core.optim import build_optimizer
 from merit_core.optim.registry import StepContext, step_hook
 from merit_core.train import lm_loss
 from merit_core.train.batches import TrainBatches, to_device, val_batches
 from merit_core.train.config import TrainConfig
 from merit_core.train.distributed import Parallel
+from merit_core.train.hardware import available_host_memory
 from merit_core.train.schedule import lr_at
 
 
@@ -55,8 +58,6 @@ def build_trainer(
     config: TrainConfig, model: torch.nn.Module, parallel: Parallel, train_tokens: np.ndarray, val_tokens: np.ndarray
 ) -> Trainer:
     """Wrap `model` (on its device) for `parallel`, build the configured optimizer, return the Trainer."""
-    from merit_core.optim import build_optimizer
-
     forward = parallel.wrap(model, compile=config.compile)
     optimizer = build_optimizer(
         config.optimizer, model, lr=config.lr, weight_decay=config.weight_decay, **config.optimizer_args
@@ -138,8 +139,6 @@ class Trainer:
         return self.config.micro_batch_size
 
     def _fits_in_host_memory(self, size: int) -> bool:
-        from merit_core.train.hardware import available_host_memory
-
         free = available_host_memory()
         return free is None or size * activation_bytes_per_sequence(self.model.config, self.config.seq_len) <= free // 2
 
@@ -234,8 +233,6 @@ class Trainer:
     def evaluate(self) -> dict[str, Any]:
         """Validation loss over the fixed val batches, and the max attention logit per layer
         (max over heads) on the first val batch."""
-        from merit_core.diagnostics.attention import max_attention_logits
-
         self.model.eval()
         try:
             total = torch.zeros((), device=self.device)

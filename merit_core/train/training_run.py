@@ -21,9 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from merit_core import runs
-from merit_core.errors import CheckpointError, ConfigError, MeritError
+from merit_core.errors import CheckpointError, ConfigError, DataError, MeritError
+from merit_core.models import build_model, context_length, count_parameters, model_config
+from merit_core.progress import Progress
 from merit_core.runs import CONFIG_FILE, RunInterrupted
 from merit_core.train.config import TrainConfig, resolve, save_config
+from merit_core.train.hardware import device_info, mfu, peak_memory, reset_peak_memory
+from merit_core.train.metrics import METRICS_FILE, MetricsLog, read_metrics
+from merit_core.train.plots import plot_curves
 
 # Signals that stop training gracefully (finish the step, checkpoint, exit) and the exit code each gives.
 STOP_SIGNALS = {"SIGTERM": 143, "SIGUSR1": 143, "SIGINT": 130}
@@ -83,8 +88,8 @@ class RunSummary:
 class TrainCallbacks:
     """Progress hooks; override what you need. Called on the main process only."""
 
-    def on_prepare(self, stage: str, done: int, total: int | None) -> None:
-        """Data preparation progress: `done` of `total` (None: unknown) units of `stage`."""
+    def on_prepare(self, event: Progress) -> None:
+        """Data preparation progress (merit_core.progress.Progress: `done` of `total` units of `stage`)."""
 
     def on_data(self, meta) -> None:
         """The prepared data is ready (`meta`: merit_core.data.DataMeta)."""
@@ -111,7 +116,7 @@ class TrainCallbacks:
 def run_training(config: TrainConfig, callbacks: TrainCallbacks | None = None) -> RunSummary:
     """Train as `config` says; return the summary. Raises MeritError subclasses on bad input."""
     from merit_core.train.parallel import setup_parallel
-    from merit_core.train.trackers import with_trackers
+    from merit_core.train.trackers import with_trackers  # trackers imports this module
 
     tracked = with_trackers(config.report_to, callbacks)  # a missing tracker package fails here, before any work
     parallel = setup_parallel(config.parallel, config.device, config.dtype)
@@ -174,8 +179,6 @@ class TrainingRun:
     # -- checks and building, before anything is written ---------------------------------------
     def _check(self) -> list[Path]:
         """Check the input and take the run folder; return the checkpoints to resume from, newest first."""
-        from merit_core.models import context_length, model_config
-
         c = self.config
         try:
             mconf = model_config(c.model)
@@ -225,8 +228,6 @@ class TrainingRun:
         return found
 
     def _check_metrics(self) -> None:
-        from merit_core.train.metrics import METRICS_FILE, read_metrics
-
         try:
             read_metrics(self.run_dir)
         except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -292,7 +293,6 @@ class TrainingRun:
         import torch
 
         from merit_core.data import open_tokens
-        from merit_core.models import build_model, model_config
         from merit_core.train.trainer import build_trainer
 
         c, device = self.config, self.parallel.device
@@ -390,8 +390,6 @@ class TrainingRun:
 
     def _first_write(self, ckpt: Path | None, meta) -> None:
         """Everything is checked and built: the run folder's files are written from here on."""
-        from merit_core.train.metrics import MetricsLog
-
         self.tokenizer_dir = meta.tokenizer_path if meta.tokenizer_path.is_dir() else None
         self.data_info = {"data": _data_identity(meta), "tokenizer": _tokenizer_digest(meta)}
         self.metrics = MetricsLog(self.run_dir)
@@ -407,9 +405,6 @@ class TrainingRun:
         self.parallel.barrier()
 
     def _train(self, ckpt: Path | None, data_dir: Path) -> RunSummary:
-        from merit_core.models import count_parameters
-        from merit_core.train.hardware import device_info, mfu, peak_memory, reset_peak_memory
-        from merit_core.train.metrics import read_metrics
         from merit_core.train.trainer import compute_dtype
 
         trainer, c = self.trainer, self.config
@@ -666,8 +661,6 @@ class TrainingRun:
         )
 
     def _plot(self) -> None:
-        from merit_core.train.plots import plot_curves
-
         c = self.config
         title = f"{c.model} · {c.optimizer} · batch {c.batch_size} x {c.seq_len} · lr {c.lr:g}"
         plot_curves(self.run_dir, title=title)
@@ -786,7 +779,6 @@ def _check_token_ids(path: Path, meta, sample: int = 1 << 22) -> None:
     import numpy as np
 
     from merit_core.data import open_tokens
-    from merit_core.errors import DataError
 
     for split, limit in (("val", None), ("train", sample)):
         tokens = open_tokens(path, split)

@@ -197,8 +197,8 @@ def test_too_small_corpus_names_the_path(tmp_path):
 def test_failure_mid_way_leaves_nothing(tmp_path, docs, prepared):
     src = write_txt(tmp_path / "c.txt", docs)
 
-    def explode(stage, done, total):
-        if stage == "tokenizing" and done > 0:
+    def explode(event):
+        if event.stage == "tokenizing" and event.done > 0:
             raise RuntimeError("simulated crash")
 
     with pytest.raises(RuntimeError, match="simulated"):

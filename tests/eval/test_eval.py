@@ -321,9 +321,10 @@ def test_library_limit_matches_lm_eval(world):
     assert record.meta["eval"]["n-samples"]["harbour_wiki"] == {"original": len(WIKI_PAGES), "effective": 3}
     # Progress: tasks, model, then request counts up to the number of documents per request type.
     stages = [e.stage for e in events]
-    assert stages[:3] == ["checkpoints", "tasks", "model"] and stages[-1] == "done"
-    finished = {e.request_type: (e.done, e.total) for e in events if e.stage == "requests"}
-    assert finished == {"loglikelihood": (3, 3), "loglikelihood_rolling": (3, 3)}
+    assert stages[:3] == ["checking checkpoints", "loading tasks and datasets", "loading model"]
+    assert stages[-1] == "done" and {e.item for e in events[2:]} == {"run/step_12"}
+    finished = {e.stage: (e.done, e.total) for e in events if e.unit == "requests"}
+    assert finished == {"loglikelihood requests": (3, 3), "loglikelihood_rolling requests": (3, 3)}
 
 
 def test_dtype_is_applied_and_recorded(world):

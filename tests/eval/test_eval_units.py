@@ -102,7 +102,7 @@ def test_request_chunks_give_the_results_of_one_call():
 
     lm, seen = FakeLM(), []
     lm.rolling_batches = []
-    report_request_progress(lm, lambda kind, done, total: seen.append((kind, done, total)), min_chunk=4)
+    report_request_progress(lm, lambda e: seen.append((e.stage.split()[0], e.done, e.total)), min_chunk=4)
     sizes = (3, 9, 1, 7, 5, 2, 8, 6, 4, 10)
     requests = [Req("a" * n) for n in sizes]
     assert lm.loglikelihood(requests) == [(float(n), False) for n in sizes]
