@@ -25,6 +25,7 @@ CLI_MODULES: dict[str, str] = {
     "pyarrow": "pyarrow",
     "lm_eval": "lm-eval",
     "matplotlib": "matplotlib",
+    "yaml": "pyyaml",
     "pytorch_optimizer": "pytorch-optimizer",
 }
 

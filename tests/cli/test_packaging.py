@@ -14,7 +14,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # imported only by optional features that say what to install when missing (trackers, integrations)
 OPTIONAL_BY_DESIGN = {"tensorboard", "wandb", "mlflow", "lightning", "pytorch_lightning"}
 # import name -> distribution name, where they differ
-DISTRIBUTION = {"lm_eval": "lm-eval", "pytorch_optimizer": "pytorch-optimizer"}
+DISTRIBUTION = {"lm_eval": "lm-eval", "pytorch_optimizer": "pytorch-optimizer", "yaml": "pyyaml"}
 
 
 def _requirement_name(req: str) -> str:
