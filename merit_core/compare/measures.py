@@ -30,6 +30,8 @@ from merit_core.train.training_run import CONFIG_FILE
 
 HESSIAN_FILE = "compare_hessian.json"
 EVAL_FILE = "compare_eval.json"
+# What the cached numbers mean: a result saved under another method is measured again.
+HESSIAN_METHOD = "largest eigenvalue (power iteration, shifted when the dominant one is negative)"
 HESSIAN_ITERS = 20  # power iterations (stops earlier when the estimate changes by < 0.1%)
 HUTCHINSON_SAMPLES = 10
 HESSIAN_SEED = 0
@@ -95,6 +97,7 @@ def run_hessian(run_dir: str | Path, data_dir: str | Path, device: str = "cpu") 
         "seed": HESSIAN_SEED,
         "iters": HESSIAN_ITERS,
         "samples": HUTCHINSON_SAMPLES,
+        "method": HESSIAN_METHOD,
     }
     cached = _read(run_dir / HESSIAN_FILE)
     if cached and all(cached.get(k) == v for k, v in settings.items()):

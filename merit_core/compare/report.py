@@ -268,7 +268,8 @@ def hessian_lines(summary: dict[str, Any]) -> list[str]:
     rows = [
         f"Final weights, on a fixed validation batch (the first {batch.get('sequences')} windows of "
         f"{batch.get('seq_len')} tokens of the first validation batch, the same for every run); "
-        f"top eigenvalue by power iteration (at most {est.get('iters')} iterations), trace by Hutchinson "
+        f"top (largest) eigenvalue by power iteration (at most {est.get('iters')} iterations, and as many "
+        "again on H - λI when the dominant eigenvalue λ is negative), trace by Hutchinson "
         f"({est.get('samples')} Rademacher samples); mean ± std over seeds.",
         "",
         "| optimizer | batch | lr | top eigenvalue | trace | converged | paper top eigenvalue | paper trace |",

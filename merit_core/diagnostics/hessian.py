@@ -18,7 +18,7 @@ import torch
 
 @dataclass
 class HessianEstimate:
-    """Top eigenvalue (largest in magnitude) and Hutchinson trace, with how they were obtained."""
+    """Top (largest) eigenvalue and Hutchinson trace, with how they were obtained."""
 
     top_eigenvalue: float | None
     eigen_iters: int  # power iterations actually run
@@ -58,13 +58,11 @@ def _generator(seed: int, device: torch.device) -> torch.Generator:
     return gen
 
 
-def top_eigenvalue(
-    hvp: HessianVectorProduct, iters: int = 20, tol: float = 1e-3, seed: int = 0
+def power_iteration(
+    hvp: HessianVectorProduct, iters: int = 20, tol: float = 1e-3, seed: int = 0, shift: float = 0.0
 ) -> tuple[float, int, bool]:
-    """Power iteration: the eigenvalue of largest magnitude, the iterations run, whether it converged.
-
-    Converged means the Rayleigh quotient changed by less than `tol` (relative) between iterations.
-    """
+    """Power iteration on H - shift·I: its eigenvalue of largest magnitude, the iterations run, and
+    whether it converged (the Rayleigh quotient changed by less than `tol`, relative, in one step)."""
     if iters < 1:
         raise ValueError(f"iters must be >= 1, got {iters}")
     gen = _generator(seed, hvp.params[0].device)
@@ -74,6 +72,8 @@ def top_eigenvalue(
     eig = None
     for it in range(1, iters + 1):
         hv = hvp(v)
+        if shift:
+            hv = [h - shift * x for h, x in zip(hv, v)]
         new = _dot(v, hv)  # Rayleigh quotient, v has unit norm
         norm = math.sqrt(_dot(hv, hv))
         if norm == 0.0:
@@ -83,6 +83,24 @@ def top_eigenvalue(
             return new, it, True
         eig = new
     return eig, iters, False
+
+
+def top_eigenvalue(
+    hvp: HessianVectorProduct, iters: int = 20, tol: float = 1e-3, seed: int = 0
+) -> tuple[float, int, bool]:
+    """The largest (algebraic) Hessian eigenvalue, the power iterations run, whether they converged.
+
+    Power iteration finds the eigenvalue of largest magnitude. Away from a minimum that can be a
+    negative one (a direction of negative curvature larger than any positive curvature); the
+    "top eigenvalue" of the sharpness literature is the largest positive curvature, so then a
+    second power iteration on H - λ·I (whose eigenvalues λ_i - λ are all >= 0) finds
+    λ_max - λ, and λ_max follows. Converged means both iterations did.
+    """
+    eig, n_it, converged = power_iteration(hvp, iters, tol, seed)
+    if eig >= 0:
+        return eig, n_it, converged
+    gap, more, gap_converged = power_iteration(hvp, iters, tol, seed + 1, shift=eig)
+    return eig + gap, n_it + more, converged and gap_converged
 
 
 def hutchinson_trace(hvp: HessianVectorProduct, samples: int = 10, seed: int = 0) -> tuple[float, float | None]:

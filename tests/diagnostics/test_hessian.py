@@ -10,6 +10,7 @@ from merit_core.diagnostics.hessian import (
     hessian_estimate,
     hutchinson_trace,
     model_hessian,
+    power_iteration,
     top_eigenvalue,
 )
 from tests.diagnostics.test_weights import tiny_gpt2, tiny_llama
@@ -45,10 +46,18 @@ def test_hutchinson_is_exact_for_a_diagonal_hessian():
     assert mean == pytest.approx(9.25) and stderr == pytest.approx(0.0, abs=1e-12)
 
 
-def test_largest_magnitude_eigenvalue_may_be_negative():
+def test_top_eigenvalue_is_the_largest_even_when_a_negative_one_is_larger_in_magnitude():
     hvp = HessianVectorProduct(*_quadratic(_symmetric([-6.0, 2.0, 1.0])))
-    eig, _, converged = top_eigenvalue(hvp, iters=300, tol=1e-12, seed=1)
-    assert converged and eig == pytest.approx(-6.0, rel=1e-6)
+    dominant, _, converged = power_iteration(hvp, iters=300, tol=1e-12, seed=1)
+    assert converged and dominant == pytest.approx(-6.0, rel=1e-6)  # what plain power iteration finds
+    eig, iters, converged = top_eigenvalue(hvp, iters=300, tol=1e-12, seed=1)
+    assert converged and eig == pytest.approx(2.0, rel=1e-6) and iters > 2
+
+
+def test_top_eigenvalue_of_a_negative_definite_hessian_is_its_largest():
+    hvp = HessianVectorProduct(*_quadratic(_symmetric([-6.0, -2.0, -1.0])))
+    eig, _, converged = top_eigenvalue(hvp, iters=500, tol=1e-12, seed=2)
+    assert converged and eig == pytest.approx(-1.0, rel=1e-6)
 
 
 def test_several_parameter_tensors_with_coupling():
