@@ -260,7 +260,7 @@ def render(console, report, per_head: bool, show_weights: bool | None) -> None:
     default=20,
     show_default=True,
     type=click.IntRange(min=1),
-    help="Power iterations for the top eigenvalue.",
+    help="Power iterations for the top eigenvalue (as many again when the dominant eigenvalue is negative).",
 )
 @click.option(
     "--hutchinson-samples",

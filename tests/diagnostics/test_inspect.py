@@ -158,7 +158,7 @@ def test_hessian_option_and_no_logits(ckpts, tmp_path):
     assert res.exit_code == 0, res.output
     (c,) = json.loads(out.read_text())["checkpoints"]
     h = c["hessian"]
-    assert h["eigen_iters"] <= 3 and h["trace_samples"] == 2 and math.isfinite(h["top_eigenvalue"])
+    assert h["eigen_iters"] <= 2 * 3 and h["trace_samples"] == 2 and math.isfinite(h["top_eigenvalue"])
     assert all(l["max_attention_logit"] is None for l in c["layers"])
     assert "top Hessian eig" in res.output
 
