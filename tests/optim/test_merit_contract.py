@@ -199,7 +199,7 @@ def test_a_tiny_mlp_regression_converges(impl):
 
 
 def test_load_state_dict_keeps_step_on_the_cpu(monkeypatch):
-    # torch.load(map_location="cuda") puts every tensor on the GPU; without a GPU here, a state
+    # Loading a state dict with map_location="cuda" puts every tensor on the GPU; without a GPU here, a state
     # dict whose step tensors report another device stands in for it (the GPU test does it for real).
     params = _params(8)
     opt = MERIT(params, lr=0.01)

@@ -21,26 +21,12 @@ from merit_core.optim import (
     resolve_hparams,
     sampled_label_loss,
 )
+from tests.optim.test_muon import tiny_gpt2
 
 
 @pytest.fixture(scope="module")
 def gpt2():
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    cfg = GPT2Config(
-        vocab_size=128,
-        n_positions=32,
-        n_embd=32,
-        n_layer=2,
-        n_head=2,
-        bos_token_id=0,
-        eos_token_id=0,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
-    return GPT2LMHeadModel(cfg)
+    return tiny_gpt2()
 
 
 @pytest.fixture
