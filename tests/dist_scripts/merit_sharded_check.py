@@ -81,6 +81,22 @@ def sharded_step(fn, params, grads, exp_avgs, exp_avg_sqs, steps, *, beta1, beta
     fn(params, grads, exp_avgs, exp_avg_sqs, steps, betas=(beta1, beta2), **kw)
 
 
+# The keyword arguments of one merit_sharded step through `sharded_step`; tests override a few.
+STEP_DEFAULTS = dict(
+    lr=0.1,
+    beta1=0.9,
+    beta2=0.99,
+    eps=1e-6,
+    weight_decay=0.0,
+    norm="max",
+    elementwise=True,
+    weight_bound=True,
+    clip=1.0,
+    bias_correction=False,
+    maximize=False,
+)
+
+
 def combos() -> list[dict]:
     """Every ablation (norm x elementwise x weight_bound x clip); the rest cycles per combo."""
     out = []
@@ -217,19 +233,7 @@ def check_refusals(mesh):
 
     from merit_core.optim.merit.sharded import merit_sharded
 
-    kw = dict(
-        lr=0.1,
-        beta1=0.9,
-        beta2=0.99,
-        eps=1e-6,
-        weight_decay=0.0,
-        norm="max",
-        elementwise=True,
-        weight_bound=True,
-        clip=1.0,
-        bias_correction=False,
-        maximize=False,
-    )
+    kw = STEP_DEFAULTS
     local = torch.ones(2, 3)
     partial = DTensor.from_local(local, mesh, (Partial(),), run_check=False)
     replicated = DTensor.from_local(local, mesh, (Replicate(),), run_check=False)

@@ -28,6 +28,7 @@ def _load_check():
 CHECK = _load_check()
 HP = CHECK.HP
 sharded_step = CHECK.sharded_step
+STEP_DEFAULTS = CHECK.STEP_DEFAULTS
 
 
 def _run_plain(weights, grads, opts, dtype=torch.float64, state_dtype=None):
@@ -91,19 +92,7 @@ def test_moves_at_most_lr_times_clip_and_transpose_is_symmetric():
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(6, 9, generator=gen, dtype=torch.float64)
     g = torch.randn(6, 9, generator=gen, dtype=torch.float64) * 100
-    kw = dict(
-        lr=0.1,
-        beta1=0.9,
-        beta2=0.99,
-        eps=1e-6,
-        weight_decay=0.01,
-        norm="max",
-        elementwise=True,
-        weight_bound=True,
-        clip=1.0,
-        bias_correction=False,
-        maximize=False,
-    )
+    kw = {**STEP_DEFAULTS, "weight_decay": 0.01}
     a, at = w.clone(), w.T.clone()
     sharded_step(
         merit_sharded,
@@ -125,19 +114,7 @@ def test_3d_tensor_is_one_matrix_per_trailing_index():
     gen = torch.Generator().manual_seed(7)
     w = torch.randn(4, 3, 2, generator=gen, dtype=torch.float64)
     g = torch.randn(4, 3, 2, generator=gen, dtype=torch.float64)
-    kw = dict(
-        lr=0.1,
-        beta1=0.9,
-        beta2=0.99,
-        eps=1e-6,
-        weight_decay=0.1,
-        norm="max",
-        elementwise=True,
-        weight_bound=False,
-        clip=1.0,
-        bias_correction=False,
-        maximize=False,
-    )
+    kw = {**STEP_DEFAULTS, "weight_decay": 0.1, "weight_bound": False}
     cube = w.clone()
     slices = [w[:, :, k].clone() for k in range(2)]
     tensors = [cube] + slices
@@ -170,18 +147,7 @@ def test_no_host_sync_in_step(monkeypatch):
 def test_bad_arguments_are_refused_before_touching_state():
     w, g = torch.ones(2, 2), torch.ones(2, 2)
     m = torch.zeros(2, 2)
-    kw = dict(
-        lr=0.1,
-        beta1=0.9,
-        beta2=0.99,
-        eps=1e-6,
-        weight_decay=0.0,
-        elementwise=True,
-        weight_bound=True,
-        clip=1.0,
-        bias_correction=False,
-        maximize=False,
-    )
+    kw = {k: v for k, v in STEP_DEFAULTS.items() if k != "norm"}
     with pytest.raises(ValueError, match="norm must be one of"):
         sharded_step(merit_sharded, [w], [g], [m], [m.clone()], [torch.tensor(0.0)], norm="linf", **kw)
     with pytest.raises(ValueError, match="differ in length"):
