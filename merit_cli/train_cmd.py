@@ -25,8 +25,11 @@ from merit_cli.render import (
     training_progress,
 )
 from merit_core.errors import ConfigError, MeritError
+from merit_core.metric_names import MAX_ATTENTION_LOGIT
+from merit_core.runs import CONFIG_FILE
+from merit_core.train.callbacks import RunInfo, RunSummary, TrainCallbacks
 from merit_core.train.config import load_config
-from merit_core.train.training_run import CONFIG_FILE, RunInfo, RunSummary, TrainCallbacks, run_training
+from merit_core.train.training_run import run_training
 
 
 class RichTrainReport(LiveReport, TrainCallbacks):
@@ -77,12 +80,12 @@ class RichTrainReport(LiveReport, TrainCallbacks):
         if self.plain:
             self.say(eval_line(record))
             return
-        logits = [v for v in record["max_attention_logit"] if v is not None]
+        logits = [v for v in record[MAX_ATTENTION_LOGIT] if v is not None]
         peak = max(logits) if logits else None
         self.fields["max_logit"] = fmt_float(peak, 3)
         if self.progress is not None:
             self.progress.update(self.task, **self.fields)
-            layer = record["max_attention_logit"].index(peak) if peak is not None else "-"
+            layer = record[MAX_ATTENTION_LOGIT].index(peak) if peak is not None else "-"
             self.progress.console.print(
                 f"[dim]step {record['step']:>6}[/]  val loss [bold cyan]{fmt_float(record['val_loss'])}[/]  "
                 f"max attention logit [magenta]{fmt_float(peak, 3)}[/] (layer {layer})"

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 
 import torch
 
+from merit_core import runs
 from merit_core.diagnostics.attention import probe_attention
 from merit_core.diagnostics.checkpoints import Checkpoint, SafetensorsReader, find_checkpoints
 from merit_core.diagnostics.hessian import model_hessian
@@ -38,12 +38,13 @@ from merit_core.diagnostics.weights import (
     read_config,
 )
 from merit_core.errors import DataError
+from merit_core.fileio import atomic_write_json
+from merit_core.metric_names import MAX_ATTENTION_LOGIT
 from merit_core.models import context_length
 from merit_core.progress import Progress, ProgressFn, report_to
-from merit_core.runs import atomic_write_json
 
 TRAINER_KEYS = ("optimizer", "global_batch_size", "seq_len", "tokens")
-SUMMARY_KEYS = ("q_max_norm", "k_max_norm", "bound", "max_attention_logit")
+SUMMARY_KEYS = ("q_max_norm", "k_max_norm", "bound", MAX_ATTENTION_LOGIT)
 
 
 @dataclass
@@ -177,14 +178,8 @@ class InspectReport:
 
 
 def _trainer_state(ckpt: Checkpoint) -> dict:
-    path = ckpt.folder / "trainer_state.json"
-    if not path.is_file():
-        return {}
-    try:
-        state = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return {}
-    return {k: state[k] for k in TRAINER_KEYS if isinstance(state, dict) and k in state}
+    state = runs.read_trainer_state(ckpt.folder, strict=False)
+    return {k: state[k] for k in TRAINER_KEYS if k in state}
 
 
 def summarize(layers: list[LayerStats]) -> Summary:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from merit_core.diagnostics.attention import max_attention_logits
-from merit_core.errors import MeritError
+from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 from merit_core.optim import build_optimizer
 from merit_core.optim.registry import StepContext, step_hook
 from merit_core.train import lm_loss
@@ -28,10 +28,6 @@ from merit_core.train.config import TrainConfig
 from merit_core.train.distributed import Parallel
 from merit_core.train.hardware import available_host_memory
 from merit_core.train.schedule import lr_at
-
-
-class TrainingDiverged(MeritError):
-    """The loss or the gradient norm became nan or inf."""
 
 
 @dataclass
@@ -249,7 +245,7 @@ class Trainer:
                 per_head = max_attention_logits(self.model, self.val[0][0].to(self.device))
         finally:
             self.model.train()
-        return {"val_loss": float(val_loss.item()), "max_attention_logit": per_head.amax(dim=1).tolist()}
+        return {VAL_LOSS: float(val_loss.item()), MAX_ATTENTION_LOGIT: per_head.amax(dim=1).tolist()}
 
     # -- state --------------------------------------------------------------------------------
     def state_dict(self, checkpoint_dir: Path | None = None) -> dict[str, Any]:

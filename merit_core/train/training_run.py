@@ -16,107 +16,38 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from merit_core import runs
-from merit_core.errors import CheckpointError, ConfigError, DataError, MeritError
+from merit_core import fileio, runs
+from merit_core.errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    MeritError,
+    ResumeMismatch,
+    RunInterrupted,
+    TrainingDiverged,
+    first_line,
+)
+from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 from merit_core.models import build_model, context_length, count_parameters, model_config
-from merit_core.progress import Progress
-from merit_core.runs import CONFIG_FILE, RunInterrupted
+from merit_core.runs import CONFIG_FILE, METRICS_FILE
+from merit_core.train.callbacks import RunInfo, RunSummary, TrainCallbacks
 from merit_core.train.config import TrainConfig, resolve, save_config
 from merit_core.train.hardware import device_info, mfu, peak_memory, reset_peak_memory
-from merit_core.train.metrics import METRICS_FILE, MetricsLog, read_metrics
+from merit_core.train.metrics import MetricsLog, read_metrics
 from merit_core.train.plots import plot_curves
+from merit_core.train.trackers import with_trackers
 
 # Signals that stop training gracefully (finish the step, checkpoint, exit) and the exit code each gives.
 STOP_SIGNALS = {"SIGTERM": 143, "SIGUSR1": 143, "SIGINT": 130}
 MAX_BATCH_BYTES = 8 << 30  # token windows held at once (a micro-batch, the validation set)
 
 
-class ResumeMismatch(CheckpointError):
-    """The checkpoint was trained with other settings than this run has (not a corrupt checkpoint)."""
-
-
-@dataclass
-class RunInfo:
-    """What a run is about to do (given to `TrainCallbacks.on_start`)."""
-
-    run_dir: Path
-    config: TrainConfig
-    n_params: int
-    n_layers: int
-    start_step: int
-    total_steps: int
-    tokens_per_step: int
-    world_size: int
-    device: str
-    data_dir: Path
-    resumed_from: Path | None = None
-    device_name: str = ""  # 'NVIDIA H200', or the CPU model
-    compute_dtype: str = "float32"  # what the matrix products run in: 'bfloat16' (autocast) or 'float32'
-    tf32: bool = False  # whether float32 matrix products may use TF32 (CUDA only)
-    peak_flops: float | None = None  # the device's dense bf16 peak, for MFU (None on CPU)
-    device_memory: int | None = None  # bytes of GPU memory (None on CPU)
-
-
-@dataclass
-class RunSummary:
-    """How a run ended (`config` is the resolved config: actual lr, steps, micro-batch, out)."""
-
-    run_dir: Path
-    config: TrainConfig
-    steps: int
-    tokens: int
-    n_params: int
-    elapsed_s: float
-    tokens_per_s: float | None
-    final_loss: float | None
-    final_val_loss: float | None
-    max_attention_logit: list[float] | None
-    last_checkpoint: Path | None
-    resumed_from: Path | None = None
-    checkpoints: list[Path] = field(default_factory=list)
-    device: str = ""  # 'cuda:0', 'cpu'
-    device_name: str = ""
-    compute_dtype: str = "float32"
-    peak_memory: int | None = None  # bytes: GPU memory allocated at peak, or the process's peak RSS on CPU
-    mfu: float | None = None  # 6 * n_params * tokens_per_s / the device's bf16 peak (None on CPU)
-
-
-class TrainCallbacks:
-    """Progress hooks; override what you need. Called on the main process only."""
-
-    def on_prepare(self, event: Progress) -> None:
-        """Data preparation progress (merit_core.progress.Progress: `done` of `total` units of `stage`)."""
-
-    def on_data(self, meta) -> None:
-        """The prepared data is ready (`meta`: merit_core.data.DataMeta)."""
-
-    def on_start(self, info: RunInfo) -> None:
-        """Everything is built and checked; training starts at `info.start_step`."""
-
-    def on_log(self, record: dict[str, Any]) -> None:
-        """A log line: step, tokens, loss, lr, grad_norm, tokens_per_s."""
-
-    def on_eval(self, record: dict[str, Any]) -> None:
-        """An eval line: step, tokens, val_loss, max_attention_logit (per layer)."""
-
-    def on_checkpoint(self, step: int, path: Path) -> None:
-        """A checkpoint was written."""
-
-    def on_end(self, summary: RunSummary) -> None:
-        """The run finished normally."""
-
-    def on_note(self, message: str) -> None:
-        """Something the user should know that is not an error (one line), e.g. a resume fallback."""
-
-
 def run_training(config: TrainConfig, callbacks: TrainCallbacks | None = None) -> RunSummary:
     """Train as `config` says; return the summary. Raises MeritError subclasses on bad input."""
     from merit_core.train.parallel import setup_parallel
-    from merit_core.train.trackers import with_trackers  # trackers imports this module
 
     tracked = with_trackers(config.report_to, callbacks)  # a missing tracker package fails here, before any work
     parallel = setup_parallel(config.parallel, config.device, config.dtype)
@@ -170,7 +101,7 @@ class TrainingRun:
         self.config = resolve(config, parallel.world_size, default_hparams(config.optimizer), auto_micro_batch=True)
         self.config.out = parallel.broadcast_object(self.config.out)
         self.run_dir = Path(self.config.out)
-        self.lock: runs.FileLock | None = None
+        self.lock: fileio.FileLock | None = None
         self.created: list[Path] = []  # what this run made before its first write (undone on failure)
         self.stop: str | None = None  # the name of a stop signal that arrived
         self.resume_info: dict[str, Any] | None = None  # trainer_state.json of the checkpoint to resume
@@ -185,7 +116,7 @@ class TrainingRun:
         except MeritError:
             raise
         except Exception as exc:  # transformers' own config validation (types, values)
-            raise ConfigError(f"model {c.model} is not a usable config: {_first_line(exc)}") from None
+            raise ConfigError(f"model {c.model} is not a usable config: {first_line(exc)}") from None
         _check_model_config(mconf, c.model)
         context = context_length(mconf)
         if c.seq_len > context:
@@ -232,7 +163,7 @@ class TrainingRun:
             read_metrics(self.run_dir)
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise CheckpointError(
-                f"{self.run_dir / METRICS_FILE} is not a metrics log ({_first_line(exc)[:80]}); "
+                f"{self.run_dir / METRICS_FILE} is not a metrics log ({first_line(exc)[:80]}); "
                 "move it away to resume (training restarts its log from the checkpoint)"
             ) from None
 
@@ -394,7 +325,7 @@ class TrainingRun:
         self.data_info = {"data": _data_identity(meta), "tokenizer": _tokenizer_digest(meta)}
         self.metrics = MetricsLog(self.run_dir)
         if self.parallel.is_main:
-            with runs.disk_full_guard(self.run_dir / CONFIG_FILE, ckpt):
+            with fileio.disk_full_guard(self.run_dir / CONFIG_FILE, ckpt):
                 runs.remove_stale_staging(self.run_dir)
                 save_config(self.config, self.run_dir / CONFIG_FILE)
                 if ckpt is None:
@@ -432,7 +363,7 @@ class TrainingRun:
         )
         previous = read_metrics(self.run_dir) if ckpt is not None else []
         self.last_log = next((r for r in reversed(previous) if "loss" in r), {})
-        self.last_eval = next((r for r in reversed(previous) if "val_loss" in r), {})
+        self.last_eval = next((r for r in reversed(previous) if VAL_LOSS in r), {})
         self.last_ckpt = ckpt
         self.last_saved_step = trainer.step if ckpt is not None else None
         reset_peak_memory(self.parallel.device)
@@ -456,8 +387,8 @@ class TrainingRun:
             elapsed_s=elapsed,
             tokens_per_s=tokens_per_s,
             final_loss=self.last_log.get("loss"),
-            final_val_loss=self.last_eval.get("val_loss"),
-            max_attention_logit=self.last_eval.get("max_attention_logit"),
+            final_val_loss=self.last_eval.get(VAL_LOSS),
+            max_attention_logit=self.last_eval.get(MAX_ATTENTION_LOGIT),
             last_checkpoint=self.last_ckpt,
             resumed_from=ckpt,
             checkpoints=[p for _, p in _checkpoints(self.run_dir)],
@@ -565,7 +496,7 @@ class TrainingRun:
         step = self.trainer.step
         record = {"step": step, "tokens": step * self.config.tokens_per_step, **values}
         if self.parallel.is_main:
-            with runs.disk_full_guard(self.metrics.path, getattr(self, "last_ckpt", None)):
+            with fileio.disk_full_guard(self.metrics.path, getattr(self, "last_ckpt", None)):
                 self.metrics.write(record)
         return record
 
@@ -574,8 +505,6 @@ class TrainingRun:
         self.cb.on_eval(self.last_eval)
 
     def _check_finite(self) -> None:
-        from merit_core.train.trainer import TrainingDiverged
-
         bad = self.trainer.first_nonfinite_step()
         if bad is None:
             return
@@ -615,12 +544,12 @@ class TrainingRun:
                 "seed": c.seed,
                 "n_params": self.n_params,
                 "loss": self.last_log.get("loss"),
-                "val_loss": self.last_eval.get("val_loss"),
-                "max_attention_logit": self.last_eval.get("max_attention_logit"),
+                VAL_LOSS: self.last_eval.get(VAL_LOSS),
+                MAX_ATTENTION_LOGIT: self.last_eval.get(MAX_ATTENTION_LOGIT),
                 **self.data_info,
             }
             target = self.run_dir / runs.step_name(trainer.step)
-            with runs.disk_full_guard(target, self.last_ckpt):
+            with fileio.disk_full_guard(target, self.last_ckpt):
                 try:
                     path = save_checkpoint(
                         self.run_dir,
@@ -646,8 +575,6 @@ class TrainingRun:
         """TrainingDiverged when an update left a non-finite parameter: such weights never become a checkpoint."""
         import torch
 
-        from merit_core.train.trainer import TrainingDiverged
-
         flags = [torch.isfinite(_local(p)).all() for p in self.trainer.model.parameters()]
         ok = torch.stack(flags).all().to(torch.int64) if flags else torch.ones((), dtype=torch.int64)
         if int(self.parallel.all_reduce(ok.to(self.parallel.device), op="min").item()):
@@ -672,11 +599,6 @@ def _n_layers(model) -> int:
 
 def _checkpoints(run_dir: Path):
     return runs.checkpoints(run_dir, "complete")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # The largest position table a model config may ask for (a learned table of this many rows is built).

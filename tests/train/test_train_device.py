@@ -267,7 +267,7 @@ def test_start_line_on_a_gpu_names_device_dtype_tf32_and_the_mfu_peak():
     from pathlib import Path
 
     from merit_cli.train_cmd import device_line, peak_memory_text
-    from merit_core.train.training_run import RunInfo
+    from merit_core.train.callbacks import RunInfo
 
     def info(name, peak, dtype="bfloat16"):
         return RunInfo(
