@@ -39,7 +39,7 @@ HESSIAN_SEED = 0
 # Each Hessian-vector product is a double backward through eager attention, several times the cost
 # of a training step on the same tokens, and a comparison measures every seed of every best cell.
 HESSIAN_SEQUENCES = 4
-# The paper's figures for GPT-2 Small at batch 1k (../shared/MERIT.md), shown beside ours.
+# The paper's figures for GPT-2 Small at batch 1k (docs/MERIT.md, "Paper results"), shown beside ours.
 PAPER = {
     "hessian": {
         "model": "GPT-2 Small",
