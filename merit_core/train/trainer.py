@@ -117,7 +117,9 @@ class Trainer:
 
     # -- choosing the micro-batch ------------------------------------------------------------
     def choose_micro_batch(self) -> int:
-        """Set config.micro_batch_size when it is unset ('auto'), before step 0, and return it.
+        """The micro-batch size for this run: config.micro_batch_size when set, else the size 'auto'
+        stands for, found here before step 0. Returned, not written: TrainingRun puts it into the
+        config (once), which config.toml then records.
 
         On CUDA: the per-process batch if a forward + backward of it fits next to the optimizer
         state still to come, else the largest divisor of it at most half the last size that ran
@@ -130,9 +132,7 @@ class Trainer:
             return self.config.micro_batch_size
         fits = self._fits_on_gpu if self.device.type == "cuda" else self._fits_in_host_memory
         size = largest_fitting(self.per_rank, fits)
-        agreed = self.parallel.all_reduce(torch.tensor(size, device=self.device), op="min")
-        self.config.micro_batch_size = int(agreed.item())
-        return self.config.micro_batch_size
+        return int(self.parallel.all_reduce(torch.tensor(size, device=self.device), op="min").item())
 
     def _fits_in_host_memory(self, size: int) -> bool:
         free = available_host_memory()

@@ -3,6 +3,7 @@ pinned/contiguous batches, device selection under torchrun, TF32 and MFU bookkee
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 
 import numpy as np
@@ -177,11 +178,12 @@ def test_gpu_search_treats_cuda_oom_as_does_not_fit(monkeypatch, model_cfg, data
     rng = torch.get_rng_state()
     assert trainer._fits_on_gpu(4) and not trainer._fits_on_gpu(8)
     monkeypatch.setattr(trainer, "_fits_in_host_memory", trainer._fits_on_gpu)  # the search, as on CUDA
-    assert trainer.choose_micro_batch() == 4 and config.micro_batch_size == 4 and trainer.n_micro == 4
+    assert trainer.choose_micro_batch() == 4 and config.micro_batch_size is None  # returned, not written
     assert sizes == [4, 8, 16, 8, 4]
     assert all(p.grad is None for p in model.parameters())  # the tries leave no gradients
     assert torch.equal(torch.get_rng_state(), rng)  # nor a different random stream
-    assert trainer.choose_micro_batch() == 4 and sizes == [4, 8, 16, 8, 4]  # chosen once
+    trainer.config = dataclasses.replace(config, micro_batch_size=4)  # what TrainingRun does with the choice
+    assert trainer.n_micro == 4 and trainer.choose_micro_batch() == 4 and sizes == [4, 8, 16, 8, 4]  # no new search
 
 
 def test_cpu_choice_is_the_whole_batch_unless_memory_is_short(monkeypatch):
