@@ -156,13 +156,7 @@ def check_writable(path: str | Path, what: str) -> Path:
         raise ConfigError(f"{what} {path}: is a folder; give a file name")
     if out.exists() and not os.access(out, os.W_OK):
         raise ConfigError(f"{what} {path}: the file is not writable")
-    parent = out.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ConfigError(f"{what} {path}: {parent} is not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {path}: cannot write into {parent}")
+    _check_creatable(out.parent, path, what)
     return out
 
 
@@ -171,14 +165,19 @@ def check_writable_folder(path: str | Path, what: str) -> Path:
     folder = Path(path).expanduser()
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"{what} {path}: exists and is not a folder")
+    _check_creatable(folder, path, what)
+    return folder
+
+
+def _check_creatable(folder: Path, given: str | Path, what: str) -> None:
+    """ConfigError unless the nearest existing ancestor of `folder` (or itself) is a writable folder."""
     probe = folder
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir():
-        raise ConfigError(f"{what} {path}: {probe} is not a folder")
+        raise ConfigError(f"{what} {given}: {probe} is not a folder")
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {path}: cannot write into {probe}")
-    return folder
+        raise ConfigError(f"{what} {given}: cannot write into {probe}")
 
 
 @contextlib.contextmanager
