@@ -53,6 +53,15 @@ class Outlier:
         return out
 
 
+# The four norms every head and layer record carries, in their JSON order.
+NORM_FIELDS = ("q_max_norm", "k_max_norm", "q_l2_norm", "k_l2_norm")
+
+
+def _fields(record: Any, *names: str) -> dict[str, Any]:
+    """{name: record.name} for the given attribute names, in that order (a JSON record's plain fields)."""
+    return {name: getattr(record, name) for name in names}
+
+
 @dataclass
 class Distribution:
     """Percentiles of the per-row (or per-column) max-norms of a weight, and its top rows (columns)."""
@@ -65,14 +74,7 @@ class Distribution:
     outliers: list[Outlier]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "p50": self.p50,
-            "p90": self.p90,
-            "p99": self.p99,
-            "min": self.min,
-            "max": self.max,
-            "outliers": [o.to_dict() for o in self.outliers],
-        }
+        return {**_fields(self, "p50", "p90", "p99", "min", "max"), "outliers": [o.to_dict() for o in self.outliers]}
 
 
 @dataclass
@@ -95,17 +97,7 @@ class HeadStats:
     def to_dict(self) -> dict[str, Any]:
         if self.kv_head is None:
             return {"head": self.head, MAX_ATTENTION_LOGIT: self.max_attention_logit}
-        return {
-            "head": self.head,
-            "kv_head": self.kv_head,
-            "q_max_norm": self.q_max_norm,
-            "k_max_norm": self.k_max_norm,
-            "q_l2_norm": self.q_l2_norm,
-            "k_l2_norm": self.k_l2_norm,
-            "bound": self.bound,
-            MAX_ATTENTION_LOGIT: self.max_attention_logit,
-            "logit_bound": self.logit_bound,
-        }
+        return _fields(self, "head", "kv_head", *NORM_FIELDS, "bound", MAX_ATTENTION_LOGIT, "logit_bound")
 
 
 @dataclass
@@ -136,15 +128,7 @@ class LayerStats:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "layer": self.layer,
-            "q_max_norm": self.q_max_norm,
-            "k_max_norm": self.k_max_norm,
-            "q_l2_norm": self.q_l2_norm,
-            "k_l2_norm": self.k_l2_norm,
-            "q_max_over_l2": self.q_max_over_l2,
-            "k_max_over_l2": self.k_max_over_l2,
-            "bound": self.bound,
-            MAX_ATTENTION_LOGIT: self.max_attention_logit,
+            **_fields(self, "layer", *NORM_FIELDS, "q_max_over_l2", "k_max_over_l2", "bound", MAX_ATTENTION_LOGIT),
             "heads": [h.to_dict() for h in self.heads],
             "q_rows": self.q_rows.to_dict(),
             "q_cols": self.q_cols.to_dict(),
@@ -194,13 +178,7 @@ class WeightStats:
     def body_dict(self) -> dict[str, Any]:
         """The fields every weight statistic has (without path / label / step)."""
         return {
-            "architecture": self.architecture,
-            "n_layers": self.n_layers,
-            "n_heads": self.n_heads,
-            "n_kv_heads": self.n_kv_heads,
-            "head_dim": self.head_dim,
-            "d_model": self.d_model,
-            "row_axis": self.row_axis,
+            **_fields(self, "architecture", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_model", "row_axis"),
             "layers": [layer.to_dict() for layer in self.layers],
             "weights": [w.to_dict() for w in self.weights],
             "notes": list(self.notes),

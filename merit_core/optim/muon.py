@@ -30,6 +30,7 @@ from torch import nn
 from torch.optim import AdamW, Optimizer
 
 from merit_core.errors import ConfigError
+from merit_core.optim.closure import closure_loss
 from merit_core.optim.param_groups import classify_parameters, decays, make_group
 
 
@@ -205,10 +206,7 @@ class MuonWithAdamW(Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         """Step Muon, then AdamW; returns the closure's loss (evaluated once)."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for part in self._parts():
             part.step()
         return loss
