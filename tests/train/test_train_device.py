@@ -81,7 +81,7 @@ def test_chunked_loss_equals_full_logits_loss_and_gradients(build):
         loss, grads = _loss_and_grads(model, x, y, chunk)
         torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)
         for name, g in ref_grads.items():
-            torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-7, msg=name)
+            torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-7, msg=lambda m, n=name: f"{n}: {m}")
     # outside targets_for the head is an ordinary output layer again, with unchanged parameter names
     head = model.get_output_embeddings()
     assert isinstance(head, torch.nn.Linear) and head.targets is None
