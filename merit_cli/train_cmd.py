@@ -10,7 +10,7 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from merit_cli.options import number
+from merit_cli.options import device_option, dtype_callback, number
 from merit_cli.render import (
     LiveReport,
     command_hints,
@@ -202,6 +202,7 @@ def peak_memory_text(peak: int | None, device: str) -> str:
 @click.option("--batch-size", callback=number(int), help="Global batch size in sequences (default 16).")
 @click.option(
     "--micro-batch-size",
+    metavar="INTEGER|auto",
     callback=micro_batch,
     help="Sequences per forward pass per process (smaller: gradient accumulation), or auto (the default: "
     "the largest that fits on a GPU, the whole batch on CPU; recorded in the run's config.toml).",
@@ -226,7 +227,14 @@ def peak_memory_text(peak: int | None, device: str) -> str:
     help="Let --resume continue with another seed, data or tokenizer than the run was trained with.",
 )
 @click.option("--seed", callback=number(int), help="Seed of the initialisation and the batch order (default 0).")
-@click.option("--device", help="auto (default), cpu, cuda, cuda:N.")
+@device_option(default=None)
+@click.option(
+    "--dtype",
+    metavar="DTYPE",
+    callback=dtype_callback(("auto", "bfloat16", "float32")),
+    help="Compute dtype: auto (bf16 autocast on CUDA, float32 on CPU), bfloat16 (or bf16) or float32 (fp32). "
+    "[default: auto]",
+)
 @click.option("--eval-every", callback=number(int), help="Steps between evaluations (0: only at the end).")
 @click.option("--save-every", callback=number(int), help="Steps between checkpoints (0: only at the end).")
 @click.option(
@@ -272,6 +280,7 @@ def train(
     allow_changes,
     seed,
     device,
+    dtype,
     eval_every,
     save_every,
     save_every_minutes,
@@ -309,6 +318,7 @@ def train(
         allow_changes=allow_changes,
         seed=seed,
         device=device,
+        dtype=dtype,
         eval_every=eval_every,
         save_every=save_every,
         save_every_minutes=save_every_minutes,
