@@ -110,14 +110,14 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
-def command_hints(title: str, hints: Iterable[tuple[str, str]]) -> Table:
-    """'What to try next': commands (never wrapped) with a dim note each."""
-    table = Table(title=title, show_header=False, box=None, padding=(0, 2), title_justify="left")
-    table.add_column(no_wrap=True)
-    table.add_column(style="dim")
+def print_command_hints(out: Console, title: str, hints: Iterable[tuple[str, str]]) -> None:
+    """'What to try next': each command whole on its own line (never cut or wrapped by rich, so it can
+    be copied as it is), its note after a shell comment mark."""
+    text = Text(title, style="bold")
     for command, note in hints:
-        table.add_row(command, note)
-    return table
+        text.append(f"\n  {command}")
+        text.append(f"  # {note}", style="dim")
+    out.print(text, soft_wrap=True)
 
 
 def key_value_table(title: str | None, rows: Iterable[tuple[str, Any]]) -> Table:

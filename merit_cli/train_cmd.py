@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,6 @@ from rich.markup import escape
 from merit_cli.options import device_option, dtype_callback, number
 from merit_cli.render import (
     LiveReport,
-    command_hints,
     configs_table,
     console,
     eval_line,
@@ -21,6 +21,7 @@ from merit_cli.render import (
     fmt_duration,
     fmt_float,
     key_value_table,
+    print_command_hints,
     train_log_line,
     training_progress,
 )
@@ -118,10 +119,17 @@ class RichTrainReport(LiveReport, TrainCallbacks):
         self.out.print()
         self.out.print(key_value_table("[bold]Run summary", rows))
         self.out.print()
-        hints = [(f"merit inspect {summary.run_dir}", "max-norms and attention logits per checkpoint")]
+        hints = [
+            (f"merit inspect {shlex.quote(str(summary.run_dir))}", "max-norms and attention logits per checkpoint")
+        ]
         if summary.last_checkpoint:
-            hints.append((f"merit eval {summary.last_checkpoint}", "zero-shot LAMBADA / WikiText"))
-        self.out.print(command_hints("[bold]Next", hints))
+            hints.append(
+                (
+                    f"merit eval {shlex.quote(str(summary.last_checkpoint))} --tasks lambada,wikitext",
+                    "zero-shot LAMBADA / WikiText (datasets downloaded once)",
+                )
+            )
+        print_command_hints(self.out, "Next", hints)
 
 
 def _list_configs(ctx, param, value):
