@@ -338,9 +338,10 @@ def inspect_cmd(
         from merit_core.hub import prefer_offline
 
         prefer_offline()
-    from merit_core.devices import resolve_device
+    if device != "cpu":
+        from merit_core.evaluation.checkpoint import resolve_device  # auto -> cuda or cpu; cuda:N checked
 
-    device = resolve_device(device)
+        device = resolve_device(device)
     from merit_core.diagnostics.report import InspectOptions, inspect_paths, write_json
 
     opts = InspectOptions(

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import click
 
-from merit_core.devices import canonical_dtype, check_device
 from merit_core.errors import ConfigError
+
+# The device names train, eval and inspect take (train's config checks the same words).
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 
 
 def number(kind: type):
@@ -38,7 +42,13 @@ def fill_metavars(command: click.Command) -> click.Command:
 
 
 def _device(ctx, param, value):
-    return None if value is None else check_device(value)
+    """--device as typed -> lower case, if it is auto, cpu, cuda, cuda:N (or mps); else one ConfigError line."""
+    if value is None:
+        return None
+    name = value.strip().lower()
+    if not DEVICE_PATTERN.fullmatch(name):
+        raise ConfigError(f"--device {value}: use auto, cpu, cuda or cuda:N")
+    return name
 
 
 def device_option(default: str | None = "auto"):
@@ -55,12 +65,20 @@ def device_option(default: str | None = "auto"):
 
 
 def dtype_callback(allowed: tuple[str, ...]):
-    """A click callback: a dtype as users type it (bf16, bfloat16, fp32, ...) -> its full name, one of `allowed`."""
+    """A click callback: a dtype as users type it (bf16, bfloat16, fp32, ...) -> its full name, one of `allowed`.
+
+    The spellings are eval's (merit_core.evaluation.checkpoint.resolve_dtype), so every command reads them alike.
+    """
 
     def convert(ctx, param, value):
         if value is None:
             return None
-        name = canonical_dtype(value)
+        from merit_core.evaluation.checkpoint import resolve_dtype
+
+        try:
+            name = "auto" if value.strip().lower() == "auto" else resolve_dtype(value.strip(), "cpu")
+        except ConfigError:
+            name = None
         if name not in allowed:
             extra = " (float16 needs loss scaling, which merit train does not do)" if name == "float16" else ""
             raise ConfigError(f"--dtype {value}: use {', '.join(allowed)}{extra}")

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from merit_core import runs
-from merit_core.devices import canonical_dtype
 from merit_core.errors import CheckpointError, ConfigError
 from merit_core.hub import looks_like_hub_id
 
@@ -146,14 +145,41 @@ def check_causal_lm(ref: CheckpointRef) -> Any:
     return config
 
 
+def resolve_device(device: str | None) -> str:
+    """'auto'/None -> 'cuda' when a GPU is visible, else 'cpu'; check an explicit CUDA device exists."""
+    import torch
+
+    if device in (None, "", "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"--device {device}: not a torch device (use auto, cpu, cuda or cuda:N)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {device}: no CUDA GPU is visible; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    return str(dev)
+
+
+_DTYPES = {
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+}
+
+
 def resolve_dtype(dtype: str | None, device: str) -> str:
     """'auto'/None -> bfloat16 on CUDA, float32 elsewhere; otherwise a checked dtype name."""
-    name = "auto" if dtype in (None, "") else canonical_dtype(dtype)
-    if name is None:
-        raise ConfigError(f"--dtype {dtype}: use auto, bfloat16, float16 or float32")
-    if name == "auto":
+    if dtype in (None, "", "auto"):
         return "bfloat16" if device.startswith("cuda") else "float32"
-    return name
+    if dtype.lower() not in _DTYPES:
+        raise ConfigError(f"--dtype {dtype}: use auto, bfloat16, float16 or float32")
+    return _DTYPES[dtype.lower()]
 
 
 def load_model_and_tokenizer(ref: CheckpointRef, device: str, dtype: str) -> tuple[Any, Any]:

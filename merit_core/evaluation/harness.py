@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from merit_core.devices import resolve_device
 from merit_core.errors import ConfigError
 from merit_core.evaluation.checkpoint import (
     CheckpointRef,
     check_causal_lm,
     load_model_and_tokenizer,
     resolve_checkpoint,
+    resolve_device,
     resolve_dtype,
 )
 from merit_core.evaluation.results import CheckpointResult

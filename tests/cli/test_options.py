@@ -52,7 +52,7 @@ def test_one_device_option_everywhere(command, tmp_path):
 def test_inspect_accepts_cuda_n():
     """`inspect --device cuda:N` parses as in train and eval; without a GPU it is refused by name."""
     from merit_cli.options import _device
-    from merit_core.devices import resolve_device
+    from merit_core.evaluation.checkpoint import resolve_device
 
     assert _device(None, None, "CUDA:1") == "cuda:1"
     if not __import__("torch").cuda.is_available():
