@@ -12,6 +12,11 @@ import sys
 def main() -> None:
     from merit_core.extras import cli_install_hint, missing_cli_modules
 
+    if sys.argv[1:] == ["--version"]:  # answered without the extra: it is how one checks what is installed
+        from merit_core.version import __version__
+
+        sys.stdout.write(f"merit, version {__version__}\n")
+        sys.exit(0)
     missing = missing_cli_modules()
     if missing:
         sys.stderr.write(f"error: {cli_install_hint(missing)}\n")

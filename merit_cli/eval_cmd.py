@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from merit_cli.options import device_option
 from merit_cli.render import ProgressView
 from merit_core.errors import ConfigError
 from merit_core.evaluation import EvalSettings, evaluate_checkpoints
@@ -18,6 +19,7 @@ from merit_core.evaluation.results import (
     check_output_path,
     format_value,
     metric_rows,
+    output_file,
     write_results_json,
 )
 from merit_core.evaluation.tasks import ALIASES, list_local_tasks, split_task_list
@@ -81,6 +83,79 @@ def results_table(records: list[CheckpointResult], num_fewshot: int) -> Table:
     return table
 
 
+# lm-eval's spellings of merit eval's options (lm_eval --model hf --model_args pretrained=... --output_path ...)
+LM_EVAL_FLAGS = {
+    "--batch_size": "--batch-size",
+    "--num_fewshot": "--num-fewshot",
+    "--include_path": "--include-path",
+    "--bootstrap_iters": "--bootstrap-iters",
+    "--output_path": "--output",
+}
+# keys of lm-eval's --model_args that merit eval has (pretrained= is the CKPT argument)
+MODEL_ARGS = {"dtype": "--dtype", "device": "--device", "batch_size": "--batch-size"}
+
+
+def _lm_eval_args(args: list[str]) -> list[str]:
+    """lm-eval's command line in merit eval's words, or a ConfigError with merit's exact equivalent.
+
+    `--batch_size` & co become `--batch-size` & co; `--model hf` is what merit eval always does;
+    `--model_args pretrained=P,dtype=D` becomes the argument P and `--dtype D`.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if arg == "--":
+            out += args[i - 1 :]
+            break
+        name, eq, inline = arg.partition("=")
+        if name in LM_EVAL_FLAGS:
+            out.append(LM_EVAL_FLAGS[name] + eq + inline)
+            continue
+        if name not in ("--model", "--model_args"):
+            out.append(arg)
+            continue
+        if not eq:
+            if i >= len(args):
+                raise ConfigError(f"{name} needs a value")
+            inline, i = args[i], i + 1
+        if name == "--model":
+            if inline not in ("hf", "hf-auto", "huggingface"):
+                raise ConfigError(
+                    f"--model {inline}: merit eval runs Hugging Face causal LMs (lm-eval's --model hf); "
+                    "give the checkpoint as the argument: merit eval CKPT --tasks ..."
+                )
+            continue
+        out += _model_args(inline)
+    return out
+
+
+def _model_args(text: str) -> list[str]:
+    """`pretrained=P,dtype=D,...` -> ['P', '--dtype', 'D', ...]; a key merit eval lacks is refused."""
+    out: list[str] = []
+    for item in (part for part in text.split(",") if part.strip()):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if key == "pretrained" and eq:
+            out.insert(0, value)
+        elif key in MODEL_ARGS and eq:
+            out += [MODEL_ARGS[key], value]
+        else:
+            raise ConfigError(
+                f"--model_args {key}: merit eval takes pretrained=CKPT as the CKPT argument and "
+                f"{', '.join(f'{k}= as {v}' for k, v in MODEL_ARGS.items())}; it has no {key!r}"
+            )
+    return out
+
+
+class EvalCommand(click.Command):
+    """`merit eval`, which also reads lm-eval's spellings of its options (see `_lm_eval_args`)."""
+
+    def parse_args(self, ctx, args):
+        return super().parse_args(ctx, _lm_eval_args(list(args)))
+
+
 def _display_stream():
     """A stderr stream that stays visible while the library silences file descriptor 2."""
     try:
@@ -89,27 +164,42 @@ def _display_stream():
         return None
 
 
-@click.command("eval")
+@click.command("eval", cls=EvalCommand)
 @click.argument("checkpoints", nargs=-1, metavar="CKPT...")
 @click.option("--tasks", "-t", default=None, help="Comma-separated tasks or aliases, e.g. lambada,wikitext,superglue.")
 @click.option(
     "--include-path", type=str, default=None, metavar="DIR", help="Folder of lm-eval task YAMLs (local data)."
 )
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@device_option()
 @click.option(
     "--dtype",
     default="auto",
     show_default=True,
-    help="Weights' dtype: auto (bfloat16 on CUDA, float32 on CPU), float32 or bfloat16 (float16 also works); "
-    "recorded in the JSON's meta.eval.dtype. Scores differ slightly between dtypes.",
+    metavar="DTYPE",
+    help="Weights' dtype: auto (bfloat16 on CUDA, float32 on CPU), float32 (fp32) or bfloat16 (bf16) "
+    "(float16 also works); recorded in the JSON's meta.eval.dtype. Scores differ slightly between dtypes.",
 )
-@click.option("--batch-size", default="auto", show_default=True, help="Sequences per forward pass, or auto.")
+@click.option(
+    "--batch-size",
+    default="auto",
+    show_default=True,
+    metavar="INTEGER|auto",
+    help="Sequences per forward pass, or auto.",
+)
 @click.option("--limit", type=int, default=None, help="Score only the first N documents of each task (quick runs).")
 @click.option("--num-fewshot", type=int, default=0, show_default=True, help="Few-shot examples per prompt.")
 @click.option(
     "--bootstrap-iters", type=int, default=1000, show_default=True, help="Bootstrap draws for stderrs (0: none)."
 )
-@click.option("--output", "-o", type=str, default=None, metavar="FILE.json", help="Write all results as JSON.")
+@click.option(
+    "--output",
+    "-o",
+    type=str,
+    default=None,
+    metavar="PATH",
+    help="Write all results as JSON: to PATH when it is a file name (results.json), else into the folder PATH "
+    "(a new results-<date>T<time>.json), as merit prepare -o names a folder.",
+)
 @click.option("--list-tasks", is_flag=True, help="Show the task aliases (and --include-path tasks) and exit.")
 @click.option("--verbose", "-v", is_flag=True, help="Show lm-eval's own logs and progress bars.")
 def eval_cmd(
@@ -135,7 +225,10 @@ def eval_cmd(
     Examples:
       merit eval runs/gpt2-merit --tasks lambada,wikitext
       merit eval runs/a runs/b --tasks superglue --limit 200 -o results.json
-      merit eval runs/a --include-path my_tasks --tasks my_task
+      merit eval runs/a --include-path my_tasks --tasks my_task -o eval-results/
+
+    lm-eval's spellings work too: --model hf, --model_args pretrained=CKPT,dtype=D,
+    --batch_size, --num_fewshot, --include_path, --bootstrap_iters, --output_path.
     """
     console = Console()
     if list_tasks:
@@ -157,6 +250,7 @@ def eval_cmd(
         bootstrap_iters=bootstrap_iters,
     ).validated()
     if output:
+        output = output_file(output)
         check_output_path(output)
 
     from merit_core.hub import prefer_offline

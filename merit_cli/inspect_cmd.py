@@ -10,8 +10,9 @@ from pathlib import Path
 
 import click
 
+from merit_cli.options import device_option
 from merit_core.diagnostics.plots import plot_report, short_labels
-from merit_core.errors import ConfigError
+from merit_core.errors import CheckpointError, ConfigError
 from merit_core.fileio import check_writable
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
 
@@ -271,7 +272,7 @@ def render(console, report, per_head: bool, show_weights: bool | None) -> None:
 @click.option(
     "--seed", default=0, show_default=True, type=int, help="Seed for the Hessian estimates and random probes."
 )
-@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]))
+@device_option()
 @click.option("--per-head", is_flag=True, help="Also print a layer x head table.")
 @click.option(
     "--weights/--no-weights",
@@ -309,6 +310,9 @@ def inspect_cmd(
     Each PATH is a .safetensors file, a sharded model.safetensors.index.json, a Hugging Face
     checkpoint folder, or a `merit train` run folder (all its step_* checkpoints).
     """
+    for path in paths:  # before torch and transformers load (seconds): a typo is answered at once
+        if not path.expanduser().exists():
+            raise CheckpointError(f"checkpoint not found: {path}")
     from rich.console import Console
 
     from merit_cli.render import ProgressView
@@ -334,9 +338,9 @@ def inspect_cmd(
 
         prefer_offline()
     if device != "cpu":
-        from merit_core.devices import resolve_device
+        from merit_core.devices import resolve_device  # auto -> cuda or cpu; cuda:N checked
 
-        device = resolve_device(device).type
+        device = str(resolve_device(device))
     from merit_core.diagnostics.report import InspectOptions, inspect_paths, write_json
 
     opts = InspectOptions(

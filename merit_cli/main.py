@@ -71,8 +71,10 @@ class LazyGroup(click.Group):
     def get_command(self, ctx, name):
         if name not in COMMANDS or not self._available(name):
             return None
+        from merit_cli.options import fill_metavars
+
         module_name, attr = COMMANDS[name].split(":")
-        return getattr(importlib.import_module(module_name), attr)
+        return fill_metavars(getattr(importlib.import_module(module_name), attr))
 
     def format_commands(self, ctx, formatter):
         rows = [(name, HELP_SUMMARIES.get(name, "")) for name in self.list_commands(ctx)]

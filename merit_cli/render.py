@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from rich.console import Console
@@ -11,12 +12,13 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     SpinnerColumn,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 
@@ -110,14 +112,14 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
-def command_hints(title: str, hints: Iterable[tuple[str, str]]) -> Table:
-    """'What to try next': commands (never wrapped) with a dim note each."""
-    table = Table(title=title, show_header=False, box=None, padding=(0, 2), title_justify="left")
-    table.add_column(no_wrap=True)
-    table.add_column(style="dim")
+def print_command_hints(out: Console, title: str, hints: Iterable[tuple[str, str]]) -> None:
+    """'What to try next': each command whole on its own line (never cut or wrapped by rich, so it can
+    be copied as it is), its note after a shell comment mark."""
+    text = Text(title, style="bold")
     for command, note in hints:
-        table.add_row(command, note)
-    return table
+        text.append(f"\n  {command}")
+        text.append(f"  # {note}", style="dim")
+    out.print(text, soft_wrap=True)
 
 
 def key_value_table(title: str | None, rows: Iterable[tuple[str, Any]]) -> Table:
@@ -221,6 +223,39 @@ class ProgressView:
             self.started = False
 
 
+class EtaColumn(ProgressColumn):
+    """`eta 12:34`: the time left at the rate measured since the bar was first drawn.
+
+    rich's TimeRemainingColumn averages only the updates of the last 30 s; a training bar moves
+    once per log record, and when records come further apart than that (a CPU run logging every
+    few tens of seconds) it read `--:--` for the whole run. Here the rate is steps done since the
+    first drawing over the time they took, so the estimate appears with the first record.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.clock = clock
+        self.first: dict[Any, tuple[float, float]] = {}  # task id -> (time, completed) when first drawn
+        self.latest: dict[Any, tuple[float, float]] = {}  # task id -> (time, completed) of the last move seen
+
+    def render(self, task) -> Text:
+        now = self.clock()
+        if task.finished:
+            return Text("eta 0:00", style="progress.remaining")
+        first = self.first.setdefault(task.id, (now, task.completed))
+        latest = self.latest.get(task.id)
+        if latest is None or task.completed != latest[1]:
+            latest = self.latest[task.id] = (now, task.completed)
+        done, spent = latest[1] - first[1], latest[0] - first[0]
+        if task.total is None or done <= 0 or spent <= 0:
+            return Text("eta --:--", style="progress.remaining")
+        left = max((task.total - task.completed) * spent / done - (now - latest[0]), 0.0)
+        minutes, seconds = divmod(int(round(left)), 60)
+        hours, minutes = divmod(minutes, 60)
+        clock = f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"
+        return Text(f"eta {clock}", style="progress.remaining")
+
+
 def training_progress(out: Console) -> Progress:
     """A compact progress bar (fits 80 columns) whose task fields are loss, lr, tok_s and max_logit."""
     return Progress(
@@ -230,8 +265,7 @@ def training_progress(out: Console) -> Progress:
         TextColumn("lr {task.fields[lr]}"),
         TextColumn("{task.fields[tok_s]} tok/s"),
         TextColumn("logit [magenta]{task.fields[max_logit]}"),
-        TextColumn("eta"),
-        TimeRemainingColumn(compact=True),
+        EtaColumn(),
         console=out,
         transient=False,
     )

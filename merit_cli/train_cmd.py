@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,10 +11,9 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from merit_cli.options import number
+from merit_cli.options import device_option, dtype_callback, number
 from merit_cli.render import (
     LiveReport,
-    command_hints,
     configs_table,
     console,
     eval_line,
@@ -21,6 +21,7 @@ from merit_cli.render import (
     fmt_duration,
     fmt_float,
     key_value_table,
+    print_command_hints,
     train_log_line,
     training_progress,
 )
@@ -121,10 +122,17 @@ class RichTrainReport(LiveReport, TrainCallbacks):
         self.out.print()
         self.out.print(key_value_table("[bold]Run summary", rows))
         self.out.print()
-        hints = [(f"merit inspect {summary.run_dir}", "max-norms and attention logits per checkpoint")]
+        hints = [
+            (f"merit inspect {shlex.quote(str(summary.run_dir))}", "max-norms and attention logits per checkpoint")
+        ]
         if summary.last_checkpoint:
-            hints.append((f"merit eval {summary.last_checkpoint}", "zero-shot LAMBADA / WikiText"))
-        self.out.print(command_hints("[bold]Next", hints))
+            hints.append(
+                (
+                    f"merit eval {shlex.quote(str(summary.last_checkpoint))} --tasks lambada,wikitext",
+                    "zero-shot LAMBADA / WikiText (datasets downloaded once)",
+                )
+            )
+        print_command_hints(self.out, "Next", hints)
 
 
 def _list_configs(ctx, param, value):
@@ -193,6 +201,7 @@ CONFIG_OPTIONS = (
     click.option("--batch-size", callback=number(int), help="Global batch size in sequences (default 16)."),
     click.option(
         "--micro-batch-size",
+        metavar="INTEGER|auto",
         callback=micro_batch,
         help="Sequences per forward pass per process (smaller: gradient accumulation), or auto (the default: "
         "the largest that fits on a GPU, the whole batch on CPU; recorded in the run's config.toml).",
@@ -217,7 +226,14 @@ CONFIG_OPTIONS = (
         help="Let --resume continue with another seed, data or tokenizer than the run was trained with.",
     ),
     click.option("--seed", callback=number(int), help="Seed of the initialisation and the batch order (default 0)."),
-    click.option("--device", help="auto (default), cpu, cuda, cuda:N."),
+    device_option(default=None),
+    click.option(
+        "--dtype",
+        metavar="DTYPE",
+        callback=dtype_callback(("auto", "bfloat16", "float32")),
+        help="Compute dtype: auto (bf16 autocast on CUDA, float32 on CPU), bfloat16 (or bf16) or float32 (fp32). "
+        "[default: auto]",
+    ),
     click.option("--eval-every", callback=number(int), help="Steps between evaluations (0: only at the end)."),
     click.option("--save-every", callback=number(int), help="Steps between checkpoints (0: only at the end)."),
     click.option(

@@ -27,6 +27,7 @@ CLI_MODULES: dict[str, str] = {
     "matplotlib": "matplotlib",
     "yaml": "pyyaml",
     "pytorch_optimizer": "pytorch-optimizer",
+    "tomli_w": "tomli-w",
 }
 
 

@@ -196,6 +196,10 @@ def _last_good(checkpoint: Path | None) -> str:
 class FileLock:
     """An exclusive fcntl lock on `path` holding the owner's PID; the file is removed on release.
 
+    Written here rather than taken from the filelock package, which does not promise to leave a
+    symbolic link at `path` alone: this one refuses it (O_NOFOLLOW), so a planted link cannot make
+    the lock truncate another file.
+
     A process that dies releases its lock with it (the kernel drops fcntl locks), so a lock
     file left by a dead process is simply taken over. Acquiring checks that the locked file is
     still the one at `path` (a releaser may have unlinked it meanwhile) and retries if not.
@@ -209,7 +213,12 @@ class FileLock:
         import fcntl
 
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, file_mode())
+            try:  # O_NOFOLLOW: a link planted at the lock's name would have us truncate its target
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, file_mode())
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                raise ConfigError(f"{self.path} is a symbolic link; merit does not follow it: remove it") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             except BlockingIOError:

@@ -3,7 +3,7 @@
 The probe text is `--text`, a text file, or the built-in paragraph below, tokenized with the
 checkpoint's own tokenizer when its folder has one. A user's text is measured as given (cut to
 the probe length when longer, never repeated); the built-in paragraph is repeated to fill the
-probe length, with a note. Without a tokenizer the probe falls back to deterministic
+probe length (cut to it when longer), with a note when repeated. Without a tokenizer the probe falls back to deterministic
 pseudo-random token ids (seeded) and says so in a note; a user's text then is an error.
 """
 
@@ -97,7 +97,7 @@ def make_probe_batch(
         ids = _tokenize(folder, text)
         if not ids:
             raise DataError("the probe text tokenizes to no tokens")
-        if len(ids) > seq_len:
+        if len(ids) > seq_len and not builtin:  # the built-in paragraph fills seq_len, cut or repeated
             notes.append(f"probe text has {len(ids)} tokens; the first {seq_len} were measured")
         elif len(ids) < seq_len and builtin:
             reps = -(-seq_len // len(ids))

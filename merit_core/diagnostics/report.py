@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,7 +229,41 @@ def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: Progre
         else:
             _measure(ckpt, reader, stats, opts, progress)
     stats.summary = summarize(stats.layers)
+    note = training_logit_note(ckpt, stats)
+    if note is not None:
+        stats.notes.append(note)
     return stats
+
+
+def training_logit_note(ckpt: Checkpoint, stats: CheckpointReport) -> str | None:
+    """For a step of a `merit train` run: the max logit training recorded at that step, when it differs
+    from the probe's, with why (training measures its first validation batch, inspect the probe text)."""
+    peak = stats.summary.max_attention_logit
+    run = ckpt.run or ckpt.folder.parent
+    if peak is None or ckpt.step is None or not runs.is_run(run):
+        return None
+    from merit_core.train.metrics import read_metrics
+
+    recorded = [
+        r["max_attention_logit"]
+        for r in read_metrics(run)
+        if r.get("step") == ckpt.step and isinstance(r.get("max_attention_logit"), list)
+    ]
+    values = [(v, i) for i, v in enumerate(recorded[-1] if recorded else []) if isinstance(v, (int, float))]
+    if not values:
+        return None
+    trained, layer = max(values)
+    if math.isclose(trained, peak, rel_tol=1e-3):
+        return None
+    probe = stats.probe
+    what = {"builtin": "the built-in paragraph", "random-ids": "seeded random token ids"}.get(
+        probe.source if probe else "", "the given text"
+    )
+    return (
+        f"training recorded max attention logit {trained:.4g} (layer {layer}) at step {ckpt.step}, measured on "
+        f"the run's first validation batch; this probe is {what} ({probe.n_tokens if probe else '?'} tokens), "
+        f"other inputs, hence {peak:.4g} (layer {stats.summary.max_attention_logit_layer})"
+    )
 
 
 def inspect_paths(

@@ -5,6 +5,7 @@ JSON shape: {"checkpoints": [{"path": str, "results": <lm-eval's results dict, u
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
@@ -83,6 +84,21 @@ def format_value(value: float | None, stderr: float | None = None) -> str:
     if value is None:
         return "-"
     return _fmt(value) if stderr is None else f"{_fmt(value)} ± {_fmt(stderr)}"
+
+
+def output_file(path: str | os.PathLike, now: datetime.datetime | None = None) -> Path:
+    """Where `-o PATH` writes: PATH itself when it names a file (it has a suffix such as .json and is
+    no folder), else a new `results-<date>T<time>.json` inside the folder PATH (as `merit prepare -o`
+    and `merit train --out` name folders, and as lm-eval's --output_path takes one), never overwriting."""
+    out = Path(path).expanduser()
+    if out.suffix and not out.is_dir():
+        return out
+    stamp = (now or datetime.datetime.now()).strftime("%Y%m%dT%H%M%S")
+    name, n = f"results-{stamp}.json", 1
+    while (out / name).exists():
+        n += 1
+        name = f"results-{stamp}-{n}.json"
+    return out / name
 
 
 def check_output_path(path: str | os.PathLike) -> Path:

@@ -14,6 +14,12 @@ every tracker in ``args.report_to``. The callback needs the trainer to log throu
 WinRateCallback does): a value written into another callback's ``logs`` would miss the trackers,
 which Trainer calls first. Works for every model family the probe supports (transformers' attention
 interface: GPT-2, Llama, Qwen, Mistral, ...); the model is the Trainer's unwrapped model.
+
+The Trainer's own log records are left as they are. ``Trainer.log`` ends in
+``CallbackHandler.on_log``, which clears ``control.should_log``; called from ``on_step_end`` (after
+``DefaultFlowCallback`` has set the flag for a logging step, before the Trainer reads it) that would
+skip the Trainer's loss / learning-rate / grad-norm record of the step and fold its loss into the
+next record's average. So the callback puts ``should_log`` back as it found it after logging.
 """
 
 from __future__ import annotations
@@ -66,16 +72,20 @@ class MaxAttentionLogitCallback(TrainerCallback):
         self.last = logit_metrics(model, self.probe_input_ids, self.attention_mask, self.prefix)
         return self.last
 
-    def _log(self, state, model) -> None:
+    def _log(self, state, control, model) -> None:
         if model is None or self.last_step == state.global_step:
             return
         self.last_step = state.global_step
+        should_log = control.should_log  # Trainer.log -> on_log clears it: the Trainer's own record would be lost
         self.trainer.log(dict(self.measure(model)))
+        control.should_log = should_log
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if self.at_start and state.global_step == 0:
-            self._log(state, model)
+            self._log(state, control, model)
+        return control
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if state.global_step % self.every_n_steps == 0:
-            self._log(state, model)
+            self._log(state, control, model)
+        return control

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import difflib
-import json
 import math
 import re
 import tomllib
@@ -315,45 +314,18 @@ def save_config(config: TrainConfig, path: str | Path) -> None:
 
 
 def dumps_toml(data: dict[str, Any]) -> str:
-    """A TOML document for a mapping of scalars, lists and nested tables."""
-    lines: list[str] = []
-    _dump_table(data, [], lines)
-    return "\n".join(lines) + "\n"
+    """A TOML document (written by tomli-w) for a mapping of scalars, lists and nested tables; None
+    values, which TOML cannot hold, are left out (in a config they mean 'the default')."""
+    import tomli_w
+
+    try:
+        return tomli_w.dumps(_without_none(data))
+    except TypeError as exc:
+        raise ConfigError(f"cannot write the config as TOML: {exc}") from None
 
 
-def _dump_table(data: dict[str, Any], prefix: list[str], lines: list[str]) -> None:
-    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
-    for key, value in data.items():
-        if value is not None and key not in tables:
-            lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
-    for key, value in tables.items():
-        lines.append("")
-        lines.append("[" + ".".join(_toml_key(k) for k in [*prefix, key]) + "]")
-        _dump_table(value, [*prefix, key], lines)
-
-
-def _toml_key(key: str) -> str:
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    raise ConfigError(f"cannot write {value!r} ({type(value).__name__}) to TOML")
+def _without_none(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: _without_none(v) if isinstance(v, dict) else v for k, v in data.items() if v is not None}
 
 
 # -- helpers --------------------------------------------------------------------------------

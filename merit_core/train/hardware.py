@@ -18,21 +18,28 @@ from dataclasses import dataclass
 # Dense bf16 peak (FLOP/s, no 2:4 sparsity) by a lower-case substring of torch's device name.
 # First match wins, so a more specific name comes before a shorter one it contains. GPUs without
 # bf16 tensor cores (V100, T4) are left out: an MFU against their fp16 rate would mislead.
+# Source: NVIDIA's datasheet of each GPU, "BF16 Tensor Core" row. The datasheets print the rate
+# with 2:4 sparsity; the dense rate used here is half of it (H100 SXM: 1,979 -> 989 TFLOP/s).
+# H100 SXM / PCIe / NVL: "NVIDIA H100 Tensor Core GPU" datasheet; H200 SXM: "NVIDIA H200 Tensor
+# Core GPU" datasheet; H800 / A800: the export versions, same tensor-core rate as H100 SXM / A100;
+# B200 / B100: the "NVIDIA HGX B200 / B100" specifications (per GPU: the 8-GPU board's figure / 8);
+# A100: "NVIDIA A100 Tensor Core GPU" datasheet; A10, RTX A6000, L40S, L40, L4: their product
+# datasheets. (Lightning's throughput table is not used: it mixes sparse and dense figures.)
 BF16_PEAK_FLOPS: tuple[tuple[str, float], ...] = (
     ("h200", 989e12),  # H200 SXM, also GH200 (the H200 NVL's 836e12 is not told apart by name)
-    ("h100 pcie", 756e12),
-    ("h100 nvl", 835e12),
+    ("h100 pcie", 756e12),  # 1,513 with sparsity
+    ("h100 nvl", 835e12),  # 1,671 with sparsity
     ("h100", 989e12),  # H100 SXM
     ("h800", 989e12),
-    ("b200", 2250e12),
-    ("b100", 1750e12),
-    ("a100", 312e12),  # SXM and PCIe have the same rate
+    ("b200", 2250e12),  # HGX B200: 36 PFLOP/s with sparsity for 8 GPUs
+    ("b100", 1750e12),  # HGX B100: 28 PFLOP/s with sparsity for 8 GPUs
+    ("a100", 312e12),  # SXM and PCIe have the same rate (624 with sparsity)
     ("a800", 312e12),
-    ("a10", 125e12),
-    ("a6000", 154.8e12),  # RTX A6000
-    ("l40s", 362e12),
-    ("l40", 181e12),
-    ("l4", 121e12),
+    ("a10", 125e12),  # 250 with sparsity
+    ("a6000", 154.8e12),  # RTX A6000: 309.7 with sparsity
+    ("l40s", 362e12),  # 733 with sparsity
+    ("l40", 181e12),  # 362 with sparsity
+    ("l4", 121e12),  # 242 with sparsity
 )
 
 

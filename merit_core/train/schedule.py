@@ -1,4 +1,15 @@
-"""The learning-rate schedule: linear warmup, then cosine decay to a minimum."""
+"""The learning-rate schedule: linear warmup, then cosine decay to a minimum.
+
+Kept here rather than taken from transformers' schedulers, which differ in where the ends fall:
+`get_cosine_with_min_lr_schedule_with_warmup` gives the first update lr 0 (a wasted step) and
+reaches `min_lr` only after the last update; its `..._lr_rate` variant leaves the peak at once
+and, without warmup, never applies the peak lr at all. Here the first update already moves
+(lr / warmup_steps), the peak is applied, and the last update uses exactly `min_lr`; the runs
+committed in results/ were trained with this schedule.
+Between its ends it is transformers' min-lr cosine (tests/train/test_schedule.py checks that
+value for value). It is a pure function of the update index, so a resumed run continues it
+exactly with no scheduler state to save.
+"""
 
 from __future__ import annotations
 

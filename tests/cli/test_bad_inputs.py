@@ -218,7 +218,7 @@ for option, value, expect in [
     ("--tokens", "-1", "tokens must be positive"),
     ("--micro-batch-size", "3", "not divisible"),
     ("--optimizer", "adamx", "unknown optimizer 'adamx'"),
-    ("--device", "tpu", "device must be"),
+    ("--device", "tpu", "--device tpu: use auto, cpu, cuda or cuda:N"),
     ("--parallel", "xyz", "'xyz' is not one of"),
     ("--model", "gpt3-tiny", "unknown model"),
     ("--save-every-minutes", "soon", "--save-every-minutes must be a number"),
@@ -537,7 +537,6 @@ add(
     lambda w, c: (c / "r").mkdir() or ["eval", str(c / "r"), "--tasks", "lambada"],
     "step_N",
 )
-add("eval", "--output is a folder", lambda w, c: ["eval", str(w.gpt2), "--tasks", "lambada", "-o", str(c)], "folder")
 add(
     "eval",
     "--output under a file",

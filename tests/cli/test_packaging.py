@@ -87,6 +87,22 @@ def test_merit_without_its_extra_prints_one_line(monkeypatch, capsys):
     assert err.count("\n") == 1 and "pip install 'merit-optim[cli]'" in err and "click" in err
 
 
+def test_merit_version_without_its_extra(monkeypatch, capsys):
+    """`merit --version` answers (exit 0) also without the [cli] extra, as click's option does with it."""
+    import importlib.util
+
+    from merit_cli import entry
+    from merit_core.version import __version__
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "click" else real(name, *a))
+    monkeypatch.setattr(sys, "argv", ["merit", "--version"])
+    with pytest.raises(SystemExit) as exc:
+        entry.main()
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"merit, version {__version__}\n"
+
+
 def test_optimizer_imports_without_muon_in_torch():
     """MERIT and the registry work on a torch without torch.optim.Muon (< 2.9); muon itself says what it needs."""
     code = textwrap.dedent(

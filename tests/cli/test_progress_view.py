@@ -62,3 +62,34 @@ def test_live_report_routes_prepare_events_to_the_view():
     report.on_prepare(Progress("gathering stdlib docstrings"))
     report.close()
     assert buf.getvalue().strip() == "prepare stage=gathering_stdlib_docstrings"
+
+
+def test_training_bar_eta_appears_with_the_first_log_record():
+    """Log records 40 s apart (rich's own column averages 30 s, and said --:-- for a whole CPU run):
+    the eta is the rate since the bar was first drawn, from the first record on."""
+    import io
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from merit_cli.render import EtaColumn
+
+    now = [100.0]
+    column = EtaColumn(clock=lambda: now[0])
+    bar = Progress(column, console=Console(file=io.StringIO()), auto_refresh=False)
+    task_id = bar.add_task("train", total=300, completed=0)
+
+    def shown() -> str:
+        return column.render(bar.tasks[0]).plain
+
+    assert shown() == "eta --:--"  # the run starts: no rate yet
+    now[0] += 40
+    bar.update(task_id, completed=10)
+    assert shown() == "eta 19:20"  # 290 steps left at 4 s/step
+    now[0] += 10  # between records the estimate counts down
+    assert shown() == "eta 19:10"
+    now[0] += 30
+    bar.update(task_id, completed=20)
+    assert shown() == "eta 18:40"  # 280 steps left at 4 s/step
+    bar.update(task_id, completed=300)
+    assert shown() == "eta 0:00"

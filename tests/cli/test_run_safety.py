@@ -408,3 +408,18 @@ def test_prepare_cleans_only_its_own_stale_temp_folders_and_locks(tmp_path):
     assert (foreign / "notes.txt").read_text() == "mine"
     assert not (tmp_path / "prepared" / runs.STAGING_MARKER).exists()
     assert oct((tmp_path / "prepared" / "train.bin").stat().st_mode & 0o777) == oct(fileio.file_mode())
+
+
+def test_run_lock_never_follows_a_planted_link(tmp_path):
+    """A link planted at the lock's name is refused; the file it points to is left as it was."""
+    from merit_core.errors import MeritError
+    from merit_core.runs import LOCK_FILE, lock_run
+
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK_FILE).symlink_to(victim)
+    with pytest.raises(MeritError, match="symbolic link"):
+        lock_run(run)
+    assert victim.read_text() == "keep me\n"

@@ -433,7 +433,6 @@ BAD_INPUTS = {
     ),
     "limit 0": (lambda w, b: [str(w["run"]), "--tasks", "harbour_wiki", "--limit", "0"], ["--limit"]),
     "batch size 0": (lambda w, b: [str(w["run"]), "--tasks", "harbour_wiki", "--batch-size", "0"], ["--batch-size"]),
-    "output is a folder": (lambda w, b: [str(w["run"]), "--tasks", "harbour_wiki", "-o", str(w["root"])], ["--output"]),
     "no task": (lambda w, b: [str(w["run"])], ["no task given"]),
     "missing data file": (
         lambda w, b: [str(w["run"]), "--tasks", "gone_lambada", "--include-path", str(b["missing_data"])],

@@ -64,7 +64,7 @@ def test_plain_tensors_match_literal_reference(opts, local):
     assert [float(s) for s in steps] == [CHECK.STEPS] * len(steps)
     for name in weights:
         for g, w, what in zip(got[name], want[name], "wmv"):
-            torch.testing.assert_close(g, w, rtol=0, atol=1e-12, msg=f"{name}.{what}")
+            torch.testing.assert_close(g, w, rtol=0, atol=1e-12, msg=lambda m, n=f"{name}.{what}": f"{n}: {m}")
 
 
 @pytest.mark.parametrize(
@@ -84,8 +84,10 @@ def test_low_precision_close_to_float64_reference(dtype, state_dtype, tol):
     want = CHECK.reference_run(weights, grads, opts)
     for name in weights:
         assert got[name][0].dtype == dtype and got[name][1].dtype == (state_dtype or dtype)
-        torch.testing.assert_close(got[name][0].double(), want[name][0], **tol, msg=name)
-        torch.testing.assert_close(got[name][1].double(), want[name][1], rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(got[name][0].double(), want[name][0], **tol, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            got[name][1].double(), want[name][1], rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}"
+        )
 
 
 def test_moves_at_most_lr_times_clip_and_transpose_is_symmetric():

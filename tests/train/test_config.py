@@ -128,8 +128,11 @@ def test_saved_config_round_trips(tmp_path):
 
 
 def test_dumps_toml_handles_nesting_and_special_floats():
-    text = dumps_toml({"a": 1, "b": float("inf"), "s": "x\ny", "t": {"u": [1, 2], "v": {"w": True}}, "n": None})
-    assert tomllib.loads(text) == {"a": 1, "b": float("inf"), "s": "x\ny", "t": {"u": [1, 2], "v": {"w": True}}}
+    data = {"a": 1, "b": float("inf"), "s": 'x\n"y', "t": {"u": (1, 2), "v": {"w": True, "n": None}}, "n": None}
+    text = dumps_toml(data)  # tomli-w's document; None (no TOML value) is left out at every level
+    assert tomllib.loads(text) == {"a": 1, "b": float("inf"), "s": 'x\n"y', "t": {"u": [1, 2], "v": {"w": True}}}
+    with pytest.raises(ConfigError, match="cannot write the config as TOML"):
+        dumps_toml({"when": object()})
 
 
 def test_shipped_configs_are_valid():

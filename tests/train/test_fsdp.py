@@ -102,7 +102,7 @@ def test_fsdp_matches_single_process(work, tmp_path, optimizer):
     wb = load_file(single_out / "step_4" / "model.safetensors")
     assert wa.keys() == wb.keys()  # the tied LM head is not stored, as in a single-process checkpoint
     for key in wa:
-        torch.testing.assert_close(wa[key], wb[key], atol=1e-5, rtol=1e-4, msg=key)
+        torch.testing.assert_close(wa[key], wb[key], atol=1e-5, rtol=1e-4, msg=lambda m, k=key: f"{k}: {m}")
 
 
 @pytest.mark.slow

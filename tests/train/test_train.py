@@ -1,6 +1,7 @@
 """End-to-end `merit train` on a 2-layer, 32-dim GPT-2: run folder, checkpoints, resume, logits."""
 
 import math
+import shlex
 
 import pytest
 import torch
@@ -204,3 +205,58 @@ def test_resuming_a_finished_run_trains_nothing_and_reports_it(finished_run):
         and summary.max_attention_logit == last_eval["max_attention_logit"]
     )
     assert {p.name: p.stat().st_mtime_ns for p in (out / "step_4").iterdir()} == before
+
+
+def _hint(output: str, command: str) -> list[str]:
+    line = next(line for line in output.splitlines() if line.strip().startswith(f"merit {command} "))
+    return shlex.split(line.strip().split("  # ")[0])[1:]  # the command, without its note
+
+
+def test_next_eval_hint_is_a_command_that_runs(finished_run, monkeypatch):
+    """The hint names tasks (it had none, and `merit eval` refused it); run as printed it reaches the
+    evaluation with the last checkpoint, and its tasks are in lm-eval's index."""
+    from merit_cli import eval_cmd
+    from merit_core.evaluation.results import CheckpointResult
+    from merit_core.evaluation.tasks import resolve_tasks
+
+    out, result = finished_run
+    output = result.output
+    args = _hint(output, "eval")
+    assert args[:2] == ["eval", str(out / "step_4")] and "--tasks" in args
+    calls = []
+
+    def evaluate(checkpoints, settings, progress=None, quiet=True):
+        calls.append((checkpoints, settings))
+        return [CheckpointResult(path=checkpoints[0], label="step_4", results={}, meta={})]
+
+    monkeypatch.setattr(eval_cmd, "evaluate_checkpoints", evaluate)
+    ran = CliRunner().invoke(cli, args)
+    assert ran.exit_code == 0, ran.output
+    ((checkpoints, settings),) = calls
+    assert checkpoints == [str(out / "step_4")]
+    resolved = resolve_tasks(settings.tasks)  # offline: lm-eval's YAMLs, no data
+    assert set(resolved.names) <= set(resolved.manager.all_tasks)
+
+
+def test_next_inspect_hint_runs_and_notes_the_probe_differs(finished_run):
+    """`merit inspect RUN` as printed: the built-in probe fills its length without a 'first N measured'
+    note, and where its max logit differs from training's, a note says the inputs differ."""
+    out, result = finished_run
+    output = result.output
+    args = _hint(output, "inspect")
+    assert args == ["inspect", str(out)]
+    ran = CliRunner().invoke(cli, [*args, "--seq-len", "16", "--no-weights"])
+    assert ran.exit_code == 0, ran.output
+    assert "were measured" not in ran.output
+
+    from merit_core.diagnostics.report import InspectOptions, inspect_paths
+    from merit_core.train.metrics import read_metrics
+
+    (ckpt,) = [c for c in inspect_paths([out], InspectOptions(seq_len=16)).checkpoints if c.step == 4]
+    assert ckpt.probe.source == "builtin" and ckpt.probe.n_tokens == 16 and ckpt.probe.notes == []
+    trained = next(r for r in read_metrics(out) if r["step"] == 4 and "max_attention_logit" in r)
+    peak = max(trained["max_attention_logit"])
+    assert ckpt.summary.max_attention_logit != pytest.approx(peak, rel=1e-3)  # other inputs, other numbers
+    (note,) = [n for n in ckpt.notes if n.startswith("training recorded")]
+    assert f"{peak:.4g}" in note and "first validation batch" in note and "built-in paragraph (16 tokens)" in note
+    assert "training recorded" in ran.output

@@ -93,7 +93,7 @@ def test_chunked_loss_equals_full_logits_loss_and_gradients(build):
         torch.testing.assert_close(loss, ref_loss, rtol=2 * n * u, atol=0)
         for name, g in ref_grads.items():
             bound = 2 * n * u * float(g.abs().max())
-            torch.testing.assert_close(grads[name], g, rtol=0, atol=bound, msg=name)
+            torch.testing.assert_close(grads[name], g, rtol=0, atol=bound, msg=lambda m, n=name: f"{n}: {m}")
     # outside targets_for the head is an ordinary output layer again, with unchanged parameter names
     head = model.get_output_embeddings()
     assert isinstance(head, torch.nn.Linear) and head.targets is None

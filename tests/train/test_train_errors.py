@@ -51,7 +51,7 @@ def fails_cleanly(args, cwd, expected):
         (["--batch-size", "10", "--micro-batch-size", "4"], "batch_size 10 is not divisible by micro_batch_size 4"),
         (["--model", "gpt2-tiny", "--seq-len", "512"], "seq_len 512 is beyond the context of gpt2-tiny (256 tokens)"),
         (["--resume"], "--resume needs the run folder"),
-        (["--device", "tpu"], "device must be"),
+        (["--device", "tpu"], "--device tpu: use auto, cpu, cuda or cuda:N"),
         (["--lr", "fast"], "--lr must be a number, got 'fast'"),
         (["--batch-size", "1.5"], "--batch-size must be an integer, got '1.5'"),
     ],
