@@ -148,7 +148,7 @@ def _logit_line(batch: int, entries: list[dict[str, Any] | None]) -> str | None:
     )
     if not ranked:
         return None
-    parts = [f"{e['optimizer']} {_ms(e, 'max_attention_logit', 2)} (layer {_argmax(e)})" for e in ranked]
+    parts = [f"{e['optimizer']} {_ms(e, MAX_ATTENTION_LOGIT, 2)} (layer {_argmax(e)})" for e in ranked]
     line = f"**Max attention logit at the end, batch {batch}** (best-lr runs, max over layers): {', '.join(parts)}."
     lo, hi = ranked[0][MAX_ATTENTION_LOGIT], ranked[-1][MAX_ATTENTION_LOGIT]
     if len(ranked) > 1 and lo > 0:
@@ -333,8 +333,8 @@ def ablation_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(
             f"Without {what} ({name}): {verdict}: loss {_ms(e, 'final_val_loss')} vs MERIT "
             f"{_ms(merit, 'final_val_loss')} ({delta:+.4f}, {100 * delta / merit['final_val_loss']:+.2f}%; "
-            f"{_resolution(merit, e)}); max logit {_ms(e, 'max_attention_logit', 2)} vs "
-            f"{_ms(merit, 'max_attention_logit', 2)}."
+            f"{_resolution(merit, e)}); max logit {_ms(e, MAX_ATTENTION_LOGIT, 2)} vs "
+            f"{_ms(merit, MAX_ATTENTION_LOGIT, 2)}."
         )
     return lines
 
