@@ -32,8 +32,9 @@ from merit_core.train.training_run import CONFIG_FILE, RunInfo, RunSummary, Trai
 class RichTrainReport(LiveReport, TrainCallbacks):
     """Renders a run: a header, a live progress bar, eval lines, and a summary table."""
 
-    def __init__(self):
+    def __init__(self, lr_source: Any = None):
         super().__init__()
+        self.lr_source = lr_source  # merit_core.optim.registry.LrDefault when no lr was given
         self.task = None
         self.fields = {"loss": "-", "lr": "-", "tok_s": "-", "max_logit": "-"}
 
@@ -50,9 +51,12 @@ class RichTrainReport(LiveReport, TrainCallbacks):
         c = info.config
         world = f" x {info.world_size} processes ({c.parallel})" if info.world_size > 1 else ""
         verb = f"Resuming from {info.resumed_from}" if info.resumed_from else "Training"
+        source = self.lr_source
+        lr_note = f" ({escape(source.source)})" if source is not None and source.lr == c.lr else ""
+        # e.g. "lr 0.002 (merit's measured default for gpt2-small at batch 64 x 1024; run: ...)"
         self.out.print(
             f"[bold]{verb}[/] {c.model} ({fmt_count(info.n_params)} parameters) with [bold]{c.optimizer}[/], "
-            f"lr {c.lr:g}, batch {c.batch_size} x {c.seq_len} = {fmt_count(info.tokens_per_step)} tokens/step "
+            f"lr {c.lr:g}{lr_note}, batch {c.batch_size} x {c.seq_len} = {fmt_count(info.tokens_per_step)} tokens/step "
             f"(micro-batch {c.micro_batch_size}), {info.total_steps} steps on {info.device}{world}"
         )
         self.out.print(f"[dim]{device_line(info)}[/]")
@@ -321,7 +325,7 @@ def train(
     try:
         summary_config = _load(config_file, overrides, values)
 
-        report = RichTrainReport() if main else None
+        report = RichTrainReport(_lr_source(summary_config)) if main else None
         try:
             run_training(summary_config, report)
         finally:
@@ -331,6 +335,19 @@ def train(
         if main:
             raise
         sys.exit(2)  # the main process prints the one error line
+
+
+def _lr_source(config):
+    """Where the lr of a run without one comes from (registry.default_lr), for the start line; None
+    when the config or the command line gives an lr."""
+    if config.lr is not None:
+        return None
+    from merit_core.optim.registry import default_lr
+
+    try:
+        return default_lr(config.optimizer, config.model, config.batch_size, config.seq_len)
+    except MeritError:
+        return None  # an unknown optimizer: the run itself says so
 
 
 def _load(config_file, overrides, values):

@@ -122,7 +122,7 @@ def run_hessian(run_dir: str | Path, data_dir: str | Path, device: str = "cpu") 
 def hessian_cell(measured: list[dict[str, Any]]) -> dict[str, Any]:
     """A best cell's sharpness over its seeds: mean, std and values of the eigenvalue and trace."""
     out: dict[str, Any] = {}
-    for key in ("top_eigenvalue", "trace"):
+    for key in ("top_eigenvalue", "bottom_eigenvalue", "trace"):
         values = [m.get(key) for m in measured]
         out[key], out[f"{key}_std"] = spread(values)
         out[f"{key}_values"] = values
