@@ -216,3 +216,29 @@ def test_shipped_compare_configs_plan_the_paper_runs(name):
     assert {r.optimizer for r in runs} >= {"adamw", "merit"}
     assert 480 in {r.batch_size for r in runs if r.optimizer == "adamw"}
     assert max(r.batch_size for r in runs if r.optimizer == "merit") >= 1024
+
+
+def test_the_h200_spec_grids_around_the_measured_defaults_of_each_batch():
+    from merit_core.configs import find_config
+    from merit_core.optim.registry import default_lr
+
+    spec = load_spec(find_config("compare-h200", "compare"))
+    runs = plan_runs(spec)
+    assert len(runs) == 18 and spec.hessian and spec.jobs == 3 and spec.seeds == 1
+    assert {r.optimizer for r in runs} == {"adamw", "lamb", "merit"} and {r.batch_size for r in runs} == {16, 128}
+    for r in runs:
+        c = r.config
+        assert (c.model, c.seq_len, c.compile, c.micro_batch_size, c.data) == ("gpt2-small", 1024, True, 16, None)
+        centre = default_lr(r.optimizer, "gpt2-small", r.batch_size, 1024).lr
+        assert r.grid == tuple(sorted(round_lr(centre * f) for f in AUTO_FACTORS))
+    assert {r.batch_size: r.steps for r in runs} == {16: 320, 128: 40}
+
+
+def test_gpu_compare_script_is_valid_bash():
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_compare.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    text = script.read_text()
+    assert "compare-h200" in text and "--dry-run" in text and ".gpu-wheels" in text
