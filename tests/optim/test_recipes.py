@@ -156,4 +156,5 @@ def test_merit_train_with_the_toy_runs_its_hook(toy, model_cfg, data_dir, tmp_pa
     state = json.loads((out / "step_2" / "trainer_state.json").read_text())
     config = tomllib.loads((out / "config.toml").read_text())
     assert state["optimizer"] == config["optimizer"] == "toy"
-    assert config["lr"] == 0.05  # a config.json model has no tuned lr: the spec's default
+    assert config["lr"] == 0.05  # an optimizer without measured lrs: the spec's default
+    assert "lr 0.05 (toy's registry default (no measured lr for it))" in " ".join(result.output.split())
