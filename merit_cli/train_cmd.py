@@ -202,7 +202,11 @@ def peak_memory_text(peak: int | None, device: str) -> str:
 )
 @click.option("--model", help="Named model (gpt2-tiny, gpt2-small, llama-130m, ...) or a config.json path.")
 @click.option("--optimizer", help="Optimizer name from the registry (merit, adamw, lamb, lion, sophiag, ...).")
-@click.option("--lr", callback=number(float), help="Peak learning rate (default: tuned or the optimizer's default).")
+@click.option(
+    "--lr",
+    callback=number(float),
+    help="Peak learning rate (default: the measured lr for the model and batch, see merit_core.optim.registry.default_lr; the start line says which and from which run).",
+)
 @click.option("--batch-size", callback=number(int), help="Global batch size in sequences (default 16).")
 @click.option(
     "--micro-batch-size",
