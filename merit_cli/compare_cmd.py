@@ -272,8 +272,8 @@ def results_table(summary: dict[str, Any]):
 )
 @click.option(
     "--lrs",
-    help="'auto': three lrs (x1/3, x1, x3) around a centre per optimizer, shifted up by "
-    "sqrt(batch / smallest batch); or comma-separated lrs for every optimizer  [default: auto]",
+    help="'auto': three lrs (x1/3, x1, x3) around the registry's measured lr for the model and each batch "
+    "(or the nearest measured one x sqrt(tokens ratio)); or comma-separated lrs for every optimizer  [default: auto]",
 )
 @click.option(
     "--tokens", type=int, help=f"Training tokens per run, the same at every batch size  [default: {DEFAULT_TOKENS}]"
@@ -289,7 +289,8 @@ def results_table(summary: dict[str, Any]):
 @click.option(
     "--quick",
     is_flag=True,
-    help=f"A smoke test: {QUICK_TOKENS} tokens per run and only the centre of each auto grid (6 runs of the default).",
+    help=f"A smoke run: {QUICK_TOKENS} tokens per run and only the centre of each auto grid (6 runs of the "
+    "default); its report gives no verdict on the paper's claims.",
 )
 @click.option(
     "--seeds",

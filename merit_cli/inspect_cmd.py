@@ -260,7 +260,7 @@ def render(console, report, per_head: bool, show_weights: bool | None) -> None:
     default=20,
     show_default=True,
     type=click.IntRange(min=1),
-    help="Power iterations for the top eigenvalue (as many again when the dominant eigenvalue is negative).",
+    help="Lanczos steps (Hessian-vector products) for the top eigenvalue; at least 10 to count as converged.",
 )
 @click.option(
     "--hutchinson-samples",

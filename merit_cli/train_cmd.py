@@ -36,8 +36,9 @@ from merit_core.train.training_run import run_training
 class RichTrainReport(LiveReport, TrainCallbacks):
     """Renders a run: a header, a live progress bar, eval lines, and a summary table."""
 
-    def __init__(self):
+    def __init__(self, lr_source: Any = None):
         super().__init__()
+        self.lr_source = lr_source  # merit_core.optim.registry.LrDefault when no lr was given
         self.task = None
         self.fields = {"loss": "-", "lr": "-", "tok_s": "-", "max_logit": "-"}
 
@@ -54,9 +55,12 @@ class RichTrainReport(LiveReport, TrainCallbacks):
         c = info.config
         world = f" x {info.world_size} processes ({c.parallel})" if info.world_size > 1 else ""
         verb = f"Resuming from {info.resumed_from}" if info.resumed_from else "Training"
+        source = self.lr_source
+        lr_note = f" ({escape(source.source)})" if source is not None and source.lr == c.lr else ""
+        # e.g. "lr 0.002 (merit's measured default for gpt2-small at batch 64 x 1024; run: ...)"
         self.out.print(
             f"[bold]{verb}[/] {c.model} ({fmt_count(info.n_params)} parameters) with [bold]{c.optimizer}[/], "
-            f"lr {c.lr:g}, batch {c.batch_size} x {c.seq_len} = {fmt_count(info.tokens_per_step)} tokens/step "
+            f"lr {c.lr:g}{lr_note}, batch {c.batch_size} x {c.seq_len} = {fmt_count(info.tokens_per_step)} tokens/step "
             f"(micro-batch {c.micro_batch_size}), {info.total_steps} steps on {info.device}{world}"
         )
         self.out.print(f"[dim]{device_line(info)}[/]")
@@ -196,7 +200,10 @@ CONFIG_OPTIONS = (
     click.option("--model", help="Named model (gpt2-tiny, gpt2-small, llama-130m, ...) or a config.json path."),
     click.option("--optimizer", help="Optimizer name from the registry (merit, adamw, lamb, lion, sophiag, ...)."),
     click.option(
-        "--lr", callback=number(float), help="Peak learning rate (default: tuned or the optimizer's default)."
+        "--lr",
+        callback=number(float),
+        help="Peak learning rate (default: the measured lr for the model and batch, see "
+        "merit_core.optim.registry.default_lr; the start line says which and from which run).",
     ),
     click.option("--batch-size", callback=number(int), help="Global batch size in sequences (default 16)."),
     click.option(
@@ -303,7 +310,7 @@ def train(config_file, overrides, **values):
     try:
         summary_config = _load(config_file, overrides, values)
 
-        report = RichTrainReport() if main else None
+        report = RichTrainReport(_lr_source(summary_config)) if main else None
         try:
             run_training(summary_config, report)
         finally:
@@ -313,6 +320,19 @@ def train(config_file, overrides, **values):
         if main:
             raise
         sys.exit(2)  # the main process prints the one error line
+
+
+def _lr_source(config):
+    """Where the lr of a run without one comes from (registry.default_lr), for the start line; None
+    when the config or the command line gives an lr."""
+    if config.lr is not None:
+        return None
+    from merit_core.optim.registry import default_lr
+
+    try:
+        return default_lr(config.optimizer, config.model, config.batch_size, config.seq_len)
+    except MeritError:
+        return None  # an unknown optimizer: the run itself says so
 
 
 def _load(config_file, overrides, values):

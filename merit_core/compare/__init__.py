@@ -15,9 +15,9 @@ The default comparison (no arguments) is adamw, lamb and merit on gpt2-tiny (1.3
 with the built-in corpus, sequence length 128, batch sizes 2 and 16 (8x apart, as the paper's
 GPT-2 medium 480 -> 4k) at 131,072 tokens per run (512 and 64 optimizer steps), a three-point
 lr grid each (extended past an edge holding the best lr, at most twice per side): 18 runs or
-more, one per core at a time on CPU. The token budget is the same as the previous default's
-(which had 16 steps at batch 64): only the batch sizes moved, so the large batch gets 64 steps
-at about the same cost. `--quick` runs the auto grid's centre only, at 65,536 tokens: 6 runs.
+more, one per core at a time on CPU. `--quick` runs the auto grid's centre only, at 65,536
+tokens: 6 runs, a smoke run; with one lr per cell its report states no verdict on the paper's
+claims (report).
 """
 
 from __future__ import annotations
@@ -198,7 +198,9 @@ def _settings(spec: CompareSpec, runs: list[PlannedRun], meta, extra=None) -> di
             break
     grids = lr_grids(spec)
     rule = (
-        "auto: a centre per optimizer x sqrt(batch / smallest batch), "
+        "auto: a centre per optimizer and batch (the registry's measured lr for the model, batch and "
+        "sequence length, else the nearest measured one x sqrt(tokens per step ratio); unmeasured "
+        "optimizers: a centre x sqrt(batch / smallest batch)), "
         + (
             "the centre only (--quick)"
             if spec.quick

@@ -2,16 +2,17 @@
 
 The auto grid for optimizer `o` at batch size `B` is `centre * AUTO_FACTORS` (x {1/3, 1, 3};
 just the centre with --quick), rounded to three significant digits (run folders are named
-after them), where
+after them). The centre:
 
-    centre = lr_centre(o).at(scale) * sqrt(B / B_min)
-
-- `B_min` is the smallest batch of the comparison; the square-root rule of Adam-type and
-  layer-wise adaptive optimizers shifts the grid up for larger batches (for an 8x larger
-  batch, x2.8, and the x3 grid points then reach both "no shift" and "linear shift");
-- `scale` is "small" for models narrower than 512 (CPU models) and "gpt2" otherwise;
-- the centres are the optimizer's registry spec (`merit_core.optim.registry.lr_centre`: measured
-  ones for AdamW, LAMB and MERIT, MERIT's for its ablations, the others from their default lr).
+- for an optimizer with measured lrs (AdamW, LAMB, MERIT and MERIT's ablations) it is
+  `merit_core.optim.registry.default_lr(o, model, B, seq_len)`: the lr measured for that model
+  at that batch and sequence length, or the nearest measured one scaled by the square root of
+  the tokens-per-step ratio (the rule and how well the CPU grids bear it out are in the
+  registry's docstring and benchmarks/README.md); so every batch's grid is centred on a value
+  measured (or scaled) for that batch, not on one measured at another batch;
+- otherwise `lr_centre(o).at(scale) * sqrt(B / B_min)`, with `B_min` the smallest batch of the
+  comparison and `scale` "small" for models narrower than 512 (CPU models), "gpt2" otherwise
+  (the spec's unmeasured centre, from its default lr).
 
 No optimum on a grid edge: when the best lr of an auto grid of several points is its smallest
 or largest, the comparison adds the next point beyond that edge (x3 or x1/3, `edge_extension`)
@@ -116,18 +117,27 @@ def model_width(model: str) -> int:
     return int(getattr(config, "n_embd", None) or config.hidden_size)
 
 
-def auto_centre(optimizer: str, d_model: int) -> float:
-    """The auto grid's centre at the comparison's smallest batch (see the module docstring)."""
-    from merit_core.optim.registry import lr_centre
+def auto_centre(optimizer: str, batch_size: int, smallest_batch: int, model: str, seq_len: int) -> float:
+    """The auto grid's centre for `optimizer` at `batch_size` (see the module docstring)."""
+    from merit_core.optim.registry import lr_centre, measured_lr
 
-    return lr_centre(optimizer).at("small" if d_model < SMALL_WIDTH else "gpt2")
+    measured = measured_lr(optimizer, model, batch_size, seq_len)
+    if measured is not None:
+        return measured.lr
+    centre = lr_centre(optimizer)
+    if centre is None:  # measured lrs, but none that reaches this model (its width is unknown)
+        from merit_core.optim.registry import default_lr
+
+        return default_lr(optimizer, model, batch_size, seq_len).lr
+    scale = "small" if model_width(model) < SMALL_WIDTH else "gpt2"
+    return centre.at(scale) * math.sqrt(batch_size / smallest_batch)
 
 
 def auto_lr_grid(
-    optimizer: str, batch_size: int, smallest_batch: int, d_model: int, quick: bool = False
+    optimizer: str, batch_size: int, smallest_batch: int, model: str, seq_len: int, quick: bool = False
 ) -> list[float]:
     """The auto grid (see the module docstring), ascending."""
-    centre = auto_centre(optimizer, d_model) * math.sqrt(batch_size / smallest_batch)
+    centre = auto_centre(optimizer, batch_size, smallest_batch, model, seq_len)
     factors = QUICK_FACTORS if quick else AUTO_FACTORS
     return sorted({round_lr(centre * f) for f in factors})
 
@@ -137,14 +147,15 @@ def lr_grids(
 ) -> dict[tuple[str, int], list[float]]:
     """(optimizer, batch size) -> the learning rates to try, in the spec's order, with `extra`
     (the edge extensions found so far, see `next_extensions`) merged in."""
-    d_model = model_width(str(spec.train["model"]))
+    model, seq_len = str(spec.train["model"]), int(spec.train.get("seq_len", 128))
+    model_width(model)  # an unknown model fails here, with the models to choose from
     smallest = min(spec.all_batch_sizes)
     grids = {}
     for name in spec.optimizers:
         for batch in spec.batch_sizes[name]:
             setting = spec.lrs[name]
             grid = (
-                auto_lr_grid(name, batch, smallest, d_model, spec.quick)
+                auto_lr_grid(name, batch, smallest, model, seq_len, spec.quick)
                 if setting == "auto"
                 else sorted({round_lr(v) for v in setting})
             )

@@ -1,11 +1,12 @@
 """What a comparison measures on each best run's final checkpoint after training: the loss
 landscape's sharpness (`--hessian`) and zero-shot task scores (`--eval`).
 
-- Sharpness: the top Hessian eigenvalue (power iteration) and Hutchinson trace of the
-  validation loss, with `merit inspect`'s estimators (merit_core.diagnostics.hessian), on one
-  fixed batch: the first HESSIAN_SEQUENCES windows of the run's first validation batch (the
-  batch the max attention logit is measured on; the same windows for every run, since
-  validation batches do not depend on the seed).
+- Sharpness: the top Hessian eigenvalue (Lanczos) and Hutchinson trace of the validation
+  loss, with `merit inspect`'s estimators (merit_core.diagnostics.hessian), on one fixed batch:
+  the first HESSIAN_SEQUENCES windows of the training's first validation batch (the batch the
+  max attention logit is measured on, built with the run's eval_batches and eval_batch_size so
+  the windows are the training's own; the same windows for every run, since validation batches
+  do not depend on the seed).
 - Zero-shot: `merit eval`'s harness (merit_core.evaluation.evaluate_checkpoints) on the given
   lm-eval tasks, local task YAMLs included through `include_path`.
 
@@ -31,8 +32,8 @@ from merit_core.train.metrics import json_safe
 HESSIAN_FILE = "compare_hessian.json"
 EVAL_FILE = "compare_eval.json"
 # What the cached numbers mean: a result saved under another method is measured again.
-HESSIAN_METHOD = "largest eigenvalue (power iteration, shifted when the dominant one is negative)"
-HESSIAN_ITERS = 20  # power iterations (stops earlier when the estimate changes by < 0.1%)
+HESSIAN_METHOD = "largest eigenvalue (Lanczos, full reorthogonalisation); the training's first validation batch"
+HESSIAN_ITERS = 20  # Lanczos steps (at least 10; stops earlier once the top Ritz pair's residual is < 0.1%)
 HUTCHINSON_SAMPLES = 10
 HESSIAN_SEED = 0
 # Sequences of the fixed batch: the first HESSIAN_SEQUENCES windows of the first validation batch.
@@ -74,8 +75,9 @@ def _final_checkpoint(run_dir: Path) -> tuple[int, Path]:
 # -- sharpness --------------------------------------------------------------------------------
 def run_hessian(run_dir: str | Path, data_dir: str | Path, device: str = "cpu") -> dict[str, Any]:
     """Top Hessian eigenvalue and Hutchinson trace of the run's final checkpoint on its first
-    validation batch: {"top_eigenvalue", "eigen_iters", "eigen_converged", "trace", "trace_stderr",
-    "trace_samples", "step", "sequences", "seq_len", "seed"} (read back when already measured)."""
+    validation batch: {"top_eigenvalue", "bottom_eigenvalue", "eigen_iters", "eigen_converged",
+    "trace", "trace_stderr", "trace_samples", "step", "sequences", "seq_len", "seed"} (read back
+    when already measured)."""
     import torch
 
     from merit_core.data import open_tokens
@@ -102,7 +104,8 @@ def run_hessian(run_dir: str | Path, data_dir: str | Path, device: str = "cpu") 
         return cached
     (ckpt,) = find_checkpoints(ckpt_dir)
     model = load_model(ckpt, SafetensorsReader(ckpt), device)
-    first = val_batches(open_tokens(data_dir, "val"), 1, int(config.get("eval_batch_size", 16)), seq_len)[0][0]
+    batches, batch_size = int(config.get("eval_batches", 4)), int(config.get("eval_batch_size", 16))
+    first = val_batches(open_tokens(data_dir, "val"), batches, batch_size, seq_len)[0][0]
     ids = first[:sequences].to(device)
     torch.manual_seed(HESSIAN_SEED)
     estimate = model_hessian(model, ids, HESSIAN_ITERS, HUTCHINSON_SAMPLES, HESSIAN_SEED)
@@ -117,7 +120,7 @@ def run_hessian(run_dir: str | Path, data_dir: str | Path, device: str = "cpu") 
 def hessian_cell(measured: list[dict[str, Any]]) -> dict[str, Any]:
     """A best cell's sharpness over its seeds: mean, std and values of the eigenvalue and trace."""
     out: dict[str, Any] = {}
-    for key in ("top_eigenvalue", "trace"):
+    for key in ("top_eigenvalue", "bottom_eigenvalue", "trace"):
         values = [m.get(key) for m in measured]
         out[key], out[f"{key}_std"] = spread(values)
         out[f"{key}_values"] = values

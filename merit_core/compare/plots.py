@@ -1,6 +1,7 @@
 """compare.png: validation loss against batch size per optimizer (best lr each), the max
-attention logit and validation loss against step at the largest batch size, and (with
---hessian) the top Hessian eigenvalue of each best run.
+attention logit and validation loss against step at the largest batch size, (with --hessian)
+the top Hessian eigenvalue of each best run, and, below, the lr sensitivity: final validation
+loss and max attention logit against lr for each optimizer (colour) and batch size (line style).
 
 With several seeds a point is the mean over seeds with a bar of ± one standard deviation and
 each seed's value as a small dot; a curve is the mean over seeds with the seeds' range shaded.
@@ -35,8 +36,12 @@ def plot_compare(summary: dict[str, Any], out_dir: str | Path) -> Path:
     largest = batches[-1]
     with_hessian = any(b.get("hessian") for b in summary["best"])
     panels = 4 if with_hessian else 3
-    fig, axes = plt.subplots(1, panels, figsize=(5.7 * panels, 4.8), constrained_layout=True)
+    fig, grid = plt.subplots(2, panels, figsize=(5.7 * panels, 9.6), constrained_layout=True, squeeze=False)
+    axes = list(grid[0])
     ax_b, ax_logit, ax_val = axes[:3]
+    ax_lr_loss, ax_lr_logit = grid[1][0], grid[1][1]
+    for ax in grid[1][2:]:
+        ax.set_axis_off()
 
     for i, name in enumerate(optimizers):
         points = [
@@ -107,7 +112,8 @@ def plot_compare(summary: dict[str, Any], out_dir: str | Path) -> Path:
     ax_val.set(title=f"Validation loss vs step, batch {largest}", xlabel="step", ylabel="validation loss (nats/token)")
     if with_hessian:
         _plot_hessian(axes[3], summary, optimizers, batches)
-    for ax in axes:
+    _plot_sensitivity(ax_lr_loss, ax_lr_logit, summary, optimizers, batches)
+    for ax in (*axes, ax_lr_loss, ax_lr_logit):
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small")
@@ -122,6 +128,49 @@ def plot_compare(summary: dict[str, Any], out_dir: str | Path) -> Path:
     finally:
         plt.close(fig)
     return out
+
+
+LINESTYLES = ("-", "--", ":", "-.")
+
+
+def _plot_sensitivity(
+    ax_loss: Any, ax_logit: Any, summary: dict[str, Any], optimizers: list[str], batches: list[int]
+) -> None:
+    """Final validation loss and max attention logit against lr, one line per optimizer and batch
+    (mean over seeds, ± one std as bars); diverged cells are left out of the line, marked x."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in summary.get("cells") or summary["runs"]:
+        groups.setdefault((r["optimizer"], r["batch_size"]), []).append(r)
+    for i, name in enumerate(optimizers):
+        for j, b in enumerate(batches):
+            cells = sorted(groups.get((name, b), []), key=lambda r: r["lr"])
+            if not cells:
+                continue
+            style = dict(color=_color(name, i), linestyle=LINESTYLES[j % len(LINESTYLES)], marker="o", capsize=3)
+            label = f"{name} b{b}"
+            for ax, key in ((ax_loss, "final_val_loss"), (ax_logit, "max_attention_logit")):
+                done = [r for r in cells if r["status"] == "finished" and r.get(key) is not None]
+                if done:
+                    ax.errorbar(
+                        [r["lr"] for r in done],
+                        [r[key] for r in done],
+                        yerr=[r.get(f"{key}_std") or 0.0 for r in done],
+                        label=label,
+                        **style,
+                    )
+                failed = [r["lr"] for r in cells if r["status"] != "finished"]
+                if failed and done:
+                    ax.plot(failed, [max(r[key] for r in done)] * len(failed), "x", color=style["color"])
+    ax_loss.set_xscale("log")
+    ax_loss.set(
+        title="lr sensitivity: final validation loss vs lr (x: diverged)",
+        xlabel="peak learning rate",
+        ylabel="validation loss (nats/token)",
+    )
+    ax_logit.set_xscale("log")
+    ax_logit.set(title="lr sensitivity: max attention logit at the end vs lr", xlabel="peak learning rate")
+    ax_logit.set_yscale("log")  # a good lr's logit is O(10), a too-large one's up to 1e7
+    ax_logit.set_ylabel("max over layers and heads of q·k/√d_head (log scale)")
 
 
 def _log_if_spread(ax: Any, ratio: float = 20.0) -> None:

@@ -81,8 +81,32 @@ def findings(summary: dict[str, Any]) -> list[str]:
     bound = _bound_line(batches[-1], [best.get((o, batches[-1])) for o in optimizers])
     if bound:
         lines.append(bound)
-    lines.extend(_claim_lines(best, optimizers, batches))
+    reason = _no_verdict(summary)
+    if reason:
+        lines.append(f"Paper claims: **no verdict**: {reason}")
+    else:
+        lines.extend(_claim_lines(best, optimizers, batches))
     return lines
+
+
+def _no_verdict(summary: dict[str, Any]) -> str | None:
+    """Why the paper's claims get no verdict from this comparison, or None when they may.
+
+    A verdict compares optimizers at their best lr, which needs an lr grid: a smoke run (--quick)
+    or a cell with a single lr says nothing about any optimizer at its best."""
+    if summary["settings"].get("quick"):
+        return (
+            "this is a smoke run (--quick: one lr per optimizer and batch, half the tokens); no optimizer "
+            "is at its best lr, so nothing here bears on the paper's claims. Run `merit compare` without "
+            "--quick for them."
+        )
+    single = [f"{b['optimizer']} b{b['batch_size']}" for b in summary["best"] if len(b.get("grid") or []) < 2]
+    if single:
+        return (
+            f"one lr only for {', '.join(single)}: a cell without an lr grid is not at its best lr, so the "
+            "claims are not checked (give several lrs, or lrs = 'auto')."
+        )
+    return None
 
 
 def _loss_line(batch: int, entries: list[dict[str, Any] | None]) -> str:
@@ -148,7 +172,13 @@ def _logit_line(batch: int, entries: list[dict[str, Any] | None]) -> str | None:
     )
     if not ranked:
         return None
-    parts = [f"{e['optimizer']} {_ms(e, MAX_ATTENTION_LOGIT, 2)} (layer {_argmax(e)})" for e in ranked]
+    several = any(len(e.get("seeds") or []) > 1 for e in ranked)
+    where = "layer {layer} in seed {seed}" if several else "layer {layer}"
+    parts = [
+        f"{e['optimizer']} {_ms(e, MAX_ATTENTION_LOGIT, 2)} "
+        f"({where.format(layer=_argmax(e), seed=(e.get('seeds') or [e.get('seed')])[0])})"
+        for e in ranked
+    ]
     line = f"**Max attention logit at the end, batch {batch}** (best-lr runs, max over layers): {', '.join(parts)}."
     lo, hi = ranked[0][MAX_ATTENTION_LOGIT], ranked[-1][MAX_ATTENTION_LOGIT]
     if len(ranked) > 1 and lo > 0:
@@ -163,9 +193,11 @@ def _bound_line(batch: int, entries: list[dict[str, Any] | None]) -> str | None:
     )
     if not rows:
         return None
+    seeds = next((e.get("seeds") for e in entries if _ok(e) and e.get("seeds")), None) or []
+    which = f"; seed {seeds[0]}'s run of each" if len(seeds) > 1 else ""
     return (
         f"**||W_Q||_m x ||W_K||_m at the end, batch {batch}** (the max-norm product that bounds the logit; "
-        "max over layers): " + ", ".join(f"{name} {value:.3g}" for value, name in rows) + "."
+        f"max over layers{which}): " + ", ".join(f"{name} {value:.3g}" for value, name in rows) + "."
     )
 
 
@@ -275,13 +307,14 @@ def hessian_lines(summary: dict[str, Any]) -> list[str]:
     paper = (summary["settings"].get("paper") or {}).get("hessian") or {}
     rows = [
         f"Final weights, on a fixed validation batch (the first {batch.get('sequences')} windows of "
-        f"{batch.get('seq_len')} tokens of the first validation batch, the same for every run); "
-        f"top (largest) eigenvalue by power iteration (at most {est.get('iters')} iterations, and as many "
-        "again on H - λI when the dominant eigenvalue λ is negative), trace by Hutchinson "
-        f"({est.get('samples')} Rademacher samples); mean ± std over seeds.",
+        f"{batch.get('seq_len')} tokens of the training's first validation batch, on which the max attention "
+        "logit is measured; the same for every run); top (largest) and bottom (smallest) eigenvalue by "
+        f"Lanczos with full reorthogonalisation (at most {est.get('iters')} Hessian-vector products), trace "
+        f"by Hutchinson ({est.get('samples')} Rademacher samples); mean ± std over seeds.",
         "",
-        "| optimizer | batch | lr | top eigenvalue | trace | converged | paper top eigenvalue | paper trace |",
-        "|---|---:|---:|---:|---:|---|---:|---:|",
+        "| optimizer | batch | lr | top eigenvalue | bottom eigenvalue | trace | converged | paper top eigenvalue "
+        "| paper trace |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for b in entries:
         h = b["hessian"]
@@ -290,7 +323,7 @@ def hessian_lines(summary: dict[str, Any]) -> list[str]:
         trace = (paper.get("trace") or {}).get(b["optimizer"])
         rows.append(
             f"| {b['optimizer']} | {b['batch_size']} | {_lr(b['lr'])} | {_ms(h, 'top_eigenvalue', 3)} | "
-            f"{_ms(h, 'trace', 1)} | {conv} | {'-' if top is None else f'{top:g}'} | "
+            f"{_ms(h, 'bottom_eigenvalue', 3)} | {_ms(h, 'trace', 1)} | {conv} | {'-' if top is None else f'{top:g}'} | "
             f"{'-' if trace is None else f'{trace:,.0f}'} |"
         )
     rows += [
@@ -386,6 +419,52 @@ def grid_table(summary: dict[str, Any]) -> list[str]:
     return rows
 
 
+# An lr counts as "good" when its mean final validation loss is within this fraction of the cell's best.
+GOOD_LR_TOLERANCE = 0.02
+
+
+def sensitivity_lines(summary: dict[str, Any]) -> list[str]:
+    """Markdown: final validation loss and max attention logit against lr for each optimizer and
+    batch (mean ± std over seeds), and how wide the range of good lrs is (GOOD_LR_TOLERANCE)."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in summary.get("cells") or summary["runs"]:
+        groups.setdefault((r["optimizer"], r["batch_size"]), []).append(r)
+    if not groups or all(len(cells) < 2 for cells in groups.values()):
+        return []
+    rows = [
+        "Every lr of every grid: final validation loss and max attention logit (max over layers) at the "
+        f"end, mean ± std over seeds; *good lrs* are those within {100 * GOOD_LR_TOLERANCE:g}% of the "
+        "cell's best loss, and their span (largest / smallest) says how forgiving the optimizer is "
+        "at that batch.",
+        "",
+        "| optimizer | batch | lr | final val loss | max logit | diverged seeds |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    spans = []
+    for (name, batch), cells in groups.items():
+        cells = sorted(cells, key=lambda r: r["lr"])
+        for r in cells:
+            finished = r["status"] == "finished"
+            n_seeds = len(r.get("seeds") or [r.get("seed")])
+            values = r.get("final_val_loss_values") or [r.get("final_val_loss")]
+            n_bad = 0 if finished else sum(v is None or not math.isfinite(v) for v in values) or n_seeds
+            rows.append(
+                f"| {name} | {batch} | {_lr(r['lr'])} | "
+                + (f"{_ms(r, 'final_val_loss')} | {_ms(r, 'max_attention_logit', 2)}" if finished else "- | -")
+                + f" | {n_bad} of {n_seeds} |"
+            )
+        done = [r for r in cells if r["status"] == "finished" and r.get("final_val_loss") is not None]
+        if done:
+            top = min(r["final_val_loss"] for r in done)
+            good = [r["lr"] for r in done if r["final_val_loss"] <= top * (1 + GOOD_LR_TOLERANCE)]
+            edge = " (reaches the grid's edge)" if min(good) == cells[0]["lr"] or max(good) == cells[-1]["lr"] else ""
+            spans.append(
+                f"- {name} at batch {batch}: good lrs {_lr(min(good))}-{_lr(max(good))}, "
+                f"x{max(good) / min(good):.3g} wide, {len(good)} of {len(cells)} grid points{edge}."
+            )
+    return rows + [""] + spans
+
+
 def caveats(summary: dict[str, Any]) -> list[str]:
     s = summary["settings"]
     params = s.get("n_params")
@@ -429,7 +508,11 @@ def caveats(summary: dict[str, Any]) -> list[str]:
     if diverged:
         lines.append(
             "Diverged runs (non-finite loss; ranked last): "
-            + ", ".join(f"{r['optimizer']} b{r['batch_size']} lr {_lr(r['lr'])}" for r in diverged)
+            + ", ".join(
+                f"{r['optimizer']} b{r['batch_size']} lr {_lr(r['lr'])}"
+                + (f" (seed {r['seed']} of {', '.join(map(str, seeds))})" if len(seeds) > 1 else "")
+                for r in diverged
+            )
             + "."
         )
     return lines
@@ -475,6 +558,7 @@ def render_report(summary: dict[str, Any]) -> str:
         *[f"- {line}" for line in findings(summary)],
         "",
         *_section("Each seed", seeds_table(summary)),
+        *_section("Learning-rate sensitivity", sensitivity_lines(summary)),
         *_section("Sharpness (Hessian)", hessian_lines(summary)),
         *_section("Ablations (largest batch)", [f"- {line}" for line in ablation_lines(summary)]),
         *_section("Zero-shot evaluation", zero_shot_lines(summary)),

@@ -193,7 +193,7 @@ def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOpt
     if opts.hessian:
         progress(
             Progress(
-                f"Hessian ({opts.hessian_iters} power iterations, {opts.hutchinson_samples} Hutchinson samples)",
+                f"Hessian ({opts.hessian_iters} Lanczos steps, {opts.hutchinson_samples} Hutchinson samples)",
                 item=ckpt.label,
             )
         )

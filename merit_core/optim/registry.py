@@ -2,9 +2,9 @@
 
 Every registry name has one :class:`OptimizerSpec`, the only place that knows what the rest of
 the project needs about that optimizer: how to build it, its settable hyperparameters with their
-defaults and kinds, the centre of compare's learning-rate grid (or the name whose centre it
-shares), whether it trains FSDP2 shards, a tuned lr for the default CPU runs, and an optional
-per-step hook the training loop calls (Sophia-G's Hessian refresh). Adding an optimizer means
+defaults and kinds, its measured learning rates (or, unmeasured, the centre of compare's lr grid;
+or the name whose lrs it shares), whether it trains FSDP2 shards, and an optional per-step hook
+the training loop calls (Sophia-G's Hessian refresh). Adding an optimizer means
 adding a builder and a spec to this file (see CONTRIBUTING.md); `merit train`, `merit compare`
 and the fsdp check then know it.
 
@@ -16,13 +16,29 @@ out of range) raises :class:`~merit_core.errors.ConfigError` with one actionable
 that is itself inconsistent (a hyperparameter without a kind, no lr-grid centre) raises
 ValueError when it is registered, so it fails at import, not in a user's run.
 
-The defaults are starting points for a learning-rate grid, not tuned values (see each spec).
-Third-party optimizers are imported only when built (importing pytorch_optimizer is slow).
+Learning rates. No single lr serves every model size and batch, so AdamW, LAMB and MERIT carry
+a table of *measured* lrs (:class:`MeasuredLr`: the best lr of a grid at one model, batch and
+sequence length, each naming the run that measured it). :func:`default_lr` is what `merit train`
+uses when no lr is given, and the centre of `merit compare`'s automatic grid:
+
+- an entry for the same model and tokens per step: its lr;
+- else the entry of the same model nearest in tokens per step (log scale), or, for a model
+  without entries, the nearest entry of the measured model nearest in width (d_model), scaled
+  by sqrt(tokens per step / the entry's tokens per step) (the square-root rule of Adam-type
+  and trust-ratio optimizers; no width scaling: the measured models disagree on one);
+- an optimizer without a table (Lion, Sophia-G, Muon) gets its `lr` default; MERIT's ablations
+  share MERIT's table.
+
+How well the square-root rule holds, and the figures behind every entry, are in
+benchmarks/README.md ("Measured learning rates"). The `lr` default of each spec is its table's
+entry for GPT-2 small (what `build_optimizer` uses without an lr). Third-party optimizers are
+imported only when built (importing pytorch_optimizer is slow).
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from numbers import Real
@@ -83,6 +99,35 @@ class LrCentre:
 
 
 @dataclass(frozen=True)
+class MeasuredLr:
+    """The best lr of a measured lr grid for one model, global batch (sequences) and sequence length.
+
+    run: what measured it, so a user can look it up: a committed `merit compare` output (a folder
+    under results/) or a named measurement (see benchmarks/README.md, "Measured learning rates").
+    """
+
+    model: str
+    batch_size: int
+    seq_len: int
+    lr: float
+    run: str
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
+
+
+@dataclass(frozen=True)
+class LrDefault:
+    """An lr chosen for a run without one, and where it came from (one line for the start line)."""
+
+    lr: float
+    source: str
+    entry: MeasuredLr | None = None  # the measured entry it comes from (None: the registry default)
+    scaled: bool = False  # True when the entry was scaled to another batch, sequence length or model
+
+
+@dataclass(frozen=True)
 class StepContext:
     """What a per-step hook may use, right after an optimizer update.
 
@@ -127,13 +172,14 @@ class OptimizerSpec:
         :data:`SHARED_KINDS`, else from the default's type (bool, int, float, a pair of numbers,
         str). After construction it holds the kind of every key of `defaults`.
     fixed: switches that define a variant and cannot be set (the MERIT ablations).
-    lr_centre / lr_family: compare's lr-grid centre, or the registry name whose centre this
-        optimizer shares (the MERIT ablations use MERIT's); exactly one of the two.
+    lr_centre / lr_family: compare's lr-grid centre for an optimizer without measured lrs, or the
+        registry name whose centre and measured lrs this optimizer shares (the MERIT ablations use
+        MERIT's); exactly one of lr_centre, lr_family and measured_lrs.
     fsdp_refused: None when the optimizer trains FSDP2-sharded (DTensor) parameters exactly
         (tests/dist_scripts/fsdp_checks.py checks every name); else the one-line reason
         `--parallel fsdp` refuses it.
-    tuned_lrs: named model -> a peak lr measured for the default CPU run of that model; used by
-        `merit train` when no lr is given (else the `lr` default).
+    measured_lrs: the measured lrs (see :class:`MeasuredLr` and :func:`default_lr`); `merit train`
+        without an lr and `merit compare`'s auto grid start from them.
     step_hook: extra work the training loop does after some updates, or None.
     """
 
@@ -146,7 +192,7 @@ class OptimizerSpec:
     lr_centre: LrCentre | None = None
     lr_family: str | None = None
     fsdp_refused: str | None = None
-    tuned_lrs: Mapping[str, float] = field(default_factory=dict)
+    measured_lrs: tuple[MeasuredLr, ...] = ()
     step_hook: StepHook | None = None
 
     def __post_init__(self) -> None:
@@ -173,8 +219,11 @@ class OptimizerSpec:
             except TypeError:
                 raise ValueError(f"{where}: the default of '{key}', {default!r}, is not {KINDS[kind]}") from None
         object.__setattr__(self, "kinds", kinds)
-        if (self.lr_centre is None) == (self.lr_family is None):
-            raise ValueError(f"{where}: give exactly one of lr_centre (compare's lr-grid centre) or lr_family")
+        given = [self.lr_centre is not None, self.lr_family is not None, bool(self.measured_lrs)]
+        if sum(given) != 1:
+            raise ValueError(
+                f"{where}: give exactly one of lr_centre (compare's lr-grid centre), measured_lrs or lr_family"
+            )
 
 
 def _key(name: str) -> str:
@@ -304,10 +353,10 @@ def register_optimizer(spec: OptimizerSpec, *, replace: bool = False) -> Optimiz
         raise ValueError(f"optimizer '{spec.name}' is already registered")
     if spec.lr_family is not None:
         head = _SPECS.get(spec.lr_family)
-        if head is None or head.lr_centre is None:
+        if head is None or head.lr_family is not None:
             raise ValueError(
                 f"optimizer spec '{spec.name}': lr_family '{spec.lr_family}' must be a registered optimizer "
-                "with an lr_centre of its own"
+                "with an lr_centre or measured_lrs of its own"
             )
     _SPECS[spec.name] = spec
     return spec
@@ -318,34 +367,49 @@ def unregister_optimizer(name: str) -> None:
     _SPECS.pop(canonical_name(name))
 
 
-# Compare's measured centres. Small: gpt2-tiny, built-in corpus, 131k tokens, seq 128, batch 8, a
-# pilot sweep over 1e-3..1e-1 (best AdamW 1e-3 with 3e-3 next, LAMB 3e-2, MERIT 3e-2). GPT-2:
-# AdamW 6e-4 (nanoGPT's GPT-2 recipe at batch 480); LAMB and MERIT 6e-3 (trust-ratio updates are
-# relative to each weight's norm, so both take the same, larger lr; the starting point of
-# merit_core/configs/gpt2-small.toml).
-_ADAMW_CENTRE = LrCentre(small=1e-3, gpt2=6e-4)
-_TRUST_RATIO_CENTRE = LrCentre(small=3e-2, gpt2=6e-3)
-# Optimizers without measured centres: their default lr on GPT-2, scaled on small models by AdamW's
-# small / GPT-2 ratio (x 5/3).
-_SMALL_MODEL_LR_RATIO = _ADAMW_CENTRE.small / _ADAMW_CENTRE.gpt2
+# Measured lrs (see default_lr; the losses behind each entry are in benchmarks/README.md,
+# "Measured learning rates"). COMPARE_CPU: the best lr by mean final validation loss over 2 seeds
+# in x3 grids (results/compare-cpu/REPORT.md). H200: GPT-2 small shape on the built-in corpus,
+# 100 steps, one seed, four lrs for MERIT and two for AdamW: a first GPU data point, not a sweep.
+# NANOGPT: AdamW's lr in the GPT-2 small recipe everyone starts from, at its batch.
+COMPARE_CPU = "results/compare-cpu"
+NANOGPT = "nanoGPT's GPT-2 (124M) recipe on OpenWebText, a published setting (not measured here)"
+H200_FIRST = "an H200 sweep of 100 steps, one seed: a first GPU data point (benchmarks/README.md)"
+_MERIT_LRS = (
+    MeasuredLr("gpt2-tiny", 2, 128, 1e-2, COMPARE_CPU),
+    MeasuredLr("gpt2-tiny", 16, 128, 2.83e-2, COMPARE_CPU),
+    MeasuredLr("gpt2-small", 64, 1024, 2e-3, H200_FIRST),
+)
+_ADAMW_LRS = (
+    MeasuredLr("gpt2-tiny", 2, 128, 1e-3, COMPARE_CPU),
+    MeasuredLr("gpt2-tiny", 16, 128, 2.83e-3, COMPARE_CPU),
+    MeasuredLr("gpt2-small", 64, 1024, 6e-4, H200_FIRST),
+    MeasuredLr("gpt2-small", 480, 1024, 6e-4, NANOGPT),
+)
+# LAMB was not run on the GPU: its GPT-2 small entry is MERIT's measured lr, named as such (the two
+# trust-ratio optimizers had the same best lr at gpt2-tiny batch 16 in results/compare-cpu).
+_LAMB_LRS = (
+    MeasuredLr("gpt2-tiny", 2, 128, 3e-2, COMPARE_CPU),
+    MeasuredLr("gpt2-tiny", 16, 128, 2.83e-2, COMPARE_CPU),
+    MeasuredLr("gpt2-small", 64, 1024, 2e-3, "MERIT's lr in " + H200_FIRST + "; LAMB itself not measured there"),
+)
+# Optimizers without measured lrs: compare's centre is their default lr on GPT-2, x 5/3 on small
+# models (AdamW's nanoGPT lr 6e-4 on GPT-2 against a usual 1e-3 on small models).
+_SMALL_MODEL_LR_RATIO = 1e-3 / 6e-4
 
 
 def _default_lr_centre(lr: float) -> LrCentre:
-    """An unmeasured lr-grid centre: `lr` on GPT-2, x 5/3 on small models (as AdamW's two centres)."""
+    """An unmeasured lr-grid centre: `lr` on GPT-2, x 5/3 on small models."""
     return LrCentre(small=lr * _SMALL_MODEL_LR_RATIO, gpt2=lr)
 
 
-# Tuned lrs of the default CPU run (gpt2-tiny, built-in corpus, batch 16 x 128). merit: the best of
-# 2e-4, 1e-3, 3e-3, 1e-2, 2e-2, 4e-2 in 80-step runs (val loss 8.13, 7.71, 6.93, 6.20, 6.04, 6.46);
-# adamw: 3e-3, a usual small-model value (val 6.33 in the same run; not swept). The registry
-# defaults target the paper's scales (GPT-2 small and up); MERIT's step is relative to each weight's
-# max-norm, so a 128-wide model with ~0.02 weights needs a much larger lr than its reference
-# default (2e-4) to learn in a few hundred steps.
-
 _MERIT_SWITCHES = ("norm", "elementwise", "weight_bound", "clip")
-# The reference README's language-model example: lr 2e-4, betas (0.9, 0.95), weight decay 1e-2.
+# The reference README's language-model example (betas (0.9, 0.95), weight decay 1e-2) with the
+# measured GPT-2 small lr instead of its 2e-4 (far worse on GPT-2 small; benchmarks/README.md). The
+# MERIT class keeps the reference code's own defaults (lr 1e-3, betas (0.9, 0.999), no decay); its
+# docstring says why.
 _MERIT_DEFAULTS = dict(
-    lr=2e-4,
+    lr=2e-3,
     betas=(0.9, 0.95),
     eps=1e-6,
     weight_decay=1e-2,
@@ -359,7 +423,7 @@ _MERIT_DEFAULTS = dict(
     decay_embeddings=True,
 )
 _MERIT_KINDS = {"clip": "float?", "implementation": "str?"}
-# nanoGPT's GPT-2 recipe.
+# nanoGPT's GPT-2 recipe (its lr is also the measured GPT-2 small entry).
 _ADAMW_DEFAULTS = dict(
     lr=6e-4,
     betas=(0.9, 0.95),
@@ -370,9 +434,10 @@ _ADAMW_DEFAULTS = dict(
     foreach=None,
     decay_embeddings=True,
 )
-# Same betas / eps / decay as MERIT, so the two differ only in the ratio; the library's default lr.
+# Same betas / eps / decay / lr as MERIT, so the two differ only in the ratio (pytorch_optimizer's
+# own default lr, 1e-3, barely learns on gpt2-tiny; benchmarks/README.md).
 _LAMB_DEFAULTS = dict(
-    lr=1e-3,
+    lr=2e-3,
     betas=(0.9, 0.95),
     eps=1e-6,
     weight_decay=1e-2,
@@ -413,7 +478,7 @@ _MUON_DEFAULTS = dict(
 
 
 def _merit_variant(name: str, summary: str, **switches: Any) -> OptimizerSpec:
-    """A MERIT ablation: MERIT with some switches fixed; it shares MERIT's lr-grid centre."""
+    """A MERIT ablation: MERIT with some switches fixed; it shares MERIT's measured lrs."""
     fixed = {k: _MERIT_DEFAULTS[k] for k in _MERIT_SWITCHES} | switches
     settable = {k: v for k, v in _MERIT_DEFAULTS.items() if k not in _MERIT_SWITCHES}
     kinds = {k: v for k, v in _MERIT_KINDS.items() if k in settable}
@@ -429,23 +494,21 @@ for _spec in (
         builder=_build_merit,
         defaults=_MERIT_DEFAULTS,
         kinds=_MERIT_KINDS,
-        lr_centre=_TRUST_RATIO_CENTRE,
-        tuned_lrs={"gpt2-tiny": 2e-2},
+        measured_lrs=_MERIT_LRS,
     ),
     OptimizerSpec(
         name="adamw",
         summary="torch AdamW, decoupled decay (fused kernel on CPU/CUDA, else foreach)",
         builder=_build_adamw,
         defaults=_ADAMW_DEFAULTS,
-        lr_centre=_ADAMW_CENTRE,
-        tuned_lrs={"gpt2-tiny": 3e-3},
+        measured_lrs=_ADAMW_LRS,
     ),
     OptimizerSpec(
         name="lamb",
         summary="pytorch_optimizer Lamb (step / (1 - b1^t)); decay inside the trust-ratio update",
         builder=_build_lamb,
         defaults=_LAMB_DEFAULTS,
-        lr_centre=_TRUST_RATIO_CENTRE,
+        measured_lrs=_LAMB_LRS,
         fsdp_refused="pytorch_optimizer's Lamb clamps its trust-ratio norms in place, which DTensor shards do not "
         "support; use 'lamb-ref' (LAMB as MERIT's ablation, exact under fsdp) or --parallel ddp",
     ),
@@ -531,10 +594,11 @@ def optimizer_summary(name: str) -> str:
     return get_spec(name).summary
 
 
-def lr_centre(name: str) -> LrCentre:
-    """The centre of compare's automatic lr grid for ``name`` (its lr family's when it has one)."""
+def lr_centre(name: str) -> LrCentre | None:
+    """The centre of compare's automatic lr grid for an optimizer without measured lrs (its lr
+    family's when it has one); None when it has measured lrs (see :func:`default_lr`)."""
     spec = get_spec(name)
-    return spec.lr_centre if spec.lr_centre is not None else get_spec(spec.lr_family).lr_centre
+    return spec.lr_centre if spec.lr_family is None else get_spec(spec.lr_family).lr_centre
 
 
 def fsdp_refusal(name: str) -> str | None:
@@ -542,9 +606,70 @@ def fsdp_refusal(name: str) -> str | None:
     return get_spec(name).fsdp_refused
 
 
-def tuned_lr(name: str, model: str) -> float | None:
-    """The peak lr measured for optimizer ``name`` on named model ``model``, or None."""
-    return get_spec(name).tuned_lrs.get(model)
+def measured_lrs(name: str) -> tuple[MeasuredLr, ...]:
+    """The measured lrs of ``name`` (its lr family's when it has one); empty when none."""
+    spec = get_spec(name)
+    return spec.measured_lrs if spec.lr_family is None else get_spec(spec.lr_family).measured_lrs
+
+
+def _width(model: str) -> int | None:
+    """d_model of a named model or config.json, or None when it cannot be read."""
+    from merit_core.errors import MeritError
+    from merit_core.models import NAMED_MODELS, model_config
+
+    if model in NAMED_MODELS:
+        return NAMED_MODELS[model].d_model
+    try:
+        config = model_config(model)
+    except (MeritError, OSError, ValueError):
+        return None
+    width = getattr(config, "n_embd", None) or getattr(config, "hidden_size", None)
+    return int(width) if width else None
+
+
+def _distance(a: float, b: float) -> float:
+    return abs(math.log(a / b))
+
+
+def measured_lr(name: str, model: str, batch_size: int, seq_len: int) -> LrDefault | None:
+    """The lr the measured table gives optimizer ``name`` for ``model`` at ``batch_size`` sequences
+    of ``seq_len`` tokens (the rule is in the module docstring), or None when ``name`` has no table
+    (or ``model``'s width cannot be read and the table has no entry for it)."""
+    table = measured_lrs(name)
+    if not table:
+        return None
+    head = canonical_name(name) if get_spec(name).lr_family is None else get_spec(name).lr_family
+    shared = "" if head == canonical_name(name) else f" ({canonical_name(name)} shares {head}'s lrs)"
+    tokens = batch_size * seq_len
+    same = [e for e in table if e.model == model]
+    if not same:
+        width = _width(model)
+        if width is None:
+            return None
+        widths = {e.model: _width(e.model) for e in table}
+        nearest = min((m for m in widths if widths[m]), key=lambda m: (_distance(width, widths[m]), -widths[m]))
+        same = [e for e in table if e.model == nearest]
+    entry = min(same, key=lambda e: (_distance(tokens, e.tokens_per_step), -e.tokens_per_step))
+    where = f"{head}'s measured lr for {entry.model} at batch {entry.batch_size} x {entry.seq_len}"
+    if entry.model == model and entry.tokens_per_step == tokens:
+        source = f"{head}'s measured default for {model} at batch {batch_size} x {seq_len}{shared}; run: {entry.run}"
+        return LrDefault(entry.lr, source, entry, scaled=False)
+    lr = float(f"{entry.lr * math.sqrt(tokens / entry.tokens_per_step):.3g}")
+    other = "" if entry.model == model else f"; no measurement for {model}, nearest measured width"
+    source = (
+        f"{where}, {entry.lr:g}, x sqrt({tokens:,} / {entry.tokens_per_step:,} tokens per step){other}{shared}; "
+        f"run: {entry.run}"
+    )
+    return LrDefault(lr, source, entry, scaled=True)
+
+
+def default_lr(name: str, model: str, batch_size: int, seq_len: int) -> LrDefault:
+    """The lr `merit train` uses for a run without one: :func:`measured_lr`, else the registry default."""
+    found = measured_lr(name, model, batch_size, seq_len)
+    if found is not None:
+        return found
+    spec = get_spec(name)
+    return LrDefault(float(spec.defaults["lr"]), f"{spec.name}'s registry default (no measured lr for it)")
 
 
 def step_hook(name: str) -> StepHook | None:

@@ -36,8 +36,8 @@ class TrainConfig:
 
     model: a named model (see merit_core.models) or a path to a config.json.
     optimizer / optimizer_args: a registry name and its extra hyperparameters (betas, eps, ...).
-    lr / weight_decay: default to the optimizer's registry defaults (lr: its spec's tuned lr for
-        the model first, see merit_core.optim.registry).
+    lr / weight_decay: default to the optimizer's registry defaults (lr: its measured lr for the
+        model and batch first, see merit_core.optim.registry.default_lr).
     lr / min_lr / min_lr_ratio / warmup_steps / warmup_ratio: linear warmup to `lr`, then cosine
         decay to `min_lr` (default `lr * min_lr_ratio`); warmup defaults to `warmup_ratio * steps`.
     steps / tokens: the run length; give one (tokens are rounded up to whole steps).
@@ -267,11 +267,11 @@ def resolve(
     """
     c = dataclasses.replace(config, optimizer_args=dict(config.optimizer_args))
     defaults = dict(optimizer_defaults or {})
-    from merit_core.optim.registry import tuned_lr  # here, not at the top: this module stays torch-free
+    from merit_core.optim.registry import measured_lr  # here, not at the top: this module stays torch-free
 
-    tuned = tuned_lr(c.optimizer, c.model)
-    if tuned is not None:
-        defaults["lr"] = tuned
+    measured = measured_lr(c.optimizer, c.model, c.batch_size, c.seq_len) if c.lr is None else None
+    if measured is not None:
+        defaults["lr"] = measured.lr
     for key in ("lr", "weight_decay"):
         if getattr(c, key) is None:
             if key not in defaults:

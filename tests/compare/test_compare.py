@@ -128,6 +128,24 @@ def test_report_states_the_numbers(finished):
     assert "512 tokens" in text and "Caveats" in text and "One seed" in text
 
 
+def test_report_and_plot_show_lr_sensitivity(finished):
+    spec, result, _ = finished
+    text = (spec.out / "REPORT.md").read_text()
+    section = text.split("## Learning-rate sensitivity")[1].split("\n## ")[0]
+    summary = result.summary.to_dict()
+    for cell in summary["cells"]:  # every lr of every grid, with its loss and max logit
+        row = f"| {cell['optimizer']} | {cell['batch_size']} | {cell['lr']:.3g} | {cell['final_val_loss']:.4f} |"
+        assert row in section
+        assert f"{cell['max_attention_logit']:.2f} | 0 of 1 |" in section
+    for name in ("adamw", "merit"):
+        for batch in (2, 4):
+            assert f"- {name} at batch {batch}: good lrs" in section
+    import matplotlib.image
+
+    image = matplotlib.image.imread(spec.out / "compare.png")
+    assert image.shape[0] > 900  # the second row: loss and max logit against lr
+
+
 def test_rerun_skips_finished_and_resumes_unfinished(finished, model_cfg, data_dir):
     spec, result, _ = finished
     run_dirs = [spec.out / "runs" / name for name in ("adamw-b2-lr0.001", "merit-b4-lr0.01")]

@@ -104,10 +104,18 @@ def test_hessian_fields_match_inspects_estimators(measured, data_dir):
     assert h["trace_values"] == [c["trace"] for c in cached]
     assert h["top_eigenvalue"] == pytest.approx(statistics.fmean(h["top_eigenvalue_values"]))
     assert h["top_eigenvalue_values"][0] != h["top_eigenvalue_values"][1]
-    # the first seed's numbers are inspect's estimators on the final weights and the first validation batch
-    (ckpt,) = find_checkpoints(out / "runs" / best["run_names"][0] / "step_3")
+    assert h["bottom_eigenvalue_values"] == [c["bottom_eigenvalue"] for c in cached]
+    assert all(c["bottom_eigenvalue"] <= c["top_eigenvalue"] for c in cached)
+    # the first seed's numbers are inspect's estimators on the final weights and the training's
+    # first validation batch (built with the run's eval_batches, as the trainer builds it)
+    from merit_core.train.config import read_toml
+
+    run_dir = out / "runs" / best["run_names"][0]
+    config = read_toml(run_dir / "config.toml")
+    (ckpt,) = find_checkpoints(run_dir / "step_3")
     model = load_model(ckpt, SafetensorsReader(ckpt))
-    ids = val_batches(open_tokens(data_dir, "val"), 1, 4, 32)[0][0]
+    batches = val_batches(open_tokens(data_dir, "val"), config["eval_batches"], config["eval_batch_size"], 32)
+    ids = batches[0][0][:4]
     torch.manual_seed(0)
     est = model_hessian(model, ids, cached[0]["iters"], cached[0]["samples"], 0)
     assert h["top_eigenvalue_values"][0] == pytest.approx(est.top_eigenvalue, rel=1e-5)

@@ -64,6 +64,8 @@ def test_report_calls_a_difference_within_the_seed_spread_not_resolved():
 
     records = [*seeded("adamw", 8, 1e-3, [4.0, 4.2]), *seeded("merit", 8, 1e-3, [4.05, 4.1])]
     records += [*seeded("adamw", 64, 1e-3, [4.6, 4.7]), *seeded("merit", 64, 1e-3, [4.3, 4.35])]
+    # a second, worse lr per cell: the claims get a verdict only from cells with an lr grid
+    records += [r for o in ("adamw", "merit") for b in (8, 64) for r in seeded(o, b, 3e-3, [5.0, 5.1])]
     summary = synthetic_summary()
     summary["settings"].update(seeds=[0, 1])
     summary["runs"], summary["best"] = records, select_best(records)
@@ -98,8 +100,9 @@ def fake_training(monkeypatch, target):
 
 
 def test_grid_extends_past_an_edge_until_interior_or_the_limit(tmp_path, model_cfg, data_dir, monkeypatch):
-    # auto grids on a small model at batch 8: adamw 3.33e-4, 1e-3, 3e-3; merit 0.01, 0.03, 0.09
-    trained = fake_training(monkeypatch, {"adamw": 0.1, "merit": 0.01 / 1.5})
+    # auto grids at batch 8 x 32 (256 tokens per step, as gpt2-tiny's measured batch 2 x 128, the
+    # nearest measured width): adamw 3.33e-4, 1e-3, 3e-3; merit 3.33e-3, 1e-2, 3e-2
+    trained = fake_training(monkeypatch, {"adamw": 0.1, "merit": 0.00333 / 1.5})
     spec = load_spec(
         None,
         optimizers="adamw,merit",
@@ -111,20 +114,20 @@ def test_grid_extends_past_an_edge_until_interior_or_the_limit(tmp_path, model_c
     result = run_compare(spec)
     assert trained == [
         [f"adamw-b8-lr{lr}" for lr in ("0.000333", "0.001", "0.003")]
-        + [f"merit-b8-lr{lr}" for lr in ("0.01", "0.03", "0.09")],
-        ["adamw-b8-lr0.009", "merit-b8-lr0.00333"],  # one x3 step past each edge holding the best
-        ["adamw-b8-lr0.027"],  # adamw still on its top edge; merit's best (0.01) is now interior
+        + [f"merit-b8-lr{lr}" for lr in ("0.00333", "0.01", "0.03")],
+        ["adamw-b8-lr0.009", "merit-b8-lr0.00111"],  # one x3 step past each edge holding the best
+        ["adamw-b8-lr0.027"],  # adamw still on its top edge; merit's best (0.00333) is now interior
     ]
     adamw = result.summary.best_for("adamw", 8)
     merit = result.summary.best_for("merit", 8)
     assert adamw.lr == 0.027 and adamw.lr_extended == [0.009, 0.027]
     assert adamw.lr_at_edge == "high" and adamw.edge_reason == "limit"  # the stated limit: 2 per side
-    assert merit.lr == 0.01 and merit.lr_extended == [0.00333] and merit.lr_at_edge is None
+    assert merit.lr == 0.00333 and merit.lr_extended == [0.00111] and merit.lr_at_edge is None
     text = (spec.out / "REPORT.md").read_text()
     assert "adamw at batch 8: the grid was extended past its edge (added lr 0.009, 0.027)." in text
     assert "still the largest of its grid (after 2 extension(s) on that side, the stated limit)" in text
     assert (
-        "merit at batch 8: the grid was extended past its edge (added lr 0.00333); the best lr is now interior" in text
+        "merit at batch 8: the grid was extended past its edge (added lr 0.00111); the best lr is now interior" in text
     )
 
     # a given list is never extended, and --max-extensions 0 turns extension off

@@ -61,8 +61,11 @@ def test_best_lr_selection_with_diverged_and_nonfinite_runs():
 def synthetic_summary():
     records = [
         record("adamw", 8, 1e-3, 3.50, logit=20.0),
+        record("adamw", 8, 3e-3, 3.80, logit=30.0),
         record("merit", 8, 1e-3, 3.40, logit=4.0),
+        record("merit", 8, 3e-3, 3.45, logit=6.0),
         record("adamw", 64, 3e-3, 3.90, logit=40.0),
+        record("adamw", 64, 1e-2, 4.00, logit=50.0),
         record("merit", 64, 3e-3, 3.60, logit=5.0),
         record("merit", 64, 1e-2, None, "diverged"),
     ]
@@ -112,14 +115,38 @@ def test_report_is_computed_from_the_numbers():
 
 
 def test_auto_grid_rule():
-    # a small model: AdamW's centre 1e-3 at the smallest batch; batch 32 vs 8 -> x sqrt(4) = 2
-    assert auto_lr_grid("adamw", 32, 8, 32) == sorted(round_lr(2e-3 * f) for f in AUTO_FACTORS)
-    assert 2e-3 in auto_lr_grid("adamw", 32, 8, 32) and auto_lr_grid("adamw", 8, 8, 32, quick=True) == [1e-3]
-    # GPT-2 widths: the recipe values at the smallest batch
-    assert 6e-4 in auto_lr_grid("adamw", 480, 480, 768) and 6e-3 in auto_lr_grid("merit", 480, 480, 1024)
-    # ablations follow MERIT; other optimizers their registry default (x 5/3 on small models)
-    assert auto_lr_grid("merit-noclip", 8, 8, 128) == auto_lr_grid("merit", 8, 8, 128)
-    assert round_lr(1e-4 * 5 / 3) in auto_lr_grid("lion", 8, 8, 128)
+    from merit_core.optim.registry import default_lr
+
+    # measured optimizers: centred on the registry's measured lr for that model, batch and seq len
+    assert auto_lr_grid("adamw", 16, 2, "gpt2-tiny", 128) == sorted(round_lr(2.83e-3 * f) for f in AUTO_FACTORS)
+    assert auto_lr_grid("merit", 2, 2, "gpt2-tiny", 128, quick=True) == [1e-2]
+    assert auto_lr_grid("lamb", 16, 2, "gpt2-tiny", 128, quick=True) == [2.83e-2]  # measured at 16, not scaled from 2
+    assert auto_lr_grid("merit", 64, 64, "gpt2-small", 1024, quick=True) == [2e-3]
+    # between entries: the nearest one x sqrt(tokens per step ratio), as merit train's default
+    assert auto_lr_grid("merit", 32, 2, "gpt2-tiny", 128, quick=True) == [default_lr("merit", "gpt2-tiny", 32, 128).lr]
+    assert auto_lr_grid("merit", 32, 2, "gpt2-tiny", 128, quick=True) == [round_lr(2.83e-2 * 2**0.5)]
+    # ablations follow MERIT; unmeasured optimizers their registry default (x 5/3 on small models)
+    # at the smallest batch, x sqrt(batch / smallest batch) above it
+    assert auto_lr_grid("merit-noclip", 8, 8, "gpt2-tiny", 128) == auto_lr_grid("merit", 8, 8, "gpt2-tiny", 128)
+    assert round_lr(1e-4 * 5 / 3) in auto_lr_grid("lion", 8, 8, "gpt2-tiny", 128)
+    assert round_lr(1e-4 * 5 / 3 * 2) in auto_lr_grid("lion", 32, 8, "gpt2-tiny", 128)
+    assert 1e-4 in auto_lr_grid("lion", 480, 480, "gpt2-small", 1024)
+
+
+def test_quick_and_single_lr_reports_give_no_verdict():
+    from merit_core.compare.report import findings
+
+    summary = synthetic_summary()
+    assert any(line.startswith("Paper claim 1") for line in findings(summary))
+    summary["settings"]["quick"] = True
+    lines = findings(summary)
+    assert not any(line.startswith("Paper claim") and "**holds" in line for line in lines)
+    assert not any("does not hold" in line for line in lines)
+    assert any("**no verdict**: this is a smoke run (--quick" in line for line in lines)
+    summary["settings"]["quick"] = False
+    for b in summary["best"]:
+        b["grid"] = [b["lr"]]
+    assert any("**no verdict**: one lr only for" in line for line in findings(summary))
 
 
 def test_spec_parsing_and_layers(tmp_path):
@@ -137,7 +164,8 @@ def test_spec_parsing_and_layers(tmp_path):
     assert spec.lrs == {"adamw": [6e-4, 1.2e-3], "merit": "auto"} and spec.tokens == 2_000_000
     assert spec.optimizer_args["merit"] == {"betas": [0.9, 0.99]} and spec.out.name == "compare-gpt2-small"
     runs = plan_runs(spec)
-    merit_lrs = sorted(round_lr(6e-3 * math.sqrt(1024 / 480) * f) for f in AUTO_FACTORS)  # smallest batch: 480
+    # MERIT's centre: its measured GPT-2 small lr (2e-3 at 64 x 1024) x sqrt(1024 / 64)
+    merit_lrs = sorted(round_lr(8e-3 * f) for f in AUTO_FACTORS)
     assert [r.name for r in runs] == [
         "adamw-b480-lr0.0006",
         "adamw-b480-lr0.0012",
@@ -188,3 +216,29 @@ def test_shipped_compare_configs_plan_the_paper_runs(name):
     assert {r.optimizer for r in runs} >= {"adamw", "merit"}
     assert 480 in {r.batch_size for r in runs if r.optimizer == "adamw"}
     assert max(r.batch_size for r in runs if r.optimizer == "merit") >= 1024
+
+
+def test_the_h200_spec_grids_around_the_measured_defaults_of_each_batch():
+    from merit_core.configs import find_config
+    from merit_core.optim.registry import default_lr
+
+    spec = load_spec(find_config("compare-h200", "compare"))
+    runs = plan_runs(spec)
+    assert len(runs) == 18 and spec.hessian and spec.jobs == 3 and spec.seeds == 1
+    assert {r.optimizer for r in runs} == {"adamw", "lamb", "merit"} and {r.batch_size for r in runs} == {16, 128}
+    for r in runs:
+        c = r.config
+        assert (c.model, c.seq_len, c.compile, c.micro_batch_size, c.data) == ("gpt2-small", 1024, True, 16, None)
+        centre = default_lr(r.optimizer, "gpt2-small", r.batch_size, 1024).lr
+        assert r.grid == tuple(sorted(round_lr(centre * f) for f in AUTO_FACTORS))
+    assert {r.batch_size: r.steps for r in runs} == {16: 320, 128: 40}
+
+
+def test_gpu_compare_script_is_valid_bash():
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_compare.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    text = script.read_text()
+    assert "compare-h200" in text and "--dry-run" in text and ".gpu-wheels" in text

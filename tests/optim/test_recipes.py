@@ -1,6 +1,7 @@
 """CONTRIBUTING.md's "add an optimizer" recipe, followed once: a toy optimizer registered with one spec
 works through build_optimizer, compare's lr grid, the fsdp check, the loop's step hook and `merit train`."""
 
+import dataclasses
 import json
 import tomllib
 
@@ -49,7 +50,6 @@ def toy():
             ),
             lr_centre=LrCentre(small=0.1, gpt2=0.01),
             fsdp_refused="the toy optimizer was never checked on DTensor shards",
-            tuned_lrs={"gpt2-tiny": 0.2},
             step_hook=StepHook(interval=lambda opt: 2, run=hook),
         )
     )
@@ -118,12 +118,25 @@ def test_fsdp_refuses_the_toy_with_its_reason(toy, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_tuned_lr_is_the_default_for_its_model(toy):
+def test_an_unmeasured_optimizer_takes_its_registry_default_lr(toy):
     from merit_core.train.config import TrainConfig, resolve
 
-    assert resolve(TrainConfig(optimizer="toy"), optimizer_defaults=default_hparams("toy")).lr == 0.2
-    other = resolve(TrainConfig(optimizer="toy", model="gpt2-small"), optimizer_defaults=default_hparams("toy"))
-    assert other.lr == 0.05  # no tuned lr for that model: the spec's default
+    assert resolve(TrainConfig(optimizer="toy"), optimizer_defaults=default_hparams("toy")).lr == 0.05
+
+
+def test_measured_lrs_are_the_default_for_their_model_and_batch(toy):
+    from merit_core.optim.registry import MeasuredLr, register_optimizer
+    from merit_core.train.config import TrainConfig, resolve
+
+    spec, _ = toy
+    measured = dataclasses.replace(
+        spec, lr_centre=None, measured_lrs=(MeasuredLr("gpt2-tiny", 16, 128, 0.2, "a test table"),)
+    )
+    register_optimizer(measured, replace=True)
+    hp = default_hparams("toy")
+    assert resolve(TrainConfig(optimizer="toy"), optimizer_defaults=hp).lr == 0.2
+    assert resolve(TrainConfig(optimizer="toy", batch_size=64), optimizer_defaults=hp).lr == pytest.approx(0.4)
+    assert resolve(TrainConfig(optimizer="toy", lr=0.01), optimizer_defaults=hp).lr == 0.01
 
 
 def test_merit_train_with_the_toy_runs_its_hook(toy, model_cfg, data_dir, tmp_path):
@@ -143,4 +156,5 @@ def test_merit_train_with_the_toy_runs_its_hook(toy, model_cfg, data_dir, tmp_pa
     state = json.loads((out / "step_2" / "trainer_state.json").read_text())
     config = tomllib.loads((out / "config.toml").read_text())
     assert state["optimizer"] == config["optimizer"] == "toy"
-    assert config["lr"] == 0.05  # a config.json model has no tuned lr: the spec's default
+    assert config["lr"] == 0.05  # an optimizer without measured lrs: the spec's default
+    assert "lr 0.05 (toy's registry default (no measured lr for it))" in " ".join(result.output.split())

@@ -212,7 +212,7 @@ def test_defaults_are_used_and_overrides_are_normalised(model):
 
 def test_default_hparams_table_and_helpers():
     assert default_hparams("merit") == dict(
-        lr=2e-4,
+        lr=2e-3,  # the measured GPT-2 small lr (not the reference README's 2e-4)
         betas=(0.9, 0.95),
         eps=1e-6,
         weight_decay=1e-2,
@@ -258,24 +258,67 @@ def test_raw_parameter_lists_work_too():
 
 
 def test_every_builtin_spec_describes_itself():
-    from merit_core.optim.registry import fsdp_refusal, get_spec, lr_centre, step_hook, tuned_lr
+    from merit_core.optim.registry import fsdp_refusal, get_spec, lr_centre, measured_lrs, step_hook
 
     for name in OPTIMIZER_NAMES:
         spec = get_spec(name)
         assert set(spec.kinds) == set(spec.defaults), name  # every settable hyperparameter has a kind
         centre = lr_centre(name)
-        assert 0 < centre.small and 0 < centre.gpt2, name
+        assert (centre is None) == bool(measured_lrs(name)), name  # measured lrs, or an unmeasured centre
+        assert centre is None or (0 < centre.small and 0 < centre.gpt2), name
     ablations = ("merit-noclip", "merit-nobound", "max-lamb", "l2-merit", "lamb-ref")
-    assert all(get_spec(n).lr_family == "merit" and lr_centre(n) == lr_centre("merit") for n in ablations)
+    assert all(get_spec(n).lr_family == "merit" and measured_lrs(n) == measured_lrs("merit") for n in ablations)
+    assert [n for n in OPTIMIZER_NAMES if measured_lrs(n) and n not in ablations] == ["merit", "adamw", "lamb"]
     assert [n for n in OPTIMIZER_NAMES if fsdp_refusal(n)] == ["lamb"] and "lamb-ref" in fsdp_refusal("lamb")
     assert [n for n in OPTIMIZER_NAMES if step_hook(n)] == ["sophiag"]
     assert step_hook("sophiag").interval(build_optimizer("sophiag", [nn.Parameter(torch.ones(2, 2))])) == 10
-    assert (tuned_lr("merit", "gpt2-tiny"), tuned_lr("adamw", "gpt2-tiny"), tuned_lr("merit", "gpt2-small")) == (
-        2e-2,
-        3e-3,
-        None,
-    )
     assert get_spec("merit").kinds["clip"] == "float?" and get_spec("adamw").kinds["fused"] == "bool?"
+
+
+def test_measured_lrs_name_their_run_and_the_registry_default_is_the_gpt2_small_entry():
+    from merit_core.optim.registry import measured_lrs
+
+    for name in ("merit", "adamw", "lamb"):
+        table = measured_lrs(name)
+        assert all(e.run and e.lr > 0 for e in table)
+        assert len({(e.model, e.batch_size, e.seq_len) for e in table}) == len(table)  # one entry per setting
+        small = {e.lr for e in table if e.model == "gpt2-small"}
+        assert small == {default_hparams(name)["lr"]}  # one default: build_optimizer's is the table's
+    compare_cpu = {(e.batch_size, e.lr) for e in measured_lrs("merit") if e.model == "gpt2-tiny"}
+    assert compare_cpu == {(2, 1e-2), (16, 2.83e-2)}  # results/compare-cpu's best cells
+    assert all("results/compare-cpu" in e.run for e in measured_lrs("adamw") if e.model == "gpt2-tiny")
+
+
+def test_default_lr_lookup_and_scaling_rule():
+    from merit_core.optim.registry import default_lr, measured_lr
+
+    # an entry: its lr, and the source names it and its run
+    exact = default_lr("merit", "gpt2-small", 64, 1024)
+    assert exact.lr == 2e-3 and not exact.scaled
+    assert exact.source.startswith("merit's measured default for gpt2-small at batch 64 x 1024")
+    assert "run: " in exact.source and "H200" in exact.source
+    assert default_lr("adamw", "gpt2-small", 64, 1024).lr == 6e-4
+    assert "nanoGPT" in default_lr("adamw", "gpt2-small", 480, 1024).source
+    assert default_lr("lamb", "gpt2-tiny", 16, 128).lr == 2.83e-2
+    # between entries: the nearest (in log tokens per step) of the same model, x sqrt(tokens ratio)
+    up = default_lr("merit", "gpt2-small", 256, 1024)
+    assert up.lr == pytest.approx(4e-3) and up.scaled and "x sqrt(262,144 / 65,536 tokens per step)" in up.source
+    down = default_lr("adamw", "gpt2-small", 16, 1024)
+    assert down.lr == pytest.approx(3e-4)
+    assert default_lr("adamw", "gpt2-small", 64, 256).lr == pytest.approx(3e-4)  # tokens, not sequences, count
+    near = default_lr("merit", "gpt2-tiny", 4, 128)  # 512 tokens: nearer the batch-2 entry (256) than 16 (2048)
+    assert near.entry.batch_size == 2 and near.lr == pytest.approx(1e-2 * 2**0.5, rel=3e-3)
+    # a model without entries: the nearest measured width's entries, batch-scaled only, and it says so
+    medium = default_lr("merit", "gpt2-medium", 64, 1024)
+    assert medium.entry.model == "gpt2-small" and medium.lr == 2e-3 and medium.scaled
+    assert "no measurement for gpt2-medium" in medium.source
+    assert default_lr("adamw", "llama-tiny", 16, 128).entry.model == "gpt2-tiny"  # 128 wide, as gpt2-tiny
+    # ablations share MERIT's table and say so; unmeasured optimizers get their registry default
+    noclip = default_lr("merit-noclip", "gpt2-small", 64, 1024)
+    assert noclip.lr == 2e-3 and "merit-noclip shares merit's lrs" in noclip.source
+    lion = default_lr("lion", "gpt2-small", 64, 1024)
+    assert lion.lr == default_hparams("lion")["lr"] and lion.entry is None and "registry default" in lion.source
+    assert measured_lr("lion", "gpt2-small", 64, 1024) is None
 
 
 @pytest.mark.parametrize("name", ["lamb", "lion"])

@@ -6,7 +6,7 @@ import tomllib
 import pytest
 
 from merit_core.errors import ConfigError
-from merit_core.optim.registry import tuned_lr
+from merit_core.optim.registry import default_lr
 from merit_core.train.config import (
     TrainConfig,
     dumps_toml,
@@ -28,13 +28,18 @@ def test_defaults_are_the_cpu_default_run():
 
 
 def test_lr_and_weight_decay_default_to_the_optimizer_registry():
-    r = resolve(load_config(None, ["weight_decay=0.5", "model=gpt2-small"]), optimizer_defaults=DEFAULTS)
-    assert (r.lr, r.weight_decay, r.min_lr) == (4e-3, 0.5, pytest.approx(4e-4))
+    r = resolve(load_config(None, ["weight_decay=0.5", "optimizer=lion"]), optimizer_defaults=DEFAULTS)
+    assert (r.lr, r.weight_decay, r.min_lr) == (4e-3, 0.5, pytest.approx(4e-4))  # lion: no measured lr
     tuned = resolve(load_config(), optimizer_defaults=DEFAULTS)  # the default CPU run has a measured lr
-    assert (tuned.lr, tuned.weight_decay) == (tuned_lr("merit", "gpt2-tiny"), 0.01) and tuned.lr == 2e-2
+    assert (tuned.lr, tuned.weight_decay) == (default_lr("merit", "gpt2-tiny", 16, 128).lr, 0.01)
+    assert tuned.lr == 2.83e-2
+    small = resolve(
+        load_config(None, ["model=gpt2-small", "batch_size=64", "seq_len=1024"]), optimizer_defaults=DEFAULTS
+    )
+    assert small.lr == 2e-3  # the measured GPT-2 small entry
     assert resolve(load_config(None, ["lr=1e-3"]), optimizer_defaults=DEFAULTS).lr == 1e-3
     with pytest.raises(ConfigError, match="lr is not set"):
-        resolve(load_config(None, ["model=gpt2-small"]))
+        resolve(load_config(None, ["model=gpt2-small", "optimizer=lion"]))
     with pytest.raises(ConfigError, match="top-level key 'lr'"):
         load_config(None, ["optimizer_args.lr=1"])
 

@@ -42,6 +42,10 @@ def test_train_on_the_builtin_corpus(tmp_path):
     meta = load_meta(resolve_data(None))  # cached now: the same folder
     assert meta.vocab_size == 4096 and meta.train_tokens > 100_000 and "stdlib" in meta.source
     assert str(meta.path) in result.output.replace("\n", "")
+    # no --lr: the registry's measured lr for the nearest measured model, and the start line says so
+    start = " ".join(result.output.split())
+    assert "with merit, lr 0.00707 (merit's measured lr for gpt2-tiny at batch 2 x 128, 0.01, x sqrt(128 / 256" in start
+    assert "nearest measured width; run: results/compare-cpu)" in start
     ckpt = out / "step_3"
     assert json.loads((ckpt / "config.json").read_text())["vocab_size"] == meta.vocab_size
     tok = AutoTokenizer.from_pretrained(ckpt)

@@ -38,7 +38,13 @@ class MERIT(Optimizer):
 
     Args:
         params: parameters or param groups; a group may override any keyword below.
-        lr: learning rate, >= 0.
+        lr: learning rate, >= 0. No single value serves every model size and batch: choose it
+            with :func:`merit_core.optim.registry.default_lr` (measured lrs per model and batch,
+            square-root scaled in between; e.g. 2e-3 for GPT-2 small at batch 64 x 1024) or a
+            `merit compare` lr grid. The constructor's defaults (lr 1e-3, betas (0.9, 0.999),
+            weight_decay 0) are the reference code's, so ``MERIT(params)`` behaves as it does;
+            the registry (``build_optimizer("merit", ...)``, `merit train`) uses a measured lr
+            and the reference README's language-model betas (0.9, 0.95) and weight_decay 1e-2.
         betas: decay rates of the first and second moments, each in [0, 1).
         eps: added to sqrt(v), > 0.
         weight_decay: coefficient of the L2 term added to the update direction, >= 0.
