@@ -73,12 +73,15 @@ def reference_step(w, g, m, v, t, *, lr, beta1, beta2, eps, **opts):
     return new_w, new_m, new_v
 
 
-def sharded_step(fn, params, grads, exp_avgs, exp_avg_sqs, steps, *, beta1, beta2, **kw):
-    """What the functional core does around merit_sharded: advance the step counters (when they
-    are tensors; merit_sharded refuses anything else), pass the betas as a pair."""
+def sharded_step(fn, params, grads, exp_avgs, exp_avg_sqs, steps, *, beta1, beta2, local=None, **kw):
+    """What the functional core does around merit_sharded: build the hyperparameter record,
+    advance the step counters (when they are tensors; merit_sharded refuses anything else)."""
+    from merit_core.optim.merit.common import Hyper
+
+    h = Hyper.of(betas=(beta1, beta2), **kw)
     if all(isinstance(s, torch.Tensor) for s in steps):
         torch._foreach_add_(steps, 1)
-    fn(params, grads, exp_avgs, exp_avg_sqs, steps, betas=(beta1, beta2), **kw)
+    fn(params, grads, exp_avgs, exp_avg_sqs, steps, h, local=local)
 
 
 # The keyword arguments of one merit_sharded step through `sharded_step`; tests override a few.
