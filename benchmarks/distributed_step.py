@@ -110,7 +110,7 @@ def reference_step(optimizer) -> None:
     from merit_core.optim.merit.reference import reference_step as one_tensor
 
     for group in optimizer.param_groups:
-        hyper = Hyper.of(**{k: group[k] for k in HYPER_KEYS})
+        hyper = Hyper.of_group(group)
         for p in group["params"]:
             if p.grad is None:
                 continue
@@ -120,20 +120,6 @@ def reference_step(optimizer) -> None:
                 state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
             state["step"] += 1
             one_tensor(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"], hyper)
-
-
-HYPER_KEYS = (
-    "lr",
-    "betas",
-    "eps",
-    "weight_decay",
-    "norm",
-    "elementwise",
-    "weight_bound",
-    "clip",
-    "bias_correction",
-    "maximize",
-)
 
 
 def worker(rank: int, world: int, port: int, args) -> None:

@@ -2,13 +2,15 @@
 available on the device, in one run, with launches per step and the memory-traffic floor.
 
     python benchmarks/optimizer_step.py                          # CPU: GPT-2 small, fp32 and bf16
-    python benchmarks/optimizer_step.py --device cuda            # CUDA: GPT-2 small and Llama-1B
+    python benchmarks/optimizer_step.py --device cuda            # CUDA: GPT-2 small, Llama-1B, Llama-3.2-1B
     python benchmarks/optimizer_step.py --models tiny --steps 1  # a quick smoke run
     python benchmarks/optimizer_step.py --device cuda --compile  # also the opt-in compile backend
 
 Shapes: GPT-2 small (124M params, 148 tensors; HF layout, Conv1D weights [in, out], head tied),
-Llama-1B (24 layers, 2048 wide, 32 heads, MLP 5461, vocab 32000, head untied; nn.Linear
-[out, in]) and "tiny" (a 2-layer, 64-wide GPT-2). Gradients are random and fixed. Each
+Llama-1B (24 layers, 2048 wide, 32 heads, MLP 5461 (an unaligned width), vocab 32000, head
+untied; nn.Linear [out, in]), Llama-3.2-1B (16 layers, 2048 wide, MLP 8192, GQA with 8 of 32
+heads for k/v (k/v projections 512 x 2048), vocab 128256, head tied) and "tiny" (a 2-layer,
+64-wide GPT-2). Gradients are random and fixed. Each
 optimizer gets `--warmup` untimed steps (state creation, kernel builds, compilation), then
 `--steps` timed steps; the median is reported (CUDA: torch.cuda.Event around each step, after a
 synchronize; CPU: wall clock). Optimizers run one after another, so only one set of state is
@@ -18,14 +20,21 @@ ratios, so drift during the run shows.
 Columns:
   launches   GPU kernel launches per step, counted on meta tensors by
              merit_core.optim.merit.launches (foreach/reference paths and AdamW foreach; the
-             fused AdamW figure is the multi_tensor_apply model of its one kernel); "-" where the
-             path cannot be counted that way (C++ kernel, Triton, compiled).
+             fused AdamW figure is the multi_tensor_apply model of its one kernel), or counted by
+             the Triton backend itself (``launch_counts()``) for one step; "-" where the path
+             cannot be counted either way (C++ kernel, compiled).
   floor ms   bytes the update must move at least, over the device's memory bandwidth: AdamW
              reads g, w, m, v and writes w, m, v (7 tensors); MERIT's two passes read g, w, m, v
              and write m, v, then read w, m, v and write w (10), with fp32 moments for bf16
-             parameters (AdamW keeps its moments in the parameter's dtype). The bandwidth is
-             measured by a large device-to-device copy (CUDA) or memory copy (CPU) in this run.
+             parameters (AdamW keeps its moments in the parameter's dtype): 40 B per fp32
+             parameter, 32 B per bf16 one. The bandwidth is measured by a large device-to-device
+             copy (CUDA) or memory copy (CPU) in this run.
   % floor    floor ms / measured ms.
+  floor1 ms  the same with each weight read once per step (pass 1 without w: 36 B per fp32
+             parameter, 30 B per bf16 one). It applies with weight_decay = 0 only (the
+             benchmark's MERIT() default): with decay, u = m / (sqrt(v) + eps) + wd*w needs w in
+             pass 1 for the maxima of |u|. For AdamW it equals floor ms.
+  % floor1   floor1 ms / measured ms.
 """
 
 from __future__ import annotations
@@ -57,26 +66,33 @@ def gpt2_shapes(n_layer=12, d=768, vocab=50257, ctx=1024) -> list[tuple[int, ...
     return shapes + [(d,), (d,)]
 
 
-def llama_shapes(n_layer=24, d=2048, mlp=5461, vocab=32000, kv_dim=None) -> list[tuple[int, ...]]:
-    """Parameter shapes of a Llama LM (nn.Linear [out, in]; no biases; head untied)."""
+def llama_shapes(n_layer=24, d=2048, mlp=5461, vocab=32000, kv_dim=None, tied=False) -> list[tuple[int, ...]]:
+    """Parameter shapes of a Llama LM (nn.Linear [out, in]; no biases; head untied unless ``tied``)."""
     kv_dim = kv_dim or d
     shapes = [(vocab, d)]
     for _ in range(n_layer):
         shapes += [(d, d), (kv_dim, d), (kv_dim, d), (d, d), (mlp, d), (mlp, d), (d, mlp), (d,), (d,)]
-    return shapes + [(d,), (vocab, d)]
+    return shapes + [(d,)] + ([] if tied else [(vocab, d)])
 
 
-MODELS = {"gpt2-small": gpt2_shapes, "llama-1b": llama_shapes, "tiny": lambda: gpt2_shapes(2, 64, 512, 128)}
+MODELS = {
+    "gpt2-small": gpt2_shapes,
+    "llama-1b": llama_shapes,
+    "llama-3.2-1b": lambda: llama_shapes(16, 2048, 8192, 128256, kv_dim=512, tied=True),
+    "tiny": lambda: gpt2_shapes(2, 64, 512, 128),
+}
 
 
-def floor_bytes(shapes, dtype: torch.dtype, merit: bool) -> int:
-    """Bytes one step must read and write at least (see the module docstring)."""
+def floor_bytes(shapes, dtype: torch.dtype, merit: bool, weight_once: bool = False) -> int:
+    """Bytes one step must read and write at least (see the module docstring); ``weight_once``:
+    MERIT's pass 1 does not read w (its maxima kept from the previous pass 2)."""
     p = torch.tensor([], dtype=dtype).element_size()
     numel = sum(math.prod(s) for s in shapes)
     if not merit:
         return numel * 7 * p  # g, w, m, v in; w, m, v out; moments in the parameter's dtype
     s = 4 if dtype in (torch.float16, torch.bfloat16, torch.float32) else 8
-    return numel * (p + p + 2 * s + 2 * s + p + 2 * s + p)  # pass 1: g w m v, m v; pass 2: w m v, w
+    pass1 = p + (0 if weight_once else p) + 2 * s + 2 * s  # g (w) m v in; m v out
+    return numel * (pass1 + p + 2 * s + p)  # pass 2: w m v in; w out
 
 
 class Clock:
@@ -145,7 +161,18 @@ def candidates(device: torch.device, args) -> list[tuple[str, callable, str | No
     return out + [("AdamW(fused=True) again", out[0][1], "fused")]
 
 
-def launches(kind, make, shapes, dtype) -> str:
+def triton_launches(step) -> str:
+    """Kernels the Triton backend issued for one more step (its own counter)."""
+    from merit_core.optim.merit import triton_backend
+
+    before = triton_backend.launch_counts()["kernels"]
+    step()
+    return str(triton_backend.launch_counts()["kernels"] - before)
+
+
+def launches(kind, make, shapes, dtype, step=None) -> str:
+    if kind == "triton":
+        return triton_launches(step)
     if kind == "meta":
         return str(count_step_launches(make, shapes, dtype=dtype))
     if kind == "fused":  # one _fused_adamw_ over 4 tensor lists + the step counters' increment
@@ -167,11 +194,14 @@ def run(model: str, dtype_name: str, device: torch.device, clock: Clock, bw: flo
     for label, make, kind in candidates(device, args):
         if label == "MERIT() default" and default in ("reference", "foreach"):
             kind = "meta"
+        if (label == "MERIT() default" and default == "triton") or label == "MERIT('triton')":
+            kind = "triton"
         try:
             step = make(params)
             for _ in range(args.warmup):
                 step()
             seconds = clock.time(step, args.steps)
+            count = launches(kind, make, shapes, dtype, step)
         except (ValueError, RuntimeError) as e:  # a backend this device or dtype cannot run
             print(f"  {label}: skipped ({str(e).splitlines()[0]})")
             continue
@@ -180,22 +210,26 @@ def run(model: str, dtype_name: str, device: torch.device, clock: Clock, bw: flo
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        floor_s = floor_bytes(shapes, dtype, merit=label.startswith("MERIT")) / bw
-        rows.append((label, seconds, launches(kind, make, shapes, dtype), floor_s))
+        merit = label.startswith("MERIT")
+        floors = [floor_bytes(shapes, dtype, merit, weight_once) / bw for weight_once in (False, True)]
+        rows.append((label, seconds, count, floors))
     fused = [s for label, s, _, _ in rows if label.startswith("AdamW(fused=True)")]
     base = statistics.mean(fused) if fused else float("nan")
-    print(f"  {'optimizer':26} {'ms/step':>9} {'x fused AdamW':>14} {'launches':>9} {'floor ms':>9} {'% floor':>8}")
-    for label, seconds, count, floor_s in rows:
+    print(
+        f"  {'optimizer':26} {'ms/step':>9} {'x fused AdamW':>14} {'launches':>9} "
+        f"{'floor ms':>9} {'% floor':>8} {'floor1 ms':>10} {'% floor1':>9}"
+    )
+    for label, seconds, count, (floor_s, floor1_s) in rows:
         print(
             f"  {label:26} {1e3 * seconds:9.2f} {seconds / base:14.2f} {count:>9} "
-            f"{1e3 * floor_s:9.2f} {100 * floor_s / seconds:7.0f}%"
+            f"{1e3 * floor_s:9.2f} {100 * floor_s / seconds:7.0f}% {1e3 * floor1_s:10.2f} {100 * floor1_s / seconds:8.0f}%"
         )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--models", default=None, help="comma-separated: gpt2-small, llama-1b, tiny (default per device)")
+    ap.add_argument("--models", default=None, help="comma-separated: " + ", ".join(MODELS) + " (default per device)")
     ap.add_argument("--dtypes", default="fp32,bf16", help="comma-separated parameter dtypes: fp32, bf16")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per optimizer (median reported)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (state, builds, compilation)")
@@ -206,7 +240,7 @@ def main() -> None:
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("benchmarks/optimizer_step.py: --device cuda, but torch sees no CUDA device")
     torch.set_num_threads(args.threads)
-    models = (args.models or ("gpt2-small,llama-1b" if device.type == "cuda" else "gpt2-small")).split(",")
+    models = (args.models or ("gpt2-small,llama-1b,llama-3.2-1b" if device.type == "cuda" else "gpt2-small")).split(",")
     clock = Clock(device)
     bw = bandwidth(device, clock)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {args.threads} threads"

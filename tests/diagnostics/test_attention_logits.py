@@ -17,7 +17,7 @@ def _causal_max(q, k):
     """q, k: [H, T, D] -> per-head max of q.k/sqrt(D) over key <= query."""
     t, d = q.shape[1], q.shape[2]
     logits = q @ k.transpose(-1, -2) / math.sqrt(d)
-    mask = torch.ones(t, t, dtype=torch.bool).tril()
+    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()  # on the model's device
     return logits.masked_fill(~mask, float("-inf")).amax(dim=(1, 2))
 
 
@@ -43,7 +43,7 @@ def _llama_direct(model, ids):
     cfg = model.config
     h, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
     hd = cfg.hidden_size // h
-    pos = torch.arange(ids.shape[1])[None]
+    pos = torch.arange(ids.shape[1], device=ids.device)[None]
     out = []
     for i, layer in enumerate(model.model.layers):
         x = layer.input_layernorm(hs[i])

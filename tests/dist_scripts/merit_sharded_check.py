@@ -73,12 +73,15 @@ def reference_step(w, g, m, v, t, *, lr, beta1, beta2, eps, **opts):
     return new_w, new_m, new_v
 
 
-def sharded_step(fn, params, grads, exp_avgs, exp_avg_sqs, steps, *, beta1, beta2, **kw):
-    """What the functional core does around merit_sharded: advance the step counters (when they
-    are tensors; merit_sharded refuses anything else), pass the betas as a pair."""
+def sharded_step(fn, params, grads, exp_avgs, exp_avg_sqs, steps, *, beta1, beta2, local=None, **kw):
+    """What the functional core does around merit_sharded: build the hyperparameter record,
+    advance the step counters (when they are tensors; merit_sharded refuses anything else)."""
+    from merit_core.optim.merit.common import Hyper
+
+    h = Hyper.of(betas=(beta1, beta2), **kw)
     if all(isinstance(s, torch.Tensor) for s in steps):
         torch._foreach_add_(steps, 1)
-    fn(params, grads, exp_avgs, exp_avg_sqs, steps, betas=(beta1, beta2), **kw)
+    fn(params, grads, exp_avgs, exp_avg_sqs, steps, h, local=local)
 
 
 # The keyword arguments of one merit_sharded step through `sharded_step`; tests override a few.
@@ -255,6 +258,41 @@ def check_refusals(mesh):
     assert float(local.sum()) == 6.0, "a refused step must not modify anything"
 
 
+def check_nonfinite(mesh) -> int:
+    """The non-finite rule on the global tensor: one NaN/inf entry on one rank's shard makes every
+    shard of that parameter NaN on every rank (moments non-finite only at the entry), Shard(0)
+    and Shard(1), torch and C++ local passes, with and without the weight-wise bound."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from merit_core.optim.merit.sharded import merit_sharded
+
+    checked = 0
+    gen = torch.Generator().manual_seed(11)
+    w0, w1 = torch.randn(6, 4, generator=gen), torch.randn(6, 4, generator=gen)
+    g0, g1 = torch.randn(6, 4, generator=gen), torch.randn(6, 4, generator=gen)
+    for kind, value in (("grad", float("nan")), ("grad", float("inf")), ("weight", float("-inf"))):
+        for dim in (0, 1):
+            for local in ("torch", "cpu"):
+                for opts in (dict(), dict(norm="l2", weight_bound=False)):
+                    w, g = w0.clone(), g0.clone()
+                    (g if kind == "grad" else w)[1, 2] = value
+                    params = [distribute_tensor(t, mesh, (Shard(dim),)) for t in (w, w1.clone())]
+                    gs = [distribute_tensor(t, mesh, (Shard(dim),)) for t in (g, g1.clone())]
+                    ms = [torch.zeros_like(t) for t in params]
+                    vs = [torch.zeros_like(t) for t in params]
+                    kw = {**STEP_DEFAULTS, **opts, "local": local}
+                    sharded_step(merit_sharded, params, gs, ms, vs, [torch.tensor(0.0), torch.tensor(0.0)], **kw)
+                    label = f"nonfinite {kind}={value} Shard({dim}) local={local} {opts}"
+                    assert bool(params[0].to_local().isnan().all()), f"{label}: a local shard is not all NaN"
+                    assert bool(torch.isfinite(params[1].full_tensor()).all()), f"{label}: the other tensor changed"
+                    expected = torch.zeros(6, 4, dtype=torch.bool)
+                    expected[1, 2] = kind == "grad"
+                    for m in (ms[0], vs[0]):
+                        assert torch.equal(~torch.isfinite(m.full_tensor()), expected), f"{label}: moments"
+                    checked += 1
+    return checked
+
+
 def check_fully_shard(mesh) -> float:
     """Real FSDP2 parameters (Linear(4, 1) has a [1, 4] weight: an empty shard on rank 1)."""
     from torch.distributed.fsdp import fully_shard
@@ -342,10 +380,12 @@ def main() -> int:
         atol=2e-5,
     )
     check_refusals(mesh)
+    n_nonfinite = check_nonfinite(mesh)
     worst_fs = check_fully_shard(mesh)
     if rank == 0:
         print(f"CONFIG fsdp_fp32 max_abs_err={worst:.2e}")
         print(f"CONFIG fully_shard max_abs_err={worst_fs:.2e}")
+        print(f"NONFINITE cases={n_nonfinite} ok")
         print(f"ALL OK world={world} reference={t_ref:.2f}s total={time.perf_counter() - t0:.2f}s", flush=True)
     dist.destroy_process_group()
     return 0

@@ -1,12 +1,15 @@
 """Training, the attention-logit probe and `merit eval` on a CUDA GPU (`pytest -m gpu` on a GPU machine).
 
-Every test here is marked `gpu` and skips with its reason where CUDA is absent (CI has no GPU).
-benchmarks/gpu_check.sh runs them on one GPU. Tolerances are stated where they are set; the
+Every test here is marked `gpu`; the CUDA parts skip with their reason where CUDA is absent (CI
+has no GPU), while the device-independent parts (the probe against its direct reference) are
+parametrized over the device and run their CPU case everywhere, so that a reference built on the
+wrong device shows in CI. benchmarks/gpu_check.sh runs them on one GPU. Tolerances are stated where they are set; the
 ones not yet measured on a GPU say so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import tomllib
 
@@ -16,10 +19,11 @@ import torch
 from tests.diagnostics.test_attention_logits import _gpt2_direct, _llama_direct, _scaled
 from tests.eval.test_eval import LOCAL_TASKS, world  # noqa: F401  (`world` is a fixture used below)
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run `pytest -m gpu` on a GPU machine)"),
-]
+pytestmark = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (run `pytest -m gpu` on a GPU machine)"
+)
+DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=needs_cuda)]
 
 TINY = dict(
     batch_size=8,
@@ -60,6 +64,7 @@ def bf16_runs(model_cfg, data_dir, tmp_path_factory):
     }
 
 
+@needs_cuda
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compile"])
 def test_bf16_train_steps(bf16_runs, compiled):
     summary = bf16_runs[compiled]
@@ -74,6 +79,7 @@ def test_bf16_train_steps(bf16_runs, compiled):
     assert all(math.isfinite(v) for v in summary.max_attention_logit)
 
 
+@needs_cuda
 def test_compiled_and_eager_bf16_runs_agree(bf16_runs):
     """Same data, same initialisation: compiled kernels round differently in bf16, so the losses
     agree to about a percent after 4 steps, not bit for bit (tolerance reasoned, not yet measured)."""
@@ -86,6 +92,7 @@ class Crash(Exception):
     pass
 
 
+@needs_cuda
 def test_resume_on_cuda_reproduces_the_uninterrupted_run(model_cfg, data_dir, tmp_path, bf16_runs):
     """Crash after step 3, resume from step 2's checkpoint, compare with the uninterrupted eager run.
 
@@ -117,6 +124,7 @@ def test_resume_on_cuda_reproduces_the_uninterrupted_run(model_cfg, data_dir, tm
     assert resumed.final_val_loss == pytest.approx(bf16_runs[False].final_val_loss, rel=1e-3)
 
 
+@needs_cuda
 def test_pinned_batches_copy_asynchronously_and_unchanged():
     import numpy as np
 
@@ -159,20 +167,28 @@ def _probe_models():
 
 @pytest.mark.parametrize("tf32", [False, True], ids=["no-tf32", "tf32"])
 @pytest.mark.parametrize("family", ["gpt2", "llama-gqa"])
-def test_probe_on_cuda_under_bf16_autocast_matches_fp32_direct(family, tf32):
-    """As in training: bf16 autocast (and TF32 by default) around the probe; it must still give the
-    fp32 logits (issue 11, item 1: 1e-4 relative)."""
+@pytest.mark.parametrize("device", DEVICES)
+def test_probe_under_bf16_autocast_matches_fp32_direct(device, family, tf32):
+    """As in training: bf16 autocast (and TF32 by default on CUDA) around the probe; it must still
+    give the fp32 logits (issue 11, item 1: 1e-4 relative). The direct reference runs on the
+    model's device (its masks and positions too); the CPU case runs everywhere (TF32 is a no-op there).
+
+    The CPU case runs with "meta" as the default device: a tensor built without an explicit device
+    (the bug class of a CPU mask next to a CUDA model) lands on meta and mixing it with the model's
+    CPU tensors raises, so CI catches what would fail on a GPU."""
     from merit_core.diagnostics.attention import max_attention_logits
 
     model, direct = _probe_models()[family]
-    model = model.cuda()
-    ids = torch.randint(0, 256, (2, 37), generator=torch.Generator().manual_seed(0)).cuda()
+    model = model.to(device)
+    ids = torch.randint(0, 256, (2, 37), generator=torch.Generator().manual_seed(0)).to(device)
+    stray = torch.device("meta") if device == "cpu" else contextlib.nullcontext()
     torch.backends.cuda.matmul.allow_tf32 = False
-    with torch.no_grad():
+    with torch.no_grad(), stray:
         expected = direct(model, ids)  # fp32, no autocast, no TF32
     torch.backends.cuda.matmul.allow_tf32 = tf32
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.autocast(device, dtype=torch.bfloat16), stray:
         got = max_attention_logits(model, ids)
+    assert got.device.type == expected.device.type == device
     assert expected.abs().max() > 1.0
     torch.testing.assert_close(got.float(), expected, rtol=1e-4, atol=1e-4)
 
@@ -201,6 +217,7 @@ def _metrics(record):
     }
 
 
+@needs_cuda
 def test_eval_fp32_on_cuda_equals_cpu_and_bf16_is_close(world):  # noqa: F811
     cpu = _metrics(_eval(world, "cpu", "float32"))
     torch.backends.cuda.matmul.allow_tf32 = True  # as after a training run in the same process

@@ -35,8 +35,12 @@ def test_compiled_path_matches_reference_and_never_recompiles_for_a_new_lr():
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
     from merit_core.optim.merit import compiled as merit_compiled
+    from tests.optim.nonfinite import CASES, check
 
-    # Two passes x two shapes = four graphs; a changing lr did not add any.
+    for case in CASES:  # the non-finite rule, on the same two shapes and switches: no new graph
+        check(merit_compiled.merit_compiled, case, "default")
+
+    # Two passes x two shapes = four graphs; neither a changing lr nor NaN/inf added any.
     frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     assert frames == 4, dict(torch._dynamo.utils.counters["stats"])
     assert set(merit_compiled._compiled) == {"pass1", "pass2"}

@@ -22,6 +22,7 @@ import torch
 pytest.importorskip("triton")
 pytest.importorskip("numpy")  # the interpreter needs it
 
+from merit_core.optim.merit.common import Hyper  # noqa: E402
 from merit_core.optim.merit.reference import merit_reference  # noqa: E402
 
 DEFAULTS = dict(
@@ -92,13 +93,13 @@ class Case:
         return [make(p, self.gen).to(self.device) for p in self.params]
 
     def step(self, mt, grads, **kw):
-        kw = {**DEFAULTS, **kw}
+        h = Hyper.of(**{**DEFAULTS, **kw})
         for s in self.steps:
             s += 1
-        mt.merit_triton(self.params, grads, self.m, self.v, self.steps, **kw)
+        mt.merit_triton(self.params, grads, self.m, self.v, self.steps, h)
         for p, g, m, v, s in zip(self.ref, grads, self.m_ref, self.v_ref, self.steps):
             if p.numel():  # the reference cannot reduce an empty tensor; the backend skips them
-                merit_reference([p], [g], [m], [v], [s], **kw)
+                merit_reference([p], [g], [m], [v], [s], h)
         for n, (got, want) in enumerate(zip(self.params, self.ref)):
             if want.dtype == torch.float32:
                 torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=lambda m, n=n: f"tensor {n}: {m}")
@@ -257,7 +258,7 @@ def test_phases_can_be_run_separately(mt):
     for s in case.steps:
         s += 1
     plan = mt.plan_for(case.params, grads, case.m, case.v)
-    scalars = mt.scalars(plan, case.steps, **DEFAULTS)
+    scalars = mt.scalars(plan, case.steps, Hyper.of(**DEFAULTS))
     plan.pass1(scalars)
     plan.finalize(scalars)
     w = case.params[0]
@@ -266,7 +267,7 @@ def test_phases_can_be_run_separately(mt):
     torch.testing.assert_close(plan.tensor_stats[:, 0], torch.stack([w.abs().max(), case.params[1].abs().max()]))
     plan.pass2(scalars)
     for p, g, m, v in zip(case.ref, grads, case.m_ref, case.v_ref):
-        merit_reference([p], [g], [m], [v], [torch.tensor(1.0)], **DEFAULTS)
+        merit_reference([p], [g], [m], [v], [torch.tensor(1.0)], Hyper.of(**DEFAULTS))
     for got, want in zip(case.params, case.ref):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
@@ -281,7 +282,7 @@ def test_bad_inputs_raise_value_errors(mt):
         grads = grads if grads is not None else [torch.zeros_like(p) for p in params]
         zeros = [torch.zeros(p.shape) for p in params]
         steps = [torch.tensor(1.0) for _ in params]
-        mt.merit_triton(params, grads, zeros, [z.clone() for z in zeros], steps, **{**DEFAULTS, **kw})
+        mt.merit_triton(params, grads, zeros, [z.clone() for z in zeros], steps, Hyper.of(**{**DEFAULTS, **kw}))
 
     with pytest.raises(ValueError, match="float64"):
         call([torch.zeros(3, 4, dtype=torch.float64)])
@@ -296,7 +297,7 @@ def test_bad_inputs_raise_value_errors(mt):
     with pytest.raises(ValueError, match="one element"):
         call([torch.zeros(3, 4)], lr=torch.tensor([0.1, 0.2]))
     with pytest.raises(ValueError, match="length"):
-        mt.merit_triton([torch.zeros(2)], [], [], [], [], **DEFAULTS)
+        mt.merit_triton([torch.zeros(2)], [], [], [], [], Hyper.of(**DEFAULTS))
 
 
 def test_every_element_moves_by_at_most_lr(mt):
@@ -305,6 +306,18 @@ def test_every_element_moves_by_at_most_lr(mt):
     case.step(mt, [torch.randn(12, 20, generator=case.gen) * 1e3], lr=0.1)
     assert (case.params[0] - before).abs().max().item() <= 0.1 * (1 + 1e-6)
     assert math.isfinite(case.params[0].sum().item())
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # numpy, on NaN
+@pytest.mark.parametrize("config", ["default", "l2-unbounded", "weightwise-decay"])
+def test_non_finite_values_follow_the_one_rule(mt, config):
+    """The table of tests/optim/nonfinite.py: NaN/inf in a gradient, a weight, a whole row, a
+    1-D tensor; the poisoned tensor is NaN everywhere after steps 1 and 2, its moments are
+    non-finite exactly where the gradient was, the other tensors are untouched."""
+    from tests.optim.nonfinite import CASES, check
+
+    for case in CASES:
+        check(mt.merit_triton, case, config)
 
 
 def test_merit_optimizer_with_triton_matches_the_reference_backend(mt):

@@ -1,6 +1,6 @@
 """MERIT, laid out like ``torch/optim/adam.py``: the optimizer class collects each param group's
 tensors (``optimizer.py``) and calls one functional step (``functional.py``), which hands them to
-one backend with the same signature for all:
+one backend with the same signature for all (the tensor lists and one hyperparameter record):
 
 - ``reference.py``  the readable single-tensor transcription every test compares against
 - ``foreach.py``    eager multi-tensor torch ops (GPUs without Triton, MPS, XPU)
@@ -9,7 +9,8 @@ one backend with the same signature for all:
 - triton            grouped Triton kernels (the CUDA default, once wired)
 - ``sharded.py``    DTensor/FSDP2: a backend's passes on each local shard + one all-reduce
 
-``common.py`` holds what they share: the hyperparameter record and the norm helpers.
+``common.py`` holds what they share: the hyperparameter record, the rule for NaN and infinities
+and the norm helpers.
 """
 
 from merit_core.optim.merit.functional import BACKENDS, IMPLEMENTATIONS, merit

@@ -1,7 +1,8 @@
-"""What every MERIT backend shares: the hyperparameter record and the norm helpers.
+"""What every MERIT backend shares: the hyperparameter record, the rule for non-finite values
+and the norm helpers.
 
-Backends take the hyperparameters as keyword arguments (one signature for all, see
-:mod:`merit_core.optim.merit.functional`) and turn them into one :class:`Hyper` record; the
+The functional core builds one :class:`Hyper` per call (per param group and step) and hands it
+to the backend (one signature for all, see :mod:`merit_core.optim.merit.functional`); the
 norms of MERIT's ratios are computed by :func:`norm` (max-norm or l2, whole tensor or along one
 dim) and turned into ratios by :func:`ratio_or_one`.
 
@@ -9,6 +10,14 @@ Shapes, as the authors' code does: a tensor with 2 or more dims uses element-wis
 along dim 0 and columns along dim 1; for 3-D+ tensors every index of the trailing dims is its
 own [dim0, dim1] matrix for the row and column norms, while the weight-wise ratio spans the
 whole tensor. A tensor with fewer than 2 dims gets one ratio ``||w|| / ||u||`` (1 if either is 0).
+
+Non-finite values (:data:`NONFINITE_RULE`, the same in every backend and for every ablation):
+a parameter whose weight ``w`` or update direction ``u`` holds a NaN or an infinity (a NaN/inf
+gradient, moment or weight entry) becomes NaN in *every* element after the step; its moments
+are updated element by element as always, so they keep non-finite entries exactly where the
+gradient had them. Other parameters of the group are unaffected. A backend detects it from the
+tensor-wide norms of w and u (a max-norm computed with NaN counted as +inf, so that hardware
+maxima that drop NaN cannot hide it; an l2 sum of squares propagates NaN and inf by itself).
 """
 
 from __future__ import annotations
@@ -19,6 +28,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+NONFINITE_RULE = (
+    "a parameter whose weight or update direction holds a NaN or an infinity becomes NaN in every element; "
+    "its moments are updated element by element as usual"
+)
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
@@ -40,7 +53,16 @@ class Hyper:
 
     @classmethod
     def of(cls, *, lr, betas, eps, weight_decay, norm, elementwise, weight_bound, clip, bias_correction, maximize):
-        """The record from the backends' keyword arguments (``betas`` as a pair)."""
+        """The record from the functional API's keyword arguments (``betas`` as a pair).
+
+        Raises ValueError for a ``norm`` other than "max"/"l2" or a ``clip`` that is not > 0 (the
+        optimizer class checks every hyperparameter before; this guards the functional API)."""
+        if norm not in ("max", "l2"):
+            raise ValueError(f"MERIT: norm must be 'max' or 'l2', got {norm!r}")
+        if clip is not None and not clip > 0:
+            raise ValueError(f"MERIT: clip must be > 0 or None, got {clip!r}")
+        if isinstance(lr, Tensor) and lr.numel() != 1:
+            raise ValueError(f"MERIT: a tensor lr must have one element, got shape {tuple(lr.shape)}")
         beta1, beta2 = betas
         return cls(
             lr=lr,
@@ -54,6 +76,40 @@ class Hyper:
             clip=None if clip is None else float(clip),
             bias_correction=bool(bias_correction),
             maximize=bool(maximize),
+        )
+
+    @classmethod
+    def of_group(cls, group: dict) -> Hyper:
+        """The record of an optimizer param group (the keys of :meth:`of`)."""
+        return cls.of(**{k: group[k] for k in HYPER_KEYS})
+
+    @property
+    def betas(self) -> tuple[float, float]:
+        return self.beta1, self.beta2
+
+    def to_op(self) -> tuple[list[float], str, list[bool]]:
+        """The record less ``lr`` as a custom op's arguments (numbers, norm, switches); see :meth:`from_op`."""
+        numbers = [self.beta1, self.beta2, self.eps, self.weight_decay, math.nan if self.clip is None else self.clip]
+        switches = [self.elementwise, self.weight_bound, self.bias_correction, self.maximize]
+        return numbers, self.norm, switches
+
+    @classmethod
+    def from_op(cls, lr: float | Tensor, numbers: list[float], norm: str, switches: list[bool]) -> Hyper:
+        """The record back from :meth:`to_op`'s arguments and an ``lr``."""
+        beta1, beta2, eps, weight_decay, clip = numbers
+        elementwise, weight_bound, bias_correction, maximize = switches
+        return cls(
+            lr=lr,
+            beta1=beta1,
+            beta2=beta2,
+            eps=eps,
+            weight_decay=weight_decay,
+            norm=norm,
+            elementwise=elementwise,
+            weight_bound=weight_bound,
+            clip=None if math.isnan(clip) else clip,
+            bias_correction=bias_correction,
+            maximize=maximize,
         )
 
     def corrections(self, step: Tensor | float) -> tuple[float, float]:
@@ -91,6 +147,26 @@ def norm(x: Tensor, kind: str, dim: int | None = None, dtype: torch.dtype | None
     if dim is None:
         return torch.linalg.vector_norm(x, order, dtype=dtype)
     return torch.linalg.vector_norm(x, order, dim=dim, keepdim=True, dtype=dtype)
+
+
+HYPER_KEYS = (
+    "lr",
+    "betas",
+    "eps",
+    "weight_decay",
+    "norm",
+    "elementwise",
+    "weight_bound",
+    "clip",
+    "bias_correction",
+    "maximize",
+)
+
+
+def finite_norms(wn: Tensor, un: Tensor) -> Tensor:
+    """Whether a tensor's norms of w and u are both finite (else the tensor is poisoned, see
+    :data:`NONFINITE_RULE`)."""
+    return torch.isfinite(wn) & torch.isfinite(un)
 
 
 def ratio_or_one(wn: Tensor, un: Tensor) -> Tensor:

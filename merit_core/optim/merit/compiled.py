@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from merit_core.optim.merit.common import Hyper, norm, ratio_or_one
+from merit_core.optim.merit.common import Hyper, finite_norms, norm, ratio_or_one
 
 RECOMPILE_LIMIT = 256  # one graph per distinct shape; torch's default (8) is below GPT-2's 9
 
@@ -50,11 +50,12 @@ def _pass2(w, m, v, hp, stats, per_element: bool, bound: bool, clip: bool):
             s = torch.maximum(s, ratio_or_one(bw, bu))
         s = torch.where((rw == 0) | (ru == 0) | (cw == 0) | (cu == 0), torch.ones_like(s), s)
     else:
-        s = ratio_or_one(*stats)
+        bw, bu = stats
+        s = ratio_or_one(bw, bu)
     d = s * u
     if clip:
         d = torch.minimum(torch.maximum(d, -hp[7]), hp[7])
-    w.copy_(w32 - hp[0] * d)
+    w.copy_(torch.where(finite_norms(bw, bu), w32 - hp[0] * d, torch.nan))  # the non-finite rule
 
 
 _compiled: dict = {}
@@ -72,10 +73,9 @@ def merit_compiled(
     exp_avgs: list[Tensor],
     exp_avg_sqs: list[Tensor],
     state_steps: list[Tensor],
-    **hyper,
+    h: Hyper,
 ) -> None:
-    """The compile backend (hyperparameters as in :func:`merit_core.optim.merit.functional.merit`)."""
-    h = Hyper.of(**hyper)
+    """The compile backend."""
     cache = {}
     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, accumulated_recompile_limit=RECOMPILE_LIMIT * 4):
         for p, g, m, v, step in zip(params, grads, exp_avgs, exp_avg_sqs, state_steps):

@@ -300,28 +300,11 @@ def _cpu_step(
     exp_avg_sqs: list[Tensor],
     state_steps: list[Tensor],
     lr: Tensor,
-    betas: list[float],
-    eps: float,
-    weight_decay: float,
+    numbers: list[float],
     norm: str,
-    elementwise: bool,
-    weight_bound: bool,
-    clip: float | None,
-    bias_correction: bool,
-    maximize: bool,
+    switches: list[bool],
 ) -> None:
-    h = Hyper.of(
-        lr=float(lr),  # a CPU scalar: no sync
-        betas=betas,
-        eps=eps,
-        weight_decay=weight_decay,
-        norm=norm,
-        elementwise=elementwise,
-        weight_bound=weight_bound,
-        clip=clip,
-        bias_correction=bias_correction,
-        maximize=maximize,
-    )
+    h = Hyper.from_op(float(lr), numbers, norm, switches)  # lr: a CPU scalar, no sync
     lib = load_kernel()
     for p, g, m, v, step in zip(params, grads, exp_avgs, exp_avg_sqs, state_steps):
         if p.numel():
@@ -329,8 +312,7 @@ def _cpu_step(
 
 
 @_cpu_step.register_fake
-def _(params, grads, exp_avgs, exp_avg_sqs, state_steps, lr, betas, eps, weight_decay, norm, elementwise,
-      weight_bound, clip, bias_correction, maximize) -> None:  # fmt: skip
+def _(params, grads, exp_avgs, exp_avg_sqs, state_steps, lr, numbers, norm, switches) -> None:
     return None
 
 
@@ -340,42 +322,17 @@ def merit_cpu(
     exp_avgs: list[Tensor],
     exp_avg_sqs: list[Tensor],
     state_steps: list[Tensor],
-    *,
-    lr,
-    betas,
-    eps,
-    weight_decay,
-    norm,
-    elementwise,
-    weight_bound,
-    clip,
-    bias_correction,
-    maximize,
+    h: Hyper,
 ) -> None:
-    """The CPU backend (hyperparameters as in :func:`merit_core.optim.merit.functional.merit`).
+    """The CPU backend: one ``merit::cpu_step`` custom op for the group (the record travels as
+    :meth:`Hyper.to_op`'s arguments, a custom op taking only primitive types).
 
     The caller checks :func:`unavailable` first (the functional core does)."""
     for p, m in zip(params, exp_avgs):
         if m.dtype != state_dtype(p) or m.shape != p.shape:
             raise ValueError(f"MERIT cpu backend: moments of a {p.dtype} {tuple(p.shape)} parameter are {m.dtype}")
-    if isinstance(lr, Tensor):
-        lr_t = lr.detach().to(device="cpu", dtype=torch.float64)
+    if isinstance(h.lr, Tensor):
+        lr_t = h.lr.detach().to(device="cpu", dtype=torch.float64)
     else:
-        lr_t = torch.tensor(float(lr), dtype=torch.float64)
-    torch.ops.merit.cpu_step(
-        params,
-        grads,
-        exp_avgs,
-        exp_avg_sqs,
-        state_steps,
-        lr_t,
-        [float(b) for b in betas],
-        float(eps),
-        float(weight_decay),
-        norm,
-        bool(elementwise),
-        bool(weight_bound),
-        None if clip is None else float(clip),
-        bool(bias_correction),
-        bool(maximize),
-    )
+        lr_t = torch.tensor(float(h.lr), dtype=torch.float64)
+    torch.ops.merit.cpu_step(params, grads, exp_avgs, exp_avg_sqs, state_steps, lr_t, *h.to_op())

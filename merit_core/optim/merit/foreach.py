@@ -8,9 +8,12 @@ All tensors of a (device, dtype) group move together:
 * the tensor-wide norms of w and u are two ``_foreach_norm`` calls; the weight-wise ratios of
   all tensors are then computed on one stacked vector;
 * the row and column norms are one ``vector_norm`` kernel each per 2-D+ tensor; the row and
-  column ratios of all tensors are concatenated into one vector and formed there, with a
-  NaN marking "a feeding norm is zero" (NaN survives ``maximum`` and becomes 1 at the end);
-* per tensor remain the element-wise scale (``maximum`` of its row and column ratios, NaN -> 1,
+  column ratios of all tensors are concatenated into one vector and formed there, with +inf
+  marking "a feeding norm is zero" (+inf survives ``maximum`` and becomes 1 at the end);
+* a tensor whose norms of w or u are not finite (the non-finite rule of ``common.py``) gets
+  b = NaN, and b (or, without the weight-wise bound, a floor of -inf/NaN) is folded into its
+  column ratios: NaN survives ``maximum`` and every later op, so the whole tensor becomes NaN;
+* per tensor remain the element-wise scale (``maximum`` of its row and column ratios, +inf -> 1,
   multiply; one temporary of the tensor's size at a time) and, for 1-D tensors, one multiply.
 
 No host syncs: step counters are CPU tensors, every other quantity stays on the device.
@@ -24,7 +27,7 @@ import math
 import torch
 from torch import Tensor
 
-from merit_core.optim.merit.common import Hyper, norm
+from merit_core.optim.merit.common import Hyper, finite_norms, norm
 
 _COLUMN_INDEX: dict = {}  # (device, tensors, column counts) -> the tensor index of every column statistic
 
@@ -50,9 +53,9 @@ def _column_index(device: torch.device, tensors: tuple[int, ...], counts: tuple[
 
 
 def _marked_ratio(wn: Tensor, un: Tensor) -> Tensor:
-    """wn / un, NaN wherever wn or un is zero: x / x is 1 for a finite nonzero ratio, NaN for 0, inf, NaN."""
-    x = wn / un
-    return x.mul_(x / x)
+    """wn / un, +inf wherever wn or un is zero (an infinite ratio, which needs a subnormal u, is
+    marked too), NaN where either norm is NaN."""
+    return (wn / un).masked_fill_((wn == 0) | (un == 0), math.inf)
 
 
 @torch.no_grad()
@@ -62,10 +65,9 @@ def merit_foreach(
     exp_avgs: list[Tensor],
     exp_avg_sqs: list[Tensor],
     state_steps: list[Tensor],
-    **hyper,
+    h: Hyper,
 ) -> None:
-    """The foreach backend (hyperparameters as in :func:`merit_core.optim.merit.functional.merit`)."""
-    h = Hyper.of(**hyper)
+    """The foreach backend."""
     for (device, _, _), items in _group(params, grads, exp_avgs, exp_avg_sqs, state_steps).items():
         _step(*map(list, zip(*items)), h=h, device=device)
 
@@ -100,6 +102,7 @@ def _step(ps, gs, ms, vs, steps, *, h: Hyper, device: torch.device) -> None:
     wn = torch.stack(torch._foreach_norm(ps, order, dtype=dtype))
     un = torch.stack(torch._foreach_norm(us, order))
     b = torch.where((wn == 0) | (un == 0), torch.ones_like(wn), wn / un)
+    b = torch.where(finite_norms(wn, un), b, torch.nan)  # the non-finite rule: NaN poisons the tensor
 
     per_element = [k for k, p in enumerate(ps) if p.dim() >= 2 and h.elementwise]
     if per_element:
@@ -113,17 +116,19 @@ def _step(ps, gs, ms, vs, steps, *, h: Hyper, device: torch.device) -> None:
             col_sizes.append(w_stats[-1].numel())
         ratios = _marked_ratio(torch.cat(w_stats), torch.cat(u_stats))
         parts = ratios.split([n for pair in zip(row_sizes, col_sizes) for n in pair])
-        if h.weight_bound:  # the floor b, folded into the column ratios (NaN marks survive maximum)
-            cols = torch.cat(parts[1::2])
-            floor = b[_column_index(device, tuple(per_element), tuple(col_sizes))]
-            parts = list(parts)
-            parts[1::2] = torch.maximum(cols, floor).split(col_sizes)
+        # The floor b (or, without the bound, -inf), NaN for a poisoned tensor, folded into the
+        # column ratios (+inf marks and NaN survive maximum).
+        floor = b if h.weight_bound else torch.where(torch.isnan(b), b, -math.inf)
+        cols = torch.cat(parts[1::2])
+        floor = floor[_column_index(device, tuple(per_element), tuple(col_sizes))]
+        parts = list(parts)
+        parts[1::2] = torch.maximum(cols, floor).split(col_sizes)
         for n, k in enumerate(per_element):
             u = us[k]
             rows_shape = (u.shape[0], 1, *u.shape[2:])
             cols_shape = (1, *u.shape[1:])
             s = torch.maximum(parts[2 * n].view(rows_shape), parts[2 * n + 1].view(cols_shape))
-            u.mul_(s.nan_to_num_(nan=1.0))
+            u.mul_(s.nan_to_num_(nan=math.nan, posinf=1.0))
     done = set(per_element)
     for k, u in enumerate(us):
         if k not in done:

@@ -3,12 +3,13 @@
 Like ``torch.optim.adam.adam``: the :class:`~merit_core.optim.merit.MERIT` optimizer validates
 its hyperparameters and collects each group's tensor lists, then calls :func:`merit`, which
 advances the step counters (the only place they move) and hands the lists to one backend.
-Every backend has the same signature::
+It builds the one hyperparameter record of the call, :class:`~merit_core.optim.merit.common.Hyper`,
+and every backend has the same signature::
 
-    backend(params, grads, exp_avgs, exp_avg_sqs, state_steps, *, lr, betas, eps,
-            weight_decay, norm, elementwise, weight_bound, clip, bias_correction, maximize)
+    backend(params, grads, exp_avgs, exp_avg_sqs, state_steps, h)
 
-with ``state_steps`` already advanced. The backends:
+with ``state_steps`` already advanced and ``h`` that record. Every backend follows the same rule
+for NaN and infinities (:data:`~merit_core.optim.merit.common.NONFINITE_RULE`). The backends:
 
 ================  ==========================================================================
 ``"reference"``   readable single-tensor transcription (``reference.py``); any tensor
@@ -41,7 +42,7 @@ import torch
 from torch import Tensor
 
 from merit_core.optim.merit import cpu
-from merit_core.optim.merit.common import is_dtensor, is_plain
+from merit_core.optim.merit.common import Hyper, is_dtensor, is_plain
 from merit_core.optim.merit.compiled import merit_compiled
 from merit_core.optim.merit.cpu import merit_cpu
 from merit_core.optim.merit.foreach import merit_foreach
@@ -209,21 +210,19 @@ def merit(
         backend: None (the best available for these tensors) or a name of :data:`BACKENDS`
             (aliases ``"eager"``, ``"cpp"``).
 
+    Non-finite values: a parameter whose weight or update direction holds a NaN or an infinity
+    becomes NaN in every element; its moments are updated element by element as usual (every
+    backend, every ablation: :data:`~merit_core.optim.merit.common.NONFINITE_RULE`).
+
     Raises:
-        ValueError: an explicit ``backend`` that cannot take these tensors (nothing changed).
+        ValueError: an explicit ``backend`` that cannot take these tensors, a ``norm`` other than
+            "max"/"l2" or a ``clip`` <= 0 (nothing changed).
     """
     if not params:
         return
     if not (len(grads) == len(exp_avgs) == len(exp_avg_sqs) == len(state_steps) == len(params)):
         raise ValueError("MERIT: params, grads, exp_avgs, exp_avg_sqs and state_steps differ in length")
-    _, fn, extra = choose(backend, params, grads)
-    torch._foreach_add_(state_steps, 1)
-    fn(
-        params,
-        grads,
-        exp_avgs,
-        exp_avg_sqs,
-        state_steps,
+    h = Hyper.of(
         lr=lr,
         betas=betas,
         eps=eps,
@@ -234,5 +233,7 @@ def merit(
         clip=clip,
         bias_correction=bias_correction,
         maximize=maximize,
-        **extra,
     )
+    _, fn, extra = choose(backend, params, grads)
+    torch._foreach_add_(state_steps, 1)
+    fn(params, grads, exp_avgs, exp_avg_sqs, state_steps, h, **extra)

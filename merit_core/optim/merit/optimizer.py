@@ -74,6 +74,13 @@ class MERIT(Optimizer):
     Other placements (``Partial``, ``_StridedShard``) raise ``NotImplementedError`` naming the
     placement, before any state changes.
 
+    Non-finite values, one rule in every backend and for every ablation: a parameter whose
+    weight or update direction holds a NaN or an infinity (a NaN/inf gradient, moment or weight
+    entry) becomes NaN in every element after the step, so the next loss shows it; its moments
+    are updated element by element as usual (non-finite exactly where the gradient was). Other
+    parameters are unaffected. (For ``norm="l2"`` a tensor-wide sum of squares that overflows
+    counts as non-finite too; where it overflows depends on the backend's accumulator.)
+
     ``lr`` may be a 0-d tensor, as in AdamW (the compiled-optimizer recipe): changing its
     value never recompiles a kernel.
 

@@ -1,6 +1,7 @@
 """The readable MERIT backend: one parameter at a time, transcribed directly from the algorithm.
 
-It is the definition the other backends are tested against, and the path for tensor subclasses
+It is the definition the other backends are tested against (non-finite values included: a
+NaN/inf in w or u makes the whole parameter NaN, see ``common.py``), and the path for tensor subclasses
 the fast backends cannot take (its ops are plain reductions and broadcasts, which DTensor and
 most subclasses support). Any device, any float dtype; bf16/fp16 parameters are updated in fp32
 and rounded once.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from merit_core.optim.merit.common import Hyper, norm, ratio_or_one
+from merit_core.optim.merit.common import Hyper, finite_norms, norm, ratio_or_one
 
 
 def reference_step(p: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: Tensor, h: Hyper) -> None:
@@ -27,7 +28,8 @@ def reference_step(p: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
     v_hat = exp_avg_sq / bc2
     u = m_hat / (v_hat.sqrt() + h.eps) + h.weight_decay * w
 
-    b = ratio_or_one(norm(w, h.norm), norm(u, h.norm))  # weight-wise ratio
+    wn, un = norm(w, h.norm), norm(u, h.norm)  # NaN or inf if any entry is (torch's reductions propagate NaN)
+    b = ratio_or_one(wn, un)  # weight-wise ratio
     if p.dim() >= 2 and h.elementwise:
         rw, ru = norm(w, h.norm, dim=1), norm(u, h.norm, dim=1)  # one per row (and trailing index)
         cw, cu = norm(w, h.norm, dim=0), norm(u, h.norm, dim=0)  # one per column
@@ -42,6 +44,7 @@ def reference_step(p: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
     if h.clip is not None:
         d = d.clamp(-h.clip, h.clip)
     new_w = w - d * h.lr if isinstance(h.lr, Tensor) else w.sub(d, alpha=h.lr)
+    new_w = torch.where(finite_norms(wn, un), new_w, torch.nan)  # the non-finite rule, without a host sync
     p.copy_(new_w)  # rounded to p's dtype once
 
 
@@ -52,11 +55,9 @@ def merit_reference(
     exp_avgs: list[Tensor],
     exp_avg_sqs: list[Tensor],
     state_steps: list[Tensor],
-    **hyper,
+    h: Hyper,
 ) -> None:
-    """The reference backend: :func:`reference_step` on each parameter (hyperparameters as in
-    :func:`merit_core.optim.merit.functional.merit`)."""
-    h = Hyper.of(**hyper)
+    """The reference backend: :func:`reference_step` on each parameter."""
     for p, g, m, v, step in zip(params, grads, exp_avgs, exp_avg_sqs, state_steps):
         if p.numel():
             reference_step(p, g, m, v, step, h)

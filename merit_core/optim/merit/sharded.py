@@ -23,6 +23,10 @@ where ``|.|`` is the max-norm (largest absolute entry; ``norm="max"``) or the l2
 authors' code): rows along dim 0, columns along dim 1, and every index of the trailing dims
 is its own [dim 0, dim 1] matrix for the row and column norms, while b spans the whole
 tensor. With ``elementwise=False`` the ``weight_bound`` switch has no effect (s = b).
+Non-finite values follow the rule of ``common.py`` on the *global* tensor: a NaN/inf anywhere
+in a parameter's w or u (on any rank) makes every element of it NaN on every rank. Local max
+statistics count NaN as +inf before the all-reduce (collectives' MAX need not propagate NaN),
+and the tensor-wide norms are always completed, also without the weight-wise bound.
 The update is computed in the moments' dtype (fp32 moments for a bf16 parameter, as MERIT
 keeps them) and the new weight is rounded to the parameter's dtype once.
 
@@ -46,13 +50,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from merit_core.optim.merit import cpu as _cpu
-from merit_core.optim.merit.common import Hyper
+from merit_core.optim.merit.common import Hyper, finite_norms
 
 __all__ = ["merit_sharded"]
 
 _STATS = torch.float64  # statistics travel in float64: the C++ passes write them so, one bucket per group
-
-_NORMS = ("max", "l2")
 
 
 @dataclass
@@ -89,7 +91,7 @@ class _Pending:
     rows: Tensor | None = None  # [2, local rows, T] (or [2, rows*T]): row norms of w and u
     cols: Tensor | None = None  # [2, local cols, T]: column norms of w and u
     total: Tensor | None = None  # [2]: tensor-wide norms of w and u
-    total_from: str = "local"  # "local" | "rows" | "cols" | "none": source of the tensor-wide norms
+    total_from: str = "local"  # "local" | "rows" | "cols": source of the tensor-wide norms
 
 
 def _is_dtensor(t: Tensor) -> bool:
@@ -164,7 +166,11 @@ def _norms(w: Tensor, u: Tensor, dims: tuple[int | None, ...], norm: str, dtype:
     """For each reduction dim, the [2, ...] stack of the norms of ``w`` and ``u`` along it."""
     if norm == "max":  # one |.| pass per tensor, shared by all reductions
         w, u = w.abs(), u.abs()
-    return [torch.stack([_norm(w, d, norm, dtype), _norm(u, d, norm, dtype)]) for d in dims]
+    # amax propagates NaN; a NaN statistic becomes +inf, which every MAX all-reduce keeps
+    return [
+        torch.stack([_norm(w, d, norm, dtype), _norm(u, d, norm, dtype)]).nan_to_num_(nan=math.inf, posinf=math.inf)
+        for d in dims
+    ]
 
 
 def _combine(stats: Tensor, norm: str) -> Tensor:
@@ -212,29 +218,31 @@ def _ratio(stats: Tensor, norm: str) -> tuple[Tensor, Tensor]:
     return ratio, (stats[0] == 0) | (stats[1] == 0)
 
 
-def _apply(job: _Pending, *, lr, norm: str, weight_bound: bool, clip) -> None:
+def _apply(job: _Pending, h: Hyper) -> None:
     """Scale, clip and apply one parameter's update from its completed statistics (torch path)."""
-    u, w = job.u, job.w
+    u, w, norm = job.u, job.w, h.norm
+    finite = finite_norms(job.total[0], job.total[1])  # the non-finite rule, on the global tensor
     if job.rows is None:  # one ratio for the whole tensor
         b, zero = _ratio(job.total, norm)
-        scale = torch.where(zero, torch.ones_like(b), b).to(u.dtype)
-        u.mul_(scale)
+        scale = torch.where(zero, torch.ones_like(b), b)
+        u.mul_(torch.where(finite, scale, torch.nan).to(u.dtype))
     else:
         r, r_zero = _ratio(job.rows, norm)
         c, c_zero = _ratio(job.cols, norm)
         scale = torch.maximum(r[:, None], c[None, :])  # [rows, 1, T] and [1, cols, T]
-        if weight_bound:
+        if h.weight_bound:
             b, _ = _ratio(job.total, norm)  # b's own zeros imply a zero row, masked below
             scale = torch.maximum(scale, b)
         zero = r_zero[:, None] | c_zero[None, :]
         scale = torch.where(zero, torch.ones_like(scale), scale)
+        scale = torch.where(finite, scale, torch.nan)
         u.mul_(scale.to(u.dtype).reshape(u.shape))
-    if clip is not None:
-        u.clamp_(-clip, clip)
-    if isinstance(lr, Tensor):
-        w.sub_(u.mul_(lr))
+    if h.clip is not None:
+        u.clamp_(-h.clip, h.clip)
+    if isinstance(h.lr, Tensor):
+        w.sub_(u.mul_(h.lr))
     else:
-        w.add_(u, alpha=-lr)
+        w.add_(u, alpha=-h.lr)
 
 
 @torch.no_grad()
@@ -244,17 +252,8 @@ def merit_sharded(
     exp_avgs: list[Tensor],
     exp_avg_sqs: list[Tensor],
     state_steps: list[Tensor],
+    h: Hyper,
     *,
-    lr: float | Tensor,
-    betas: tuple[float, float],
-    eps: float,
-    weight_decay: float,
-    norm: str,
-    elementwise: bool,
-    weight_bound: bool,
-    clip: float | None,
-    bias_correction: bool,
-    maximize: bool,
     local: str | None = None,
 ) -> None:
     """One MERIT step, in place, on DTensor (or plain) parameters and their AdamW-shaped state.
@@ -267,7 +266,7 @@ def merit_sharded(
         state_steps: one scalar step tensor per parameter (AdamW's ``state["step"]``), already
             advanced for this step by the caller (the functional core); used only for bias
             correction, read through tensor ops or, by the C++ passes, on the CPU.
-        lr ... maximize: as :func:`merit_core.optim.merit.functional.merit`.
+        h: the hyperparameter record (:class:`~merit_core.optim.merit.common.Hyper`).
         local: how each rank computes on its local shards: ``"cpu"`` (the C++ kernel's two
             passes; CPU shards), ``"torch"`` (torch ops; any device), or None: the C++ passes
             where they can take the shard, torch ops elsewhere.
@@ -279,34 +278,20 @@ def merit_sharded(
     per splitting mesh dimension.
 
     Raises:
-        ValueError: unknown ``norm``/``local`` or mismatched list lengths.
+        ValueError: unknown ``local`` or mismatched list lengths.
         NotImplementedError: a placement other than Shard/Replicate, or states whose
             placements differ from their parameter's.
     """
-    if norm not in _NORMS:
-        raise ValueError(f"merit_sharded: norm must be one of {_NORMS}, got {norm!r}")
     if local not in (None, "cpu", "torch"):
         raise ValueError(f"merit_sharded: local must be None, 'cpu' or 'torch', got {local!r}")
     n = len(params)
     if not (len(grads) == len(exp_avgs) == len(exp_avg_sqs) == len(state_steps) == n):
         raise ValueError("merit_sharded: params, grads, exp_avgs, exp_avg_sqs, state_steps differ in length")
+    norm = h.norm
     reduce_op = "max" if norm == "max" else "sum"
-    beta1, beta2 = betas
-    h = Hyper.of(
-        lr=lr,
-        betas=betas,
-        eps=eps,
-        weight_decay=weight_decay,
-        norm=norm,
-        elementwise=elementwise,
-        weight_bound=weight_bound,
-        clip=clip,
-        bias_correction=bias_correction,
-        maximize=maximize,
-    )
 
     # The C++ passes take lr as a number: a tensor lr is read once (a CPU tensor: no device sync).
-    h_cpu = dataclasses.replace(h, lr=float(lr)) if isinstance(lr, Tensor) else h
+    h_cpu = dataclasses.replace(h, lr=float(h.lr)) if isinstance(h.lr, Tensor) else h
 
     # Validate every parameter before touching any state or issuing any collective, so a
     # refused placement fails on every rank alike instead of leaving ranks in a collective.
@@ -320,7 +305,7 @@ def merit_sharded(
         if layout is None:
             continue
         w, g, m, v = _local(p), _local(g), _local(m), _local(v)
-        per_element = w.ndim >= 2 and elementwise
+        per_element = w.ndim >= 2 and h.elementwise
         if _use_kernel(local, w, g):
             job = _Pending(w=w, u=None, m=m, v=v, step=step)
             shapes = _cpu.stats_shapes(w, h)
@@ -336,9 +321,9 @@ def merit_sharded(
                 (job.total,) = _norms(w, job.u, (None,), norm, _STATS)
         jobs.append(job)
         if per_element:
-            if not weight_bound:
-                job.total_from = "none"
-            elif not (layout.col_groups or layout.batch_groups):
+            # The tensor-wide norms are completed also without the weight-wise bound: the
+            # non-finite rule needs them on the global tensor.
+            if not (layout.col_groups or layout.batch_groups):
                 job.total_from = "cols"  # the completed column norms cover the whole tensor
             elif not (layout.row_groups or layout.batch_groups):
                 job.total_from = "rows"  # likewise the completed row norms
@@ -358,7 +343,7 @@ def merit_sharded(
         if job.u is None:
             _cpu.pass2(job.w, job.m, job.v, job.step, h_cpu, job.rows, job.cols, job.total)
         else:
-            _apply(job, lr=lr, norm=norm, weight_bound=weight_bound, clip=clip)
+            _apply(job, h)
 
 
 def _use_kernel(local: str | None, w: Tensor, g: Tensor) -> bool:

@@ -1,6 +1,6 @@
 """A grouped Triton backend of MERIT: one step of all of a param group's tensors in 3 to 5 launches.
 
-The math is exactly that of ``reference_update`` (merit_core/optim/merit_update.py), in the
+The math is exactly that of :func:`~merit_core.optim.merit.reference.reference_step`, in the
 same order of fp32 operations (IEEE division and square root); only the schedule differs.
 Every tensor is described as a batch of ``K`` matrices ``[R, C]`` (rows along dim 0, columns
 along dim 1, ``K`` = the product of the trailing dims, each index of which is its own matrix
@@ -34,7 +34,8 @@ never recompiles anything).
 
 Phases for sharded callers: :func:`plan_for` returns the cached :class:`TritonPlan` of a list of
 tensors; ``plan.pass1(s)``, ``plan.finalize(s)`` and ``plan.pass2(s)`` (``s`` from
-:func:`scalars`) run the launches, and between finalize and pass 2 a caller may combine
+:func:`scalars`: the step's :class:`Scalars`, derived from the one hyperparameter record
+:class:`~merit_core.optim.merit.common.Hyper`) run the launches, and between finalize and pass 2 a caller may combine
 ``plan.row_stats``, ``plan.col_stats`` and ``plan.tensor_stats`` across ranks (MAX for "max",
 SUM for "l2").
 
@@ -44,9 +45,12 @@ which must be switched on (``TRITON_INTERPRET=1``) before triton is first import
 process (triton's own library functions are decorated then), e.g. in a fresh subprocess.
 
 The kernels write parameters and moments through raw addresses, as other Triton optimizers do:
-autograd's version counters of these tensors are not bumped. NaN/inf in a gradient spread to
-the weights as in the reference only where the hardware's max propagates NaN (the interpreter's
-does not).
+autograd's version counters of these tensors are not bumped.
+
+Non-finite values follow the rule of ``common.py``: pass 1 counts |NaN| as +inf in its max
+partials (Triton's max, like the hardware's, drops NaN), so a tensor-wide norm of w or u is
+infinite exactly when an entry is not finite (l2 sums propagate NaN/inf by themselves), and
+pass 2 then writes NaN to every element of that tensor.
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ from typing import NamedTuple
 
 import torch
 
+from merit_core.optim.merit.common import Hyper
+
 try:
     import triton
     import triton.language as tl
@@ -64,11 +70,11 @@ except ImportError:  # pragma: no cover - exercised only where triton is not ins
     triton = None
     tl = None
 
-# Tile and chunk sizes (read at each launch; tests shrink them to exercise many tiles). Tiles of
-# 32 x 128: with 8 warps the vectorised passes compile to ~80-100 registers a thread for sm_90;
-# the strided variant (per-element 64-bit addresses) needs ~240 at 8 warps, ~100-125 at 16.
-# A finalize program reduces its partials in blocks of FIN_* tiles per iteration, so a tall
-# matrix's columns (GPT-2's wte: 1571 row tiles) take a few dozen iterations.
+# Tile and chunk sizes (read at each launch; tests shrink them to exercise many tiles). The
+# strided variant addresses every element with 64-bit offsets and so needs more registers per
+# thread than the vectorised one; it runs with more warps (register counts per variant are in
+# benchmarks/README.md). A finalize program reduces its partials in blocks of FIN_* tiles per
+# iteration, so a tall matrix's columns take nrt / FIN_ROW_TILES iterations.
 TILE_ROWS = 32
 TILE_COLS = 128
 FIN_COL_TILES = 16  # column tiles per iteration when reducing a tile-row's row partials
@@ -108,22 +114,15 @@ def launch_counts() -> dict[str, int]:
 
 
 class Scalars(NamedTuple):
-    """The resolved scalars and switches of one step (see :func:`scalars`)."""
+    """One step's launch arguments: the group's record ``h`` and what :func:`scalars` resolves
+    from it for this plan and step (the lr's form, the bias corrections)."""
 
+    h: Hyper
     lr: float  # used when lr_tensor is None
     lr_tensor: torch.Tensor | None  # a 1-element tensor on the params' device, loaded in pass 2
-    beta1: float
-    beta2: float
-    eps: float
-    weight_decay: float
     bc1: float  # used when bc_tensor is None
     bc2: float
     bc_tensor: torch.Tensor | None  # [T, 2] fp32 per-tensor bias corrections when steps differ
-    clip: float | None
-    l2: bool
-    elementwise: bool
-    weight_bound: bool
-    maximize: bool
 
 
 if triton is not None:
@@ -261,9 +260,9 @@ if triton is not None:
             ru = tl.sum(su, axis=1)
             tw = tl.sum(rw, axis=0)
             tu = tl.sum(ru, axis=0)
-        else:
-            sw = tl.abs(w)
-            su = tl.abs(u)
+        else:  # |NaN| counts as +inf: Triton's max drops NaN (the non-finite rule, see the docstring)
+            sw = tl.where(w == w, tl.abs(w), float("inf"))
+            su = tl.where(u == u, tl.abs(u), float("inf"))
             rw = tl.max(sw, axis=1)
             ru = tl.max(su, axis=1)
             tw = tl.max(rw, axis=0)
@@ -378,6 +377,11 @@ if triton is not None:
                 tl.store(tensor_stats + 2 * t + 1, tl.max(acc_u, axis=0))
 
     @triton.jit
+    def _not_finite(x):
+        """NaN or +-inf (NaN compares false)."""
+        return ~((x < float("inf")) & (x > -float("inf")))
+
+    @triton.jit
     def _ratio(wn, un, L2: tl.constexpr):
         """(||w|| / ||u||, zero) where zero marks a zero norm (the ratio is then 1)."""
         if L2:
@@ -424,7 +428,10 @@ if triton is not None:
         m = tl.load(m_ptr + p_offs, mask=mask, other=0.0)
         v = tl.load(v_ptr + p_offs, mask=mask, other=0.0)
         w, u = _direction(row, t, p_offs, mask, m, v, bc1, bc2, bcs, eps, wd, PER_TENSOR_BC, ALIGNED)
-        b, _ = _ratio(tl.load(tensor_stats + 2 * t), tl.load(tensor_stats + 2 * t + 1), L2)
+        tw = tl.load(tensor_stats + 2 * t)
+        tu = tl.load(tensor_stats + 2 * t + 1)
+        poison = _not_finite(tw) | _not_finite(tu)  # the non-finite rule: NaN in every element
+        b, _ = _ratio(tw, tu, L2)
         s = tl.zeros([BR, BC], dtype=tl.float32) + b
         if ROWCOL:
             if tl.load(row + 18) != 0:
@@ -453,7 +460,8 @@ if triton is not None:
             d = tl.minimum(tl.maximum(d, -clip), clip)
         if LR_PTR:
             lr = tl.load(lr_ptr).to(tl.float32)
-        _store_from_f32(tl.load(row + 0), tl.load(row + 19), p_offs, w - lr * d, mask, ALIGNED)
+        new_w = tl.where(poison, float("nan"), w - lr * d)
+        _store_from_f32(tl.load(row + 0), tl.load(row + 19), p_offs, new_w, mask, ALIGNED)
 
 
 class TritonPlan:
@@ -580,21 +588,21 @@ class TritonPlan:
             self.row_part,
             self.col_part,
             self.tensor_part,
-            s.beta1,
-            1 - s.beta1,
-            s.beta2,
-            1 - s.beta2,
+            s.h.beta1,
+            1 - s.h.beta1,
+            s.h.beta2,
+            1 - s.h.beta2,
             s.bc1,
             s.bc2,
             bc,
-            s.eps,
-            s.weight_decay,
+            s.h.eps,
+            s.h.weight_decay,
             NM=NMETA,
             BR=TILE_ROWS,
             BC=TILE_COLS,
-            MAXIMIZE=s.maximize,
-            L2=s.l2,
-            ROWCOL=s.elementwise,
+            MAXIMIZE=s.h.maximize,
+            L2=s.h.norm == "l2",
+            ROWCOL=s.h.elementwise,
             PER_TENSOR_BC=s.bc_tensor is not None,
             ALIGNED=aligned,
             num_warps=NUM_WARPS if aligned else NUM_WARPS_STRIDED,
@@ -620,8 +628,8 @@ class TritonPlan:
             FC=FIN_COL_TILES,
             FR=FIN_ROW_TILES,
             FT=FIN_TILES,
-            L2=s.l2,
-            ROWCOL=s.elementwise,
+            L2=s.h.norm == "l2",
+            ROWCOL=s.h.elementwise,
             num_warps=NUM_WARPS,
         )
         _launches["kernels"] += 1
@@ -648,16 +656,16 @@ class TritonPlan:
             s.bc1,
             s.bc2,
             bc,
-            s.eps,
-            s.weight_decay,
-            1.0 if s.clip is None else s.clip,
+            s.h.eps,
+            s.h.weight_decay,
+            1.0 if s.h.clip is None else s.h.clip,
             NM=NMETA,
             BR=TILE_ROWS,
             BC=TILE_COLS,
-            L2=s.l2,
-            ROWCOL=s.elementwise,
-            BOUND=s.weight_bound,
-            CLIP=s.clip is not None,
+            L2=s.h.norm == "l2",
+            ROWCOL=s.h.elementwise,
+            BOUND=s.h.weight_bound,
+            CLIP=s.h.clip is not None,
             LR_PTR=s.lr_tensor is not None,
             PER_TENSOR_BC=s.bc_tensor is not None,
             ALIGNED=aligned,
@@ -742,85 +750,32 @@ def plan_for(params, grads, exp_avgs, exp_avg_sqs) -> TritonPlan:
     return plan
 
 
-def scalars(
-    plan: TritonPlan,
-    state_steps,
-    *,
-    lr,
-    betas,
-    eps,
-    weight_decay,
-    norm,
-    elementwise,
-    weight_bound,
-    clip,
-    bias_correction,
-    maximize,
-) -> Scalars:
-    """Resolve one step's scalars on the host (no device sync: steps are CPU tensors)."""
-    if norm not in ("max", "l2"):
-        raise ValueError(f"merit_triton: norm must be 'max' or 'l2', got {norm!r}")
-    if clip is not None and not clip > 0:
-        raise ValueError(f"merit_triton: clip must be > 0 or None, got {clip!r}")
-    beta1, beta2 = float(betas[0]), float(betas[1])
+def scalars(plan: TritonPlan, state_steps, h: Hyper) -> Scalars:
+    """This step's :class:`Scalars` from the record (on the host; no device sync: steps are CPU
+    tensors)."""
     lr_tensor, lr_value = None, 0.0
-    if isinstance(lr, torch.Tensor):
-        if lr.numel() != 1:
-            raise ValueError(f"merit_triton: a tensor lr must have one element, got shape {tuple(lr.shape)}")
-        if lr.device == plan.device:
-            lr_tensor = lr  # read inside pass 2: no sync, no recompile when it changes
+    if isinstance(h.lr, torch.Tensor):
+        if h.lr.device == plan.device:
+            lr_tensor = h.lr  # read inside pass 2: no sync, no recompile when it changes
         else:
-            lr_value = float(lr)  # a CPU scalar next to device params: reading it does not sync
+            lr_value = float(h.lr)  # a CPU scalar next to device params: reading it does not sync
     else:
-        lr_value = float(lr)
+        lr_value = float(h.lr)
     bc1 = bc2 = 1.0
     bc_tensor = None
-    if bias_correction:
-        steps = [float(state_steps[n]) for n in plan.index]
-        if steps and all(x == steps[0] for x in steps):
-            bc1, bc2 = 1 - beta1 ** steps[0], 1 - beta2 ** steps[0]
-        elif steps:
-            bcs = torch.tensor([[1 - beta1**x, 1 - beta2**x] for x in steps], dtype=torch.float32)
-            bc_tensor = _to_device(bcs, plan.device)
-    return Scalars(
-        lr=lr_value,
-        lr_tensor=lr_tensor,
-        beta1=beta1,
-        beta2=beta2,
-        eps=float(eps),
-        weight_decay=float(weight_decay),
-        bc1=bc1,
-        bc2=bc2,
-        bc_tensor=bc_tensor,
-        clip=None if clip is None else float(clip),
-        l2=norm == "l2",
-        elementwise=bool(elementwise),
-        weight_bound=bool(weight_bound),
-        maximize=bool(maximize),
-    )
+    if h.bias_correction:
+        corrections = [h.corrections(state_steps[n]) for n in plan.index]
+        if corrections and all(c == corrections[0] for c in corrections):
+            bc1, bc2 = corrections[0]
+        elif corrections:
+            bc_tensor = _to_device(torch.tensor(corrections, dtype=torch.float32), plan.device)
+    return Scalars(h=h, lr=lr_value, lr_tensor=lr_tensor, bc1=bc1, bc2=bc2, bc_tensor=bc_tensor)
 
 
-def merit_triton(
-    params,
-    grads,
-    exp_avgs,
-    exp_avg_sqs,
-    state_steps,
-    *,
-    lr,
-    betas,
-    eps,
-    weight_decay,
-    norm,
-    elementwise,
-    weight_bound,
-    clip,
-    bias_correction,
-    maximize,
-) -> None:
+def merit_triton(params, grads, exp_avgs, exp_avg_sqs, state_steps, h: Hyper) -> None:
     """One MERIT step of all given tensors in place, in three Triton launches (pass 1,
     finalize, pass 2). ``state_steps`` are CPU scalar tensors already incremented by the caller
-    (read only, for the bias correction); ``lr`` is a float or a one-element tensor."""
+    (read only, for the bias correction); ``h.lr`` is a float or a one-element tensor."""
     if triton is None:
         raise RuntimeError("merit_triton: triton is not installed")
     if not (len(params) == len(grads) == len(exp_avgs) == len(exp_avg_sqs) == len(state_steps)):
@@ -830,20 +785,7 @@ def merit_triton(
     plan = plan_for(params, grads, exp_avgs, exp_avg_sqs)
     if plan.n_tiles == 0:
         return
-    s = scalars(
-        plan,
-        state_steps,
-        lr=lr,
-        betas=betas,
-        eps=eps,
-        weight_decay=weight_decay,
-        norm=norm,
-        elementwise=elementwise,
-        weight_bound=weight_bound,
-        clip=clip,
-        bias_correction=bias_correction,
-        maximize=maximize,
-    )
+    s = scalars(plan, state_steps, h)
     if plan.device.type == "cuda" and plan.device.index != torch.cuda.current_device():
         with torch.cuda.device(plan.device):  # Triton launches on the current device
             _run_phases(plan, s)

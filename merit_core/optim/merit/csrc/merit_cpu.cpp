@@ -16,6 +16,12 @@
 //   pass 2: recompute u, scale it by s (1 where a feeding norm is zero), clip it, write w
 //           rounded once to the parameter's dtype.
 //
+// Non-finite values (the rule of merit_core/optim/merit/common.py): a NaN or inf in w or u
+// makes every element of the parameter NaN. Max statistics count |NaN| as +inf (absn), so the
+// tensor-wide maxima are infinite exactly when an entry is not finite, whatever order the
+// threads and SIMD lanes combine them in; l2 sums propagate NaN and inf by themselves. Pass 2
+// writes NaN everywhere when a tensor-wide statistic is not finite.
+//
 // merit_step_* runs both; merit_pass1_* / merit_pass2_* are the halves for the sharded path,
 // which completes the statistics across shards in between.
 #include <cmath>
@@ -67,12 +73,14 @@ template <class S> inline S adam_dir(S m, S v, S w, const Hyper<S>& h) {
 }
 template <class S> inline S clip_step(S x, S c) { x = x < -c ? -c : x; return x > c ? c : x; }
 template <class S> inline S mx(S a, S b) { return a > b ? a : b; }
+// |x| for a max statistic: NaN counts as +inf (a max that may drop NaN cannot hide it then).
+template <class S> inline S absn(S x) { const S a = std::fabs(x); return a == a ? a : (S)INFINITY; }
 
 // Accumulator of a norm: max of |x| (exact in S) or sum of x*x (in double).
 template <class S, bool L2> struct Acc;
 template <class S> struct Acc<S, false> {
   using T = S;
-  static inline T add(T acc, S x) { return mx(acc, (S)std::fabs(x)); }
+  static inline T add(T acc, S x) { return mx(acc, absn(x)); }
   static inline double combine(double a, double b) { return a > b ? a : b; }
   static inline double finish(double a) { return a; }
 };
@@ -146,7 +154,7 @@ int pass1(const Tensors<W>& x, const Hyper<typename Math<W>::S>& h, int nth, dou
             S mj = mi[j] * h.b1 + h.omb1 * gj;
             S vj = vi[j] * h.b2 + h.omb2 * gj * gj;
             mi[j] = mj; vi[j] = vj;
-            S aw = std::fabs(wj), au = std::fabs(adam_dir(mj, vj, wj, h));
+            S aw = absn(wj), au = absn(adam_dir(mj, vj, wj, h));
             rw = mx(rw, aw); ru = mx(ru, au);
             if constexpr (ELEMENTWISE) { cw[j] = mx(cw[j], aw); cu[j] = mx(cu[j], au); }
           }
@@ -198,6 +206,11 @@ int pass2(const Tensors<W>& x, const Hyper<typename Math<W>::S>& h, int nth, boo
   const int64_t rows = ELEMENTWISE ? x.R : (numel + BLOCK - 1) / BLOCK;
   const int64_t nrow = x.R * x.T, ncol = ELEMENTWISE ? width : 0;
   const double b = ratio_or_one(A::finish(tot[0]), A::finish(tot[1]));
+  if (!(std::isfinite(tot[0]) && std::isfinite(tot[1]))) {  // the non-finite rule: poison the tensor
+    #pragma omp parallel for num_threads(nth) if (nth > 1)
+    for (int64_t i = 0; i < numel; ++i) store(x.w + i, (S)NAN);
+    return 0;
+  }
   std::vector<S> col_s;
   try {
     col_s.assign(ncol, 0);
