@@ -27,6 +27,7 @@ from merit_core.errors import ConfigError
 from merit_core.runs import CONFIG_HEADER, atomic_write
 
 DTYPES = ("auto", "float32", "bfloat16")
+KERNELS = ("auto", "liger", "none")  # see merit_core.train.kernels
 PARALLEL = ("ddp", "fsdp")
 
 
@@ -64,6 +65,9 @@ class TrainConfig:
     save_every_minutes: also checkpoint when this many minutes passed since the last one (0: off).
     resume_from: resume from this checkpoint (`step_N` of the run, or a path) instead of the latest.
     allow_changes: let a resume continue with another seed, data or tokenizer than the run's.
+    kernels: 'auto' (Liger Kernel's fused linear cross-entropy, RMSNorm, RoPE and SwiGLU on CUDA
+        for the families it supports when liger-kernel is installed; merit's own chunked loss
+        otherwise), 'liger' (insist), 'none' (plain modules); see merit_core.train.kernels.
     parallel: how to spread the model under torchrun: 'ddp' (replicas) or 'fsdp' (FSDP2 shards;
         see merit_core.train.fsdp). A single process ignores it, except that fsdp refuses the
         optimizers it cannot run.
@@ -96,6 +100,7 @@ class TrainConfig:
     dtype: str = "auto"
     tf32: bool = True
     compile: bool = False
+    kernels: str = "auto"
     parallel: str = "ddp"
     eval_every: int = 50
     eval_batches: int = 4
@@ -236,6 +241,8 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError("min_lr_ratio and warmup_ratio must be at most 1")
     if config.dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
+    if config.kernels not in KERNELS:
+        raise ConfigError(f"kernels must be one of {', '.join(KERNELS)}, got {config.kernels!r}")
     if config.parallel not in PARALLEL:
         raise ConfigError(f"parallel must be one of {', '.join(PARALLEL)}, got {config.parallel!r}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", config.device):

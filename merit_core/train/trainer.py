@@ -58,11 +58,16 @@ def build_trainer(
     config: TrainConfig, model: torch.nn.Module, parallel: Parallel, train_tokens: np.ndarray, val_tokens: np.ndarray
 ) -> Trainer:
     """Wrap `model` (on its device) for `parallel`, build the configured optimizer, return the Trainer."""
+    from merit_core.train.kernels import apply_liger, choose_kernels
+
+    loss_fn = None
+    if choose_kernels(config.kernels, model.config, parallel.device) == "liger":
+        loss_fn = apply_liger(model)  # before wrapping: the wrapper and the compiler see the new modules
     forward = parallel.wrap(model, compile=config.compile)
     optimizer = build_optimizer(
         config.optimizer, model, lr=config.lr, weight_decay=config.weight_decay, **config.optimizer_args
     )
-    return Trainer(config, model, forward, optimizer, train_tokens, val_tokens, parallel)
+    return Trainer(config, model, forward, optimizer, train_tokens, val_tokens, parallel, loss_fn=loss_fn)
 
 
 class Trainer:
@@ -82,6 +87,7 @@ class Trainer:
         train_tokens: np.ndarray,
         val_tokens: np.ndarray,
         parallel: Parallel,
+        loss_fn=None,
     ):
         self.config = config
         self.parallel = parallel
@@ -94,7 +100,11 @@ class Trainer:
         self.val = val_batches(val_tokens, config.eval_batches, config.eval_batch_size, config.seq_len)
         self.autocast = lambda: _autocast(self.device, config.dtype)
         self.per_rank = config.batch_size // parallel.world_size
-        self.head = lm_loss.install(model)  # the loss is summed chunk by chunk inside the forward
+        # the loss is summed inside the forward: Liger's fused loss (`loss_fn`) or merit's chunk loop,
+        # its chunk step compiled where the run compiles on CUDA
+        fused = bool(config.compile) and self.device.type == "cuda"
+        self.head = lm_loss.install(model, fused=fused, loss_fn=loss_fn)
+        self.kernels = "liger" if loss_fn is not None else "none"
         self.hook = step_hook(config.optimizer)  # the optimizer spec's extra work after some updates
         self.hook_every = self.hook.interval(optimizer) if self.hook is not None else None
         self.step = 0  # completed updates
