@@ -52,6 +52,8 @@ class TrainConfig:
         is short. The chosen value is written to the run's config.toml, so a resume reuses it.
     device: 'auto' (cuda when available), 'cpu', 'cuda'. dtype: 'auto' (bf16 autocast on CUDA,
         float32 on CPU), 'float32', 'bfloat16' (autocast).
+    compile: 'auto' (torch.compile on CUDA, not on CPU), true or false; each transformer block is
+        compiled (regional compilation, see merit_core.train.compiling).
     tf32: let CUDA float32 matrix products and convolutions use TF32 tensor cores (faster, ~1e-3
         relative error; no effect on CPU or on bf16 autocast's bf16 products).
     eval_every / save_every / log_every: in steps; 0 means only at the end of the run.
@@ -99,7 +101,7 @@ class TrainConfig:
     device: str = "auto"
     dtype: str = "auto"
     tf32: bool = True
-    compile: bool = False
+    compile: str | bool = "auto"
     kernels: str = "auto"
     parallel: str = "ddp"
     eval_every: int = 50
@@ -183,6 +185,9 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
             value = None  # 'auto': chosen by the trainer before step 0
         if key not in FIELD_NAMES:
             raise ConfigError(f"unknown config key {key!r}{_suggest(key, FIELD_NAMES)}")
+        if key == "compile":
+            kwargs[key] = _compile_setting(value)
+            continue
         kwargs[key] = _coerce(key, value, _HINTS[key])
     config = TrainConfig(**kwargs)
     validate(config)
@@ -415,6 +420,16 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
         dotted = next(iter(value), "")
         raise ConfigError(f"unknown config key {name + '.' + dotted!r}: {name} is not a table")
     raise ConfigError(f"{name} must be {_type_word(hint)}, got {value!r}")
+
+
+def _compile_setting(value: Any) -> str | bool:
+    """'auto', true or false (the strings 'true' / 'false' too, as a CLI option may pass them)."""
+    if isinstance(value, bool):
+        return value
+    word = value.strip().lower() if isinstance(value, str) else None
+    if word in ("auto", "true", "false"):
+        return {"auto": "auto", "true": True, "false": False}[word]
+    raise ConfigError(f"compile must be auto, true or false, got {value!r}")
 
 
 def _type_word(hint: Any) -> str:

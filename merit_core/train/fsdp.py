@@ -105,7 +105,11 @@ class FSDPParallel(DDPParallel):
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         self.module = model
-        return torch.compile(model) if compile else model
+        if compile:  # each block's forward, inside FSDP2's per-block all-gather / reshard hooks
+            from merit_core.train.compiling import compile_blocks
+
+            compile_blocks(model)
+        return model
 
     @contextlib.contextmanager
     def no_sync(self):

@@ -1,0 +1,83 @@
+"""torch.compile for training: when it is on, what is compiled, and what a failure says.
+
+`compile` in the run config: 'auto' (on for CUDA, off for CPU, where inductor's C++ compile of a
+model costs minutes and pays back little), true or false to force.
+
+Regional compilation: each transformer block's `forward` is compiled in place (the blocks are
+the same code, so after the first the rest reuse its graph and the cold start stays short),
+not the whole model. Parameter names, state dicts, weight tying and saving are untouched; wrapper
+hooks (DDP's gradient buckets, FSDP2's all-gathers around each block) stay outside the compiled
+region and work as without compilation. The output layer's chunked loss compiles its own chunk
+step (merit_core.train.lm_loss). Evaluation and the attention-logit probe run the blocks eagerly
+(`eager()`): the probe swaps the attention function, and evaluation would otherwise compile a
+second, no-grad graph for a few batches.
+
+A compilation failure is not papered over with a silent fallback: `compile_errors()` turns it into
+one CompileFailed line naming `--set compile=false`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from merit_core.errors import ConfigError
+
+COMPILE_SETTINGS = ("auto", True, False)
+
+
+class CompileFailed(ConfigError):
+    """torch.compile could not compile the model on this machine."""
+
+
+def resolve_compile(setting: str | bool, device: torch.device) -> bool:
+    """What a run's `compile` setting means on `device`."""
+    if setting == "auto":
+        return device.type == "cuda"
+    return bool(setting)
+
+
+def compile_blocks(model: torch.nn.Module) -> int:
+    """Compile each transformer block's forward in place; return how many were compiled."""
+    from merit_core.train.fsdp import transformer_blocks
+
+    blocks = transformer_blocks(model)
+    for block in blocks:
+        if not getattr(block.forward, "_merit_compiled", False):
+            compiled = torch.compile(block.forward)
+            compiled._merit_compiled = True
+            block.forward = compiled
+    return len(blocks)
+
+
+def eager() -> contextlib.AbstractContextManager:
+    """Within it, compiled code runs eagerly (no compilation, no recompilation)."""
+    return torch.compiler.set_stance("force_eager")
+
+
+def _is_compile_error(exc: BaseException) -> bool:
+    module = type(exc).__module__ or ""
+    return module.startswith(("torch._dynamo", "torch._inductor")) or type(exc).__name__ in (
+        "BackendCompilerFailed",
+        "InductorError",
+        "CppCompileError",
+    )
+
+
+@contextlib.contextmanager
+def compile_errors(active: bool) -> Iterator[None]:
+    """Turn a torch.compile failure inside the block into CompileFailed (when `active`)."""
+    try:
+        yield
+    except Exception as exc:
+        if not active or not _is_compile_error(exc):
+            raise
+        root = exc  # the compiler's own error, under dynamo's wrappers
+        while (inner := getattr(root, "inner_exception", None) or root.__cause__) is not None and inner is not root:
+            root = inner
+        first = (str(root).strip().splitlines() or [""])[0][:200]
+        raise CompileFailed(
+            f"torch.compile failed ({type(root).__name__}: {first}); run with --set compile=false"
+        ) from None
