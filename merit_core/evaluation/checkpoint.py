@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from merit_core import runs
-from merit_core.errors import CheckpointError, ConfigError
+from merit_core.errors import CheckpointError, ConfigError, first_line
 from merit_core.hub import looks_like_hub_id
 
 TOKENIZER_FILES = runs.TOKENIZER_FILES
@@ -76,7 +76,7 @@ def resolve_checkpoint(given: str | os.PathLike) -> CheckpointRef:
         raise CheckpointError(f"checkpoint {text} is a file; give the model folder that holds config.json")
     path = path.resolve()
     source = "hf-folder"
-    if not (path / "config.json").is_file():
+    if not (path / runs.MODEL_CONFIG).is_file():
         step = latest_step_dir(path)
         if step is None:
             raise CheckpointError(
@@ -110,11 +110,6 @@ def _refuse_pickle_weights(folder: Path) -> None:
         )
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def check_causal_lm(ref: CheckpointRef) -> Any:
     """Load the model config and check it describes a decoder-only causal LM; returns the config."""
     from transformers import AutoConfig
@@ -124,9 +119,7 @@ def check_causal_lm(ref: CheckpointRef) -> Any:
         config = AutoConfig.from_pretrained(ref.location)
     except (OSError, ValueError, KeyError) as exc:
         where = "a model folder" if ref.is_local else "a local folder, and the hub (or its cache) does not have it"
-        raise CheckpointError(
-            f"cannot read the model config of {ref.given} (not {where}): {_first_line(exc)}"
-        ) from None
+        raise CheckpointError(f"cannot read the model config of {ref.given} (not {where}): {first_line(exc)}") from None
     causal_classes = {
         c for v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() for c in ((v,) if isinstance(v, str) else v)
     }
@@ -143,24 +136,6 @@ def check_causal_lm(ref: CheckpointRef) -> Any:
             "merit eval scores decoder-only LMs"
         )
     return config
-
-
-def resolve_device(device: str | None) -> str:
-    """'auto'/None -> 'cuda' when a GPU is visible, else 'cpu'; check an explicit CUDA device exists."""
-    import torch
-
-    if device in (None, "", "auto"):
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise ConfigError(f"--device {device}: not a torch device (use auto, cpu, cuda or cuda:N)") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"--device {device}: no CUDA GPU is visible; use --device cpu")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ConfigError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
-    return str(dev)
 
 
 _DTYPES = {
@@ -191,10 +166,10 @@ def load_model_and_tokenizer(ref: CheckpointRef, device: str, dtype: str) -> tup
     try:
         tokenizer = AutoTokenizer.from_pretrained(ref.location)
     except (OSError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"cannot load the tokenizer of {ref.given}: {_first_line(exc)}") from None
+        raise CheckpointError(f"cannot load the tokenizer of {ref.given}: {first_line(exc)}") from None
     try:
         safe = {"use_safetensors": True} if ref.is_local else {}  # never a pickle next to the safetensors
         model = AutoModelForCausalLM.from_pretrained(ref.location, dtype=getattr(torch, dtype), **safe)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise CheckpointError(f"cannot load the model weights of {ref.given}: {_first_line(exc)}") from None
+        raise CheckpointError(f"cannot load the model weights of {ref.given}: {first_line(exc)}") from None
     return model.to(device).eval(), tokenizer

@@ -23,13 +23,9 @@ from collections.abc import Iterator
 
 import torch
 
-from merit_core.errors import ConfigError
+from merit_core.errors import CompileFailed
 
 COMPILE_SETTINGS = ("auto", True, False)
-
-
-class CompileFailed(ConfigError):
-    """torch.compile could not compile the model on this machine."""
 
 
 def resolve_compile(setting: str | bool, device: torch.device) -> bool:
@@ -37,6 +33,14 @@ def resolve_compile(setting: str | bool, device: torch.device) -> bool:
     if setting == "auto":
         return device.type == "cuda"
     return bool(setting)
+
+
+def compile_note(blocks: int, seconds: float) -> str:
+    """The line a run shows after its first compiled step."""
+    return (
+        f"compiled {blocks} transformer blocks (compile=true/auto): the first step took {seconds:.1f} s "
+        "with compilation; set compile=false to skip it"
+    )
 
 
 def compile_blocks(model: torch.nn.Module) -> int:

@@ -22,20 +22,16 @@ import torch
 import torch.nn.functional as F
 
 from merit_core.diagnostics.attention import max_attention_logits
-from merit_core.errors import MeritError
+from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 from merit_core.optim import build_optimizer
 from merit_core.optim.registry import StepContext, step_hook
 from merit_core.train import lm_loss
 from merit_core.train.batches import TrainBatches, to_device, val_batches
-from merit_core.train.compiling import compile_errors, eager, resolve_compile
+from merit_core.train.compiling import compile_errors, compile_note, eager, resolve_compile
 from merit_core.train.config import TrainConfig
 from merit_core.train.distributed import Parallel
 from merit_core.train.hardware import available_host_memory
 from merit_core.train.schedule import lr_at
-
-
-class TrainingDiverged(MeritError):
-    """The loss or the gradient norm became nan or inf."""
 
 
 @dataclass
@@ -106,6 +102,7 @@ class Trainer:
         self.per_rank = config.batch_size // parallel.world_size
         self.compiled = resolve_compile(config.compile, self.device)
         self.first_step_s: float | None = None  # wall time of this process's first update (compilation)
+        self.notes: list[str] = []  # one-line notes for the user (TrainingRun passes them to on_note)
         # the loss is summed inside the forward: Liger's fused loss (`loss_fn`) or merit's chunk loop,
         # its chunk step compiled where the run compiles on CUDA
         fused = self.compiled and self.device.type == "cuda"
@@ -137,7 +134,9 @@ class Trainer:
 
     # -- choosing the micro-batch ------------------------------------------------------------
     def choose_micro_batch(self) -> int:
-        """Set config.micro_batch_size when it is unset ('auto'), before step 0, and return it.
+        """The micro-batch size for this run: config.micro_batch_size when set, else the size 'auto'
+        stands for, found here before step 0. Returned, not written: TrainingRun puts it into the
+        config (once), which config.toml then records.
 
         On CUDA: the largest fitting size L (the per-process batch if a forward + backward of it
         fits next to the optimizer state still to come, else the largest divisor of it at most
@@ -155,9 +154,7 @@ class Trainer:
                 size = fastest_fitting(self.per_rank, self._fits_on_gpu, self._seconds_per_sequence)
             else:
                 size = largest_fitting(self.per_rank, self._fits_in_host_memory)
-        agreed = self.parallel.all_reduce(torch.tensor(size, device=self.device), op="min")
-        self.config.micro_batch_size = int(agreed.item())
-        return self.config.micro_batch_size
+        return int(self.parallel.all_reduce(torch.tensor(size, device=self.device), op="min").item())
 
     def _fits_in_host_memory(self, size: int) -> bool:
         free = available_host_memory()
@@ -249,6 +246,10 @@ class Trainer:
                 loss_sum += loss.detach()
         if start is not None:
             self.first_step_s = time.perf_counter() - start
+            if self.compiled:
+                from merit_core.train.fsdp import transformer_blocks
+
+                self.notes.append(compile_note(len(transformer_blocks(self.model)), self.first_step_s))
         grad_norm = self.parallel.clip_grad_norm(self.model, c.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -302,7 +303,7 @@ class Trainer:
                 per_head = max_attention_logits(self.model, self.val[0][0].to(self.device))
         finally:
             self.model.train()
-        return {"val_loss": float(val_loss.item()), "max_attention_logit": per_head.amax(dim=1).tolist()}
+        return {VAL_LOSS: float(val_loss.item()), MAX_ATTENTION_LOGIT: per_head.amax(dim=1).tolist()}
 
     # -- state --------------------------------------------------------------------------------
     def state_dict(self, checkpoint_dir: Path | None = None) -> dict[str, Any]:
