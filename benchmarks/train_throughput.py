@@ -20,7 +20,7 @@ scores and values (forward 2 x 2 L d T, backward twice that), counted over the f
 as in the PaLM paper's appendix B (causal masking halves the useful part). The 6N column alone is
 shown too, as issue tables quote it.
 
-    python benchmarks/train_throughput.py --device cuda    # gpt2-small 64 x 1024 and llama-1b 32 x 2048
+    python benchmarks/train_throughput.py --device cuda    # gpt2-small 64 x 1024 and llama-1b 16 x 2048
     python benchmarks/train_throughput.py --device cpu     # tiny models, minutes on a CPU
     python benchmarks/train_throughput.py --optimizers adamw,merit   # the optimizer comparison below
 
@@ -45,9 +45,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-# model, global batch, seq len, vocabulary (None: the named model's)
-CUDA_MODELS = (("gpt2-small", 64, 1024, None), ("llama-1b", 32, 2048, None))
-CPU_MODELS = (("gpt2-tiny", 8, 128, None), ("llama-tiny", 8, 128, None))
+# model, global batch, seq len, vocabulary (None: the named model's), timed steps per round
+CUDA_MODELS = (("gpt2-small", 64, 1024, None, 10), ("llama-1b", 16, 2048, None, 4))
+CPU_MODELS = (("gpt2-tiny", 8, 128, None, 2), ("llama-tiny", 8, 128, None, 2))
+LOOPS = ("merit default", "merit eager", "plain eager", "plain compiled")
 
 
 def build_trainer(optimizer: str, args, train_tokens, val_tokens, model_name=None, **overrides):
@@ -174,9 +175,12 @@ def side_by_side(args) -> list[dict]:
     models = CUDA_MODELS if device.type == "cuda" else CPU_MODELS
     if args.models:
         wanted = args.models.split(",")
-        models = [m for m in models if m[0] in wanted] or [(w, args.batch_size, args.seq_len, None) for w in wanted]
+        models = [m for m in models if m[0] in wanted] or [
+            (w, args.batch_size, args.seq_len, None, args.steps or 2) for w in wanted
+        ]
     rows: list[dict] = []
-    for name, batch, seq, vocab in models:
+    for name, batch, seq, vocab, steps in models:
+        steps = args.steps or steps
         args.batch_size, args.seq_len = batch, seq
         args.vocab_size = vocab or args.vocab_arg or model_config(name).vocab_size
         rng = np.random.default_rng(0)
@@ -188,12 +192,12 @@ def side_by_side(args) -> list[dict]:
             ("plain eager", False),
             ("plain compiled", True),
         ]
+        loops = [loop for loop in loops if loop[0] in args.loops]
         micro = args.micro_batch_size
         for label, how in loops:
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-            reset_peak_memory(device)
             t0 = time.perf_counter()
             try:
                 if label.startswith("merit"):
@@ -207,11 +211,10 @@ def side_by_side(args) -> list[dict]:
                     batches = TrainBatches(tokens, seq, seed=0, pin_memory=device.type == "cuda")
                     loop = PlainLoop(name, args, batches, micro or batch, compiled=how)
                     log_every = args.log_every
+                reset_peak_memory(device)  # after merit's micro-batch search, which tries the larger sizes
                 timed_steps(loop, args.warmup, log_every)
                 cold = time.perf_counter() - t0
-                rates = [
-                    args.steps * batch * seq / timed_steps(loop, args.steps, log_every) for _ in range(args.rounds)
-                ]
+                rates = [steps * batch * seq / timed_steps(loop, steps, log_every) for _ in range(args.rounds)]
             except Exception as exc:  # a loop that fails is a row that says so, the others still run
                 rows.append({"model": name, "loop": label, "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
                 print(f"{name} {label}: FAILED {exc!r:.300}", flush=True)
@@ -244,11 +247,10 @@ def side_by_side(args) -> list[dict]:
 
 
 def _default_compile(device):
-    """What `merit train` compiles by default on `device` (config compile='auto' when the config has it)."""
+    """`merit train`'s default compile setting (resolved per device by the Trainer)."""
     from merit_core.train.config import TrainConfig
 
-    default = TrainConfig().compile
-    return default
+    return TrainConfig().compile
 
 
 def print_side_by_side(rows: list[dict], args) -> None:
@@ -256,7 +258,7 @@ def print_side_by_side(rows: list[dict], args) -> None:
     from rich.table import Table
 
     table = Table(
-        title=f"merit train's loop vs a minimal plain loop, {args.device}, AdamW, {args.rounds} x {args.steps} steps"
+        title=f"merit train's loop vs a minimal plain loop, {args.device}, AdamW, median of {args.rounds} rounds"
     )
     cols = [
         "model",
@@ -378,10 +380,11 @@ def main() -> None:
     parser.add_argument("--micro-batch-size", type=int, default=None)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--vocab-size", dest="vocab_arg", type=int, default=None)
-    parser.add_argument("--warmup", type=int, default=None, help="untimed steps per loop (default 5 on CUDA, 2 on CPU)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps per loop (default 3 on CUDA, 2 on CPU)")
     parser.add_argument("--rounds", type=int, default=None, help="default 3 (side by side), 6 (optimizers)")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps per round (default 10 on CUDA, 2 on CPU)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per round (default: per model)")
     parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--loops", default=",".join(LOOPS), help="side by side: which loops, comma-separated")
     parser.add_argument("--compile", action="store_true", help="the optimizer comparison: compile=true")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--json", default=None, help="side by side: also write the rows here")
@@ -399,9 +402,9 @@ def main() -> None:
         args.steps = args.steps or 4
         compare_optimizers(args)
         return
-    args.warmup = (5 if cuda else 2) if args.warmup is None else args.warmup
-    args.rounds = args.rounds or 3
-    args.steps = args.steps or (10 if cuda else 2)
+    args.warmup = (3 if cuda else 2) if args.warmup is None else args.warmup
+    args.rounds = args.rounds or (3 if cuda else 2)
+    args.loops = [name.strip() for name in args.loops.split(",")]
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
     rows = side_by_side(args)

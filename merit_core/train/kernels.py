@@ -31,6 +31,7 @@ from merit_core.models import family_spec
 from merit_core.models.family import LigerKernels
 
 KERNELS = ("auto", "liger", "none")
+CAUSAL_SDPA = "merit_causal_sdpa"
 INSTALL_HINT = "pip install 'merit-optim[gpu]' (liger-kernel)"
 
 
@@ -134,3 +135,24 @@ def _patch_rope(modeling: str) -> None:
     apply_rotary_pos_emb._merit_liger = True
     apply_rotary_pos_emb._merit_original = current
     mod.apply_rotary_pos_emb = apply_rotary_pos_emb
+
+
+def mask_free_attention(model: torch.nn.Module) -> bool:
+    """Train a plain causal model through SDPA's `is_causal` path with no mask built per forward.
+
+    transformers builds an attention mask in every forward, and for a batch without an attention
+    mask it first checks the position ids for packed sequences with a tensor -> bool read: a host
+    sync at the start of every micro-batch's forward on CUDA. Registered under its own name with
+    no mask function, transformers' SDPA attention gets no mask and runs causal (the same result:
+    merit's training batches are unpadded windows). Only for models on SDPA without sliding-window
+    layers; True when switched. The name is not saved with the model's config.
+    """
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    config = model.config
+    if config._attn_implementation != "sdpa" or any(w is not None for w in family_spec(config).sliding_windows(config)):
+        return False
+    AttentionInterface.register(CAUSAL_SDPA, sdpa_attention_forward)
+    model.set_attn_implementation(CAUSAL_SDPA)
+    return True

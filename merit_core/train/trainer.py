@@ -58,8 +58,9 @@ def build_trainer(
     config: TrainConfig, model: torch.nn.Module, parallel: Parallel, train_tokens: np.ndarray, val_tokens: np.ndarray
 ) -> Trainer:
     """Wrap `model` (on its device) for `parallel`, build the configured optimizer, return the Trainer."""
-    from merit_core.train.kernels import apply_liger, choose_kernels
+    from merit_core.train.kernels import apply_liger, choose_kernels, mask_free_attention
 
+    mask_free_attention(model)  # no per-forward mask building (and its host sync)
     loss_fn = None
     if choose_kernels(config.kernels, model.config, parallel.device) == "liger":
         loss_fn = apply_liger(model)  # before wrapping: the wrapper and the compiler see the new modules

@@ -74,12 +74,15 @@ def test_a_compile_failure_stops_with_one_line_naming_compile_false(tmp_path, mo
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "merit"])
-def test_train_step_reads_nothing_back_to_the_host(tmp_path, monkeypatch, optimizer):
+@pytest.mark.parametrize("optimizer, args", [("adamw", {}), ("merit", {"implementation": "foreach"})])
+def test_train_step_reads_nothing_back_to_the_host(tmp_path, monkeypatch, optimizer, args):
     """Loss, grad norm and the non-finite marker stay on the device between log steps: no
     .item(), float(), int(), bool() or .tolist() of a tensor during train_step (with gradient
-    accumulation over two micro-batches)."""
-    trainer = _tiny_trainer(tmp_path, optimizer)
+    accumulation over two micro-batches), the model's forward included (transformers' packed-
+    sequence check read a bool per forward before `mask_free_attention`). MERIT runs its
+    device-generic foreach backend here: the CPU-only C++ backend reads its lr from a CPU scalar,
+    no device sync; tests/gpu/test_gpu.py checks the CUDA path with CUDA's sync debug mode."""
+    trainer = _tiny_trainer(tmp_path, optimizer, optimizer_args=args)
     trainer.train_step()  # optimizer state created
     calls = []
     for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__"):
