@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -78,7 +79,8 @@ def build_trainer(optimizer: str, args, train_tokens, val_tokens, model_name=Non
     mconf = model_config(values["model"], vocab_size=args.vocab_size, context=max(args.seq_len, 256))
     model = build_model(mconf, seed=0).to(parallel.device)
     trainer = trainer_for(config, model, parallel, train_tokens, val_tokens)
-    trainer.choose_micro_batch()
+    if config.micro_batch_size is None:  # 'auto', settled before step 0 as TrainingRun does
+        trainer.config = dataclasses.replace(config, micro_batch_size=trainer.choose_micro_batch())
     return trainer
 
 

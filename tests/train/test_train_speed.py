@@ -133,9 +133,11 @@ def test_prefetched_copies_keep_the_order():
 
 
 def test_compiled_run_trains_evaluates_saves_and_resumes_like_the_eager_run(model_cfg, data_dir, tmp_path):
-    """compile=true on CPU (inductor): the per-block compiled forward gives the eager run's losses
-    within 1e-4 relative (fp32; kernels fuse and reorder sums), evaluation and the attention probe
-    work, checkpoints keep the plain parameter names, and a resume continues the compiled run."""
+    """compile=true on CPU (inductor): the per-block compiled forward gives the eager run's first
+    loss within 1e-5 relative (fp32; fused kernels reorder sums) and the later ones within 5e-3
+    (measured 5.7e-4 at worst: the optimizer's normalised updates amplify the reordering),
+    evaluation and the attention probe work, checkpoints keep the plain parameter names, and a
+    resume continues the compiled run."""
     from merit_core.train.checkpoint import load_trainer_state  # noqa: F401  (the run writes it)
     from merit_core.train.metrics import read_metrics
     from merit_core.train.training_run import TrainCallbacks, run_training
@@ -169,11 +171,13 @@ def test_compiled_run_trains_evaluates_saves_and_resumes_like_the_eager_run(mode
     want = {r["step"]: r for r in read_metrics(tmp_path / "eager") if "loss" in r}
     got = {r["step"]: r for r in read_metrics(out) if "loss" in r}
     assert sorted(got) == [1, 2, 3]
-    for step in got:
-        assert got[step]["loss"] == pytest.approx(want[step]["loss"], rel=1e-4)
+    losses = [(got[step]["loss"], want[step]["loss"]) for step in sorted(got)]
+    assert losses[0][0] == pytest.approx(losses[0][1], rel=1e-5), losses  # the same weights, reordered sums
+    for a, b in losses[1:]:  # after updates: Adam-type steps amplify the reordering of tiny gradients
+        assert a == pytest.approx(b, rel=5e-3), losses
     evals = [r for r in read_metrics(out) if "val_loss" in r]
     assert evals and all(len(r["max_attention_logit"]) == 2 for r in evals)
-    assert resumed.final_val_loss == pytest.approx(eager.final_val_loss, rel=1e-4)
+    assert resumed.final_val_loss == pytest.approx(eager.final_val_loss, rel=5e-3)
     from safetensors.torch import load_file
 
     names = set(load_file(str(resumed.last_checkpoint / "model.safetensors")))
