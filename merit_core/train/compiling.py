@@ -43,10 +43,18 @@ def compile_note(blocks: int, seconds: float) -> str:
     )
 
 
+def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated decoder layers of a transformers model (its `_no_split_modules` classes)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:  # fall back to the longest ModuleList (GPT-2's `h`, Llama's `layers`)
+        lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+        blocks = list(max(lists, key=len)) if lists else []
+    return blocks
+
+
 def compile_blocks(model: torch.nn.Module) -> int:
     """Compile each transformer block's forward in place; return how many were compiled."""
-    from merit_core.train.fsdp import transformer_blocks
-
     blocks = transformer_blocks(model)
     for block in blocks:
         if not getattr(block.forward, "_merit_compiled", False):

@@ -27,7 +27,7 @@ from merit_core.optim import build_optimizer
 from merit_core.optim.registry import StepContext, step_hook
 from merit_core.train import lm_loss
 from merit_core.train.batches import TrainBatches, to_device, val_batches
-from merit_core.train.compiling import compile_errors, compile_note, eager, resolve_compile
+from merit_core.train.compiling import compile_errors, compile_note, eager, resolve_compile, transformer_blocks
 from merit_core.train.config import TrainConfig
 from merit_core.train.distributed import Parallel
 from merit_core.train.hardware import available_host_memory
@@ -248,8 +248,6 @@ class Trainer:
         if start is not None:
             self.first_step_s = time.perf_counter() - start
             if self.compiled:
-                from merit_core.train.fsdp import transformer_blocks
-
                 self.notes.append(compile_note(len(transformer_blocks(self.model)), self.first_step_s))
         grad_norm = self.parallel.clip_grad_norm(self.model, c.grad_clip)
         self.optimizer.step()
