@@ -299,7 +299,7 @@ def print_side_by_side(rows: list[dict], args) -> None:
             f"{r['cold_s']:.0f}",
             str(r["micro"]),
         )
-    Console().print(table)
+    Console(width=max(Console().width, 160)).print(table)  # a log file gets whole rows
 
 
 # -- the optimizer comparison ------------------------------------------------------------------
