@@ -91,34 +91,6 @@ def _disk_full(exc: BaseException, path: Path) -> None:
         raise DiskFull(f"disk full while writing {path}") from None
 
 
-def atomic_write(path: str | Path, data: str | bytes) -> Path:
-    """Write `data` to `path` so that readers see the old file or the whole new one, never a part.
-
-    A temp file in the same folder, fsynced, renamed over `path`, then the folder fsynced. The
-    file gets the user's umask. ENOSPC becomes DiskFull naming `path`; the temp file is removed.
-    """
-    path = Path(path)
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    tmp = _temp_name(path)
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)  # 0o666 & ~umask
-        try:
-            view = memoryview(raw)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        _disk_full(exc, path)
-        raise
-    fsync_dir(path.parent)
-    return path
-
-
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temp path beside `path` for a writer that wants a file name (a plot, a tokenizer file).
@@ -139,6 +111,25 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         _disk_full(exc, path)
         raise
     fsync_dir(path.parent)
+
+
+def atomic_write(path: str | Path, data: str | bytes) -> Path:
+    """Write `data` to `path` so that readers see the old file or the whole new one, never a part.
+
+    A temp file in the same folder, fsynced, renamed over `path`, then the folder fsynced (see
+    `atomic_path`). The file gets the user's umask. ENOSPC becomes DiskFull naming `path`; the
+    temp file is removed.
+    """
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    with atomic_path(path) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)  # 0o666 & ~umask
+        try:
+            view = memoryview(raw)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+    return Path(path)
 
 
 def atomic_write_json(path: str | Path, value: Any, **dumps: Any) -> Path:

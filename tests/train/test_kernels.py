@@ -122,6 +122,7 @@ if not _INTERPRETED:
     ):
         del globals()[_name]
 
+    @pytest.mark.float_compare
     def test_liger_under_the_interpreter():
         """The cases above, in a child pytest with TRITON_INTERPRET=1 (see the module docstring)."""
         root = Path(__file__).resolve().parents[2]
