@@ -170,7 +170,7 @@ for dtype in float32 bfloat16; do
         row "merit eval $dtype" "skipped" 0 "no checkpoint from the MERIT run"
         continue
     fi
-    run "merit eval $dtype" 45 "$OUT/eval.log" "$PY" -m merit_cli eval "$CKPT" --tasks harbour_lambada,harbour_wiki \
+    run "merit eval $dtype" 60 "$OUT/eval.log" "$PY" -m merit_cli eval "$CKPT" --tasks harbour_lambada,harbour_wiki \
         --include-path "$TASKS" --device $DEVICE --dtype $dtype --bootstrap-iters 0 "${EVAL_LIMIT[@]}" \
         -o "$WORK/eval-$dtype.json"
     scores=$("$PY" - "$WORK/eval-$dtype.json" <<'EOF' 2>/dev/null
