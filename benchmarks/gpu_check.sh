@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
-# The GPU check of issue 11, made to fit one 10-minute call of the device tool on one H200 with
-# no network (about 8 minutes with the machine's start-up). From the repository root:
+# The GPU check of issues 11 and 19, made to fit one 10-minute call of the device tool on one H200
+# with no network (about 9 minutes with the machine's start-up). From the repository root:
 #
 #   bash benchmarks/fetch_gpu_wheels.sh     # here, once: wheels the GPU image lacks -> .gpu-wheels/
 #   device tool: run(command="bash benchmarks/gpu_check.sh", carry=[".gpu-wheels"], timeout_s=600)
 #   bash benchmarks/gpu_check.sh --dry-run  # on a CPU: the same steps, shrunk, CUDA-only parts skipped
 #
 # Steps, each under `timeout` (cut further to the time left of GPU_CHECK_BUDGET seconds, default
-# 420), a failure logged and the next step run regardless:
+# 540), a failure logged and the next step run regardless, in order of importance:
 #   1. install the carried wheels into a folder on PYTHONPATH (pip --no-index --no-deps --target);
 #   2. `pytest -m gpu` (tests/gpu and any other test marked gpu);
-#   3. benchmarks/optimizer_step.py --device cuda (its failure is logged, not fatal);
-#   4. 100 steps of gpt2-small in bf16 at batch 64 x 1024 with MERIT, then with AdamW, on the
-#      built-in corpus (a BPE trained offline on the standard library's docstrings): tokens/s,
-#      MFU, peak memory, final loss, max attention logit, the micro-batch chosen;
-#   5. `merit eval` of the MERIT run's checkpoint on a local task, in float32 and in bfloat16.
-# It prints ONE table last. Logs and results go to $OUT (a temporary folder when unset), at most
-# 8 files as the device tool returns them: gpu_check.log (everything, in order), pytest.log,
-# optimizer.log, train.log, eval.log, results.json, table.md.
+#   3. benchmarks/train_throughput.py --device cuda: merit train's loop (default settings, and
+#      eager) next to a minimal plain loop (eager, compiled) on gpt2-small 64 x 1024 and llama-1b
+#      16 x 2048: tokens/s, ratio to the plain compiled loop, MFU (6N and 6N + attention), peak memory;
+#   4. benchmarks/optimizer_step.py --device cuda (its failure is logged, not fatal);
+#   5. 100 steps of gpt2-small in bf16 at batch 64 x 1024 with MERIT on the built-in corpus (a BPE
+#      trained offline on the standard library's docstrings): tokens/s, MFU, peak memory, final
+#      loss, max attention logit, the micro-batch chosen;
+#   6. `merit eval` of the MERIT run's checkpoint on a local task, in float32 and in bfloat16.
+# It prints ONE table last (with the side-by-side rows). Logs and results go to $OUT (a temporary
+# folder when unset), at most 8 files as the device tool returns them: gpu_check.log (everything,
+# in order), pytest.log, throughput.log, optimizer.log, train.log, eval.log, results.json, table.md.
 set -uo pipefail
 
 DRY=0
@@ -28,7 +31,7 @@ PY=${PYTHON:-python3}
 OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/gpu_check_out.XXXXXX")}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
 WHEELS=${GPU_WHEELS:-$ROOT/.gpu-wheels}
-BUDGET=${GPU_CHECK_BUDGET:-420}
+BUDGET=${GPU_CHECK_BUDGET:-540}
 START=$(date +%s)
 mkdir -p "$OUT"
 LOG=$OUT/gpu_check.log
@@ -41,8 +44,11 @@ export TORCHINDUCTOR_CACHE_DIR=$WORK/inductor PYTHONPATH=$ROOT${PYTHONPATH:+:$PY
 
 if [ $DRY = 1 ]; then # shrunk sizes: the same code paths, minutes on a CPU
     DEVICE=cpu MODEL=gpt2-tiny BATCH=4 SEQ=128 STEPS=2 EVAL_LIMIT=(--limit 3) PYTEST_LIMIT=240
+    # the CPU's tiny model, one round, without the whole-model compile (minutes of C++ builds on a CPU)
+    THROUGHPUT=(--device cpu --models gpt2-tiny --rounds 1 --steps 1 --warmup 1 --loops "merit default,merit eager,plain eager")
 else
-    DEVICE=cuda MODEL=gpt2-small BATCH=64 SEQ=1024 STEPS=100 EVAL_LIMIT=() PYTEST_LIMIT=150
+    DEVICE=cuda MODEL=gpt2-small BATCH=64 SEQ=1024 STEPS=100 EVAL_LIMIT=() PYTEST_LIMIT=120
+    THROUGHPUT=(--device cuda)
 fi
 
 ROWS=() # "check|status|seconds|result"
@@ -112,7 +118,12 @@ run "pytest -m gpu" $PYTEST_LIMIT "$OUT/pytest.log" "$PY" -m pytest -q -m gpu -r
 counts=$(grep -E "(passed|failed|skipped|deselected|error).* in [0-9.]+s" "$OUT/pytest.log" | tail -1 | tr -d '=')
 row "pytest -m gpu" "$STATUS" "$SECONDS_TAKEN" "${counts:-no summary line (see pytest.log)}"
 
-# -- 3. optimizer step benchmark ------------------------------------------------------------
+# -- 3. merit train's loop next to a plain loop ----------------------------------------------
+run "train_throughput.py ${THROUGHPUT[*]}" 300 "$OUT/throughput.log" "$PY" benchmarks/train_throughput.py \
+    "${THROUGHPUT[@]}" --json "$WORK/throughput.json"
+row "side-by-side throughput" "$STATUS" "$SECONDS_TAKEN" "rows below this table (throughput.log: the printed table)"
+
+# -- 4. optimizer step benchmark ------------------------------------------------------------
 if [ $DRY = 1 ]; then
     run "optimizer_step.py --models tiny" 120 "$OUT/optimizer.log" "$PY" benchmarks/optimizer_step.py --models tiny --steps 2 --warmup 1
 else
@@ -122,9 +133,9 @@ fi
 bench=$(grep -E "^ *MERIT\(\) default" "$OUT/optimizer.log" | head -1 | tr -s ' ' | cut -c1-140)
 row "optimizer step benchmark" "$STATUS" "$SECONDS_TAKEN" "${bench:-see optimizer.log}"
 
-# -- 4. training ----------------------------------------------------------------------------
-for opt in merit adamw; do
-    run "train $MODEL $opt" 110 "$OUT/train.log" "$PY" benchmarks/gpu_check_train.py --optimizer $opt \
+# -- 5. training (AdamW's loop speed is in the side-by-side rows) ----------------------------
+for opt in merit; do
+    run "train $MODEL $opt" 90 "$OUT/train.log" "$PY" benchmarks/gpu_check_train.py --optimizer $opt \
         --model $MODEL --batch-size $BATCH --seq-len $SEQ --steps $STEPS --device $DEVICE \
         --out "$WORK/run-$opt" --json "$WORK/train-$opt.json"
     summary=$("$PY" - "$WORK/train-$opt.json" <<'EOF' 2>/dev/null
@@ -140,7 +151,7 @@ EOF
     row "train $MODEL $opt x$STEPS" "$STATUS" "$SECONDS_TAKEN" "${summary:-see train.log}"
 done
 
-# -- 5. merit eval of the MERIT checkpoint on a local task ----------------------------------
+# -- 6. merit eval of the MERIT checkpoint on a local task ----------------------------------
 TASKS=$WORK/tasks
 "$PY" - "$TASKS" >>"$LOG" 2>&1 <<'EOF'
 import json, sys
@@ -159,7 +170,7 @@ for dtype in float32 bfloat16; do
         row "merit eval $dtype" "skipped" 0 "no checkpoint from the MERIT run"
         continue
     fi
-    run "merit eval $dtype" 75 "$OUT/eval.log" "$PY" -m merit_cli eval "$CKPT" --tasks harbour_lambada,harbour_wiki \
+    run "merit eval $dtype" 60 "$OUT/eval.log" "$PY" -m merit_cli eval "$CKPT" --tasks harbour_lambada,harbour_wiki \
         --include-path "$TASKS" --device $DEVICE --dtype $dtype --bootstrap-iters 0 "${EVAL_LIMIT[@]}" \
         -o "$WORK/eval-$dtype.json"
     scores=$("$PY" - "$WORK/eval-$dtype.json" <<'EOF' 2>/dev/null
@@ -188,6 +199,23 @@ EOF
         IFS='|' read -r a b c d <<<"$r"
         echo "| $a | $b | $c | $d |"
     done
+    echo
+    "$PY" - "$WORK/throughput.json" <<'EOF' 2>/dev/null
+import json, sys
+rows = json.load(open(sys.argv[1]))
+pct = lambda v: "-" if v is None else f"{v:.1%}"
+print("| model | loop | tokens/s | vs plain compiled | MFU (6N+attn) | MFU (6N) | peak GiB | cold s | micro |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+for r in rows:
+    if "error" in r:
+        print(f"| {r['model']} | {r['loop']} | {r['error']} | | | | | | |")
+        continue
+    base = next((b["tokens_per_s"] for b in rows if b["model"] == r["model"] and b["loop"] == "plain compiled" and "error" not in b), None)
+    loop = r["loop"] + (f" (compile={r['compile']}, kernels={r['kernels']})" if "compile" in r else "")
+    ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
+    print(f"| {r['model']} ({r['n_params'] / 1e6:.1f}M, {r['batch']}) | {loop} | {r['tokens_per_s']:,.0f} | {ratio} | "
+          f"{pct(r['mfu'])} | {pct(r['mfu_6n'])} | {r['peak_memory_gib']:.1f} | {r['cold_s']:.0f} | {r['micro']} |")
+EOF
     echo
     echo "total $(elapsed) s of a $BUDGET s budget; $( [ $DRY = 1 ] && echo "DRY RUN on CPU (shrunk sizes, no CUDA)" || echo "device: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" ); logs in $OUT"
 } >"$OUT/table.md"

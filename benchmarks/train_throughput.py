@@ -1,18 +1,43 @@
-"""Training throughput (tokens/s) of the tiny model with MERIT and with AdamW, measured in one run.
+"""Training throughput: `merit train`'s loop next to a minimal plain loop, in one run.
 
-Each optimizer gets its own Trainer (same model init, same batches); after warm-up steps the
-optimizers take turns, a few timed steps each, round after round (order alternating), so
-machine-load drift hits both alike. The median and the best round are reported, each with its
-ratio to the baseline (the first optimizer). The optimizer step alone is timed too (fastest of
-several, on the gradients of one training step), to show where a difference comes from.
+Side by side (the default): per model, the same model (merit's `build_model`, SDPA attention),
+global batch, dtype (bf16 autocast on CUDA, fp32 on CPU), optimizer (AdamW, fused on CUDA) and
+gradient clipping (1.0) in four loops, each built fresh, warmed up (compilation happens there;
+its wall time is the 'cold s' column), then timed:
+  plain eager     HF model, logits -> F.cross_entropy, micro-batches accumulated, AdamW
+  plain compiled  the same under torch.compile(model)
+  merit eager     merit's Trainer (`build_trainer`, `train_step`) with compile=false
+  merit default   merit's Trainer with the run defaults for the device (compile auto, kernels auto)
+The merit loops read loss and grad norm every `--log-every` steps, as `merit train` logs. The
+plain loops use the micro-batch merit's default loop chose (auto), so all four do the same work.
+Printed per loop: tokens/s (median over rounds of `--steps` steps), the ratio to the plain
+compiled loop, MFU and peak memory (CUDA: max allocated; CPU: process peak RSS, which only grows).
 
-    python benchmarks/train_throughput.py                     # gpt2-tiny, batch 16 x 128, CPU
-    python benchmarks/train_throughput.py --optimizers adamw,merit,lamb --rounds 8
+MFU = tokens/s x FLOPs per token / the device's dense bf16 peak (merit_core.train.hardware), with
+FLOPs per token = 6 N + 12 L d T (N parameters, L layers, d = heads x head dim, T sequence
+length): 6N for the weights' matrix products (forward 2N, backward 4N) and 12 L d T for attention's
+scores and values (forward 2 x 2 L d T, backward twice that), counted over the full T x T square
+as in the PaLM paper's appendix B (causal masking halves the useful part). The 6N column alone is
+shown too, as issue tables quote it.
+
+    python benchmarks/train_throughput.py --device cuda    # gpt2-small 64 x 1024 and llama-1b 16 x 2048
+    python benchmarks/train_throughput.py --device cpu     # tiny models, minutes on a CPU
+    python benchmarks/train_throughput.py --optimizers adamw,merit   # the optimizer comparison below
+
+Optimizer comparison (`--optimizers a,b,...`): whole training steps of one model through merit's
+Trainer, one Trainer per optimizer (same initial weights, same batches); after warm-up the
+optimizers take turns, `--steps` timed steps each, for `--rounds` rounds in alternating order;
+median and best round in tokens/s, each as a ratio to the first optimizer, and the optimizer step
+alone (fastest of several, on one step's gradients).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import gc
+import json
 import os
 import statistics
 import sys
@@ -21,8 +46,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# model, global batch, seq len, vocabulary (None: the named model's), timed steps per round
+CUDA_MODELS = (("gpt2-small", 64, 1024, None, 10), ("llama-1b", 16, 2048, None, 4))
+CPU_MODELS = (("gpt2-tiny", 8, 128, None, 2), ("llama-tiny", 8, 128, None, 2))
+LOOPS = ("merit default", "merit eager", "plain eager", "plain compiled")
 
-def build_trainer(optimizer: str, args, train_tokens, val_tokens):
+
+def build_trainer(optimizer: str, args, train_tokens, val_tokens, model_name=None, **overrides):
     from merit_core.devices import resolve_device
     from merit_core.models import build_model, model_config
     from merit_core.optim import default_hparams
@@ -30,44 +60,252 @@ def build_trainer(optimizer: str, args, train_tokens, val_tokens):
     from merit_core.train.distributed import Parallel
     from merit_core.train.trainer import build_trainer as trainer_for
 
-    config = resolve(
-        TrainConfig(
-            model=args.model,
-            optimizer=optimizer,
-            batch_size=args.batch_size,
-            micro_batch_size=args.micro_batch_size,
-            seq_len=args.seq_len,
-            steps=10_000,
-            eval_batches=1,
-            eval_batch_size=1,
-            device=args.device,
-            compile=args.compile,
-            out="unused",
-        ),
-        optimizer_defaults=default_hparams(optimizer),
+    values = dict(
+        model=model_name or args.model,
+        optimizer=optimizer,
+        batch_size=args.batch_size,
+        micro_batch_size=args.micro_batch_size,
+        seq_len=args.seq_len,
+        steps=10_000,
+        eval_batches=1,
+        eval_batch_size=1,
+        device=args.device,
+        compile=args.compile,
+        out="unused",
     )
+    values.update(overrides)
+    config = resolve(TrainConfig(**values), optimizer_defaults=default_hparams(optimizer), auto_micro_batch=True)
     parallel = Parallel(resolve_device(args.device))
-    model = build_model(model_config(args.model, vocab_size=args.vocab_size), seed=0).to(parallel.device)
-    return trainer_for(config, model, parallel, train_tokens, val_tokens)
+    mconf = model_config(values["model"], vocab_size=args.vocab_size, context=max(args.seq_len, 256))
+    model = build_model(mconf, seed=0).to(parallel.device)
+    trainer = trainer_for(config, model, parallel, train_tokens, val_tokens)
+    if config.micro_batch_size is None:  # 'auto', settled before step 0 as TrainingRun does
+        trainer.config = dataclasses.replace(config, micro_batch_size=trainer.choose_micro_batch())
+    return trainer
 
 
-def timed_steps(trainer, n: int) -> float:
+def _sync(device) -> None:
     import torch
 
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_steps(trainer, n: int, log_every: int = 0) -> float:
+    """Seconds for `n` updates; loss and grad norm read every `log_every` steps and at the end."""
     start = time.perf_counter()
-    for _ in range(n):
+    for i in range(n):
         out = trainer.train_step()
+        if log_every and (i + 1) % log_every == 0:
+            float(out.loss.item()), float(out.grad_norm.item())
     float(out.loss.item())  # one sync at the end, as on a log step
-    if trainer.device.type == "cuda":
-        torch.cuda.synchronize()
+    _sync(trainer.device)
     return time.perf_counter() - start
 
 
+# -- the plain loop ----------------------------------------------------------------------------
+class PlainLoop:
+    """A minimal training loop: HF model, logits -> cross-entropy, accumulation, clip, AdamW."""
+
+    def __init__(self, model_name, args, batches, micro, compiled: bool):
+        import torch
+
+        from merit_core.models import build_model, model_config
+
+        self.device = torch.device(args.device)
+        mconf = model_config(model_name, vocab_size=args.vocab_size, context=max(args.seq_len, 256))
+        self.model = build_model(mconf, seed=0).to(self.device)
+        cuda = self.device.type == "cuda"
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=3e-4, weight_decay=0.1, fused=cuda, foreach=None if cuda else True
+        )
+        self.forward = torch.compile(self.model) if compiled else self.model
+        self.batches, self.micro, self.args = batches, micro, args
+        self.step = 0
+
+    def train_step(self):
+        import torch
+        import torch.nn.functional as F
+
+        from merit_core.train.batches import to_device
+
+        a = self.args
+        n_micro = a.batch_size // self.micro
+        autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else contextlib.nullcontext()
+        )
+        total = torch.zeros((), device=self.device)
+        for x, y in self.batches.micro_batches(self.step, batch_size=a.batch_size, micro_batch_size=self.micro):
+            x, y = to_device((x, y), self.device)
+            with autocast:
+                logits = self.forward(input_ids=x, use_cache=False).logits
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / n_micro
+            loss.backward()
+            total += loss.detach()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0, foreach=True)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+
+        class Out:
+            pass
+
+        out = Out()
+        out.loss, out.grad_norm = total, norm
+        return out
+
+
+def flops_per_token(mconf, n_params: int, seq_len: int) -> tuple[float, float]:
+    """(6N, 6N + 12 L d T): see the module docstring."""
+    from merit_core.models import family_spec
+
+    fam = family_spec(mconf)
+    layers, heads, head_dim = fam.n_layers(mconf), fam.n_heads(mconf), fam.head_dim(mconf)
+    return 6.0 * n_params, 6.0 * n_params + 12.0 * layers * heads * head_dim * seq_len
+
+
+def side_by_side(args) -> list[dict]:
+    import numpy as np
+    import torch
+
+    from merit_core.models import count_parameters, model_config
+    from merit_core.train.batches import TrainBatches
+    from merit_core.train.hardware import device_info, peak_memory, reset_peak_memory
+
+    device = torch.device(args.device)
+    hw = device_info(device)
+    models = CUDA_MODELS if device.type == "cuda" else CPU_MODELS
+    if args.models:
+        wanted = args.models.split(",")
+        models = [m for m in models if m[0] in wanted] or [
+            (w, args.batch_size, args.seq_len, None, args.steps or 2) for w in wanted
+        ]
+    rows: list[dict] = []
+    for name, batch, seq, vocab, steps in models:
+        steps = args.steps or steps
+        args.batch_size, args.seq_len = batch, seq
+        args.vocab_size = vocab or args.vocab_arg or model_config(name).vocab_size
+        rng = np.random.default_rng(0)
+        tokens = rng.integers(0, args.vocab_size, size=max(2_000_000, 4 * batch * (seq + 1)), dtype=np.int64)
+        tokens = tokens.astype(np.uint16 if args.vocab_size < 65536 else np.uint32)
+        loops = [
+            ("merit default", dict(compile=None, kernels="auto")),
+            ("merit eager", dict(compile=False, kernels="none")),
+            ("plain eager", False),
+            ("plain compiled", True),
+        ]
+        loops = [loop for loop in loops if loop[0] in args.loops]
+        micro = args.micro_batch_size
+        for label, how in loops:
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            t0 = time.perf_counter()
+            try:
+                if label.startswith("merit"):
+                    overrides = {k: v for k, v in how.items() if v is not None}
+                    if "compile" not in overrides:
+                        overrides["compile"] = _default_compile(device)
+                    loop = build_trainer(args.optimizer, args, tokens, tokens[:100_000], name, **overrides)
+                    micro = micro or loop.config.micro_batch_size
+                    log_every = args.log_every
+                else:
+                    batches = TrainBatches(tokens, seq, seed=0, pin_memory=device.type == "cuda")
+                    loop = PlainLoop(name, args, batches, micro or batch, compiled=how)
+                    log_every = args.log_every
+                reset_peak_memory(device)  # after merit's micro-batch search, which tries the larger sizes
+                timed_steps(loop, args.warmup, log_every)
+                cold = time.perf_counter() - t0
+                rates = [steps * batch * seq / timed_steps(loop, steps, log_every) for _ in range(args.rounds)]
+            except Exception as exc:  # a loop that fails is a row that says so, the others still run
+                rows.append({"model": name, "loop": label, "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
+                print(f"{name} {label}: FAILED {exc!r:.300}", flush=True)
+                continue
+            model = loop.model
+            n_params = count_parameters(model)
+            f6n, fall = flops_per_token(model.config, n_params, seq)
+            tps = statistics.median(rates)
+            row = {
+                "model": name,
+                "n_params": n_params,
+                "vocab": args.vocab_size,
+                "batch": f"{batch}x{seq}",
+                "micro": micro or batch,
+                "loop": label,
+                "tokens_per_s": tps,
+                "cold_s": cold,
+                "mfu_6n": tps * f6n / hw.peak_flops if hw.peak_flops else None,
+                "mfu": tps * fall / hw.peak_flops if hw.peak_flops else None,
+                "peak_memory_gib": peak_memory(device) / 2**30,
+                "device": hw.name,
+            }
+            if label.startswith("merit"):
+                row["compile"] = loop.config.compile
+                row["kernels"] = getattr(loop, "kernels", "none")
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del loop, model
+    return rows
+
+
+def _default_compile(device):
+    """`merit train`'s default compile setting (resolved per device by the Trainer)."""
+    from merit_core.train.config import TrainConfig
+
+    return TrainConfig().compile
+
+
+def print_side_by_side(rows: list[dict], args) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"merit train's loop vs a minimal plain loop, {args.device}, AdamW, median of {args.rounds} rounds"
+    )
+    cols = [
+        "model",
+        "loop",
+        "tokens/s",
+        "vs plain compiled",
+        "MFU (6N+attn)",
+        "MFU (6N)",
+        "peak GiB",
+        "cold s",
+        "micro",
+    ]
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("model", "loop") else "right")
+    for r in rows:
+        if "error" in r:
+            table.add_row(r["model"], r["loop"], r["error"], *[""] * (len(cols) - 3))
+            continue
+        base = next(
+            (
+                b["tokens_per_s"]
+                for b in rows
+                if b["model"] == r["model"] and b["loop"] == "plain compiled" and "error" not in b
+            ),
+            None,
+        )
+        pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
+        table.add_row(
+            f"{r['model']} ({r['n_params'] / 1e6:.1f}M, V={r['vocab']}, {r['batch']})",
+            r["loop"] + (f" (compile={r['compile']}, kernels={r['kernels']})" if "compile" in r else ""),
+            f"{r['tokens_per_s']:,.0f}",
+            f"{r['tokens_per_s'] / base:.2f}x" if base else "-",
+            pct(r["mfu"]),
+            pct(r["mfu_6n"]),
+            f"{r['peak_memory_gib']:.1f}",
+            f"{r['cold_s']:.0f}",
+            str(r["micro"]),
+        )
+    Console(width=max(Console().width, 160)).print(table)  # a log file gets whole rows
+
+
+# -- the optimizer comparison ------------------------------------------------------------------
 def optimizer_step_time(trainer, n: int = 9) -> float:
     """Fastest seconds of optimizer.step() alone, on the gradients of one fresh training step
     (it changes the model and optimizer state: call it last)."""
-    import torch
-
     c = trainer.config
     trainer.optimizer.zero_grad(set_to_none=True)
     x, y = next(trainer.batches.micro_batches(0, batch_size=c.batch_size, micro_batch_size=c.micro_batch_size))
@@ -77,37 +315,19 @@ def optimizer_step_time(trainer, n: int = 9) -> float:
     for _ in range(n):
         start = time.perf_counter()
         trainer.optimizer.step()
-        if trainer.device.type == "cuda":
-            torch.cuda.synchronize()
+        _sync(trainer.device)
         times.append(time.perf_counter() - start)
     return min(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="gpt2-tiny")
-    parser.add_argument("--optimizers", default="adamw,merit", help="comma-separated; the first is the baseline")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--micro-batch-size", type=int, default=None)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--vocab-size", type=int, default=4096)
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per optimizer")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--steps", type=int, default=4, help="timed steps per optimizer per round")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--compile", action="store_true")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    args = parser.parse_args()
-
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+def compare_optimizers(args) -> None:
     import numpy as np
     import torch
     from rich.console import Console
     from rich.table import Table
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     names = [n.strip() for n in args.optimizers.split(",") if n.strip()]
+    args.vocab_size = args.vocab_arg or 4096
     rng = np.random.default_rng(0)
     train_tokens = rng.integers(0, args.vocab_size, size=2_000_000, dtype=np.int64).astype(np.uint16)
     val_tokens = train_tokens[:10_000]
@@ -145,6 +365,54 @@ def main() -> None:
         )
     Console().print(table)
     Console().print("[dim]'best' is each optimizer's fastest round: the least disturbed by other load.[/]")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--models", default=None, help="side by side: comma-separated named models (default: per device)"
+    )
+    parser.add_argument(
+        "--optimizer", default="adamw", help="side by side: merit's optimizer (the plain loops use AdamW)"
+    )
+    parser.add_argument("--optimizers", default=None, help="comma-separated: run the optimizer comparison instead")
+    parser.add_argument("--model", default="gpt2-tiny", help="the optimizer comparison's model")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--micro-batch-size", type=int, default=None)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--vocab-size", dest="vocab_arg", type=int, default=None)
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps per loop (default 3 on CUDA, 2 on CPU)")
+    parser.add_argument("--rounds", type=int, default=None, help="default 3 (side by side), 6 (optimizers)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per round (default: per model)")
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--loops", default=",".join(LOOPS), help="side by side: which loops, comma-separated")
+    parser.add_argument("--compile", action="store_true", help="the optimizer comparison: compile=true")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--json", default=None, help="side by side: also write the rows here")
+    args = parser.parse_args()
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cuda = args.device.startswith("cuda")
+    if args.optimizers:
+        args.warmup = 3 if args.warmup is None else args.warmup
+        args.rounds = args.rounds or 6
+        args.steps = args.steps or 4
+        compare_optimizers(args)
+        return
+    args.warmup = (3 if cuda else 2) if args.warmup is None else args.warmup
+    args.rounds = args.rounds or (3 if cuda else 2)
+    args.loops = [name.strip() for name in args.loops.split(",")]
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    rows = side_by_side(args)
+    print_side_by_side(rows, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

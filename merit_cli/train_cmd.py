@@ -248,7 +248,12 @@ CONFIG_OPTIONS = (
         callback=number(float),
         help="Also checkpoint when this many minutes passed since the last checkpoint (0: off).",
     ),
-    click.option("--compile/--no-compile", "compile", default=None, help="torch.compile the model."),
+    click.option(
+        "--compile/--no-compile",
+        "compile",
+        default=None,
+        help="torch.compile each transformer block (default: on CUDA, off on CPU).",
+    ),
     click.option(
         "--tf32/--no-tf32",
         default=None,

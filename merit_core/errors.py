@@ -38,6 +38,10 @@ class TrainingDiverged(MeritError):
     """The loss or the gradient norm became nan or inf."""
 
 
+class CompileFailed(ConfigError):
+    """torch.compile could not compile the model on this machine (the message names compile=false)."""
+
+
 class RunFailed(MeritError):
     """A run of a comparison crashed (not a divergence); its log names the cause."""
 

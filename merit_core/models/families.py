@@ -29,6 +29,7 @@ from merit_core.models.family import (
     FUSED_PER_HEAD,
     AttentionWeights,
     FamilySpec,
+    LigerKernels,
     register_family,
 )
 
@@ -108,8 +109,27 @@ def _gpt_neox(size, vocab_size: int, context: int, special_ids: dict[str, int]) 
 _SELF_ATTN = AttentionWeights(block="layers.{i}.self_attn")
 
 
-def _llama_like(model_type: str, label: str, builder=_decoder, **kw) -> FamilySpec:
-    return FamilySpec(model_type, label, "model", "embed_tokens.weight", _SELF_ATTN, builder, **kw)
+def _liger(model_type: str, **kw) -> LigerKernels:
+    return LigerKernels(
+        modeling=f"transformers.models.{model_type.removesuffix('_text')}.modeling_{model_type.removesuffix('_text')}",
+        **kw,
+    )
+
+
+_GEMMA_LIGER = {"rms_norm": "gemma", "rms_offset": 1.0, "mlp": "geglu"}
+
+
+def _llama_like(model_type: str, label: str, builder=_decoder, liger: dict | None = None, **kw) -> FamilySpec:
+    return FamilySpec(
+        model_type,
+        label,
+        "model",
+        "embed_tokens.weight",
+        _SELF_ATTN,
+        builder,
+        liger=_liger(model_type, **(liger or {})),
+        **kw,
+    )
 
 
 GPT2 = register_family(
@@ -139,11 +159,18 @@ GEMMA2 = register_family(
         sliding_window=True,
         query_scalar_key="query_pre_attn_scalar",
         softcap_key="attn_logit_softcapping",
+        liger=_GEMMA_LIGER,
     )
 )
 GEMMA3 = register_family(
     _llama_like(
-        "gemma3_text", "Gemma 3", _gemma, qk_norm="head", sliding_window=True, query_scalar_key="query_pre_attn_scalar"
+        "gemma3_text",
+        "Gemma 3",
+        _gemma,
+        qk_norm="head",
+        sliding_window=True,
+        query_scalar_key="query_pre_attn_scalar",
+        liger=_GEMMA_LIGER,
     )
 )
 OLMO2 = register_family(_llama_like("olmo2", "OLMo 2", qk_norm="full"))
@@ -156,6 +183,7 @@ PHI3 = register_family(
         AttentionWeights(block="layers.{i}.self_attn", qkv="qkv_proj", fused=FUSED_CONCAT),
         _phi3,
         sliding_window=True,
+        liger=_liger("phi3", mlp="phi3"),
     )
 )
 GPT_NEOX = register_family(

@@ -69,6 +69,25 @@ class AttentionWeights:
 
 
 @dataclass(frozen=True)
+class LigerKernels:
+    """Which Liger Kernel (`pip install merit-optim[gpu]`) kernels fit a family's modules; applied
+    per model instance by merit_core.train.kernels.
+
+    rms_norm: the casting mode of its RMSNorm modules ('llama': normalise in fp32, scale in the
+        input dtype; 'gemma': all in fp32), with `rms_offset` added to the weight (Gemma: 1 + w).
+    mlp: 'swiglu' (gate_proj, up_proj, down_proj, SiLU), 'phi3' (fused gate_up_proj, SiLU) or
+        'geglu' (gate_proj, up_proj, down_proj, tanh-GELU).
+    modeling: the transformers module whose `apply_rotary_pos_emb` becomes Liger's RoPE.
+    The fused linear cross-entropy applies to every family with a spec.
+    """
+
+    modeling: str
+    rms_norm: str = "llama"
+    rms_offset: float = 0.0
+    mlp: str = "swiglu"
+
+
+@dataclass(frozen=True)
 class FamilySpec:
     """One model family (a transformers `model_type`)."""
 
@@ -89,6 +108,7 @@ class FamilySpec:
     softcap_key: str | None = None  # tanh soft-capping of attention logits: cap * tanh(logit / cap)
     # (model state-dict name, name save_pretrained stores it under) where transformers renames on save
     saved_as: tuple[tuple[str, str], ...] = ()
+    liger: LigerKernels | None = None  # None: no Liger Kernel support (kernels=auto uses merit's own loss)
 
     def saved_name(self, name: str) -> str:
         """The name a model's state-dict entry has in a save_pretrained checkpoint."""

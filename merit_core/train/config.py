@@ -27,6 +27,7 @@ from merit_core.fileio import atomic_write
 from merit_core.runs import CONFIG_HEADER
 
 DTYPES = ("auto", "float32", "bfloat16")
+KERNELS = ("auto", "liger", "none")  # see merit_core.train.kernels
 PARALLEL = ("ddp", "fsdp")
 
 
@@ -51,6 +52,8 @@ class TrainConfig:
         is short. The chosen value is written to the run's config.toml, so a resume reuses it.
     device: 'auto' (cuda when available), 'cpu', 'cuda'. dtype: 'auto' (bf16 autocast on CUDA,
         float32 on CPU), 'float32', 'bfloat16' (autocast).
+    compile: 'auto' (torch.compile on CUDA, not on CPU), true or false; each transformer block is
+        compiled (regional compilation, see merit_core.train.compiling).
     tf32: let CUDA float32 matrix products and convolutions use TF32 tensor cores (faster, ~1e-3
         relative error; no effect on CPU or on bf16 autocast's bf16 products).
     eval_every / save_every / log_every: in steps; 0 means only at the end of the run.
@@ -64,6 +67,9 @@ class TrainConfig:
     save_every_minutes: also checkpoint when this many minutes passed since the last one (0: off).
     resume_from: resume from this checkpoint (`step_N` of the run, or a path) instead of the latest.
     allow_changes: let a resume continue with another seed, data or tokenizer than the run's.
+    kernels: 'auto' (Liger Kernel's fused linear cross-entropy, RMSNorm, RoPE and SwiGLU on CUDA
+        for the families it supports when liger-kernel is installed; merit's own chunked loss
+        otherwise), 'liger' (insist), 'none' (plain modules); see merit_core.train.kernels.
     parallel: how to spread the model under torchrun: 'ddp' (replicas) or 'fsdp' (FSDP2 shards;
         see merit_core.train.fsdp). A single process ignores it, except that fsdp refuses the
         optimizers it cannot run.
@@ -95,7 +101,8 @@ class TrainConfig:
     device: str = "auto"
     dtype: str = "auto"
     tf32: bool = True
-    compile: bool = False
+    compile: str | bool = "auto"
+    kernels: str = "auto"
     parallel: str = "ddp"
     eval_every: int = 50
     eval_batches: int = 4
@@ -178,6 +185,9 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
             value = None  # 'auto': chosen by the trainer before step 0
         if key not in FIELD_NAMES:
             raise ConfigError(f"unknown config key {key!r}{_suggest(key, FIELD_NAMES)}")
+        if key == "compile":
+            kwargs[key] = _compile_setting(value)
+            continue
         kwargs[key] = _coerce(key, value, _HINTS[key])
     config = TrainConfig(**kwargs)
     validate(config)
@@ -236,6 +246,8 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError("min_lr_ratio and warmup_ratio must be at most 1")
     if config.dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
+    if config.kernels not in KERNELS:
+        raise ConfigError(f"kernels must be one of {', '.join(KERNELS)}, got {config.kernels!r}")
     if config.parallel not in PARALLEL:
         raise ConfigError(f"parallel must be one of {', '.join(PARALLEL)}, got {config.parallel!r}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", config.device):
@@ -379,6 +391,16 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
         dotted = next(iter(value), "")
         raise ConfigError(f"unknown config key {name + '.' + dotted!r}: {name} is not a table")
     raise ConfigError(f"{name} must be {_type_word(hint)}, got {value!r}")
+
+
+def _compile_setting(value: Any) -> str | bool:
+    """'auto', true or false (the strings 'true' / 'false' too, as a CLI option may pass them)."""
+    if isinstance(value, bool):
+        return value
+    word = value.strip().lower() if isinstance(value, str) else None
+    if word in ("auto", "true", "false"):
+        return {"auto": "auto", "true": True, "false": False}[word]
+    raise ConfigError(f"compile must be auto, true or false, got {value!r}")
 
 
 def _type_word(hint: Any) -> str:

@@ -50,8 +50,13 @@ class Parallel:
     def wrap(self, model: torch.nn.Module, compile: bool = False) -> torch.nn.Module:
         """The module the training forward/backward goes through. Call it before building the
         optimizer (a sharding scheme replaces the parameters); `model` itself stays usable for
-        evaluation and saving."""
-        return torch.compile(model) if compile else model
+        evaluation and saving. `compile`: compile each transformer block in place (regional
+        compilation, merit_core.train.compiling), which `model` then runs too."""
+        if compile:
+            from merit_core.train.compiling import compile_blocks
+
+            compile_blocks(model)
+        return model
 
     def no_sync(self) -> contextlib.AbstractContextManager:
         """Context for accumulation micro-steps whose gradients need no synchronisation yet."""
@@ -114,9 +119,9 @@ class DDPParallel(Parallel):
 
     def wrap(self, model, compile=False):
         ids = [self.device.index] if self.device.type == "cuda" else None
+        super().wrap(model, compile)  # compiled blocks inside DDP: its bucket hooks stay outside the graphs
         self._ddp = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
-        # compiling the DDP module lets dynamo split graphs at gradient-bucket boundaries (overlap)
-        return torch.compile(self._ddp) if compile else self._ddp
+        return self._ddp
 
     def no_sync(self):
         return self._ddp.no_sync()

@@ -47,6 +47,7 @@ import torch
 
 from merit_core.errors import CheckpointError, ConfigError
 from merit_core.optim.registry import fsdp_refusal
+from merit_core.train.compiling import compile_blocks, transformer_blocks
 from merit_core.train.distributed import DCP_FORMAT, DDPParallel, is_sharded_optimizer_state
 
 OPTIMIZER_DIR = "optimizer"
@@ -57,16 +58,6 @@ def check_fsdp_optimizer(name: str) -> None:
     reason = fsdp_refusal(name)
     if reason is not None:
         raise ConfigError(f"optimizer '{name}' does not support --parallel fsdp: {reason}")
-
-
-def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated decoder layers of a transformers model (its `_no_split_modules` classes)."""
-    names = set(getattr(model, "_no_split_modules", None) or ())
-    blocks = [m for m in model.modules() if type(m).__name__ in names]
-    if not blocks:  # fall back to the longest ModuleList (GPT-2's `h`, Llama's `layers`)
-        lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-        blocks = list(max(lists, key=len)) if lists else []
-    return blocks
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -105,7 +96,9 @@ class FSDPParallel(DDPParallel):
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         self.module = model
-        return torch.compile(model) if compile else model
+        if compile:  # each block's forward, inside FSDP2's per-block all-gather / reshard hooks
+            compile_blocks(model)
+        return model
 
     @contextlib.contextmanager
     def no_sync(self):

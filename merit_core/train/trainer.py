@@ -4,12 +4,15 @@ One code path for every batch size: the global batch is split over processes and
 micro-batches whose gradients accumulate; the loss is normalised over the global batch, so
 the gradient does not depend on how the batch is split. No host synchronisation happens in
 `train_step`: loss, gradient norm and a first-non-finite-step marker stay on the device until
-the caller reads them on log steps.
+the caller reads them on log steps, and the next micro-batch's host-to-device copy is issued
+before the current one's forward (pinned buffers, non_blocking copies on CUDA).
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ from merit_core.optim import build_optimizer
 from merit_core.optim.registry import StepContext, step_hook
 from merit_core.train import lm_loss
 from merit_core.train.batches import TrainBatches, to_device, val_batches
+from merit_core.train.compiling import compile_errors, compile_note, eager, resolve_compile, transformer_blocks
 from merit_core.train.config import TrainConfig
 from merit_core.train.distributed import Parallel
 from merit_core.train.hardware import available_host_memory
@@ -54,11 +58,17 @@ def build_trainer(
     config: TrainConfig, model: torch.nn.Module, parallel: Parallel, train_tokens: np.ndarray, val_tokens: np.ndarray
 ) -> Trainer:
     """Wrap `model` (on its device) for `parallel`, build the configured optimizer, return the Trainer."""
-    forward = parallel.wrap(model, compile=config.compile)
+    from merit_core.train.kernels import apply_liger, choose_kernels, mask_free_attention
+
+    mask_free_attention(model)  # no per-forward mask building (and its host sync)
+    loss_fn = None
+    if choose_kernels(config.kernels, model.config, parallel.device) == "liger":
+        loss_fn = apply_liger(model)  # before wrapping: the wrapper and the compiler see the new modules
+    forward = parallel.wrap(model, compile=resolve_compile(config.compile, parallel.device))
     optimizer = build_optimizer(
         config.optimizer, model, lr=config.lr, weight_decay=config.weight_decay, **config.optimizer_args
     )
-    return Trainer(config, model, forward, optimizer, train_tokens, val_tokens, parallel)
+    return Trainer(config, model, forward, optimizer, train_tokens, val_tokens, parallel, loss_fn=loss_fn)
 
 
 class Trainer:
@@ -78,6 +88,7 @@ class Trainer:
         train_tokens: np.ndarray,
         val_tokens: np.ndarray,
         parallel: Parallel,
+        loss_fn=None,
     ):
         self.config = config
         self.parallel = parallel
@@ -90,7 +101,14 @@ class Trainer:
         self.val = val_batches(val_tokens, config.eval_batches, config.eval_batch_size, config.seq_len)
         self.autocast = lambda: _autocast(self.device, config.dtype)
         self.per_rank = config.batch_size // parallel.world_size
-        self.head = lm_loss.install(model)  # the loss is summed chunk by chunk inside the forward
+        self.compiled = resolve_compile(config.compile, self.device)
+        self.first_step_s: float | None = None  # wall time of this process's first update (compilation)
+        self.notes: list[str] = []  # one-line notes for the user (TrainingRun passes them to on_note)
+        # the loss is summed inside the forward: Liger's fused loss (`loss_fn`) or merit's chunk loop,
+        # its chunk step compiled where the run compiles on CUDA
+        fused = self.compiled and self.device.type == "cuda"
+        self.head = lm_loss.install(model, fused=fused, loss_fn=loss_fn)
+        self.kernels = "liger" if loss_fn is not None else "none"
         self.hook = step_hook(config.optimizer)  # the optimizer spec's extra work after some updates
         self.hook_every = self.hook.interval(optimizer) if self.hook is not None else None
         self.step = 0  # completed updates
@@ -121,22 +139,53 @@ class Trainer:
         stands for, found here before step 0. Returned, not written: TrainingRun puts it into the
         config (once), which config.toml then records.
 
-        On CUDA: the per-process batch if a forward + backward of it fits next to the optimizer
-        state still to come, else the largest divisor of it at most half the last size that ran
-        out of memory (a power of two for power-of-two batches). On CPU: the per-process batch
-        unless its estimated activations exceed half the available host memory. Under several
-        processes the smallest choice is taken by all (under fsdp the tries run in lockstep and
-        assume every process runs out of memory alike: give --micro-batch-size to be safe).
+        On CUDA: the largest fitting size L (the per-process batch if a forward + backward of it
+        fits next to the optimizer state still to come, else the largest divisor of it at most
+        half the last size that ran out of memory), then the fastest of L and the next two
+        halvings (timed forward + backward passes, eagerly: see `fastest_fitting`). On CPU: the
+        per-process batch unless its estimated activations exceed half the available host memory.
+        Under several processes the smallest choice is taken by all (under fsdp the tries run in
+        lockstep and assume every process runs out of memory alike: give --micro-batch-size to be
+        safe).
         """
         if self.config.micro_batch_size is not None:
             return self.config.micro_batch_size
-        fits = self._fits_on_gpu if self.device.type == "cuda" else self._fits_in_host_memory
-        size = largest_fitting(self.per_rank, fits)
+        with eager():  # the sizes tried would each compile a graph
+            if self.device.type == "cuda":
+                size = fastest_fitting(self.per_rank, self._fits_on_gpu, self._seconds_per_sequence)
+            else:
+                size = largest_fitting(self.per_rank, self._fits_in_host_memory)
         return int(self.parallel.all_reduce(torch.tensor(size, device=self.device), op="min").item())
 
     def _fits_in_host_memory(self, size: int) -> bool:
         free = available_host_memory()
         return free is None or size * activation_bytes_per_sequence(self.model.config, self.config.seq_len) <= free // 2
+
+    def _seconds_per_sequence(self, size: int, repeats: int = 2) -> float:
+        """Seconds per sequence of a forward + backward of `size` sequences on the plain model
+        (one untimed pass first); gradients are dropped and the RNG left as it was."""
+        x, y = next(
+            self.batches.micro_batches(
+                self.step,
+                batch_size=self.config.batch_size,
+                micro_batch_size=size,
+                rank=self.parallel.rank,
+                world_size=self.parallel.world_size,
+            )
+        )
+        x, y = x.to(self.device), y.to(self.device)
+        with torch.random.fork_rng(devices=[self.device]):
+            try:
+                for i in range(repeats + 1):
+                    if i == 1:
+                        torch.cuda.synchronize(self.device)
+                        start = time.perf_counter()
+                    self._loss(self.model, x, y, 1.0).backward()
+                torch.cuda.synchronize(self.device)
+                seconds = time.perf_counter() - start
+            finally:
+                self.model.zero_grad(set_to_none=True)
+        return seconds / (repeats * size)
 
     def _fits_on_gpu(self, size: int) -> bool:
         """One forward + backward of `size` sequences (step 0's first micro-batch) on the plain
@@ -187,14 +236,19 @@ class Trainer:
             rank=self.parallel.rank,
             world_size=self.parallel.world_size,
         )
-        for k, (x, y) in enumerate(micro):
-            x, y = to_device((x, y), self.device)
-            first = x if first is None else first
-            sync = k == self.n_micro - 1
-            with contextlib.nullcontext() if sync else self.parallel.no_sync():
-                loss = self._loss(self.forward, x, y, scale)
-                loss.backward()
-            loss_sum += loss.detach()
+        start = time.perf_counter() if self.first_step_s is None else None
+        with compile_errors(self.compiled):
+            for k, (x, y) in enumerate(prefetched(micro, self.device)):
+                first = x if first is None else first
+                sync = k == self.n_micro - 1
+                with contextlib.nullcontext() if sync else self.parallel.no_sync():
+                    loss = self._loss(self.forward, x, y, scale)
+                    loss.backward()
+                loss_sum += loss.detach()
+        if start is not None:
+            self.first_step_s = time.perf_counter() - start
+            if self.compiled:
+                self.notes.append(compile_note(len(transformer_blocks(self.model)), self.first_step_s))
         grad_norm = self.parallel.clip_grad_norm(self.model, c.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -215,7 +269,8 @@ class Trainer:
             with self.autocast():
                 return self.forward(input_ids=x, use_cache=False).logits
 
-        self.hook.run(StepContext(self.optimizer, index, logits, gen, self.parallel.world_size))
+        with compile_errors(self.compiled):
+            self.hook.run(StepContext(self.optimizer, index, logits, gen, self.parallel.world_size))
         self.optimizer.zero_grad(set_to_none=True)
 
     def first_nonfinite_step(self) -> int | None:
@@ -226,9 +281,11 @@ class Trainer:
 
     # -- evaluation --------------------------------------------------------------------------
     @torch.no_grad()
+    @eager()
     def evaluate(self) -> dict[str, Any]:
         """Validation loss over the fixed val batches, and the max attention logit per layer
-        (max over heads) on the first val batch."""
+        (max over heads) on the first val batch. Compiled blocks run eagerly here (see
+        merit_core.train.compiling)."""
         self.model.eval()
         try:
             total = torch.zeros((), device=self.device)
@@ -272,7 +329,39 @@ class Trainer:
                 torch.cuda.set_rng_state_all(cuda_states)
 
 
+def prefetched(micro_batches, device: torch.device):
+    """(x, y) on `device`, the next pair's copy issued before the current one is handed out: on
+    CUDA the copies from pinned memory are asynchronous and overlap the compute; elsewhere this is
+    the plain sequence of copies."""
+    it = iter(micro_batches)
+    nxt = next(it, None)
+    while nxt is not None:
+        current = to_device(nxt, device)
+        nxt = next(it, None)
+        if nxt is not None and device.type == "cuda":
+            nxt = to_device(nxt, device)  # in flight while `current` runs
+        yield current
+
+
 # -- micro-batch helpers ---------------------------------------------------------------------
+def fastest_fitting(
+    per_rank: int, fits: Callable[[int], bool], seconds_per_sequence: Callable[[int], float], candidates: int = 3
+) -> int:
+    """The largest size that fits (`largest_fitting`), or a smaller one among the next
+    `candidates - 1` halvings (largest divisor of per_rank at most half the previous) when it
+    processes sequences more than 3% faster: past some size a bigger micro-batch only costs
+    memory (and allocator pressure near the limit makes it slower)."""
+    largest = largest_fitting(per_rank, fits)
+    sizes = [largest]
+    while len(sizes) < candidates and sizes[-1] > 1:
+        sizes.append(max(d for d in range(1, sizes[-1] // 2 + 1) if per_rank % d == 0))
+    if len(sizes) == 1:
+        return largest
+    times = {size: seconds_per_sequence(size) for size in sizes}
+    best = min(sizes, key=lambda s: times[s])
+    return best if times[best] < 0.97 * times[largest] else largest
+
+
 def largest_fitting(per_rank: int, fits) -> int:
     """The first size that `fits(size)` accepts in per_rank, then repeatedly the largest divisor of
     per_rank at most half the last size tried; 1 if none does (it is then left to fail in training)."""

@@ -364,6 +364,8 @@ class TrainingRun:
             if stop := self._stop_requested():
                 self._stop_now(stop)
             out = trainer.train_step()
+            while trainer.notes:  # the compile time, after the first step
+                self.cb.on_note(trainer.notes.pop(0))
             step, last = trainer.step, trainer.step == c.steps
             if step % c.log_every == 0 or last:
                 tick = self._log(out, tick)

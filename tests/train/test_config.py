@@ -81,7 +81,7 @@ def test_override_values_are_toml_literals(item, expected):
         (["lr.x=1"], "unknown config key 'lr.x'"),
         (["lr=fast"], "lr must be a number, got 'fast'"),
         (["steps=2.5"], "steps must be an integer"),
-        (["compile=1"], "compile must be true or false"),
+        (["compile=1"], "compile must be auto, true or false"),
         (["batch_size=0"], "batch_size must be positive"),
         (["batch_size=10", "micro_batch_size=4"], "batch_size 10 is not divisible by micro_batch_size 4"),
         (["dtype=fp8"], "dtype must be one of"),

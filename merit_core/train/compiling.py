@@ -1,0 +1,95 @@
+"""torch.compile for training: when it is on, what is compiled, and what a failure says.
+
+`compile` in the run config: 'auto' (on for CUDA, off for CPU, where inductor's C++ compile of a
+model costs minutes and pays back little), true or false to force.
+
+Regional compilation: each transformer block's `forward` is compiled in place (the blocks are
+the same code, so after the first the rest reuse its graph and the cold start stays short),
+not the whole model. Parameter names, state dicts, weight tying and saving are untouched; wrapper
+hooks (DDP's gradient buckets, FSDP2's all-gathers around each block) stay outside the compiled
+region and work as without compilation. The output layer's chunked loss compiles its own chunk
+step (merit_core.train.lm_loss). Evaluation and the attention-logit probe run the blocks eagerly
+(`eager()`): the probe swaps the attention function, and evaluation would otherwise compile a
+second, no-grad graph for a few batches.
+
+A compilation failure is not papered over with a silent fallback: `compile_errors()` turns it into
+one CompileFailed line naming `--set compile=false`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from merit_core.errors import CompileFailed
+
+COMPILE_SETTINGS = ("auto", True, False)
+
+
+def resolve_compile(setting: str | bool, device: torch.device) -> bool:
+    """What a run's `compile` setting means on `device`."""
+    if setting == "auto":
+        return device.type == "cuda"
+    return bool(setting)
+
+
+def compile_note(blocks: int, seconds: float) -> str:
+    """The line a run shows after its first compiled step."""
+    return (
+        f"compiled {blocks} transformer blocks (compile=true/auto): the first step took {seconds:.1f} s "
+        "with compilation; set compile=false to skip it"
+    )
+
+
+def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated decoder layers of a transformers model (its `_no_split_modules` classes)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:  # fall back to the longest ModuleList (GPT-2's `h`, Llama's `layers`)
+        lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+        blocks = list(max(lists, key=len)) if lists else []
+    return blocks
+
+
+def compile_blocks(model: torch.nn.Module) -> int:
+    """Compile each transformer block's forward in place; return how many were compiled."""
+    blocks = transformer_blocks(model)
+    for block in blocks:
+        if not getattr(block.forward, "_merit_compiled", False):
+            compiled = torch.compile(block.forward)
+            compiled._merit_compiled = True
+            block.forward = compiled
+    return len(blocks)
+
+
+def eager() -> contextlib.AbstractContextManager:
+    """Within it, compiled code runs eagerly (no compilation, no recompilation)."""
+    return torch.compiler.set_stance("force_eager")
+
+
+def _is_compile_error(exc: BaseException) -> bool:
+    module = type(exc).__module__ or ""
+    return module.startswith(("torch._dynamo", "torch._inductor")) or type(exc).__name__ in (
+        "BackendCompilerFailed",
+        "InductorError",
+        "CppCompileError",
+    )
+
+
+@contextlib.contextmanager
+def compile_errors(active: bool) -> Iterator[None]:
+    """Turn a torch.compile failure inside the block into CompileFailed (when `active`)."""
+    try:
+        yield
+    except Exception as exc:
+        if not active or not _is_compile_error(exc):
+            raise
+        root = exc  # the compiler's own error, under dynamo's wrappers
+        while (inner := getattr(root, "inner_exception", None) or root.__cause__) is not None and inner is not root:
+            root = inner
+        first = (str(root).strip().splitlines() or [""])[0][:200]
+        raise CompileFailed(
+            f"torch.compile failed ({type(root).__name__}: {first}); run with --set compile=false"
+        ) from None
