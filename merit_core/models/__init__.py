@@ -135,8 +135,18 @@ def config_from_dict(raw: dict[str, Any], where: str = "config.json"):
         raise ConfigError(f"{where}: {exc}") from None
     try:
         return AutoConfig.for_model(model_type, **raw)
-    except (ValueError, TypeError, KeyError) as exc:
+    except (ValueError, TypeError, KeyError, *_config_validation_errors()) as exc:
         raise ConfigError(f"{where} is not a usable {model_type} config: {str(exc).splitlines()[0]}") from None
+
+
+def _config_validation_errors() -> tuple[type[Exception], ...]:
+    """What transformers raises for a field of the wrong type: huggingface_hub's strict-dataclass
+    validation (transformers 5 configs), which derives from neither ValueError nor TypeError."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # older huggingface_hub: the config's own ValueError/TypeError
+        return ()
+    return (StrictDataclassError,)
 
 
 def _config_from_file(path: Path, vocab_size: int | None, context: int | None):
