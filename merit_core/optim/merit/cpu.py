@@ -254,42 +254,23 @@ def stats_shapes(p: Tensor, h: Hyper) -> tuple[tuple[int, ...], tuple[int, ...]]
 def pass1(p: Tensor, g: Tensor, m: Tensor, v: Tensor, step: Tensor, h: Hyper, rows, cols, total: Tensor) -> None:
     """Moments in place, and raw statistics (max|x|, or sum x*x for l2) of |w| and |u| into float64
     tensors: rows [2, R*T], cols [2, C*T] (None without element-wise ratios), total [2]."""
-    lib = load_kernel()
     g = g.contiguous()
     with _Contiguous(p, m, v) as (p_, m_, v_):
-        rc = lib[p.dtype][1](
-            g.data_ptr(),
-            p_.data_ptr(),
-            m_.data_ptr(),
-            v_.data_ptr(),
-            *_dims(p),
-            _hyper_array(h, step),
-            _flags(h, p),
-            _threads(p),
-            None if rows is None else rows.data_ptr(),
-            None if cols is None else cols.data_ptr(),
-            total.data_ptr(),
-        )
-        _check(rc, p)
+        _run_pass(1, (g.data_ptr(), p_.data_ptr(), m_.data_ptr(), v_.data_ptr()), p, step, h, rows, cols, total)
 
 
 def pass2(p: Tensor, m: Tensor, v: Tensor, step: Tensor, h: Hyper, rows, cols, total: Tensor) -> None:
     """The scaled, clipped update of p from completed pass-1 statistics."""
-    lib = load_kernel()
     with _Contiguous(p, m, v) as (p_, m_, v_):
-        rc = lib[p.dtype][2](
-            p_.data_ptr(),
-            m_.data_ptr(),
-            v_.data_ptr(),
-            *_dims(p),
-            _hyper_array(h, step),
-            _flags(h, p),
-            _threads(p),
-            None if rows is None else rows.data_ptr(),
-            None if cols is None else cols.data_ptr(),
-            total.data_ptr(),
-        )
-        _check(rc, p)
+        _run_pass(2, (p_.data_ptr(), m_.data_ptr(), v_.data_ptr()), p, step, h, rows, cols, total)
+
+
+def _run_pass(which: int, pointers: tuple[int, ...], p: Tensor, step: Tensor, h: Hyper, rows, cols, total) -> None:
+    """Call the kernel's pass `which` (1 or 2) for p's dtype: its tensors' pointers, then the shape,
+    hyperparameters, flags, threads and the statistics buffers both passes share."""
+    stats = (None if rows is None else rows.data_ptr(), None if cols is None else cols.data_ptr(), total.data_ptr())
+    rc = load_kernel()[p.dtype][which](*pointers, *_dims(p), _hyper_array(h, step), _flags(h, p), _threads(p), *stats)
+    _check(rc, p)
 
 
 @torch.library.custom_op("merit::cpu_step", mutates_args=("params", "exp_avgs", "exp_avg_sqs"), device_types="cpu")
