@@ -235,6 +235,7 @@ def test_eval_fp32_on_cuda_equals_cpu_and_bf16_is_close(world):  # noqa: F811
             assert value == pytest.approx(cpu[task, key], rel=5e-2), key
 
 
+@needs_cuda
 @pytest.mark.parametrize("optimizer", ["adamw", "merit"])
 def test_train_step_makes_no_host_sync_on_cuda(optimizer, tmp_path):
     """Between log steps nothing is read back: CUDA's sync debug mode raises on any synchronising
@@ -277,6 +278,7 @@ def test_train_step_makes_no_host_sync_on_cuda(optimizer, tmp_path):
         assert math.isfinite(float(out.loss)) and trainer.first_nonfinite_step() is None
 
 
+@needs_cuda
 @pytest.mark.parametrize("name", ["llama-tiny", "phi3-tiny", "gemma3-tiny"])
 def test_liger_kernels_on_cuda_equal_the_plain_modules(name):
     """All four Liger kernels (fused linear cross-entropy, RMSNorm, RoPE, SwiGLU / GEGLU) against
