@@ -161,18 +161,21 @@ class Trainer:
         free = available_host_memory()
         return free is None or size * activation_bytes_per_sequence(self.model.config, self.config.seq_len) <= free // 2
 
+    def _first_micro_batch(self, size: int):
+        """This step's first micro-batch of `size` sequences on this process (the search's probe input)."""
+        batches = self.batches.micro_batches(
+            self.step,
+            batch_size=self.config.batch_size,
+            micro_batch_size=size,
+            rank=self.parallel.rank,
+            world_size=self.parallel.world_size,
+        )
+        return next(batches)
+
     def _seconds_per_sequence(self, size: int, repeats: int = 2) -> float:
         """Seconds per sequence of a forward + backward of `size` sequences on the plain model
         (one untimed pass first); gradients are dropped and the RNG left as it was."""
-        x, y = next(
-            self.batches.micro_batches(
-                self.step,
-                batch_size=self.config.batch_size,
-                micro_batch_size=size,
-                rank=self.parallel.rank,
-                world_size=self.parallel.world_size,
-            )
-        )
+        x, y = self._first_micro_batch(size)
         x, y = x.to(self.device), y.to(self.device)
         with torch.random.fork_rng(devices=[self.device]):
             try:
@@ -190,15 +193,7 @@ class Trainer:
     def _fits_on_gpu(self, size: int) -> bool:
         """One forward + backward of `size` sequences (step 0's first micro-batch) on the plain
         model, with the optimizer state's future memory held in reserve; the RNG is left as it was."""
-        x, y = next(
-            self.batches.micro_batches(
-                self.step,
-                batch_size=self.config.batch_size,
-                micro_batch_size=size,
-                rank=self.parallel.rank,
-                world_size=self.parallel.world_size,
-            )
-        )
+        x, y = self._first_micro_batch(size)
         ok = True
         reserve = loss = None
         with torch.random.fork_rng(devices=[self.device]):
