@@ -110,6 +110,12 @@ def _display_stream():
     "--bootstrap-iters", type=int, default=1000, show_default=True, help="Bootstrap draws for stderrs (0: none)."
 )
 @click.option("--output", "-o", type=str, default=None, metavar="FILE.json", help="Write all results as JSON.")
+@click.option(
+    "--trust-remote-code",
+    is_flag=True,
+    help="Run Python code shipped with a checkpoint (its config's auto_map). Off by default: only for "
+    "checkpoints you trust.",
+)
 @click.option("--list-tasks", is_flag=True, help="Show the task aliases (and --include-path tasks) and exit.")
 @click.option("--verbose", "-v", is_flag=True, help="Show lm-eval's own logs and progress bars.")
 def eval_cmd(
@@ -123,6 +129,7 @@ def eval_cmd(
     num_fewshot,
     bootstrap_iters,
     output,
+    trust_remote_code,
     list_tasks,
     verbose,
 ):
@@ -155,6 +162,7 @@ def eval_cmd(
         limit=limit,
         num_fewshot=num_fewshot,
         bootstrap_iters=bootstrap_iters,
+        trust_remote_code=trust_remote_code,
     ).validated()
     if output:
         check_output_path(output)

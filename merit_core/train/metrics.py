@@ -49,19 +49,26 @@ class MetricsLog:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a metrics.jsonl (or of <run>/metrics.jsonl); a torn last line is skipped."""
+    """All records of a metrics.jsonl (or of <run>/metrics.jsonl); a torn line is skipped.
+
+    ValueError for a line that parses but is not a record (a number, a list, an object whose
+    `step` is not an integer): merit never wrote it, and resuming would trip over it later."""
     path = Path(path)
     if path.is_dir():
         path = path / METRICS_FILE
     records = []
     if not path.exists():
         return records
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(path.read_text().splitlines(), 1):
         line = line.strip()
         if not line:
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        step = record.get("step", 0) if isinstance(record, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise ValueError(f"line {number} is not a metrics record (a JSON object with an integer step)")
+        records.append(record)
     return records

@@ -23,6 +23,7 @@ from typing import Any
 from merit_core import runs
 from merit_core.errors import CheckpointError, ConfigError, DataError, MeritError
 from merit_core.models import build_model, context_length, count_parameters, model_config
+from merit_core.models.limits import check_model_config, check_model_size
 from merit_core.progress import Progress
 from merit_core.runs import CONFIG_FILE, RunInterrupted
 from merit_core.train.config import TrainConfig, resolve, save_config
@@ -186,7 +187,8 @@ class TrainingRun:
             raise
         except Exception as exc:  # transformers' own config validation (types, values)
             raise ConfigError(f"model {c.model} is not a usable config: {_first_line(exc)}") from None
-        _check_model_config(mconf, c.model)
+        check_model_config(mconf, c.model)
+        check_model_size(mconf, c.model, bytes_per_parameter=8)  # built on the host: weights and gradients
         context = context_length(mconf)
         if c.seq_len > context:
             raise ConfigError(f"seq_len {c.seq_len} is beyond the context of {c.model} ({context} tokens)")
@@ -677,41 +679,6 @@ def _checkpoints(run_dir: Path):
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-# The largest position table a model config may ask for (a learned table of this many rows is built).
-MAX_POSITIONS = 1 << 24
-
-
-def _check_model_config(mconf, name: str) -> None:
-    """ConfigError for model configs transformers accepts but cannot build or run (a zero or negative
-    head count, heads that do not divide the width, an unknown activation, a huge position table)."""
-    from transformers.activations import ACT2FN
-
-    def value(*keys):
-        return next((getattr(mconf, k) for k in keys if getattr(mconf, k, None) is not None), None)
-
-    sizes = {
-        "hidden size": value("hidden_size", "n_embd"),
-        "layers": value("num_hidden_layers", "n_layer"),
-        "attention heads": value("num_attention_heads", "n_head"),
-        "vocabulary": value("vocab_size"),
-    }
-    for what, size in sizes.items():
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
-            raise ConfigError(f"model {name}: {what} must be a positive integer, got {size!r}")
-    hidden, heads = sizes["hidden size"], sizes["attention heads"]
-    if hidden and heads and hidden % heads and getattr(mconf, "head_dim", None) is None:
-        raise ConfigError(f"model {name}: hidden size {hidden} is not divisible by {heads} attention heads")
-    kv = value("num_key_value_heads")
-    if kv is not None and heads and (not isinstance(kv, int) or kv <= 0 or heads % kv):
-        raise ConfigError(f"model {name}: num_key_value_heads {kv!r} must be positive and divide {heads} heads")
-    act = value("hidden_act", "activation_function")
-    if isinstance(act, str) and act not in ACT2FN:
-        raise ConfigError(f"model {name}: unknown activation {act!r}")
-    positions = value("max_position_embeddings", "n_positions")
-    if positions is not None and (not isinstance(positions, int) or not 0 < positions <= MAX_POSITIONS):
-        raise ConfigError(f"model {name}: context length must be from 1 to {MAX_POSITIONS}, got {positions!r}")
 
 
 def _local(tensor):
