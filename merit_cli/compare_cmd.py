@@ -15,6 +15,7 @@ from merit_cli.render import LiveReport, fmt_duration, fmt_float, plain_line
 from merit_core.compare import load_spec, run_compare
 from merit_core.compare.runner import CompareCallbacks
 from merit_core.compare.spec import DEFAULT_BATCH_SIZES, DEFAULT_OPTIMIZERS, DEFAULT_TOKENS, DEFAULT_TRAIN, QUICK_TOKENS
+from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 
 
 def _lr(value: float) -> str:
@@ -108,7 +109,7 @@ class RichCompareReport(LiveReport, CompareCallbacks):
         if task is None:
             return
         info = f"loss {fmt_float(last.get('loss'))}"
-        if "val_loss" in last:
+        if VAL_LOSS in last:
             info += f"  val {fmt_float(last['val_loss'])}"
         self.progress.update(task, completed=record["step"], info=info)
 
@@ -117,11 +118,11 @@ class RichCompareReport(LiveReport, CompareCallbacks):
         last = self.last.pop(run.name, {})
         if self.plain:
             self.done += 1
-            logits = [v for v in last.get("max_attention_logit") or [] if v is not None]
+            logits = [v for v in last.get(MAX_ATTENTION_LOGIT) or [] if v is not None]
             fields = [("run", run.name), ("state", state), ("runs_done", f"{self.done}/{self.total}")]
             if state == "finished":
-                val = last.get("val_loss")
-                fields += [("val_loss", f"{val:.4f}" if val is not None else None)]
+                val = last.get(VAL_LOSS)
+                fields += [(VAL_LOSS, f"{val:.4f}" if val is not None else None)]
                 fields += [("max_logit", f"{max(logits):.3f}" if logits else None), ("time", took)]
             else:
                 fields += [("time", took), ("message", message)]
@@ -132,7 +133,7 @@ class RichCompareReport(LiveReport, CompareCallbacks):
             self.progress.remove_task(task)
         self.progress.advance(self.overall)
         if state == "finished":
-            logits = [v for v in last.get("max_attention_logit") or [] if v is not None]
+            logits = [v for v in last.get(MAX_ATTENTION_LOGIT) or [] if v is not None]
             peak = fmt_float(max(logits), 3) if logits else "-"
             self.progress.console.print(
                 f"[green]done[/] {run.name:<26} val loss [bold cyan]{fmt_float(last.get('val_loss'))}[/]  "
@@ -233,7 +234,7 @@ def results_table(summary: dict[str, Any]):
         table.add_column(f"b{b} logit", justify="right")
     lowest = {}
     for b in settings["batch_sizes"]:
-        for key in ("final_val_loss", "max_attention_logit"):
+        for key in ("final_val_loss", MAX_ATTENTION_LOGIT):
             values = [
                 e[key]
                 for (o, bb), e in best.items()
@@ -249,12 +250,12 @@ def results_table(summary: dict[str, Any]):
             elif e["status"] != "finished":
                 cells += ["[red]diverged[/]", "-", "-"]
             else:
-                loss, logit = e["final_val_loss"], e["max_attention_logit"]
+                loss, logit = e["final_val_loss"], e[MAX_ATTENTION_LOGIT]
                 loss_text = f"{loss:.4f}" + (f" ± {e['final_val_loss_std']:.4f}" if e.get("final_val_loss_std") else "")
                 logit_text = fmt_float(logit, 3)
                 if loss == lowest[b, "final_val_loss"]:
                     loss_text = f"[bold green]{loss_text}[/]"
-                if logit is not None and logit == lowest[b, "max_attention_logit"]:
+                if logit is not None and logit == lowest[b, MAX_ATTENTION_LOGIT]:
                     logit_text = f"[bold]{logit_text}[/]"
                 edge = {"low": " ↓", "high": " ↑"}.get(e.get("lr_at_edge"), "")
                 cells += [loss_text, _lr(e["lr"]) + edge, logit_text]

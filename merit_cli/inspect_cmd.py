@@ -12,7 +12,8 @@ import click
 
 from merit_core.diagnostics.plots import plot_report, short_labels
 from merit_core.errors import ConfigError
-from merit_core.runs import check_writable
+from merit_core.fileio import check_writable
+from merit_core.metric_names import MAX_ATTENTION_LOGIT
 
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 MAX_SIDE_BY_SIDE = 8
@@ -103,7 +104,7 @@ def _layer_tables(ckpt):
 def _head_table(ckpt):
     from rich.table import Table
 
-    key = "max_attention_logit" if any(l.max_attention_logit is not None for l in ckpt.layers) else "bound"
+    key = MAX_ATTENTION_LOGIT if any(l.max_attention_logit is not None for l in ckpt.layers) else "bound"
     table = Table(
         title=f"{ckpt.label}: {'max attention logit' if key != 'bound' else '‖Q_h‖m·‖K_h‖m'} per head",
         title_justify="left",
@@ -143,9 +144,7 @@ def _side_by_side(checkpoints: list):
 
     shown = _pick(checkpoints, MAX_SIDE_BY_SIDE)
     key = (
-        "max_attention_logit"
-        if all(any(l.max_attention_logit is not None for l in c.layers) for c in shown)
-        else "bound"
+        MAX_ATTENTION_LOGIT if all(any(l.max_attention_logit is not None for l in c.layers) for c in shown) else "bound"
     )
     what = "max attention logit" if key != "bound" else "‖Q‖m·‖K‖m"
     note = f" ({len(shown)} of {len(checkpoints)} checkpoints)" if len(shown) < len(checkpoints) else ""
@@ -335,11 +334,9 @@ def inspect_cmd(
 
         prefer_offline()
     if device != "cpu":
-        import torch
+        from merit_core.devices import resolve_device
 
-        if device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("--device cuda: no CUDA device is available (use --device cpu)")
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = resolve_device(device).type
     from merit_core.diagnostics.report import InspectOptions, inspect_paths, write_json
 
     opts = InspectOptions(

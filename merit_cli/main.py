@@ -1,7 +1,7 @@
 """The `merit` click group: subcommands load lazily; MeritError becomes one red line and exit 2.
 
 Exit codes: 0 done, 2 a user error (one line) or a usage error (one line), 130 interrupted by
-Ctrl-C, 143 stopped by SIGTERM / SIGUSR1 after a checkpoint (merit_core.runs.RunInterrupted).
+Ctrl-C, 143 stopped by SIGTERM / SIGUSR1 after a checkpoint (merit_core.errors.RunInterrupted).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class LazyGroup(click.Group):
                 formatter.write_dl(rows)
 
     def invoke(self, ctx):
-        from merit_core.runs import RunInterrupted
+        from merit_core.errors import RunInterrupted
 
         try:
             return super().invoke(ctx)

@@ -18,6 +18,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
+
 
 def console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False)
@@ -30,7 +32,7 @@ def plain_line(kind: str, fields: Iterable[tuple[str, Any]]) -> str:
 
 def _max_logit(record: dict[str, Any]) -> tuple[float | None, int | None]:
     """The peak of a record's per-layer max attention logits and its layer (None, None when not measured)."""
-    values = record.get("max_attention_logit")
+    values = record.get(MAX_ATTENTION_LOGIT)
     if isinstance(values, (int, float)):
         return float(values), None
     logits = [(v, i) for i, v in enumerate(values or []) if v is not None]
@@ -62,7 +64,7 @@ def eval_line(record: dict[str, Any]) -> str:
         "eval",
         [
             ("step", record["step"]),
-            ("val_loss", f"{record['val_loss']:.4f}" if record.get("val_loss") is not None else None),
+            (VAL_LOSS, f"{record['val_loss']:.4f}" if record.get(VAL_LOSS) is not None else None),
             ("max_logit", f"{peak:.3f}" if peak is not None else None),
             ("layer", layer),
         ],

@@ -25,8 +25,11 @@ from merit_cli.render import (
     training_progress,
 )
 from merit_core.errors import ConfigError, MeritError
+from merit_core.metric_names import MAX_ATTENTION_LOGIT
+from merit_core.runs import CONFIG_FILE
+from merit_core.train.callbacks import RunInfo, RunSummary, TrainCallbacks
 from merit_core.train.config import load_config
-from merit_core.train.training_run import CONFIG_FILE, RunInfo, RunSummary, TrainCallbacks, run_training
+from merit_core.train.training_run import run_training
 
 
 class RichTrainReport(LiveReport, TrainCallbacks):
@@ -77,12 +80,12 @@ class RichTrainReport(LiveReport, TrainCallbacks):
         if self.plain:
             self.say(eval_line(record))
             return
-        logits = [v for v in record["max_attention_logit"] if v is not None]
+        logits = [v for v in record[MAX_ATTENTION_LOGIT] if v is not None]
         peak = max(logits) if logits else None
         self.fields["max_logit"] = fmt_float(peak, 3)
         if self.progress is not None:
             self.progress.update(self.task, **self.fields)
-            layer = record["max_attention_logit"].index(peak) if peak is not None else "-"
+            layer = record[MAX_ATTENTION_LOGIT].index(peak) if peak is not None else "-"
             self.progress.console.print(
                 f"[dim]step {record['step']:>6}[/]  val loss [bold cyan]{fmt_float(record['val_loss'])}[/]  "
                 f"max attention logit [magenta]{fmt_float(peak, 3)}[/] (layer {layer})"
@@ -179,6 +182,77 @@ def peak_memory_text(peak: int | None, device: str) -> str:
     return f"{peak / 2**30:.2f} GiB ({what})"
 
 
+# The options of `merit train` that set a config key, each declared once: an option's parameter
+# name is its TrainConfig key, so the command passes them to load_config as they are (None: not given).
+CONFIG_OPTIONS = (
+    click.option("--model", help="Named model (gpt2-tiny, gpt2-small, llama-130m, ...) or a config.json path."),
+    click.option("--optimizer", help="Optimizer name from the registry (merit, adamw, lamb, lion, sophiag, ...)."),
+    click.option(
+        "--lr", callback=number(float), help="Peak learning rate (default: tuned or the optimizer's default)."
+    ),
+    click.option("--batch-size", callback=number(int), help="Global batch size in sequences (default 16)."),
+    click.option(
+        "--micro-batch-size",
+        callback=micro_batch,
+        help="Sequences per forward pass per process (smaller: gradient accumulation), or auto (the default: "
+        "the largest that fits on a GPU, the whole batch on CPU; recorded in the run's config.toml).",
+    ),
+    click.option("--seq-len", callback=number(int), help="Tokens per sequence (default 128)."),
+    click.option("--steps", callback=number(int), help="Optimizer updates (default 300)."),
+    click.option("--tokens", callback=number(int), help="Training tokens (instead of --steps)."),
+    click.option("--data", help="Prepared folder, text file/folder or dataset name (default: built-in corpus)."),
+    click.option("--tokenizer", help="Tokenizer name or path when data must be prepared (default: train a BPE)."),
+    click.option("--vocab-size", callback=number(int), help="Vocabulary of a BPE trained on the data (default 4096)."),
+    click.option("--out", help="Run folder (default runs/<date>-<model>-<optimizer>)."),
+    click.option("--resume", is_flag=True, default=None, help="Continue the run in --out from its latest checkpoint."),
+    click.option(
+        "--resume-from",
+        metavar="step_N",
+        help="Continue the run in --out from this checkpoint (a step_N of the run) instead of the latest.",
+    ),
+    click.option(
+        "--allow-changes",
+        is_flag=True,
+        default=None,
+        help="Let --resume continue with another seed, data or tokenizer than the run was trained with.",
+    ),
+    click.option("--seed", callback=number(int), help="Seed of the initialisation and the batch order (default 0)."),
+    click.option("--device", help="auto (default), cpu, cuda, cuda:N."),
+    click.option("--eval-every", callback=number(int), help="Steps between evaluations (0: only at the end)."),
+    click.option("--save-every", callback=number(int), help="Steps between checkpoints (0: only at the end)."),
+    click.option(
+        "--save-every-minutes",
+        callback=number(float),
+        help="Also checkpoint when this many minutes passed since the last checkpoint (0: off).",
+    ),
+    click.option("--compile/--no-compile", "compile", default=None, help="torch.compile the model."),
+    click.option(
+        "--tf32/--no-tf32",
+        default=None,
+        help="Let CUDA float32 matrix products use TF32 (default on; --no-tf32 for full fp32 products).",
+    ),
+    click.option(
+        "--parallel",
+        type=click.Choice(["ddp", "fsdp"]),
+        help="Under torchrun: ddp (replicated weights; the default) or fsdp (FSDP2: weights, gradients and "
+        "optimizer state sharded over the processes).",
+    ),
+    click.option(
+        "--report-to",
+        metavar="TRACKERS",
+        help="Experiment trackers, comma-separated: tensorboard, wandb, mlflow or none (default none). "
+        "TensorBoard writes to RUN/tensorboard; W&B runs offline unless WANDB_MODE or WANDB_API_KEY is set.",
+    ),
+)
+
+
+def config_options(command):
+    """Apply CONFIG_OPTIONS to `command`, in their order in --help."""
+    for option in reversed(CONFIG_OPTIONS):
+        command = option(command)
+    return command
+
+
 @click.command("train", context_settings={"show_default": True})
 @click.argument("config_file", required=False, metavar="[CONFIG]")
 @click.option(
@@ -196,90 +270,8 @@ def peak_memory_text(peak: int | None, device: str) -> str:
     metavar="KEY=VALUE",
     help="Override any config key (a TOML value; dotted keys for tables: optimizer_args.betas=[0.9,0.95]).",
 )
-@click.option("--model", help="Named model (gpt2-tiny, gpt2-small, llama-130m, ...) or a config.json path.")
-@click.option("--optimizer", help="Optimizer name from the registry (merit, adamw, lamb, lion, sophiag, ...).")
-@click.option("--lr", callback=number(float), help="Peak learning rate (default: tuned or the optimizer's default).")
-@click.option("--batch-size", callback=number(int), help="Global batch size in sequences (default 16).")
-@click.option(
-    "--micro-batch-size",
-    callback=micro_batch,
-    help="Sequences per forward pass per process (smaller: gradient accumulation), or auto (the default: "
-    "the largest that fits on a GPU, the whole batch on CPU; recorded in the run's config.toml).",
-)
-@click.option("--seq-len", callback=number(int), help="Tokens per sequence (default 128).")
-@click.option("--steps", callback=number(int), help="Optimizer updates (default 300).")
-@click.option("--tokens", callback=number(int), help="Training tokens (instead of --steps).")
-@click.option("--data", help="Prepared folder, text file/folder or dataset name (default: built-in corpus).")
-@click.option("--tokenizer", help="Tokenizer name or path when data must be prepared (default: train a BPE).")
-@click.option("--vocab-size", callback=number(int), help="Vocabulary of a BPE trained on the data (default 4096).")
-@click.option("--out", help="Run folder (default runs/<date>-<model>-<optimizer>).")
-@click.option("--resume", is_flag=True, default=None, help="Continue the run in --out from its latest checkpoint.")
-@click.option(
-    "--resume-from",
-    metavar="step_N",
-    help="Continue the run in --out from this checkpoint (a step_N of the run) instead of the latest.",
-)
-@click.option(
-    "--allow-changes",
-    is_flag=True,
-    default=None,
-    help="Let --resume continue with another seed, data or tokenizer than the run was trained with.",
-)
-@click.option("--seed", callback=number(int), help="Seed of the initialisation and the batch order (default 0).")
-@click.option("--device", help="auto (default), cpu, cuda, cuda:N.")
-@click.option("--eval-every", callback=number(int), help="Steps between evaluations (0: only at the end).")
-@click.option("--save-every", callback=number(int), help="Steps between checkpoints (0: only at the end).")
-@click.option(
-    "--save-every-minutes",
-    callback=number(float),
-    help="Also checkpoint when this many minutes passed since the last checkpoint (0: off).",
-)
-@click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model.")
-@click.option(
-    "--tf32/--no-tf32",
-    default=None,
-    help="Let CUDA float32 matrix products use TF32 (default on; --no-tf32 for full fp32 products).",
-)
-@click.option(
-    "--parallel",
-    type=click.Choice(["ddp", "fsdp"]),
-    help="Under torchrun: ddp (replicated weights; the default) or fsdp (FSDP2: weights, gradients and "
-    "optimizer state sharded over the processes).",
-)
-@click.option(
-    "--report-to",
-    metavar="TRACKERS",
-    help="Experiment trackers, comma-separated: tensorboard, wandb, mlflow or none (default none). "
-    "TensorBoard writes to RUN/tensorboard; W&B runs offline unless WANDB_MODE or WANDB_API_KEY is set.",
-)
-def train(
-    config_file,
-    overrides,
-    model,
-    optimizer,
-    lr,
-    batch_size,
-    micro_batch_size,
-    seq_len,
-    steps,
-    tokens,
-    data,
-    tokenizer,
-    vocab_size,
-    out,
-    resume,
-    resume_from,
-    allow_changes,
-    seed,
-    device,
-    eval_every,
-    save_every,
-    save_every_minutes,
-    compile_,
-    tf32,
-    parallel,
-    report_to,
-):
+@config_options
+def train(config_file, overrides, **values):
     """Pretrain a GPT-2 or Llama model with MERIT or a baseline optimizer.
 
     CONFIG is a TOML file or the name of a shipped config (merit train --list-configs).
@@ -291,32 +283,6 @@ def train(
     from merit_core.hub import prefer_offline
 
     prefer_offline()
-    values = dict(
-        model=model,
-        optimizer=optimizer,
-        lr=lr,
-        batch_size=batch_size,
-        micro_batch_size=micro_batch_size,
-        seq_len=seq_len,
-        steps=steps,
-        tokens=tokens,
-        data=data,
-        tokenizer=tokenizer,
-        vocab_size=vocab_size,
-        out=out,
-        resume=resume,
-        resume_from=resume_from,
-        allow_changes=allow_changes,
-        seed=seed,
-        device=device,
-        eval_every=eval_every,
-        save_every=save_every,
-        save_every_minutes=save_every_minutes,
-        compile=compile_,
-        tf32=tf32,
-        parallel=parallel,
-        report_to=report_to,
-    )
     main = int(os.environ.get("RANK", "0")) == 0
     try:
         summary_config = _load(config_file, overrides, values)

@@ -18,25 +18,35 @@ What counts as a checkpoint, at three levels (one rule for "latest": the highest
 merit renames a checkpoint into place only when it is complete, so its own step folders are
 complete or absent; the lower levels are for folders other tools wrote.
 
-Writes are durable: a file is written to a temp file in the same folder, fsynced, renamed, and
-the folder fsynced (`atomic_write`); a checkpoint folder is fsynced file by file before its
-rename (`publish_folder`). Files get the user's umask (not the 0600 of temp-file helpers).
+Every other module takes these file names from here (the constants below) rather than
+spelling them. Writes are durable (merit_core.fileio: a temp file in the same folder, fsynced,
+renamed, the folder fsynced); a checkpoint folder is fsynced file by file before its rename
+(`publish_folder`). Files get the user's umask (not the 0600 of temp-file helpers).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import errno
 import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from merit_core.errors import CheckpointError, ConfigError, MeritError
+from merit_core.errors import CheckpointError, ConfigError, RunBusy
+from merit_core.fileio import (
+    TMP_PREFIX,
+    FileLock,
+    atomic_write_json,
+    check_writable_folder,
+    file_mode,
+    folder_mode,
+    fsync_dir,
+    fsync_file,
+)
 
 RUN_MARKER = ".merit-run"
 RUN_FORMAT = "merit-run-v1"
@@ -49,7 +59,7 @@ STATE_FORMAT = "merit-trainer-v1"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 MODEL_CONFIG = "config.json"
-TMP_PREFIX = ".tmp-"
+METRICS_FILE = "metrics.jsonl"
 STAGING_MARKER = ".merit-staging"
 # Files that make a folder's tokenizer (what a checkpoint copies from the prepared data, what eval needs).
 TOKENIZER_FILES = (
@@ -64,23 +74,6 @@ TOKENIZER_FILES = (
 )
 _STEP = re.compile(r"^step_(\d+)$")
 _STAGING = re.compile(r"^\.tmp-(old-)?step_(\d+)$")
-
-
-class RunBusy(MeritError):
-    """Another process holds the run folder's lock."""
-
-
-class DiskFull(MeritError):
-    """The disk filled up while merit was writing."""
-
-
-class RunInterrupted(Exception):
-    """Training stopped on a signal after saving; `exit_code` is 143 (SIGTERM/SIGUSR1) or 130 (SIGINT)."""
-
-    def __init__(self, message: str, exit_code: int, checkpoint: Path | None = None):
-        super().__init__(message)
-        self.exit_code = exit_code
-        self.checkpoint = checkpoint
 
 
 # -- step folders ------------------------------------------------------------------------------
@@ -177,146 +170,6 @@ def state_step(folder: str | Path) -> int | None:
     return parse_step(Path(folder).name)
 
 
-# -- durable writes ----------------------------------------------------------------------------
-def _umask() -> int:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def file_mode() -> int:
-    """The mode a new file gets under the user's umask (0644 under the usual 022)."""
-    return 0o666 & ~_umask()
-
-
-def folder_mode() -> int:
-    """The mode a new folder gets under the user's umask (0755 under the usual 022)."""
-    return 0o777 & ~_umask()
-
-
-def pid_alive(pid: int) -> bool:
-    """True when a process with this PID exists (on this machine)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def fsync_dir(path: str | Path) -> None:
-    """Make a folder's entries (a rename, a new file) durable; a no-op where folders cannot be opened."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str | Path, data: str | bytes) -> Path:
-    """Write `data` to `path` so that readers see the old file or the whole new one, never a part.
-
-    A temp file in the same folder, fsynced, renamed over `path`, then the folder fsynced. The
-    file gets the user's umask. ENOSPC becomes DiskFull naming `path`; the temp file is removed.
-    """
-    path = Path(path)
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)  # 0o666 & ~umask
-        try:
-            view = memoryview(raw)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            raise DiskFull(f"disk full while writing {path}") from None
-        raise
-    fsync_dir(path.parent)
-    return path
-
-
-def atomic_write_json(path: str | Path, value: Any, **dumps: Any) -> Path:
-    """`atomic_write` of `json.dumps(value, **dumps)` plus a final newline."""
-    return atomic_write(path, json.dumps(value, **dumps) + "\n")
-
-
-def check_writable(path: str | Path, what: str) -> Path:
-    """ConfigError unless a file can be written at `path` (checked before any work starts).
-
-    The path must not be a folder, and its nearest existing parent must be a writable folder.
-    """
-    out = Path(path).expanduser()
-    if out.is_dir():
-        raise ConfigError(f"{what} {path}: is a folder; give a file name")
-    if out.exists() and not os.access(out, os.W_OK):
-        raise ConfigError(f"{what} {path}: the file is not writable")
-    parent = out.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ConfigError(f"{what} {path}: {parent} is not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {path}: cannot write into {parent}")
-    return out
-
-
-def check_writable_folder(path: str | Path, what: str) -> Path:
-    """ConfigError unless `path` is a writable folder or can be created as one."""
-    folder = Path(path).expanduser()
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"{what} {path}: exists and is not a folder")
-    probe = folder
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        raise ConfigError(f"{what} {path}: {probe} is not a folder")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {path}: cannot write into {probe}")
-    return folder
-
-
-@contextlib.contextmanager
-def disk_full_guard(what: str | Path, last_checkpoint: Path | None) -> Iterator[None]:
-    """Turn ENOSPC inside the block into one line naming what was written and what is safe."""
-    try:
-        yield
-    except DiskFull as exc:
-        raise DiskFull(f"{exc}; {_last_good(last_checkpoint)}") from None
-    except OSError as exc:
-        if exc.errno != errno.ENOSPC:
-            raise
-        raise DiskFull(f"disk full while writing {what}; {_last_good(last_checkpoint)}") from None
-    except RuntimeError as exc:  # torch.save reports a full disk as a RuntimeError from its writer
-        if "No space left" not in str(exc) and "file write failed" not in str(exc):
-            raise
-        raise DiskFull(f"disk full while writing {what}; {_last_good(last_checkpoint)}") from None
-
-
-def _last_good(checkpoint: Path | None) -> str:
-    return f"the last complete checkpoint is {checkpoint}" if checkpoint else "no checkpoint was written"
-
-
 # -- checkpoint staging --------------------------------------------------------------------------
 def begin_staging(run_dir: str | Path, step: int) -> Path:
     """An empty, marked staging folder `<run>/.tmp-step_<step>/` for a checkpoint being written."""
@@ -339,11 +192,7 @@ def publish_folder(tmp: Path, final: Path) -> Path:
         if item.is_file() and not item.is_symlink():
             if item.stat().st_mode & 0o777 != mode:
                 os.chmod(item, mode)  # some writers (safetensors, torch) leave 0600
-            fd = os.open(item, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_file(item)
         elif item.is_dir():
             fsync_dir(item)
     os.chmod(tmp, folder_mode())
@@ -424,57 +273,7 @@ def mark_run(folder: str | Path) -> None:
         atomic_write_json(folder / RUN_MARKER, record)
 
 
-# -- locks -------------------------------------------------------------------------------------
-class FileLock:
-    """An exclusive fcntl lock on `path` holding the owner's PID; the file is removed on release.
-
-    A process that dies releases its lock with it (the kernel drops fcntl locks), so a lock
-    file left by a dead process is simply taken over. Acquiring checks that the locked file is
-    still the one at `path` (a releaser may have unlinked it meanwhile) and retries if not.
-    """
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.fd: int | None = None
-
-    def acquire(self, wait: bool = False) -> bool:
-        import fcntl
-
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, file_mode())
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-            except BlockingIOError:
-                os.close(fd)
-                return False
-            try:
-                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self.fd = fd
-        return True
-
-    def holder(self) -> int | None:
-        """The PID written in the lock file (the holder, when it is held)."""
-        try:
-            return int(self.path.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-
-    def release(self) -> None:
-        if self.fd is None:
-            return
-        with contextlib.suppress(OSError):
-            self.path.unlink()  # while still locked: a waiter then sees a new inode and retries
-        os.close(self.fd)
-        self.fd = None
-
-
+# -- the writer's lock ----------------------------------------------------------------------------
 def lock_run(run_dir: str | Path) -> FileLock:
     """Take the run folder's writer lock at once, or raise RunBusy naming the holder's PID."""
     lock = FileLock(Path(run_dir) / LOCK_FILE)
@@ -483,25 +282,3 @@ def lock_run(run_dir: str | Path) -> FileLock:
         who = f"merit process {pid}" if pid else "another merit process"
         raise RunBusy(f"{run_dir} is in use by {who}; wait for it to finish or stop it (one writer per run folder)")
     return lock
-
-
-@contextlib.contextmanager
-def exclusive_lock(path: str | Path) -> Iterator[None]:
-    """Hold `FileLock(path)`, waiting for it (e.g. one builder of a cached folder at a time)."""
-    lock = FileLock(path)
-    lock.acquire(wait=True)
-    try:
-        yield
-    finally:
-        lock.release()
-
-
-def remove_stale_lock(path: str | Path) -> bool:
-    """Delete a lock file nobody holds (what a process killed before releasing left behind)."""
-    lock = FileLock(path)
-    if not Path(path).exists():
-        return False
-    if lock.acquire(wait=False):
-        lock.release()
-        return True
-    return False

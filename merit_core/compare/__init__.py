@@ -43,8 +43,9 @@ from merit_core.compare.results import BestResult, CompareSummary, RunResult
 from merit_core.compare.runner import CompareCallbacks, default_jobs, execute, run_state
 from merit_core.compare.spec import CompareSpec, load_spec
 from merit_core.compare.summary import SUMMARY_FILE, build_summary, select_best, write_json
+from merit_core.devices import measurement_device
 from merit_core.errors import ConfigError
-from merit_core.runs import TMP_PREFIX, check_writable_folder
+from merit_core.fileio import TMP_PREFIX, check_writable_folder
 
 REPORT_FILE = "REPORT.md"
 
@@ -191,30 +192,17 @@ def _measure(spec: CompareSpec, summary: dict[str, Any], data_dir: Path, callbac
             measured = []
             for name in entry["run_names"]:
                 callbacks.on_measure("hessian", name)
-                measured.append(run_hessian(run_dirs[name], data_dir, _hessian_device(spec)))
+                measured.append(run_hessian(run_dirs[name], data_dir, measurement_device(spec.train.get("device"))))
             entry["hessian"] = hessian_cell(measured)
     if spec.eval is not None and finished:
         names = [name for entry in finished for name in entry["run_names"]]
         for name in names:
             callbacks.on_measure("eval", name)
-        results = dict(zip(names, run_eval([run_dirs[n] for n in names], spec.eval, _eval_device(spec))))
+        results = dict(
+            zip(names, run_eval([run_dirs[n] for n in names], spec.eval, measurement_device(spec.train.get("device"))))
+        )
         for entry in finished:
             entry["zero_shot"] = eval_cell([results[name] for name in entry["run_names"]])
-
-
-def _hessian_device(spec: CompareSpec) -> str:
-    """Where the runs trained: a GPU when the spec allows one and there is one, else the CPU."""
-    import torch
-
-    device = str(spec.train.get("device", "auto"))
-    if device == "cpu" or not torch.cuda.is_available():
-        return "cpu"
-    return device if device.startswith("cuda") else "cuda"
-
-
-def _eval_device(spec: CompareSpec) -> str:
-    device = str(spec.train.get("device", "auto"))
-    return device if device in ("cpu", "auto") or device.startswith("cuda") else "auto"
 
 
 def _prepare_data(spec: CompareSpec, callbacks: CompareCallbacks):

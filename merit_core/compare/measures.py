@@ -17,16 +17,16 @@ and the cell reports mean, spread and each value (as for the loss).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from merit_core.compare.spec import EvalRequest
 from merit_core.compare.summary import spread
 from merit_core.errors import CheckpointError
+from merit_core.fileio import atomic_write_json
+from merit_core.runs import CONFIG_FILE
 from merit_core.train.config import read_toml
 from merit_core.train.metrics import json_safe
-from merit_core.train.training_run import CONFIG_FILE
 
 HESSIAN_FILE = "compare_hessian.json"
 EVAL_FILE = "compare_eval.json"
@@ -39,7 +39,7 @@ HESSIAN_SEED = 0
 # Each Hessian-vector product is a double backward through eager attention, several times the cost
 # of a training step on the same tokens, and a comparison measures every seed of every best cell.
 HESSIAN_SEQUENCES = 4
-# The paper's figures for GPT-2 Small at batch 1k (../shared/MERIT.md), shown beside ours.
+# The paper's figures for GPT-2 Small at batch 1k (docs/MERIT.md, "Paper results"), shown beside ours.
 PAPER = {
     "hessian": {
         "model": "GPT-2 Small",
@@ -59,9 +59,7 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n")
-    os.replace(tmp, path)
+    atomic_write_json(path, json_safe(data), indent=2, allow_nan=False)
 
 
 def _final_checkpoint(run_dir: Path) -> tuple[int, Path]:

@@ -8,9 +8,11 @@ each seed's value as a small dot; a curve is the mean over seeds with the seeds'
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
+
+from merit_core.fileio import atomic_path
+from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 
 PLOT_FILE = "compare.png"
 COLORS = {"adamw": "tab:blue", "lamb": "tab:orange", "merit": "tab:green"}
@@ -91,7 +93,7 @@ def plot_compare(summary: dict[str, Any], out_dir: str | Path) -> Path:
         seeds = entry.get("seed_curves") or []
         n = f", {len(seeds)} seeds" if len(seeds) > 1 else ""
         label = f"{name} (lr {entry['lr']:.2g}{n}){suffix}"
-        for ax, key in ((ax_logit, "max_attention_logit"), (ax_val, "val_loss")):
+        for ax, key in ((ax_logit, MAX_ATTENTION_LOGIT), (ax_val, VAL_LOSS)):
             if len(seeds) > 1 and all(s["step"] == curve["step"] for s in seeds):
                 _plot_seeds(ax, curve["step"], [s[key] for s in seeds], label, style)
             else:
@@ -114,10 +116,11 @@ def plot_compare(summary: dict[str, Any], out_dir: str | Path) -> Path:
         f"seq len {settings['seq_len']}"
     )
     out = Path(out_dir) / PLOT_FILE
-    tmp = out.with_name(".tmp-" + PLOT_FILE)
-    fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    os.replace(tmp, out)
+    try:
+        with atomic_path(out) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return out
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from merit_core.metric_names import MAX_ATTENTION_LOGIT
+
 
 def _f(value: float | None, digits: int = 4) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
@@ -141,14 +143,14 @@ def _seed_deltas(small: dict[str, Any], large: dict[str, Any]) -> dict[str, Any]
 
 def _logit_line(batch: int, entries: list[dict[str, Any] | None]) -> str | None:
     ranked = sorted(
-        (e for e in entries if _ok(e) and e.get("max_attention_logit") is not None),
-        key=lambda e: e["max_attention_logit"],
+        (e for e in entries if _ok(e) and e.get(MAX_ATTENTION_LOGIT) is not None),
+        key=lambda e: e[MAX_ATTENTION_LOGIT],
     )
     if not ranked:
         return None
     parts = [f"{e['optimizer']} {_ms(e, 'max_attention_logit', 2)} (layer {_argmax(e)})" for e in ranked]
     line = f"**Max attention logit at the end, batch {batch}** (best-lr runs, max over layers): {', '.join(parts)}."
-    lo, hi = ranked[0]["max_attention_logit"], ranked[-1]["max_attention_logit"]
+    lo, hi = ranked[0][MAX_ATTENTION_LOGIT], ranked[-1][MAX_ATTENTION_LOGIT]
     if len(ranked) > 1 and lo > 0:
         line += f" The largest is {hi / lo:.2f}x the smallest."
     return line
@@ -193,9 +195,9 @@ def _claim_lines(best, optimizers, batches) -> list[str]:
         + f": MERIT's loss minus the best other optimizer's ({closest['optimizer']}) is {-gap:+.4f} "
         + f"({_resolution(merit, closest)})."
     )
-    with_logit = {o: e for o, e in others.items() if e.get("max_attention_logit") is not None}
-    if merit.get("max_attention_logit") is not None and with_logit:
-        smallest = all(merit["max_attention_logit"] < e["max_attention_logit"] for e in with_logit.values())
+    with_logit = {o: e for o, e in others.items() if e.get(MAX_ATTENTION_LOGIT) is not None}
+    if merit.get(MAX_ATTENTION_LOGIT) is not None and with_logit:
+        smallest = all(merit[MAX_ATTENTION_LOGIT] < e[MAX_ATTENTION_LOGIT] for e in with_logit.values())
         lines.append(
             f"Paper claim 2 (MERIT keeps the max attention logit lower): at batch {large}, "
             + ("**holds here**" if smallest else "**does not hold here**")
@@ -239,7 +241,7 @@ def results_table(summary: dict[str, Any]) -> list[str]:
             elif not _ok(e):
                 cells += ["diverged", "-", "-"]
             else:
-                cells += [_ms(e, "final_val_loss"), _lr(e["lr"]), _ms(e, "max_attention_logit", 2)]
+                cells += [_ms(e, "final_val_loss"), _lr(e["lr"]), _ms(e, MAX_ATTENTION_LOGIT, 2)]
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
     return rows
 

@@ -31,22 +31,20 @@ from pathlib import Path
 from typing import Any
 
 from merit_core.compare.grid import PlannedRun, config_mismatch
-from merit_core.errors import ConfigError, MeritError
+from merit_core.errors import ConfigError, MeritError, RunFailed, RunInterrupted, TrainingDiverged
+from merit_core.fileio import atomic_write_json
 from merit_core.progress import Progress
-from merit_core.runs import RunInterrupted, atomic_write_json
+from merit_core.runs import CONFIG_FILE
+from merit_core.train.callbacks import TrainCallbacks
 from merit_core.train.config import read_toml
 from merit_core.train.metrics import json_safe, read_metrics
-from merit_core.train.training_run import CONFIG_FILE, STOP_SIGNALS, TrainCallbacks
+from merit_core.train.training_run import STOP_SIGNALS
 
 STATUS_FILE = "compare_status.json"
 EXIT_INTERRUPTED = (130, 143)
 EXIT_DIVERGED = 3
 EXIT_USER_ERROR = 2
 MAX_CPU_JOBS = 4
-
-
-class RunFailed(MeritError):
-    """A run of the comparison crashed (not a divergence); its log names the cause."""
 
 
 class CompareCallbacks:
@@ -153,7 +151,6 @@ def execute(
 
 
 def _run_here(run: PlannedRun, resume: bool, callbacks: CompareCallbacks) -> str:
-    from merit_core.train.trainer import TrainingDiverged
     from merit_core.train.training_run import run_training  # looked up per call: tests stand in for it
 
     callbacks.on_run_start(run, resume)

@@ -11,9 +11,7 @@ None for one seed) and `<key>_values` (each seed's value, in seed order) beside 
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -21,22 +19,24 @@ from typing import Any
 from merit_core.compare.grid import PlannedRun
 from merit_core.compare.runner import read_status
 from merit_core.errors import MeritError
+from merit_core.fileio import atomic_write_json
+from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 from merit_core.train.metrics import json_safe, read_metrics
 
 SUMMARY_FILE = "summary.json"
-CELL_KEYS = ("final_val_loss", "max_attention_logit", "final_train_loss")
+CELL_KEYS = ("final_val_loss", MAX_ATTENTION_LOGIT, "final_train_loss")
 
 
 def run_record(run: PlannedRun, state: str) -> dict[str, Any]:
     """What one run gave: final validation loss, max attention logit (max over layers and per
     layer) at the end, and its trajectory (step, val loss, max logit) for the plots."""
     records = read_metrics(run.run_dir) if run.run_dir.is_dir() else []
-    evals = [r for r in records if "val_loss" in r]
+    evals = [r for r in records if VAL_LOSS in r]
     logs = [r for r in records if r.get("loss") is not None]
     final = evals[-1] if evals and evals[-1].get("step") == run.steps else None
-    by_layer = final.get("max_attention_logit") if final else None
+    by_layer = final.get(MAX_ATTENTION_LOGIT) if final else None
     logits = [v for v in (by_layer or []) if v is not None]
-    val_loss = final.get("val_loss") if final else None
+    val_loss = final.get(VAL_LOSS) if final else None
     status = state
     message = read_status(run.run_dir).get("message") if state == "diverged" else None
     if state == "finished" and (val_loss is None or not math.isfinite(val_loss)):
@@ -53,7 +53,7 @@ def run_record(run: PlannedRun, state: str) -> dict[str, Any]:
         "status": status,
         "message": message,
         "final_val_loss": val_loss if status == "finished" else None,
-        "max_attention_logit": max(logits) if status == "finished" and logits else None,
+        MAX_ATTENTION_LOGIT: max(logits) if status == "finished" and logits else None,
         "max_attention_logit_by_layer": by_layer if status == "finished" else None,
         "final_train_loss": logs[-1]["loss"] if logs and status == "finished" else None,
         "qk_bound_by_layer": _qk_bounds(run) if status == "finished" else None,
@@ -61,8 +61,8 @@ def run_record(run: PlannedRun, state: str) -> dict[str, Any]:
         "run_dir": str(run.run_dir),
         "curve": {
             "step": [r["step"] for r in evals],
-            "val_loss": [r.get("val_loss") for r in evals],
-            "max_attention_logit": [_peak(r.get("max_attention_logit")) for r in evals],
+            VAL_LOSS: [r.get(VAL_LOSS) for r in evals],
+            MAX_ATTENTION_LOGIT: [_peak(r.get(MAX_ATTENTION_LOGIT)) for r in evals],
         },
     }
 
@@ -171,7 +171,4 @@ def build_summary(settings: dict[str, Any], runs: list[PlannedRun], states: dict
 
 def write_json(path: Path, data: dict[str, Any]) -> Path:
     """Write `data` as JSON atomically (non-finite floats become null)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n")
-    os.replace(tmp, path)
-    return path
+    return atomic_write_json(path, json_safe(data), indent=2, allow_nan=False)

@@ -12,14 +12,12 @@ import json
 import sys
 
 from merit_core.compare.runner import EXIT_DIVERGED, EXIT_USER_ERROR
-from merit_core.errors import MeritError
-from merit_core.runs import RunInterrupted
+from merit_core.errors import MeritError, RunInterrupted, TrainingDiverged
 from merit_core.train.config import from_dict
 from merit_core.train.training_run import run_training
 
 
 def main(argv: list[str]) -> int:
-    from merit_core.train.trainer import TrainingDiverged
 
     try:
         run_training(from_dict(json.loads(argv[0])))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from merit_core.data.meta import is_prepared
 from merit_core.errors import ConfigError, DataError
-from merit_core.runs import check_writable_folder, exclusive_lock, folder_mode
+from merit_core.fileio import check_writable_folder, exclusive_lock, folder_mode
 
 TMP_PREFIX = ".merit-tmp-"
 
@@ -70,7 +70,7 @@ def publish(tmp: Path, target: Path) -> None:
 def build_lock(target: Path):
     """Hold an exclusive file lock beside `target` (POSIX; a no-op elsewhere), e.g. across DDP ranks.
 
-    The lock file is removed when released (merit_core.runs.FileLock), so none is left behind.
+    The lock file is removed when released (merit_core.fileio.FileLock), so none is left behind.
     """
     try:
         import fcntl  # noqa: F401

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from merit_core.errors import DataError
+from merit_core.errors import DataError, first_line
 from merit_core.hub import looks_like_hub_id, prefer_offline
 
 BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -147,7 +147,7 @@ def _file_batches(source: Source) -> Iterator[tuple[list[str], int]]:
         except UnicodeDecodeError:
             raise DataError(f"cannot read {where}: not UTF-8 text") from None
         except (ValueError, OSError, datasets.exceptions.DatasetGenerationError) as exc:
-            raise DataError(f"cannot read {where}: {_first_line(exc)}") from None
+            raise DataError(f"cannot read {where}: {first_line(exc)}") from None
 
 
 def _hub_batches(source: Source) -> Iterator[tuple[list[str], int]]:
@@ -161,11 +161,6 @@ def _hub_batches(source: Source) -> Iterator[tuple[list[str], int]]:
                 docs = _texts(batch, source, f"dataset {name!r}")
                 yield docs, len(docs)
     except ConnectionError as exc:
-        raise DataError(f"dataset {name!r} cannot be reached on the Hugging Face hub: {_first_line(exc)}") from None
+        raise DataError(f"dataset {name!r} cannot be reached on the Hugging Face hub: {first_line(exc)}") from None
     except (ValueError, OSError, datasets.exceptions.DatasetNotFoundError) as exc:
-        raise DataError(f"cannot load dataset {name!r}: {_first_line(exc)}") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+        raise DataError(f"cannot load dataset {name!r}: {first_line(exc)}") from None

@@ -17,6 +17,7 @@ import numpy as np
 
 from merit_core.data.meta import TOKENIZER_DIR, is_prepared, load_meta
 from merit_core.errors import ConfigError
+from merit_core.fileio import atomic_write_json
 from merit_core.hub import looks_like_hub_id, prefer_offline
 
 EOS_TOKEN = "<|endoftext|>"
@@ -48,9 +49,7 @@ def make_tokenizer_portable(folder: str | Path) -> None:
     if config.get("tokenizer_class") not in _V5_ONLY_TOKENIZER_CLASSES:
         return
     config["tokenizer_class"] = PORTABLE_TOKENIZER_CLASS
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_json(path, config, indent=2, ensure_ascii=False)
 
 
 @contextlib.contextmanager

@@ -63,7 +63,7 @@ class Checkpoint:
 
     @property
     def config_path(self) -> Path | None:
-        p = self.folder / "config.json"
+        p = self.folder / runs.MODEL_CONFIG
         return p if p.is_file() else None
 
     @property

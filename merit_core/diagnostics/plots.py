@@ -9,17 +9,16 @@ renamed.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
-from merit_core.runs import file_mode
+from merit_core.fileio import atomic_path
+from merit_core.metric_names import MAX_ATTENTION_LOGIT
 
 PANELS = (
     ("q_max_norm", "max-norm of $W_Q$", r"$\|W_Q\|_m$"),
     ("k_max_norm", "max-norm of $W_K$", r"$\|W_K\|_m$"),
     ("bound", r"max-norm product $\|W_Q\|_m \cdot \|W_K\|_m$", r"$\|W_Q\|_m \|W_K\|_m$"),
-    ("max_attention_logit", "max attention logit (probe batch)", "max logit"),
+    (MAX_ATTENTION_LOGIT, "max attention logit (probe batch)", "max logit"),
 )
 
 
@@ -34,7 +33,7 @@ def short_labels(labels: list[str]) -> list[str]:
 
 def _panels(checkpoints: list) -> list[tuple[str, str, str]]:
     have_logits = any(l.max_attention_logit is not None for c in checkpoints for l in c.layers)
-    return [p for p in PANELS if p[0] != "max_attention_logit" or have_logits]
+    return [p for p in PANELS if p[0] != MAX_ATTENTION_LOGIT or have_logits]
 
 
 def _figure(n_panels: int, width: float):
@@ -53,16 +52,9 @@ def _figure(n_panels: int, width: float):
 
 def _save(plt, fig, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix or ".png", dir=path.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=120)
-
-        os.chmod(tmp, file_mode())  # mkstemp makes it 0600; the plot gets the user's umask
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".").lower() or "png")
     finally:
         plt.close(fig)
 

@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,28 +22,28 @@ from typing import Any
 
 import torch
 
+from merit_core import runs
 from merit_core.diagnostics.attention import probe_attention
 from merit_core.diagnostics.checkpoints import Checkpoint, SafetensorsReader, find_checkpoints
 from merit_core.diagnostics.hessian import model_hessian
 from merit_core.diagnostics.probe import ProbeInfo, load_model, make_probe_batch
 from merit_core.diagnostics.weights import (
-    AttentionLayout,
     HeadStats,
     LayerStats,
     WeightStats,
-    WeightSummary,
     attention_weight_stats,
     checkpoint_context,
     logit_bounds,
     read_config,
 )
 from merit_core.errors import DataError
+from merit_core.fileio import atomic_write_json
+from merit_core.metric_names import MAX_ATTENTION_LOGIT
 from merit_core.models import context_length
 from merit_core.progress import Progress, ProgressFn, report_to
-from merit_core.runs import atomic_write_json
 
 TRAINER_KEYS = ("optimizer", "global_batch_size", "seq_len", "tokens")
-SUMMARY_KEYS = ("q_max_norm", "k_max_norm", "bound", "max_attention_logit")
+SUMMARY_KEYS = ("q_max_norm", "k_max_norm", "bound", MAX_ATTENTION_LOGIT)
 
 
 @dataclass
@@ -82,28 +82,16 @@ class Summary:
 
 
 @dataclass
-class CheckpointReport:
-    """Everything `merit inspect` measured on one checkpoint."""
+class CheckpointReport(WeightStats):
+    """Everything `merit inspect` measured on one checkpoint: its weight statistics (WeightStats,
+    with path, label and step set) plus the run it belongs to, its trainer state, the probe and
+    the Hessian."""
 
-    path: str
-    label: str
-    step: int | None
-    run: str | None
-    trainer_state: dict[str, Any]  # the TRAINER_KEYS its trainer_state.json has (optimizer, ...)
-    architecture: str
-    n_layers: int
-    n_heads: int | None
-    n_kv_heads: int | None
-    head_dim: int | None
-    d_model: int
-    row_axis: str
-    layers: list[LayerStats]
-    weights: list[WeightSummary]
-    notes: list[str] = field(default_factory=list)
+    run: str | None = None
+    trainer_state: dict[str, Any] = field(default_factory=dict)  # the TRAINER_KEYS its trainer_state.json has
     probe: ProbeInfo | None = None
     hessian: dict[str, Any] | None = None
     summary: Summary = field(default_factory=Summary)
-    layout: AttentionLayout | None = field(default=None, repr=False, compare=False)  # not in the JSON
 
     @property
     def optimizer(self) -> str | None:
@@ -111,23 +99,17 @@ class CheckpointReport:
 
     @classmethod
     def from_weights(cls, ckpt: Checkpoint, stats: WeightStats, trainer_state: dict[str, Any]) -> CheckpointReport:
+        weights = {f.name: getattr(stats, f.name) for f in dataclasses.fields(WeightStats)}
         return cls(
-            path=str(ckpt.path),
-            label=ckpt.label,
-            step=ckpt.step,
+            **{
+                **weights,
+                "path": str(ckpt.path),
+                "label": ckpt.label,
+                "step": ckpt.step,
+                "notes": ckpt.notes + stats.notes,
+            },
             run=str(ckpt.run) if ckpt.run else None,
             trainer_state=trainer_state,
-            architecture=stats.architecture,
-            n_layers=stats.n_layers,
-            n_heads=stats.n_heads,
-            n_kv_heads=stats.n_kv_heads,
-            head_dim=stats.head_dim,
-            d_model=stats.d_model,
-            row_axis=stats.row_axis,
-            layers=stats.layers,
-            weights=stats.weights,
-            notes=ckpt.notes + stats.notes,
-            layout=stats.layout,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -137,16 +119,7 @@ class CheckpointReport:
             "step": self.step,
             "run": self.run,
             **{k: self.trainer_state[k] for k in TRAINER_KEYS if k in self.trainer_state},
-            "architecture": self.architecture,
-            "n_layers": self.n_layers,
-            "n_heads": self.n_heads,
-            "n_kv_heads": self.n_kv_heads,
-            "head_dim": self.head_dim,
-            "d_model": self.d_model,
-            "row_axis": self.row_axis,
-            "layers": [layer.to_dict() for layer in self.layers],
-            "weights": [w.to_dict() for w in self.weights],
-            "notes": list(self.notes),
+            **self.body_dict(),
             "probe": self.probe.to_dict() if self.probe else None,
             "hessian": self.hessian,
             "summary": self.summary.to_dict(),
@@ -177,14 +150,8 @@ class InspectReport:
 
 
 def _trainer_state(ckpt: Checkpoint) -> dict:
-    path = ckpt.folder / "trainer_state.json"
-    if not path.is_file():
-        return {}
-    try:
-        state = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return {}
-    return {k: state[k] for k in TRAINER_KEYS if isinstance(state, dict) and k in state}
+    state = runs.read_trainer_state(ckpt.folder, strict=False)
+    return {k: state[k] for k in TRAINER_KEYS if k in state}
 
 
 def summarize(layers: list[LayerStats]) -> Summary:

@@ -30,6 +30,7 @@ import torch
 
 from merit_core.diagnostics.checkpoints import Checkpoint, SafetensorsReader, find_checkpoints
 from merit_core.errors import CheckpointError, ConfigError, MeritError
+from merit_core.metric_names import MAX_ATTENTION_LOGIT
 from merit_core.models.family import CONV1D, FUSED_PER_HEAD, FamilySpec, all_families, get_family
 
 PERCENTILES = (50, 90, 99)
@@ -93,7 +94,7 @@ class HeadStats:
 
     def to_dict(self) -> dict[str, Any]:
         if self.kv_head is None:
-            return {"head": self.head, "max_attention_logit": self.max_attention_logit}
+            return {"head": self.head, MAX_ATTENTION_LOGIT: self.max_attention_logit}
         return {
             "head": self.head,
             "kv_head": self.kv_head,
@@ -102,7 +103,7 @@ class HeadStats:
             "q_l2_norm": self.q_l2_norm,
             "k_l2_norm": self.k_l2_norm,
             "bound": self.bound,
-            "max_attention_logit": self.max_attention_logit,
+            MAX_ATTENTION_LOGIT: self.max_attention_logit,
             "logit_bound": self.logit_bound,
         }
 
@@ -143,7 +144,7 @@ class LayerStats:
             "q_max_over_l2": self.q_max_over_l2,
             "k_max_over_l2": self.k_max_over_l2,
             "bound": self.bound,
-            "max_attention_logit": self.max_attention_logit,
+            MAX_ATTENTION_LOGIT: self.max_attention_logit,
             "heads": [h.to_dict() for h in self.heads],
             "q_rows": self.q_rows.to_dict(),
             "q_cols": self.q_cols.to_dict(),

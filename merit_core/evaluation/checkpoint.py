@@ -20,7 +20,7 @@ from merit_core.diagnostics.checkpoints import (
     refuse_special_files,
     validate_safetensors,
 )
-from merit_core.errors import CheckpointError, ConfigError
+from merit_core.errors import CheckpointError, ConfigError, first_line
 from merit_core.hub import looks_like_hub_id
 from merit_core.models.limits import check_model_size
 from merit_core.paths import display
@@ -95,7 +95,7 @@ def _resolve_checkpoint(text: str, trust_remote_code: bool) -> CheckpointRef:
     path = path.resolve()
     source = "hf-folder"
     refuse_special_files(path)
-    if not (path / "config.json").is_file():
+    if not (path / runs.MODEL_CONFIG).is_file():
         step = latest_step_dir(path)
         if step is None:
             raise CheckpointError(
@@ -142,7 +142,7 @@ def check_weight_files(folder: Path) -> list[Path]:
 
 
 # Files of a model folder whose `auto_map` names Python code transformers would import from it.
-CODE_CONFIGS = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
+CODE_CONFIGS = (runs.MODEL_CONFIG, "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
 
 
 def refuse_custom_code(folder: Path) -> None:
@@ -163,11 +163,6 @@ def refuse_custom_code(folder: Path) -> None:
             )
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def check_causal_lm(ref: CheckpointRef, trust_remote_code: bool = False) -> Any:
     """Load the model config and check it describes a decoder-only causal LM; returns the config."""
     from transformers import AutoConfig
@@ -177,9 +172,7 @@ def check_causal_lm(ref: CheckpointRef, trust_remote_code: bool = False) -> Any:
         config = AutoConfig.from_pretrained(ref.location, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as exc:
         where = "a model folder" if ref.is_local else "a local folder, and the hub (or its cache) does not have it"
-        raise CheckpointError(
-            f"cannot read the model config of {ref.given} (not {where}): {_first_line(exc)}"
-        ) from None
+        raise CheckpointError(f"cannot read the model config of {ref.given} (not {where}): {first_line(exc)}") from None
     causal_classes = {
         c for v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() for c in ((v,) if isinstance(v, str) else v)
     }
@@ -196,24 +189,6 @@ def check_causal_lm(ref: CheckpointRef, trust_remote_code: bool = False) -> Any:
             "merit eval scores decoder-only LMs"
         )
     return config
-
-
-def resolve_device(device: str | None) -> str:
-    """'auto'/None -> 'cuda' when a GPU is visible, else 'cpu'; check an explicit CUDA device exists."""
-    import torch
-
-    if device in (None, "", "auto"):
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise ConfigError(f"--device {device}: not a torch device (use auto, cpu, cuda or cuda:N)") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"--device {device}: no CUDA GPU is visible; use --device cpu")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ConfigError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
-    return str(dev)
 
 
 _DTYPES = {
@@ -249,12 +224,12 @@ def load_model_and_tokenizer(
     try:
         tokenizer = AutoTokenizer.from_pretrained(ref.location, **remote)
     except (OSError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"cannot load the tokenizer of {ref.given}: {_first_line(exc)}") from None
+        raise CheckpointError(f"cannot load the tokenizer of {ref.given}: {first_line(exc)}") from None
     try:
         # use_safetensors: never a pickle, not even one next to the safetensors or on the hub
         model = AutoModelForCausalLM.from_pretrained(
             ref.location, dtype=getattr(torch, dtype), use_safetensors=True, **remote
         )
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise CheckpointError(f"cannot load the model weights of {ref.given}: {_first_line(exc)}") from None
+        raise CheckpointError(f"cannot load the model weights of {ref.given}: {first_line(exc)}") from None
     return model.to(device).eval(), tokenizer

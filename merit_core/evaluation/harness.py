@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from merit_core.devices import resolve_device
 from merit_core.errors import ConfigError
 from merit_core.evaluation.checkpoint import (
     CheckpointRef,
     check_causal_lm,
     load_model_and_tokenizer,
     resolve_checkpoint,
-    resolve_device,
     resolve_dtype,
 )
 from merit_core.evaluation.results import CheckpointResult
@@ -221,7 +221,7 @@ def evaluate_checkpoints(
         raise ConfigError("no checkpoint given: pass one or more model folders, run folders or hub names")
     run = _Run(settings, progress, [resolve_checkpoint(c, settings.trust_remote_code) for c in checkpoints])
     run.report("checking checkpoints")
-    device = resolve_device(settings.device)
+    device = str(resolve_device(settings.device))
     dtype = resolve_dtype(settings.dtype, device)
     configs = [check_causal_lm(ref, settings.trust_remote_code) for ref in run.refs]
 

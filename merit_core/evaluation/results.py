@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from merit_core.errors import ConfigError
-from merit_core.runs import atomic_write
+from merit_core.fileio import atomic_write
 
 _NOT_METRICS = {"alias", "name", "sample_len", "samples", " "}
 
@@ -106,7 +106,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def write_results_json(path: str | os.PathLike, records: Sequence[CheckpointResult]) -> Path:
-    """Write all records to `path` atomically and durably (merit_core.runs.atomic_write)."""
+    """Write all records to `path` atomically and durably (merit_core.fileio.atomic_write)."""
     out = check_output_path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps({"checkpoints": [r.to_json() for r in records]}, indent=2, default=_jsonable)

@@ -51,7 +51,8 @@ ALIASES: dict[str, TaskAlias] = {
     )
 }
 
-# Built-in task name -> folder of lm_eval/tasks that defines it (indexed alone, in well under 1 s).
+# Built-in task name -> folder of lm_eval/tasks that defines it (indexing that folder alone is far
+# cheaper than lm-eval's full index; benchmarks/README.md has the timings).
 _BUILTIN_FOLDERS: dict[str, str] = {
     "lambada": "lambada",
     "lambada_openai": "lambada",
@@ -152,7 +153,8 @@ def resolve_tasks(tasks: str | Iterable[str], include_path: str | os.PathLike | 
             return ResolvedTasks(names, manager, "known-folders")
 
     # A built-in task name is written literally in some YAML under lm_eval/tasks: a name found in
-    # none of them is unknown, which a 1 s text scan decides without the 15 s full index.
+    # none of them is unknown, which a text scan decides without building the full index (the far
+    # slower step; timings in benchmarks/README.md).
     mentioned, candidates = _scan_builtin_yamls(builtin_root, rest)
     unknown = [n for n in rest if n not in mentioned]
     if unknown:

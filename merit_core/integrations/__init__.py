@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-METRIC = "max_attention_logit"
+from merit_core.metric_names import MAX_ATTENTION_LOGIT
+
+METRIC = MAX_ATTENTION_LOGIT
 
 
 def logit_metrics(model: Any, input_ids: Any, attention_mask: Any = None, prefix: str = METRIC) -> dict[str, float]:

@@ -20,6 +20,7 @@ from typing import Any
 from merit_core.errors import ConfigError
 from merit_core.models import families as _families  # noqa: F401  (registers the specs)
 from merit_core.models.family import FamilySpec, all_families, family_names, get_family, register_family
+from merit_core.runs import MODEL_CONFIG
 
 __all__ = [
     "NAMED_MODELS",
@@ -111,7 +112,7 @@ def model_config(
         return _spec_config(spec, vocab_size or spec.vocab, context or spec.context, special_ids)
     path = Path(name_or_path)
     if path.is_dir():
-        path = path / "config.json"
+        path = path / MODEL_CONFIG
     if path.suffix == ".json" or path.exists():
         return _config_from_file(path, vocab_size, context)
 

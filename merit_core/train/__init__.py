@@ -6,7 +6,8 @@
 Importing this package does not import torch; `run_training` does when it runs.
 """
 
+from merit_core.train.callbacks import RunInfo, RunSummary, TrainCallbacks
 from merit_core.train.config import TrainConfig, load_config, resolve
-from merit_core.train.training_run import RunInfo, RunSummary, TrainCallbacks, run_training
+from merit_core.train.training_run import run_training
 
 __all__ = ["TrainConfig", "load_config", "resolve", "run_training", "RunInfo", "RunSummary", "TrainCallbacks"]

@@ -24,9 +24,9 @@ from safetensors.torch import load_file
 
 from merit_core import runs
 from merit_core.data.tokenizer import make_tokenizer_portable
-from merit_core.errors import CheckpointError
+from merit_core.errors import CheckpointError, first_line
 from merit_core.models import family_spec
-from merit_core.runs import STATE_FORMAT, STATE_JSON, STATE_PT
+from merit_core.runs import STATE_FORMAT, STATE_JSON, STATE_PT, WEIGHTS_NAME
 
 __all__ = [
     "STATE_FORMAT",
@@ -125,25 +125,25 @@ def load_trainer_state(checkpoint: str | Path, map_location: str | torch.device 
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # corrupt file or a pickle that is not plain tensors/containers
-        raise CheckpointError(f"{path} cannot be loaded safely: {type(exc).__name__}: {_first_line(exc)}") from None
+        raise CheckpointError(f"{path} cannot be loaded safely: {type(exc).__name__}: {first_line(exc)}") from None
 
 
 def load_model_weights(model: torch.nn.Module, checkpoint: str | Path) -> None:
     """Copy the checkpoint's safetensors weights into `model` (tied weights may be absent)."""
-    path = Path(checkpoint) / "model.safetensors"
+    path = Path(checkpoint) / WEIGHTS_NAME
     if not path.is_file():
-        raise CheckpointError(f"{checkpoint} has no model.safetensors")
+        raise CheckpointError(f"{checkpoint} has no {WEIGHTS_NAME}")
     try:
         weights = load_file(path)
     except Exception as exc:
-        raise CheckpointError(f"{path} is unreadable: {_first_line(exc)}") from None
+        raise CheckpointError(f"{path} is unreadable: {first_line(exc)}") from None
 
     spec = family_spec(model.config)  # names save_pretrained renames (GPT-NeoX lm_head -> embed_out)
     weights = {spec.model_name(name): tensor for name, tensor in weights.items()}
     try:
         missing, unexpected = model.load_state_dict(weights, strict=False)
     except RuntimeError as exc:  # a tensor of another shape
-        detail = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), _first_line(exc))
+        detail = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), first_line(exc))
         raise CheckpointError(f"{checkpoint} does not match the model: {detail}") from None
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
     if unexpected or set(missing) - tied:
@@ -187,8 +187,3 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, where: s
                         f"{where}: optimizer state {key!r} of parameter {index} has shape {got}, "
                         f"the parameter has {shape}; this checkpoint cannot be resumed"
                     )
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

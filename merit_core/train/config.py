@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from merit_core.errors import ConfigError
-from merit_core.runs import CONFIG_HEADER, atomic_write
+from merit_core.fileio import atomic_write
+from merit_core.runs import CONFIG_HEADER
 
 DTYPES = ("auto", "float32", "bfloat16")
 PARALLEL = ("ddp", "fsdp")
@@ -247,8 +248,6 @@ def validate(config: TrainConfig) -> None:
     for key in config.optimizer_args:
         if not isinstance(key, str) or not key.isidentifier():
             raise ConfigError(f"optimizer_args key {key!r} is not a valid name")
-    from merit_core.train.trackers import parse_report_to  # trackers needs training_run, which needs this module
-
     parse_report_to(config.report_to)
 
 
@@ -412,3 +411,23 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
 
 def _type_word(hint: Any) -> str:
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
+
+
+# The experiment trackers `report_to` may name (train/trackers.py implements them).
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+
+
+def parse_report_to(value: str | Iterable[str] | None) -> list[str]:
+    """'tensorboard, wandb' -> ['tensorboard', 'wandb']; 'none', '' and None -> []. Unknown names: ConfigError."""
+    if value is None:
+        return []
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = [str(item).strip().lower() for item in items if str(item).strip()]
+    if "none" in names:
+        if len(names) > 1:
+            raise ConfigError(f"report_to: 'none' cannot be combined with other trackers, got {value!r}")
+        return []
+    for name in names:
+        if name not in TRACKERS:
+            raise ConfigError(f"report_to: unknown tracker {name!r}; choose from {', '.join(TRACKERS)} or none")
+    return list(dict.fromkeys(names))

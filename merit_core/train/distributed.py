@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from merit_core import runs
-from merit_core.errors import CheckpointError, ConfigError
+from merit_core.errors import CheckpointError
 
 # What a sharded scheme keeps in trainer_state.pt in place of the optimizer state: a marker naming
 # the format of the shards it wrote into the checkpoint folder (see merit_core.train.fsdp).
@@ -27,19 +27,6 @@ DCP_FORMAT = "torch.distributed.checkpoint"
 def is_sharded_optimizer_state(state: Any) -> bool:
     """True for the marker fsdp checkpoints keep in trainer_state.pt instead of the optimizer state."""
     return isinstance(state, dict) and state.get("format") == DCP_FORMAT
-
-
-def resolve_device(device: str, local_rank: int = 0) -> torch.device:
-    """'auto' -> cuda (this process's GPU under torchrun) when available, else cpu."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ConfigError(f"device {device!r} requested but CUDA is not available; use --device cpu")
-        return torch.device(device if ":" in device else f"cuda:{local_rank}")
-    if device == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("device 'mps' requested but it is not available; use --device cpu")
-    return torch.device(device)
 
 
 class Parallel:

@@ -11,9 +11,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from merit_core.runs import atomic_write
-
-METRICS_FILE = "metrics.jsonl"
+from merit_core.fileio import atomic_write
+from merit_core.runs import METRICS_FILE
 
 
 def json_safe(value: Any) -> Any:

@@ -13,7 +13,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from merit_core.train.distributed import DDPParallel, Parallel, resolve_device
+from merit_core.devices import resolve_device
+from merit_core.train.distributed import DDPParallel, Parallel
 from merit_core.train.fsdp import FSDPParallel
 
 

@@ -6,7 +6,8 @@ import io
 from pathlib import Path
 from typing import Any
 
-from merit_core.runs import atomic_write
+from merit_core.fileio import atomic_write
+from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 from merit_core.train.metrics import read_metrics
 
 CURVES_FILE = "curves.png"
@@ -17,8 +18,8 @@ def plot_curves(run_dir: str | Path, title: str | None = None) -> Path | None:
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
     train = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
-    val = [(r["step"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
-    logits = [(r["step"], r["max_attention_logit"]) for r in records if r.get("max_attention_logit")]
+    val = [(r["step"], r[VAL_LOSS]) for r in records if r.get(VAL_LOSS) is not None]
+    logits = [(r["step"], r[MAX_ATTENTION_LOGIT]) for r in records if r.get(MAX_ATTENTION_LOGIT)]
     if not (train or val or logits):
         return None
 

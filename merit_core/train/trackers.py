@@ -22,30 +22,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from merit_core.errors import ConfigError
 from merit_core.extras import is_installed, require
-from merit_core.train.training_run import RunInfo, RunSummary, TrainCallbacks
+from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
+from merit_core.train.callbacks import CallbackList, ClosingCallbacks, RunInfo, RunSummary, TrainCallbacks
+from merit_core.train.config import parse_report_to
 
-TRACKERS = ("tensorboard", "wandb", "mlflow")
 TENSORBOARD_DIR = "tensorboard"
 # what `pip install` brings each tracker (the import name of each is the tracker's name)
 _INSTALL = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
-
-
-def parse_report_to(value: str | Iterable[str] | None) -> list[str]:
-    """'tensorboard, wandb' -> ['tensorboard', 'wandb']; 'none', '' and None -> []. Unknown names: ConfigError."""
-    if value is None:
-        return []
-    items = value.split(",") if isinstance(value, str) else list(value)
-    names = [str(item).strip().lower() for item in items if str(item).strip()]
-    if "none" in names:
-        if len(names) > 1:
-            raise ConfigError(f"report_to: 'none' cannot be combined with other trackers, got {value!r}")
-        return []
-    for name in names:
-        if name not in TRACKERS:
-            raise ConfigError(f"report_to: unknown tracker {name!r}; choose from {', '.join(TRACKERS)} or none")
-    return list(dict.fromkeys(names))
 
 
 def check_installed(names: Iterable[str]) -> None:
@@ -63,36 +47,6 @@ def build_trackers(report_to: str | Iterable[str] | None) -> list[TrainCallbacks
     return [classes[name]() for name in names]
 
 
-class CallbackList(TrainCallbacks):
-    """Several TrainCallbacks as one: each event goes to each, in order; `close()` closes the trackers.
-
-    Every `on_*` event of TrainCallbacks is forwarded (the methods are made below from the base
-    class), so an event added there reaches every callback without an edit here.
-    """
-
-    def __init__(self, callbacks: Iterable[TrainCallbacks | None]):
-        self.callbacks = [cb for cb in callbacks if cb is not None]
-
-    def close(self, failed: bool = False) -> None:
-        """Flush and close every tracker (also after an error, so that what was logged is kept)."""
-        for cb in self.callbacks:
-            if isinstance(cb, Tracker):
-                cb.close(failed)
-
-
-def _forward(event: str):
-    def forward(self: CallbackList, *args: Any, **kwargs: Any) -> None:
-        for cb in self.callbacks:
-            getattr(cb, event)(*args, **kwargs)
-
-    forward.__name__ = forward.__qualname__ = event
-    return forward
-
-
-for _event in [name for name in vars(TrainCallbacks) if name.startswith("on_")]:
-    setattr(CallbackList, _event, _forward(_event))
-
-
 def with_trackers(report_to: str | Iterable[str] | None, callbacks: TrainCallbacks | None) -> CallbackList:
     """`callbacks` (the front end's) followed by the trackers `report_to` names."""
     return CallbackList([callbacks, *build_trackers(report_to)])
@@ -102,11 +56,11 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
     """A log or eval record as tracker scalars: 'train/loss', 'eval/val_loss', 'eval/max_attention_logit',
     'eval/max_attention_logit/layer_3', ... (step and tokens are the x axis, not scalars)."""
     out: dict[str, float] = {}
-    section = "eval" if "val_loss" in record or "max_attention_logit" in record else "train"
+    section = "eval" if VAL_LOSS in record or MAX_ATTENTION_LOGIT in record else "train"
     for key, value in record.items():
         if key in ("step", "tokens") or value is None:
             continue
-        if key == "max_attention_logit" and isinstance(value, (list, tuple)):
+        if key == MAX_ATTENTION_LOGIT and isinstance(value, (list, tuple)):
             layers = [(i, float(v)) for i, v in enumerate(value) if v is not None]
             if layers:
                 out[f"{section}/max_attention_logit"] = max(v for _, v in layers)
@@ -129,7 +83,7 @@ def _flat_config(info: RunInfo) -> dict[str, Any]:
     return flat
 
 
-class Tracker(TrainCallbacks):
+class Tracker(ClosingCallbacks):
     """A tracker: `start(info)` connects, `log(values, step)` records scalars, `close(failed)` finishes."""
 
     def __init__(self):

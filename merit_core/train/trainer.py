@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from merit_core.diagnostics.attention import max_attention_logits
-from merit_core.errors import MeritError
+from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 from merit_core.optim import build_optimizer
 from merit_core.optim.registry import StepContext, step_hook
 from merit_core.train import lm_loss
@@ -28,10 +28,6 @@ from merit_core.train.config import TrainConfig
 from merit_core.train.distributed import Parallel
 from merit_core.train.hardware import available_host_memory
 from merit_core.train.schedule import lr_at
-
-
-class TrainingDiverged(MeritError):
-    """The loss or the gradient norm became nan or inf."""
 
 
 @dataclass
@@ -121,7 +117,9 @@ class Trainer:
 
     # -- choosing the micro-batch ------------------------------------------------------------
     def choose_micro_batch(self) -> int:
-        """Set config.micro_batch_size when it is unset ('auto'), before step 0, and return it.
+        """The micro-batch size for this run: config.micro_batch_size when set, else the size 'auto'
+        stands for, found here before step 0. Returned, not written: TrainingRun puts it into the
+        config (once), which config.toml then records.
 
         On CUDA: the per-process batch if a forward + backward of it fits next to the optimizer
         state still to come, else the largest divisor of it at most half the last size that ran
@@ -134,9 +132,7 @@ class Trainer:
             return self.config.micro_batch_size
         fits = self._fits_on_gpu if self.device.type == "cuda" else self._fits_in_host_memory
         size = largest_fitting(self.per_rank, fits)
-        agreed = self.parallel.all_reduce(torch.tensor(size, device=self.device), op="min")
-        self.config.micro_batch_size = int(agreed.item())
-        return self.config.micro_batch_size
+        return int(self.parallel.all_reduce(torch.tensor(size, device=self.device), op="min").item())
 
     def _fits_in_host_memory(self, size: int) -> bool:
         free = available_host_memory()
@@ -249,7 +245,7 @@ class Trainer:
                 per_head = max_attention_logits(self.model, self.val[0][0].to(self.device))
         finally:
             self.model.train()
-        return {"val_loss": float(val_loss.item()), "max_attention_logit": per_head.amax(dim=1).tolist()}
+        return {VAL_LOSS: float(val_loss.item()), MAX_ATTENTION_LOGIT: per_head.amax(dim=1).tolist()}
 
     # -- state --------------------------------------------------------------------------------
     def state_dict(self, checkpoint_dir: Path | None = None) -> dict[str, Any]:

@@ -25,3 +25,16 @@ def test_python_dash_m_works():
 def test_unknown_command_exits_2():
     out = CliRunner().invoke(cli, ["frobnicate"])
     assert out.exit_code == 2
+
+
+def test_every_train_option_is_a_config_key_declared_once():
+    """`merit train`'s options reach load_config under their own names: each must be a TrainConfig key."""
+    import dataclasses
+
+    from merit_cli.train_cmd import CONFIG_OPTIONS, train
+    from merit_core.train.config import TrainConfig
+
+    keys = {f.name for f in dataclasses.fields(TrainConfig)}
+    options = [p.name for p in train.params if p.name not in ("config_file", "list_configs", "overrides")]
+    assert len(options) == len(CONFIG_OPTIONS) == len(set(options))
+    assert set(options) <= keys, set(options) - keys

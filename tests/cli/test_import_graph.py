@@ -1,4 +1,5 @@
-"""Import hygiene: no module-level import cycles in the packages, and every command's --help stays light."""
+"""Import hygiene: no import cycles in the packages (at module level, and counting the imports made
+inside functions), and every command's --help stays light."""
 
 import ast
 import subprocess
@@ -34,8 +35,30 @@ def _imported(node: ast.Import | ast.ImportFrom, module: str, modules: dict[str,
     return subs if len(subs) == len(node.names) else [base, *subs]
 
 
-def _graph() -> dict[str, set[str]]:
-    """module -> the project modules its import runs first (top-level imports, outside TYPE_CHECKING).
+def _statements(tree: ast.Module, function_level: bool) -> list[ast.Import | ast.ImportFrom]:
+    """The import statements of a module outside `if TYPE_CHECKING:` blocks: the top-level ones
+    (and those in a top-level try), or with `function_level` every one, in functions and methods too."""
+    skipped: set[int] = set()
+    nodes = list(ast.walk(tree)) if function_level else list(tree.body)
+    for node in nodes:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for n in ast.walk(node))
+    if function_level:
+        return [n for n in nodes if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in skipped]
+    found = []
+    for node in nodes:
+        if id(node) in skipped:
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        elif isinstance(node, ast.Try):
+            found.extend(n for n in node.body if isinstance(n, (ast.Import, ast.ImportFrom)))
+    return found
+
+
+def _graph(function_level: bool = False) -> dict[str, set[str]]:
+    """module -> the project modules its import runs first (top-level imports, outside TYPE_CHECKING);
+    with `function_level`, also the modules its functions import when they run.
 
     Importing a.b.c also runs the packages a and a.b, except the module's own packages (already
     running when one of their modules is imported)."""
@@ -44,19 +67,13 @@ def _graph() -> dict[str, set[str]]:
     for module, path in modules.items():
         own = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 2)}
         edges = set()
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-                continue
-            statements = [node] if isinstance(node, (ast.Import, ast.ImportFrom)) else []
-            if isinstance(node, ast.Try):
-                statements = [n for n in node.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-            for statement in statements:
-                for name in _imported(statement, module, modules):
-                    parts = name.split(".")
-                    for i in range(1, len(parts) + 1):
-                        target = ".".join(parts[:i])
-                        if target in modules and target not in own:
-                            edges.add(target)
+        for statement in _statements(ast.parse(path.read_text(encoding="utf-8")), function_level):
+            for name in _imported(statement, module, modules):
+                parts = name.split(".")
+                for i in range(1, len(parts) + 1):
+                    target = ".".join(parts[:i])
+                    if target in modules and target not in own:
+                        edges.add(target)
         graph[module] = edges
     return graph
 
@@ -111,6 +128,15 @@ def test_cycle_finder_finds_a_planted_cycle():
 def test_no_module_level_import_cycles():
     graph = _graph()
     assert "merit_core.train.training_run" in graph["merit_core.train"]  # the graph sees the real imports
+    assert _cycles(graph) == []
+
+
+def test_no_import_cycles_counting_imports_inside_functions():
+    """A function-level import only postpones a cycle: the modules still need each other."""
+    graph = _graph(function_level=True)
+    # the graph sees imports inside functions: run_training imports the parallel setup when it runs
+    assert "merit_core.train.parallel" in graph["merit_core.train.training_run"]
+    assert "merit_core.train.parallel" not in _graph()["merit_core.train.training_run"]
     assert _cycles(graph) == []
 
 

@@ -15,7 +15,7 @@ import torch
 from click.testing import CliRunner
 
 from merit_cli.main import cli
-from merit_core import runs
+from merit_core import errors, fileio, runs
 from merit_core.train.checkpoint import list_checkpoints, load_trainer_state
 from merit_core.train.metrics import read_metrics
 from tests.prepared_data import write_prepared, write_tiny_model_config
@@ -65,8 +65,9 @@ def reference(model_cfg, data_dir, tmp_path_factory):
 
 
 def test_sigterm_mid_run_then_resume_equals_the_uninterrupted_run(model_cfg, data_dir, tmp_path, reference):
+    from merit_core.train.callbacks import TrainCallbacks
     from merit_core.train.config import load_config
-    from merit_core.train.training_run import TrainCallbacks, run_training
+    from merit_core.train.training_run import run_training
 
     class TermAtStep3(TrainCallbacks):
         def on_log(self, record):
@@ -75,7 +76,7 @@ def test_sigterm_mid_run_then_resume_equals_the_uninterrupted_run(model_cfg, dat
 
     out = tmp_path / "run"
     values = {**TINY, "eval_batch_size": 2, "model": str(model_cfg), "data": str(data_dir), "steps": 8, "out": str(out)}
-    with pytest.raises(runs.RunInterrupted) as stopped:
+    with pytest.raises(errors.RunInterrupted) as stopped:
         run_training(load_config(values=values), TermAtStep3())
     assert stopped.value.exit_code == 143 and "SIGTERM" in str(stopped.value)
     assert [s for s, _ in list_checkpoints(out)] == [3]  # saved at the step it stopped after, not lost
@@ -107,8 +108,9 @@ def _max_step(out: Path) -> int:
 
 @pytest.mark.parametrize(("name", "code"), [("SIGINT", 130), ("SIGUSR1", 143)])
 def test_sigint_and_sigusr1_stop_after_a_checkpoint_too(model_cfg, data_dir, tmp_path, name, code):
+    from merit_core.train.callbacks import TrainCallbacks
     from merit_core.train.config import load_config
-    from merit_core.train.training_run import TrainCallbacks, run_training
+    from merit_core.train.training_run import run_training
 
     class SignalAtStep2(TrainCallbacks):
         def on_log(self, record):
@@ -117,7 +119,7 @@ def test_sigint_and_sigusr1_stop_after_a_checkpoint_too(model_cfg, data_dir, tmp
 
     out = tmp_path / "run"
     values = {**TINY, "eval_batch_size": 2, "model": str(model_cfg), "data": str(data_dir), "steps": 6, "out": str(out)}
-    with pytest.raises(runs.RunInterrupted) as stopped:
+    with pytest.raises(errors.RunInterrupted) as stopped:
         run_training(load_config(values=values), SignalAtStep2())
     assert stopped.value.exit_code == code and stopped.value.checkpoint == out / "step_2"
     assert [s for s, _ in list_checkpoints(out)] == [2]
@@ -376,8 +378,8 @@ def test_atomic_write_disk_full_leaves_the_old_file(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(runs.os, "write", full)
-    with pytest.raises(runs.DiskFull, match="disk full while writing"):
-        runs.atomic_write_json(target, {"new": 1})
+    with pytest.raises(errors.DiskFull, match="disk full while writing"):
+        fileio.atomic_write_json(target, {"new": 1})
     monkeypatch.undo()
     assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
 
@@ -405,4 +407,4 @@ def test_prepare_cleans_only_its_own_stale_temp_folders_and_locks(tmp_path):
     assert left == sorted(["corpus.txt", "prepared", live.name, foreign.name])
     assert (foreign / "notes.txt").read_text() == "mine"
     assert not (tmp_path / "prepared" / runs.STAGING_MARKER).exists()
-    assert oct((tmp_path / "prepared" / "train.bin").stat().st_mode & 0o777) == oct(runs.file_mode())
+    assert oct((tmp_path / "prepared" / "train.bin").stat().st_mode & 0o777) == oct(fileio.file_mode())

@@ -152,8 +152,8 @@ def test_rerun_skips_finished_and_resumes_unfinished(finished, model_cfg, data_d
 
 
 def test_diverged_run_is_reported_and_skipped(tmp_path, model_cfg, data_dir, monkeypatch):
+    from merit_core.errors import TrainingDiverged
     from merit_core.train import training_run as train_run
-    from merit_core.train.trainer import TrainingDiverged
 
     real = train_run.run_training
 

@@ -9,6 +9,9 @@ from merit_core.diagnostics.probe import make_probe_batch
 from merit_core.diagnostics.report import InspectOptions, inspect_paths
 from tests.models.family_models import FAMILIES, VOCAB, direct_max_logits, scaled, tiny_model
 
+# float results of reductions: CI runs this file again with OMP_NUM_THREADS=1 (see .ci/run)
+pytestmark = pytest.mark.float_compare
+
 SEQ = 37  # longer than the tiny models' sliding window (8)
 
 

@@ -1,4 +1,4 @@
-"""The one literal transcription of MERIT (MERIT.md) that the tests check the backends against:
+"""The one literal transcription of MERIT (docs/MERIT.md) that the tests check the backends against:
 plain Python loops over elements, rows and columns, in float64. Shared by tests/optim and the
 torchrun script tests/dist_scripts/merit_sharded_check.py."""
 

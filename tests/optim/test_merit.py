@@ -8,6 +8,9 @@ import torch
 from merit_core.optim.merit import BACKENDS, IMPLEMENTATIONS, MERIT
 from tests.optim.merit_literal import literal_step
 
+# float results of reductions: CI runs this file again with OMP_NUM_THREADS=1 (see .ci/run)
+pytestmark = pytest.mark.float_compare
+
 # The compile backend is exercised (on tiny shapes, to bound its compile time) in
 # test_merit_compile.py; the triton backend under Triton's interpreter in test_merit_triton.py.
 FAST_PATHS = ["reference", "foreach", "cpu"]

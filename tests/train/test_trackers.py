@@ -8,7 +8,8 @@ from click.testing import CliRunner
 
 from merit_cli.main import cli
 from merit_core.errors import ConfigError, MissingDependencyError
-from merit_core.train.trackers import TENSORBOARD_DIR, build_trackers, parse_report_to, scalars
+from merit_core.train.config import parse_report_to
+from merit_core.train.trackers import TENSORBOARD_DIR, build_trackers, scalars
 
 SETS = dict(
     batch_size=8, seq_len=32, lr=3e-3, log_every=1, eval_every=2, save_every=4, eval_batches=1, eval_batch_size=4

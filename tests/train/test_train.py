@@ -141,8 +141,9 @@ class Crash(Exception):
 
 
 def test_resume_reproduces_the_uninterrupted_losses_exactly(model_cfg, data_dir, tmp_path, finished_run):
+    from merit_core.train.callbacks import TrainCallbacks
     from merit_core.train.config import load_config
-    from merit_core.train.training_run import TrainCallbacks, run_training
+    from merit_core.train.training_run import run_training
 
     reference, _ = finished_run
 

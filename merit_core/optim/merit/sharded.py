@@ -8,7 +8,7 @@ over exactly the mesh dimensions that split the reduced tensor dimension. The st
 all parameters of a step are packed into one flat buffer per (process group, reduce op,
 dtype), so a step under plain FSDP2 costs ONE all-reduce whatever the number of parameters.
 
-The algorithm is the one of MERIT.md, on the full tensor, for each parameter ``w``:
+The algorithm is the one of docs/MERIT.md, on the full tensor, for each parameter ``w``:
 
     m <- b1*m + (1-b1)*g ;  v <- b2*v + (1-b2)*g^2
     u  = m_hat / (sqrt(v_hat) + eps) + wd*w      (m_hat = m, v_hat = v without bias correction)

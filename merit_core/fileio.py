@@ -1,0 +1,274 @@
+"""Durable file I/O: atomic writes, fsync, the umask modes, file locks and the disk-full guard.
+
+What merit writes is written so that a crash or a full disk never leaves half a file:
+`atomic_write` writes a temp file in the same folder, fsyncs it, renames it over the target and
+fsyncs the folder; `atomic_path` does the same for writers that want a path (matplotlib,
+tokenizers). New files and folders get the user's umask (not the 0600 of temp-file helpers).
+`FileLock` is the fcntl lock behind one writer per run folder and one builder per cached
+folder. This module knows no file names: the run folder's layout is merit_core.runs's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from merit_core.errors import ConfigError, DiskFull
+
+# The name prefix of a file or folder still being written (readers and cleaners skip it).
+TMP_PREFIX = ".tmp-"
+
+
+def _umask() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode a new file gets under the user's umask (0644 under the usual 022)."""
+    return 0o666 & ~_umask()
+
+
+def folder_mode() -> int:
+    """The mode a new folder gets under the user's umask (0755 under the usual 022)."""
+    return 0o777 & ~_umask()
+
+
+def pid_alive(pid: int) -> bool:
+    """True when a process with this PID exists (on this machine)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make a folder's entries (a rename, a new file) durable; a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str | Path) -> None:
+    """Make a written file's contents durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _temp_name(path: Path) -> Path:
+    return path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
+
+
+def _disk_full(exc: BaseException, path: Path) -> None:
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        raise DiskFull(f"disk full while writing {path}") from None
+
+
+def atomic_write(path: str | Path, data: str | bytes) -> Path:
+    """Write `data` to `path` so that readers see the old file or the whole new one, never a part.
+
+    A temp file in the same folder, fsynced, renamed over `path`, then the folder fsynced. The
+    file gets the user's umask. ENOSPC becomes DiskFull naming `path`; the temp file is removed.
+    """
+    path = Path(path)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    tmp = _temp_name(path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)  # 0o666 & ~umask
+        try:
+            view = memoryview(raw)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        _disk_full(exc, path)
+        raise
+    fsync_dir(path.parent)
+    return path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A temp path beside `path` for a writer that wants a file name (a plot, a tokenizer file).
+
+    When the block ends normally the temp file gets the user's umask, is fsynced and renamed over
+    `path`, and the folder is fsynced; on an error it is removed. ENOSPC becomes DiskFull.
+    """
+    path = Path(path)
+    tmp = _temp_name(path)
+    try:
+        yield tmp
+        os.chmod(tmp, file_mode())
+        fsync_file(tmp)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        _disk_full(exc, path)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_json(path: str | Path, value: Any, **dumps: Any) -> Path:
+    """`atomic_write` of `json.dumps(value, **dumps)` plus a final newline."""
+    return atomic_write(path, json.dumps(value, **dumps) + "\n")
+
+
+def check_writable(path: str | Path, what: str) -> Path:
+    """ConfigError unless a file can be written at `path` (checked before any work starts).
+
+    The path must not be a folder, and its nearest existing parent must be a writable folder.
+    """
+    out = Path(path).expanduser()
+    if out.is_dir():
+        raise ConfigError(f"{what} {path}: is a folder; give a file name")
+    if out.exists() and not os.access(out, os.W_OK):
+        raise ConfigError(f"{what} {path}: the file is not writable")
+    _check_creatable(out.parent, path, what)
+    return out
+
+
+def check_writable_folder(path: str | Path, what: str) -> Path:
+    """ConfigError unless `path` is a writable folder or can be created as one."""
+    folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{what} {path}: exists and is not a folder")
+    _check_creatable(folder, path, what)
+    return folder
+
+
+def _check_creatable(folder: Path, given: str | Path, what: str) -> None:
+    """ConfigError unless the nearest existing ancestor of `folder` (or itself) is a writable folder."""
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"{what} {given}: {probe} is not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {given}: cannot write into {probe}")
+
+
+@contextlib.contextmanager
+def disk_full_guard(what: str | Path, last_checkpoint: Path | None) -> Iterator[None]:
+    """Turn ENOSPC inside the block into one line naming what was written and what is safe."""
+    try:
+        yield
+    except DiskFull as exc:
+        raise DiskFull(f"{exc}; {_last_good(last_checkpoint)}") from None
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        raise DiskFull(f"disk full while writing {what}; {_last_good(last_checkpoint)}") from None
+    except RuntimeError as exc:  # torch.save reports a full disk as a RuntimeError from its writer
+        if "No space left" not in str(exc) and "file write failed" not in str(exc):
+            raise
+        raise DiskFull(f"disk full while writing {what}; {_last_good(last_checkpoint)}") from None
+
+
+def _last_good(checkpoint: Path | None) -> str:
+    return f"the last complete checkpoint is {checkpoint}" if checkpoint else "no checkpoint was written"
+
+
+# -- locks -------------------------------------------------------------------------------------
+class FileLock:
+    """An exclusive fcntl lock on `path` holding the owner's PID; the file is removed on release.
+
+    A process that dies releases its lock with it (the kernel drops fcntl locks), so a lock
+    file left by a dead process is simply taken over. Acquiring checks that the locked file is
+    still the one at `path` (a releaser may have unlinked it meanwhile) and retries if not.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.fd: int | None = None
+
+    def acquire(self, wait: bool = False) -> bool:
+        import fcntl
+
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, file_mode())
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return True
+
+    def holder(self) -> int | None:
+        """The PID written in the lock file (the holder, when it is held)."""
+        try:
+            return int(self.path.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):
+            self.path.unlink()  # while still locked: a waiter then sees a new inode and retries
+        os.close(self.fd)
+        self.fd = None
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | Path) -> Iterator[None]:
+    """Hold `FileLock(path)`, waiting for it (e.g. one builder of a cached folder at a time)."""
+    lock = FileLock(path)
+    lock.acquire(wait=True)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def remove_stale_lock(path: str | Path) -> bool:
+    """Delete a lock file nobody holds (what a process killed before releasing left behind)."""
+    lock = FileLock(path)
+    if not Path(path).exists():
+        return False
+    if lock.acquire(wait=False):
+        lock.release()
+        return True
+    return False
