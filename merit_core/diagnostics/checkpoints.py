@@ -25,7 +25,7 @@ from pathlib import Path
 
 from merit_core import runs
 from merit_core.errors import CheckpointError
-from merit_core.paths import display, special_entries, special_file
+from merit_core.fileio import display, special_entries, special_file
 from merit_core.runs import INDEX_NAME, WEIGHTS_NAME
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -190,8 +190,6 @@ def index_files(index: Path) -> list[Path]:
 
 
 def _read_step(folder: Path) -> int | None:
-    if special_file(folder / runs.STATE_JSON) is not None:  # never block on a FIFO named like the state file
-        return runs.parse_step(folder.name)
     return runs.state_step(folder)
 
 

@@ -21,9 +21,9 @@ from merit_core.diagnostics.checkpoints import (
     validate_safetensors,
 )
 from merit_core.errors import CheckpointError, ConfigError, first_line
+from merit_core.fileio import display
 from merit_core.hub import looks_like_hub_id
 from merit_core.models.limits import check_model_size
-from merit_core.paths import display
 
 TOKENIZER_FILES = runs.TOKENIZER_FILES
 # trainer_state.json fields copied into the output's `meta`, with the type each must have.

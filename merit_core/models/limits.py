@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from merit_core.devices import available_host_memory
 from merit_core.errors import ConfigError
 
 # The largest position table a model config may ask for (a learned table of this many rows is built).
@@ -84,8 +85,6 @@ def check_model_size(config: Any, name: str, device: str = "cpu", bytes_per_para
     params = minimum_parameters(config)
     need = params * bytes_per_parameter
     limits = []
-    from merit_core.train.hardware import available_host_memory
-
     host = available_host_memory()
     if host:
         limits.append((host, "available host memory"))

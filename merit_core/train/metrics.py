@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
-from merit_core.fileio import atomic_write
+from merit_core.fileio import atomic_write, refuse_link
 from merit_core.runs import METRICS_FILE
 
 
@@ -33,8 +34,15 @@ class MetricsLog:
         self.path = Path(run_dir) / METRICS_FILE
 
     def write(self, record: dict[str, Any]) -> None:
-        with self.path.open("a") as fh:
-            fh.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
+        line = json.dumps(json_safe(record), allow_nan=False) + "\n"
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self.path, flags, 0o666)  # never appends through a link planted at the name
+        except OSError:
+            refuse_link(self.path, "in a run folder")
+            raise
+        with os.fdopen(fd, "a", encoding="utf-8") as fh:
+            fh.write(line)
 
     def truncate_after(self, step: int) -> None:
         """Drop records of steps after `step` (what a crash left past the resumed checkpoint)."""

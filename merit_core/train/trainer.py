@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from merit_core.devices import available_host_memory
 from merit_core.diagnostics.attention import max_attention_logits
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 from merit_core.optim import build_optimizer
@@ -26,7 +27,6 @@ from merit_core.train import lm_loss
 from merit_core.train.batches import TrainBatches, to_device, val_batches
 from merit_core.train.config import TrainConfig
 from merit_core.train.distributed import Parallel
-from merit_core.train.hardware import available_host_memory
 from merit_core.train.schedule import lr_at
 
 

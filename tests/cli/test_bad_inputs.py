@@ -792,6 +792,89 @@ add(
 )
 
 
+# -- a shared run folder someone prepared to hurt its next user (issue 21) -------------------------------
+def victim_file(c: Path) -> Path:
+    victim = c / "victim.txt"
+    victim.write_text("precious, and not merit's\n")
+    victim.chmod(0o600)
+    return victim
+
+
+def victim_dir(c: Path) -> Path:
+    folder = c / "victim"
+    folder.mkdir()
+    (folder / "secret.txt").write_text("private")
+    (folder / "secret.txt").chmod(0o600)  # merit must never chmod it to the umask's 0644
+    return folder
+
+
+def planted(w: World, c: Path, name: str, target: Path | str) -> Path:
+    """A copy of the finished run with a symbolic link `name` -> `target` planted in it."""
+    run = w.copy_run(c)
+    if os.path.lexists(run / name):
+        path = run / name
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    os.symlink(target, run / name)
+    return run
+
+
+def marked_folder(c: Path, name: str, target: Path | str) -> Path:
+    """An otherwise empty folder holding a run marker (anyone can write one) and a planted link."""
+    folder = c / "shared"
+    folder.mkdir()
+    (folder / runs.RUN_MARKER).write_text('{"format": "merit-run-v1"}\n')
+    os.symlink(target, folder / name)
+    return folder
+
+
+for name, what, target in [
+    (runs.LOCK_FILE, "a victim file", victim_file),
+    (runs.LOCK_FILE, "a missing file", lambda c: c / "made-through-the-link.txt"),  # O_CREAT would make it
+    (f"{runs.TMP_PREFIX}step_3", "a victim folder", victim_dir),
+    (f"{runs.TMP_PREFIX}old-step_2", "a victim folder", victim_dir),
+    (runs.METRICS_FILE, "a victim file", victim_file),
+    (runs.CONFIG_FILE, "a victim file", victim_file),
+    (runs.CURVES_FILE, "a victim file", victim_file),
+    ("step_2", "a victim folder", victim_dir),
+]:
+    add(
+        "train: planted links",
+        f"resume with {name} -> {what}",
+        lambda w, c, n=name, t=target: w.resume(planted(w, c, n, t(c))),
+        "symbolic link",
+    )
+    add(
+        "train: planted links",
+        f"new run in a marked folder with {name} -> {what}",
+        lambda w, c, n=name, t=target: w.train(marked_folder(c, n, t(c))),
+        "symbolic link",
+    )
+add(
+    "train: planted links",
+    "lock file is a folder",
+    lambda w, c: ((w.copy_run(c) / runs.LOCK_FILE).mkdir(), w.resume(c / "run"))[1],
+    "is a folder",
+)
+add(
+    "train: planted links",
+    "lock file is a FIFO",
+    lambda w, c: (fifo(w.copy_run(c) / runs.LOCK_FILE), w.resume(c / "run"))[1],
+    "FIFO",
+)
+add(
+    "train: --out",
+    "--out is a dangling symlink",
+    lambda w, c: (os.symlink(c / "nowhere", c / "lnk"), w.train(c / "lnk"))[1],
+    "does not exist",
+)
+add(
+    "train: --out",
+    "--out is a dangling symlink under a missing folder",
+    lambda w, c: (os.symlink(c / "a" / "b", c / "lnk"), w.train(c / "lnk"))[1],
+    "does not exist",
+)
+
+
 def _snapshot(*roots: Path) -> dict[str, tuple[bytes, int]]:
     """Every file under `roots`: its sha256 and mode."""
     found = {}
@@ -802,8 +885,23 @@ def _snapshot(*roots: Path) -> dict[str, tuple[bytes, int]]:
     return found
 
 
+@pytest.fixture
+def no_hang():
+    """Fail a case that blocks (a FIFO opened for reading waits for a writer forever) instead of hanging."""
+    import signal
+
+    def stuck(signum, frame):
+        raise TimeoutError("blocked for 120 s (a FIFO read?)")
+
+    previous = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(120)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
 @pytest.mark.parametrize(("category", "name", "build", "expect"), CASES, ids=[f"{c[0]}: {c[1]}" for c in CASES])
-def test_bad_input_is_one_line_and_exit_2(world, tmp_path, monkeypatch, category, name, build, expect):
+def test_bad_input_is_one_line_and_exit_2(world, tmp_path, monkeypatch, no_hang, category, name, build, expect):
     case = tmp_path / "case"
     case.mkdir()
     monkeypatch.chdir(case)  # default output folders (runs/...) would land here
@@ -858,7 +956,7 @@ def test_inspect_and_eval_accept_a_file_name_that_is_not_utf8(world, tmp_path):
     assert "transformer.h.0.attn.c_attn.weight" in result.output
 
 
-def test_a_fifo_named_like_the_trainer_state_is_not_read(world, tmp_path):
+def test_a_fifo_named_like_the_trainer_state_is_not_read(world, tmp_path, no_hang):
     shutil.copy(world.gpt2 / "model.safetensors", tmp_path / "model.safetensors")
     fifo(tmp_path / runs.STATE_JSON)
     _ok([*INSPECT, str(tmp_path / "model.safetensors")])
