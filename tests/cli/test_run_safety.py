@@ -411,8 +411,8 @@ def test_prepare_cleans_only_its_own_stale_temp_folders_and_locks(tmp_path):
 
 
 # -- issue 21: one timeline, a recoverable rewrite, disk full from any writer --------------------------
-def _lr_of(ckpt: Path) -> float:
-    return runs.read_trainer_state(ckpt)["lr"]
+def _weights(ckpt: Path) -> bytes:
+    return (ckpt / runs.WEIGHTS_NAME).read_bytes()
 
 
 def test_resume_from_an_older_step_never_prunes_the_new_timeline(model_cfg, data_dir, tmp_path):
@@ -421,19 +421,19 @@ def test_resume_from_an_older_step_never_prunes_the_new_timeline(model_cfg, data
     run = tmp_path / "run"
     args = train_args(model_cfg, data_dir, run, "--steps", "4", "--set", "save_every=1", "--set", "eval_every=0")
     assert invoke(args).exit_code == 0
-    old = {n: _lr_of(p) for n, p in list_checkpoints(run)}
+    old = {n: _weights(p) for n, p in list_checkpoints(run)}
     result = invoke(
-        ["train", "--resume-from", "step_1", "--out", str(run), "--lr", "1e-4", "--set", "keep_checkpoints=2"]
+        ["train", "--resume-from", "step_1", "--out", str(run), "--lr", "1e-2", "--set", "keep_checkpoints=2"]
     )
     assert result.exit_code == 0, result.output
     note = [line for line in result.output.splitlines() if "abandoned timeline" in line]
     assert len(note) == 1 and "step_2, step_3, step_4" in note[0]
     assert [s for s, _ in list_checkpoints(run)] == [3, 4]
-    assert all(_lr_of(run / f"step_{s}") != old[s] for s in (3, 4))  # the new timeline's (another lr)
+    assert all(_weights(run / f"step_{s}") != old[s] for s in (3, 4))  # the new timeline's (another lr)
     (aside,) = [p for p in run.iterdir() if p.name.startswith("abandoned-after-step_1")]
     assert sorted(p.name for p in aside.iterdir()) == ["step_2", "step_3", "step_4"]
-    assert {s: _lr_of(aside / f"step_{s}") for s in (2, 3, 4)} == {s: old[s] for s in (2, 3, 4)}
-    result = invoke(["train", "--resume", "--out", str(run), "--steps", "5", "--lr", "1e-4"])
+    assert all(_weights(aside / f"step_{s}") == old[s] for s in (2, 3, 4))
+    result = invoke(["train", "--resume", "--out", str(run), "--steps", "5", "--lr", "1e-2"])
     assert result.exit_code == 0 and f"Resuming from {run / 'step_4'}" in " ".join(result.output.split())
 
 
@@ -539,3 +539,22 @@ def test_the_lock_never_writes_through_a_link_and_release_removes_only_its_own_f
     os.replace(tmp_path / "lock", tmp_path / "own")  # someone swaps a link in while it is held
     lock.release()
     assert os.path.islink(tmp_path / "own") and victim.read_text() == "mine"  # not ours: left alone
+
+
+def test_atomic_writes_never_go_through_a_link_planted_at_the_temp_name(tmp_path):
+    """The temp name of an atomic write is guessable (.tmp-<name>.<pid>): a link planted there is refused,
+    and neither its target nor the file being replaced is touched."""
+    from merit_core.errors import UnsafePath
+    from merit_core.fileio import atomic_path, atomic_write
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    target = tmp_path / "config.toml"
+    target.write_text("old")
+    os.symlink(victim, tmp_path / f".tmp-config.toml.{os.getpid()}")
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        atomic_write(target, "new")
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        with atomic_path(target) as tmp:
+            tmp.write_text("new")
+    assert victim.read_text() == "mine" and target.read_text() == "old"
