@@ -149,7 +149,11 @@ def atomic_write(path: str | Path, data: str | bytes) -> Path:
     raw = data.encode("utf-8") if isinstance(data, str) else data
     tmp = _temp_name(path)
     try:
-        fd = create_new(tmp)  # 0o666 & ~umask; never through a planted link
+        fd = create_new(tmp)  # 0o666 & ~umask; never through a planted link (which stays: not ours to remove)
+    except OSError as exc:
+        _disk_full(exc, path)
+        raise
+    try:
         try:
             view = memoryview(raw)
             while view:

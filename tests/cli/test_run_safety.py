@@ -558,3 +558,4 @@ def test_atomic_writes_never_go_through_a_link_planted_at_the_temp_name(tmp_path
         with atomic_path(target) as tmp:
             tmp.write_text("new")
     assert victim.read_text() == "mine" and target.read_text() == "old"
+    assert os.path.islink(tmp_path / f".tmp-config.toml.{os.getpid()}")  # not merit's: not removed either
