@@ -22,8 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
+from merit_core.train.callbacks import TrainCallbacks  # noqa: E402
 from merit_core.train.config import load_config  # noqa: E402
-from merit_core.train.training_run import TrainCallbacks, run_training  # noqa: E402
+from merit_core.train.training_run import run_training  # noqa: E402
 
 
 class PrintLogs(TrainCallbacks):

@@ -23,10 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def build_trainer(optimizer: str, args, train_tokens, val_tokens):
+    from merit_core.devices import resolve_device
     from merit_core.models import build_model, model_config
     from merit_core.optim import default_hparams
     from merit_core.train.config import TrainConfig, resolve
-    from merit_core.train.distributed import Parallel, resolve_device
+    from merit_core.train.distributed import Parallel
     from merit_core.train.trainer import build_trainer as trainer_for
 
     config = resolve(

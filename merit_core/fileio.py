@@ -139,38 +139,6 @@ def create_new(path: str | Path, mode: int = 0o666) -> int:
         raise UnsafePath(f"{path} already exists and merit did not just make it; remove it") from None
 
 
-def atomic_write(path: str | Path, data: str | bytes) -> Path:
-    """Write `data` to `path` so that readers see the old file or the whole new one, never a part.
-
-    A temp file in the same folder, fsynced, renamed over `path`, then the folder fsynced. The
-    file gets the user's umask. ENOSPC becomes DiskFull naming `path`; the temp file is removed.
-    """
-    path = Path(path)
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    tmp = _temp_name(path)
-    try:
-        fd = create_new(tmp)  # 0o666 & ~umask; never through a planted link (which stays: not ours to remove)
-    except OSError as exc:
-        _disk_full(exc, path)
-        raise
-    try:
-        try:
-            view = memoryview(raw)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        _disk_full(exc, path)
-        raise
-    fsync_dir(path.parent)
-    return path
-
-
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temp path beside `path` for a writer that wants a file name (a plot, a tokenizer file).
@@ -180,7 +148,11 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     tmp = _temp_name(path)
-    os.close(create_new(tmp))  # claimed as a new regular file: a link planted at the name is refused
+    try:  # claimed as a new regular file: a link planted at the name is refused (and left alone)
+        os.close(create_new(tmp))
+    except OSError as exc:
+        _disk_full(exc, path)
+        raise
     try:
         yield tmp
         os.chmod(tmp, file_mode())
@@ -192,6 +164,25 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         _disk_full(exc, path)
         raise
     fsync_dir(path.parent)
+
+
+def atomic_write(path: str | Path, data: str | bytes) -> Path:
+    """Write `data` to `path` so that readers see the old file or the whole new one, never a part.
+
+    A temp file in the same folder, fsynced, renamed over `path`, then the folder fsynced (see
+    `atomic_path`). The file gets the user's umask. ENOSPC becomes DiskFull naming `path`; the
+    temp file is removed.
+    """
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    with atomic_path(path) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0))  # the file atomic_path made
+        try:
+            view = memoryview(raw)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+    return Path(path)
 
 
 def atomic_write_json(path: str | Path, value: Any, **dumps: Any) -> Path:

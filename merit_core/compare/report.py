@@ -148,7 +148,7 @@ def _logit_line(batch: int, entries: list[dict[str, Any] | None]) -> str | None:
     )
     if not ranked:
         return None
-    parts = [f"{e['optimizer']} {_ms(e, 'max_attention_logit', 2)} (layer {_argmax(e)})" for e in ranked]
+    parts = [f"{e['optimizer']} {_ms(e, MAX_ATTENTION_LOGIT, 2)} (layer {_argmax(e)})" for e in ranked]
     line = f"**Max attention logit at the end, batch {batch}** (best-lr runs, max over layers): {', '.join(parts)}."
     lo, hi = ranked[0][MAX_ATTENTION_LOGIT], ranked[-1][MAX_ATTENTION_LOGIT]
     if len(ranked) > 1 and lo > 0:
@@ -197,32 +197,38 @@ def _claim_lines(best, optimizers, batches) -> list[str]:
     )
     with_logit = {o: e for o, e in others.items() if e.get(MAX_ATTENTION_LOGIT) is not None}
     if merit.get(MAX_ATTENTION_LOGIT) is not None and with_logit:
-        smallest = all(merit[MAX_ATTENTION_LOGIT] < e[MAX_ATTENTION_LOGIT] for e in with_logit.values())
         lines.append(
-            f"Paper claim 2 (MERIT keeps the max attention logit lower): at batch {large}, "
-            + ("**holds here**" if smallest else "**does not hold here**")
-            + f": MERIT {_ms(merit, 'max_attention_logit', 2)} vs "
-            + ", ".join(
-                f"{o} {_ms(e, 'max_attention_logit', 2)} ({_resolution(merit, e, 'max_attention_logit')})"
-                for o, e in with_logit.items()
-            )
-            + "."
+            _claim("2 (MERIT keeps the max attention logit lower)", large, merit, with_logit, MAX_ATTENTION_LOGIT, 2)
         )
-    sharp = {o: e for o, e in others.items() if (e.get("hessian") or {}).get("top_eigenvalue") is not None}
+    sharp = {o: e["hessian"] for o, e in others.items() if (e.get("hessian") or {}).get("top_eigenvalue") is not None}
     mh = merit.get("hessian") or {}
     if mh.get("top_eigenvalue") is not None and sharp:
-        flatter = all(mh["top_eigenvalue"] < e["hessian"]["top_eigenvalue"] for e in sharp.values())
-        lines.append(
-            f"Paper claim 3 (MERIT finds a flatter minimum: a lower top Hessian eigenvalue): at batch {large}, "
-            + ("**holds here**" if flatter else "**does not hold here**")
-            + f": MERIT {_ms(mh, 'top_eigenvalue', 3)} vs "
-            + ", ".join(
-                f"{o} {_ms(e['hessian'], 'top_eigenvalue', 3)} ({_resolution(mh, e['hessian'], 'top_eigenvalue')})"
-                for o, e in sharp.items()
-            )
-            + " (paper, GPT-2 Small: MERIT 12.3 vs AdamW 37.2)."
-        )
+        claim = "3 (MERIT finds a flatter minimum: a lower top Hessian eigenvalue)"
+        paper = " (paper, GPT-2 Small: MERIT 12.3 vs AdamW 37.2)"
+        lines.append(_claim(claim, large, mh, sharp, "top_eigenvalue", 3, paper))
     return lines
+
+
+def _claim(
+    claim: str,
+    batch: int,
+    merit: dict[str, Any],
+    others: dict[str, dict[str, Any]],
+    key: str,
+    digits: int,
+    note: str = "",
+) -> str:
+    """'Paper claim N (...): at batch B, **holds here**: MERIT x vs adamw y (resolution), ...' for a
+    claim that MERIT's `key` is below every other optimizer's."""
+    holds = all(merit[key] < e[key] for e in others.values())
+    return (
+        f"Paper claim {claim}: at batch {batch}, "
+        + ("**holds here**" if holds else "**does not hold here**")
+        + f": MERIT {_ms(merit, key, digits)} vs "
+        + ", ".join(f"{o} {_ms(e, key, digits)} ({_resolution(merit, e, key)})" for o, e in others.items())
+        + note
+        + "."
+    )
 
 
 def results_table(summary: dict[str, Any]) -> list[str]:
@@ -327,8 +333,8 @@ def ablation_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(
             f"Without {what} ({name}): {verdict}: loss {_ms(e, 'final_val_loss')} vs MERIT "
             f"{_ms(merit, 'final_val_loss')} ({delta:+.4f}, {100 * delta / merit['final_val_loss']:+.2f}%; "
-            f"{_resolution(merit, e)}); max logit {_ms(e, 'max_attention_logit', 2)} vs "
-            f"{_ms(merit, 'max_attention_logit', 2)}."
+            f"{_resolution(merit, e)}); max logit {_ms(e, MAX_ATTENTION_LOGIT, 2)} vs "
+            f"{_ms(merit, MAX_ATTENTION_LOGIT, 2)}."
         )
     return lines
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
-from merit_core.diagnostics.weights import read_config
+from merit_core.diagnostics.layout import read_config
 from merit_core.errors import CheckpointError, ConfigError, DataError
 from merit_core.fileio import display, special_file
 from merit_core.models import build_model, config_from_dict, family_spec

@@ -26,6 +26,7 @@ from merit_core import runs
 from merit_core.diagnostics.attention import probe_attention
 from merit_core.diagnostics.checkpoints import Checkpoint, SafetensorsReader, find_checkpoints
 from merit_core.diagnostics.hessian import model_hessian
+from merit_core.diagnostics.layout import read_config
 from merit_core.diagnostics.probe import ProbeInfo, load_model, make_probe_batch
 from merit_core.diagnostics.weights import (
     HeadStats,
@@ -34,7 +35,6 @@ from merit_core.diagnostics.weights import (
     attention_weight_stats,
     checkpoint_context,
     logit_bounds,
-    read_config,
 )
 from merit_core.errors import DataError
 from merit_core.fileio import atomic_write_json

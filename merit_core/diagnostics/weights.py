@@ -8,8 +8,8 @@ tensor in memory at a time, no model built, no transformers import) or a live mo
 Where W_Q / W_K live and how they split into heads is the model family's knowledge
 (`merit_core.models.family`): GPT-2 stores a Conv1D [in, 3d] whose columns are output features,
 the other families nn.Linear [out, in] weights whose rows are; fused QKV matrices (GPT-2 c_attn,
-Phi-3 qkv_proj, GPT-NeoX query_key_value with its per-head [q_h | k_h | v_h] rows) are split here
-into W_Q and W_K in the stored orientation, head h owning output features h*hd:(h+1)*hd. With
+Phi-3 qkv_proj, GPT-NeoX query_key_value with its per-head [q_h | k_h | v_h] rows) are split by
+`diagnostics/layout.py` into W_Q and W_K in the stored orientation, head h owning output features h*hd:(h+1)*hd. With
 grouped query heads, query head h reads key head h // (H / Hkv). Row / column indices reported
 for outliers are indices into that W_Q or W_K.
 
@@ -20,18 +20,24 @@ JSON shape `merit inspect --json` writes.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from merit_core.diagnostics.checkpoints import Checkpoint, SafetensorsReader, find_checkpoints
-from merit_core.errors import CheckpointError, ConfigError, MeritError
+from merit_core.diagnostics.layout import (
+    AttentionLayout,
+    detect_layout,
+    query_key,
+    query_key_bias,
+    read_config,
+    tensor_shape,
+)
+from merit_core.errors import CheckpointError, MeritError
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
-from merit_core.models.family import CONV1D, FUSED_PER_HEAD, FamilySpec, all_families, get_family
+from merit_core.models.family import FamilySpec
 
 PERCENTILES = (50, 90, 99)
 
@@ -53,6 +59,15 @@ class Outlier:
         return out
 
 
+# The four norms every head and layer record carries, in their JSON order.
+NORM_FIELDS = ("q_max_norm", "k_max_norm", "q_l2_norm", "k_l2_norm")
+
+
+def _fields(record: Any, *names: str) -> dict[str, Any]:
+    """{name: record.name} for the given attribute names, in that order (a JSON record's plain fields)."""
+    return {name: getattr(record, name) for name in names}
+
+
 @dataclass
 class Distribution:
     """Percentiles of the per-row (or per-column) max-norms of a weight, and its top rows (columns)."""
@@ -65,14 +80,7 @@ class Distribution:
     outliers: list[Outlier]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "p50": self.p50,
-            "p90": self.p90,
-            "p99": self.p99,
-            "min": self.min,
-            "max": self.max,
-            "outliers": [o.to_dict() for o in self.outliers],
-        }
+        return {**_fields(self, "p50", "p90", "p99", "min", "max"), "outliers": [o.to_dict() for o in self.outliers]}
 
 
 @dataclass
@@ -95,17 +103,7 @@ class HeadStats:
     def to_dict(self) -> dict[str, Any]:
         if self.kv_head is None:
             return {"head": self.head, MAX_ATTENTION_LOGIT: self.max_attention_logit}
-        return {
-            "head": self.head,
-            "kv_head": self.kv_head,
-            "q_max_norm": self.q_max_norm,
-            "k_max_norm": self.k_max_norm,
-            "q_l2_norm": self.q_l2_norm,
-            "k_l2_norm": self.k_l2_norm,
-            "bound": self.bound,
-            MAX_ATTENTION_LOGIT: self.max_attention_logit,
-            "logit_bound": self.logit_bound,
-        }
+        return _fields(self, "head", "kv_head", *NORM_FIELDS, "bound", MAX_ATTENTION_LOGIT, "logit_bound")
 
 
 @dataclass
@@ -136,15 +134,7 @@ class LayerStats:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "layer": self.layer,
-            "q_max_norm": self.q_max_norm,
-            "k_max_norm": self.k_max_norm,
-            "q_l2_norm": self.q_l2_norm,
-            "k_l2_norm": self.k_l2_norm,
-            "q_max_over_l2": self.q_max_over_l2,
-            "k_max_over_l2": self.k_max_over_l2,
-            "bound": self.bound,
-            MAX_ATTENTION_LOGIT: self.max_attention_logit,
+            **_fields(self, "layer", *NORM_FIELDS, "q_max_over_l2", "k_max_over_l2", "bound", MAX_ATTENTION_LOGIT),
             "heads": [h.to_dict() for h in self.heads],
             "q_rows": self.q_rows.to_dict(),
             "q_cols": self.q_cols.to_dict(),
@@ -194,231 +184,14 @@ class WeightStats:
     def body_dict(self) -> dict[str, Any]:
         """The fields every weight statistic has (without path / label / step)."""
         return {
-            "architecture": self.architecture,
-            "n_layers": self.n_layers,
-            "n_heads": self.n_heads,
-            "n_kv_heads": self.n_kv_heads,
-            "head_dim": self.head_dim,
-            "d_model": self.d_model,
-            "row_axis": self.row_axis,
+            **_fields(self, "architecture", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_model", "row_axis"),
             "layers": [layer.to_dict() for layer in self.layers],
             "weights": [w.to_dict() for w in self.weights],
             "notes": list(self.notes),
         }
 
 
-# -- where the weights are -------------------------------------------------------------------
-@dataclass(frozen=True)
-class AttentionLayout:
-    """Where one checkpoint's attention weights sit and how they split into heads."""
-
-    spec: FamilySpec
-    prefix: str  # 'transformer.' / 'model.' / '' (older GPT-2 checkpoints) ...
-    n_layers: int
-    d_model: int
-    n_heads: int | None  # None: unknown (no config and none given), no per-head stats
-    n_kv_heads: int | None
-    head_dim: int | None
-    q_features: int  # output features of W_Q / W_K
-    k_features: int
-
-    @property
-    def family(self) -> str:
-        return self.spec.model_type
-
-    def q_name(self, layer: int) -> str:
-        return self.prefix + self.spec.attention.q_name(layer)
-
-    def k_name(self, layer: int) -> str:
-        return self.prefix + self.spec.attention.k_name(layer)
-
-    @property
-    def row_axis(self) -> str:
-        """What a stored row of W_Q / W_K indexes: 'input' (GPT-2 Conv1D) or 'output' (Linear)."""
-        return "input" if self.spec.attention.orientation == CONV1D else "output"
-
-    @property
-    def out_axis(self) -> int:
-        return self.spec.attention.out_axis
-
-
-def _shape(tensors: Mapping, name: str) -> tuple[int, ...]:
-    shape = getattr(tensors, "shape", None)
-    return tuple(shape(name)) if callable(shape) else tuple(tensors[name].shape)
-
-
-def _naming_families() -> list[FamilySpec]:
-    """One family per distinct weight naming, the first registered (GPT-2, Llama, Phi-3, GPT-NeoX)."""
-    seen, out = set(), []
-    for spec in all_families():
-        key = (spec.attention.block, spec.attention.qkv or spec.attention.q)
-        if key not in seen:
-            seen.add(key)
-            out.append(spec)
-    return out
-
-
-def _unknown_naming(names: list[str]) -> CheckpointError:
-    sample = ", ".join(sorted(names)[:6]) or "no tensors"
-    known = "; ".join(f"{s.label} '{s.attention.q_name(0)}'" for s in _naming_families())
-    return CheckpointError(
-        f"unknown architecture: no attention weights named like any supported family ({known}) "
-        f"among {len(names)} tensors, e.g. {sample}"
-    )
-
-
-def read_config(path: Path | None) -> dict | None:
-    """config.json as a dict (None when absent); a corrupt file is a CheckpointError."""
-    if path is None:
-        return None
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise CheckpointError(f"{path} is not a readable JSON config: {exc}") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} is not a JSON object")
-    return data
-
-
-def _matches(tensors: Mapping, spec: FamilySpec) -> list:
-    pattern = spec.attention.pattern()
-    return [m for m in map(pattern.match, tensors.keys()) if m]
-
-
-def detect_layout(tensors: Mapping, config: dict | None = None, n_heads: int | None = None) -> AttentionLayout:
-    """The attention layout from tensor names and shapes, checked against `config` (a config.json dict).
-
-    With a config its model_type names the family; without one the family is guessed from the
-    weight names (any Llama-style naming reads as 'llama': the statistics are the same).
-    `n_heads` supplies the head count when there is no config. Raises CheckpointError for unknown
-    naming or weights that do not match the config, ConfigError for an unsupported model_type.
-    """
-    names = list(tensors.keys())
-    if config is not None:
-        model_type = config.get("model_type")
-        try:
-            spec = get_family(model_type)
-        except ConfigError as exc:
-            raise ConfigError(f"unknown architecture: config.json: {exc}") from None
-        hits = _matches(tensors, spec)
-        if not hits:
-            other = next((s for s in _naming_families() if _matches(tensors, s)), None)
-            if other is None:
-                raise _unknown_naming(names)
-            raise CheckpointError(
-                f"config.json says {model_type!r} but the weights are named like {other.model_type!r}"
-            )
-    else:
-        spec, hits = next(((s, h) for s in _naming_families() if (h := _matches(tensors, s))), (None, None))
-        if spec is None:
-            raise _unknown_naming(names)
-    prefix = hits[0].group(1)
-    layers = sorted({int(m.group(2)) for m in hits if m.group(1) == prefix})
-    if layers != list(range(len(layers))):
-        raise CheckpointError(f"attention layers are not numbered 0..{len(layers) - 1}: found {layers}")
-    layout = _shapes(tensors, spec, prefix, len(layers), config, n_heads)
-    embed = f"{prefix}{spec.embedding}"
-    if config is not None and embed in tensors:
-        _expect(config, "vocab_size", _shape(tensors, embed)[0], f"{embed} is {list(_shape(tensors, embed))}")
-    for layer in range(1, len(layers)):  # every layer must have the shapes of layer 0
-        for name in {layout.q_name(layer), layout.k_name(layer)}:
-            if name not in tensors or _shape(tensors, name) != _shape(tensors, name.replace(f".{layer}.", ".0.", 1)):
-                raise CheckpointError(f"{name} is missing or shaped unlike layer 0")
-    return layout
-
-
-def _shapes(tensors, spec: FamilySpec, prefix: str, n_layers: int, config, n_heads) -> AttentionLayout:
-    """Head count, key heads, head size and feature counts from layer 0's shapes (and the config)."""
-    att = spec.attention
-    q_name, k_name = prefix + att.q_name(0), prefix + att.k_name(0)
-    if k_name not in tensors:
-        raise CheckpointError(f"{spec.label} checkpoint has {q_name} but no {k_name}")
-    qs, ks = _shape(tensors, q_name), _shape(tensors, k_name)
-    if len(qs) != 2 or len(ks) != 2:
-        raise CheckpointError(f"{spec.label} attention weights should be 2-D, found {list(qs)} and {list(ks)}")
-    in_axis = 1 - att.out_axis
-    d = qs[in_axis]
-    if ks[in_axis] != d:
-        raise CheckpointError(f"{spec.label} {q_name} {list(qs)} and {k_name} {list(ks)} read different input sizes")
-    where = "config.json does not match the weights: " if config is not None else ""
-    if config is not None:
-        _expect(config, spec.hidden_key, d, f"layer 0 {att.qkv or att.q} is {list(qs)}")
-        _expect(config, spec.layers_key, n_layers, f"the weights have {n_layers} layers")
-        heads = spec.n_heads(config)
-        kv_heads = spec.n_kv_heads(config)
-        head_dim = config.get("head_dim") or (d // heads if heads else None)
-    else:
-        heads, kv_heads, head_dim = n_heads, None, None
-    out = qs[att.out_axis]
-    if att.fused is None:
-        q_out, k_out = out, ks[att.out_axis]
-    elif att.fused == FUSED_PER_HEAD or spec.kv_heads_key is None:  # Q, K, V of d features each
-        if out % 3:
-            raise CheckpointError(f"{spec.label} {q_name} should hold Q, K and V of equal size, found {list(qs)}")
-        q_out = k_out = out // 3
-    else:  # Q | K | V with grouped key heads: needs the query size
-        if not head_dim and heads and d % heads == 0:
-            head_dim = d // heads
-        if not heads or not head_dim:
-            raise CheckpointError(f"{spec.label} fused {att.qkv} needs the head count to split: pass --heads N")
-        q_out = heads * head_dim
-        if (out - q_out) <= 0 or (out - q_out) % 2:
-            raise CheckpointError(f"{where}{q_name} {list(qs)} does not hold {heads} query heads of {head_dim}")
-        k_out = (out - q_out) // 2
-    if heads:
-        if config is None or not head_dim:
-            head_dim = q_out // heads if q_out % heads == 0 else None
-        if head_dim is None or heads * head_dim != q_out:
-            raise CheckpointError(f"{where}{heads} heads do not divide the {q_out} query features of layer 0")
-        if kv_heads is None and k_out % head_dim == 0:
-            kv_heads = k_out // head_dim
-        if not kv_heads or kv_heads * head_dim != k_out or heads % kv_heads:
-            raise CheckpointError(f"{where}layer 0 has {k_out} key features, not {kv_heads} key heads of {head_dim}")
-    elif att.fused == FUSED_PER_HEAD:
-        raise CheckpointError(f"{spec.label} {att.qkv} interleaves heads: pass --heads N to split it")
-    else:
-        head_dim = kv_heads = None
-    return AttentionLayout(spec, prefix, n_layers, d, heads, kv_heads, head_dim, q_out, k_out)
-
-
-def _expect(config: dict, key: str, actual: int, what: str) -> None:
-    if key in config and config[key] != actual:
-        raise CheckpointError(f"config.json does not match the weights: {key}={config[key]} but {what}")
-
-
-def query_key(tensors: Mapping, layout: AttentionLayout, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """W_Q and W_K of one layer, in the stored orientation, output features in head order."""
-    att = layout.spec.attention
-    if att.fused is None:
-        return tensors[layout.q_name(layer)], tensors[layout.k_name(layer)]
-    w = tensors[layout.q_name(layer)]
-    q_out, k_out = layout.q_features, layout.k_features
-    if att.fused == FUSED_PER_HEAD:  # rows [q_0 | k_0 | v_0 | q_1 | k_1 | v_1 | ...]
-        h, hd = layout.n_heads, layout.head_dim
-        per_head = w.reshape(h, 3, hd, w.shape[1])
-        return per_head[:, 0].reshape(q_out, -1), per_head[:, 1].reshape(k_out, -1)
-    if att.out_axis == 1:
-        return w[:, :q_out], w[:, q_out : q_out + k_out]
-    return w[:q_out], w[q_out : q_out + k_out]
-
-
-def query_key_bias(tensors: Mapping, layout: AttentionLayout, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The query and key biases of one layer in head order (zeros where the family has none)."""
-    att = layout.spec.attention
-    q_out, k_out = layout.q_features, layout.k_features
-    qb, kb = layout.q_name(layer)[: -len("weight")] + "bias", layout.k_name(layer)[: -len("weight")] + "bias"
-    if att.fused is None:
-        q = tensors[qb].float() if qb in tensors else torch.zeros(q_out)
-        return q, tensors[kb].float() if kb in tensors else torch.zeros(k_out)
-    if qb not in tensors:
-        return torch.zeros(q_out), torch.zeros(k_out)
-    b = tensors[qb].float()
-    if att.fused == FUSED_PER_HEAD:
-        per_head = b.reshape(layout.n_heads, 3, layout.head_dim)
-        return per_head[:, 0].reshape(-1), per_head[:, 1].reshape(-1)
-    return b[:q_out], b[q_out : q_out + k_out]
-
-
+# -- bounds and statistics ------------------------------------------------------------------
 def logit_bounds(
     tensors: Mapping,
     layout: AttentionLayout | None,
@@ -535,7 +308,7 @@ def other_weights(tensors: Mapping) -> list[WeightSummary]:
     """A one-line summary (shape, max-norm, l2 norm) of every 2-D tensor, in name order."""
     out = []
     for name in sorted(tensors.keys()):
-        if len(_shape(tensors, name)) != 2:
+        if len(tensor_shape(tensors, name)) != 2:
             continue
         w = tensors[name].detach()
         if not w.is_floating_point():

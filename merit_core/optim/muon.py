@@ -30,7 +30,8 @@ from torch import nn
 from torch.optim import AdamW, Optimizer
 
 from merit_core.errors import ConfigError
-from merit_core.optim.param_groups import classify_parameters, decays, make_group
+from merit_core.optim.closure import closure_loss
+from merit_core.optim.param_groups import classify_parameters, decay_groups, make_group
 
 
 def _muon_class() -> type[Optimizer]:
@@ -68,16 +69,8 @@ def muon_param_groups(
     items = classify_parameters(model_or_params)
     muon = [i for i in items if i.role == "hidden" and i.param.ndim == 2]
     rest = [i for i in items if not (i.role == "hidden" and i.param.ndim == 2)]
-    decay = [i for i in rest if decays(i, decay_embeddings)]
-    no_decay = [i for i in rest if not decays(i, decay_embeddings)]
-    groups = []
-    if muon:
-        groups.append(make_group("muon", muon, use_muon=True))
-    if decay:
-        groups.append(make_group("adamw_decay", decay, use_muon=False, weight_decay=adamw_weight_decay))
-    if no_decay:
-        groups.append(make_group("adamw_no_decay", no_decay, use_muon=False, weight_decay=0.0))
-    return groups
+    groups = [make_group("muon", muon, use_muon=True)] if muon else []
+    return groups + decay_groups(rest, adamw_weight_decay, decay_embeddings, prefix="adamw_", use_muon=False)
 
 
 def _split(params: Any) -> tuple[list[dict], list[dict]]:
@@ -205,10 +198,7 @@ class MuonWithAdamW(Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         """Step Muon, then AdamW; returns the closure's loss (evaluated once)."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for part in self._parts():
             part.step()
         return loss

@@ -152,12 +152,15 @@ def build_param_groups(
     1-D parameters never decay; embeddings and the LM head decay unless ``decay_embeddings=False``.
     Each group carries ``param_names`` so logs and diagnostics can tell which tensor is which.
     """
-    items = classify_parameters(model_or_params)
+    return decay_groups(classify_parameters(model_or_params), weight_decay, decay_embeddings)
+
+
+def decay_groups(
+    items: list[NamedParam], weight_decay: float, decay_embeddings: bool = True, prefix: str = "", **options: Any
+) -> list[dict[str, Any]]:
+    """`items` as a ``prefix + "decay"`` group (``weight_decay``) and a ``prefix + "no_decay"`` group
+    (0.0), each with `options`; an empty group is left out."""
     decay = [i for i in items if decays(i, decay_embeddings)]
     no_decay = [i for i in items if not decays(i, decay_embeddings)]
-    groups = []
-    if decay:
-        groups.append(make_group("decay", decay, weight_decay=weight_decay))
-    if no_decay:
-        groups.append(make_group("no_decay", no_decay, weight_decay=0.0))
-    return groups
+    named = ((f"{prefix}decay", decay, weight_decay), (f"{prefix}no_decay", no_decay, 0.0))
+    return [make_group(name, group, **options, weight_decay=wd) for name, group, wd in named if group]

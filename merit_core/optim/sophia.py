@@ -41,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch.optim import Optimizer
 
+from merit_core.optim.closure import closure_loss
+
 
 class SampledLoss(NamedTuple):
     """The mean cross-entropy on sampled labels and how many labels it averaged over."""
@@ -163,10 +165,7 @@ class SophiaG(Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         """One Sophia-G step on every parameter that has a gradient; returns the closure's loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for group in self.param_groups:
             lr, (beta1, _), rho = group["lr"], group["betas"], group["rho"]
             for p in group["params"]:

@@ -184,12 +184,7 @@ def data_info(meta) -> dict[str, Any]:
 
 def _data_identity(meta) -> dict[str, Any]:
     """What identifies the training data of a run, whatever folder it is read from."""
-    return {
-        "source": meta.source,
-        "train_tokens": meta.train_tokens,
-        "val_tokens": meta.val_tokens,
-        "vocab_size": meta.vocab_size,
-    }
+    return {key: getattr(meta, key) for key in ("source", "train_tokens", "val_tokens", "vocab_size")}
 
 
 def _tokenizer_digest(meta) -> str | None:

@@ -63,9 +63,9 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
         if key == MAX_ATTENTION_LOGIT and isinstance(value, (list, tuple)):
             layers = [(i, float(v)) for i, v in enumerate(value) if v is not None]
             if layers:
-                out[f"{section}/max_attention_logit"] = max(v for _, v in layers)
+                out[f"{section}/{MAX_ATTENTION_LOGIT}"] = max(v for _, v in layers)
             for i, v in layers:
-                out[f"{section}/max_attention_logit/layer_{i}"] = v
+                out[f"{section}/{MAX_ATTENTION_LOGIT}/layer_{i}"] = v
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             out[f"{section}/{key}"] = float(value)
     return out

@@ -12,9 +12,6 @@ import torch
 
 from merit_core.optim.merit import MERIT, cpu
 
-# float results of reductions: CI runs this file again with OMP_NUM_THREADS=1 (see .ci/run)
-pytestmark = pytest.mark.float_compare
-
 PATHS = ["reference", "foreach", "cpu"]
 
 
@@ -94,6 +91,7 @@ def test_param_group_overrides_are_validated_and_used():
     assert opt.param_groups[1]["norm"] == "l2" and opt.param_groups[0]["norm"] == "max"
 
 
+@pytest.mark.float_compare
 @pytest.mark.parametrize("impl", PATHS)
 def test_state_dict_round_trip_gives_an_identical_next_step(impl):
     params = _params(3) + [torch.nn.Parameter(torch.randn(4, 3).bfloat16())]
@@ -120,6 +118,7 @@ def test_state_dict_round_trip_gives_an_identical_next_step(impl):
         assert opt2.state[q]["step"].item() == 4 and opt2.state[q]["step"].device.type == "cpu"
 
 
+@pytest.mark.float_compare
 @pytest.mark.parametrize("impl", PATHS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_params_use_fp32_state_and_round_once(impl, dtype):
@@ -142,6 +141,7 @@ def test_low_precision_params_use_fp32_state_and_round_once(impl, dtype):
     assert all(p.dtype == dtype for p in params)
 
 
+@pytest.mark.float_compare
 def test_reference_low_precision_step_is_exactly_the_fp32_step_rounded_once():
     p = _params(5, torch.bfloat16)[0]
     q = torch.nn.Parameter(p.detach().float())
@@ -184,6 +184,7 @@ def test_closure_is_called_with_grad_enabled_and_its_loss_returned():
     assert opt.state[p]["step"].item() == 1
 
 
+@pytest.mark.float_compare
 @pytest.mark.parametrize("impl", PATHS)
 def test_a_tiny_mlp_regression_converges(impl):
     torch.manual_seed(0)

@@ -9,9 +9,6 @@ import torch
 from merit_core.optim.merit import MERIT
 from merit_core.optim.merit import cpu as merit_kernels
 
-# float results of reductions: CI runs this file again with OMP_NUM_THREADS=1 (see .ci/run)
-pytestmark = pytest.mark.float_compare
-
 
 def _fresh_kernel_state(monkeypatch, cache):
     monkeypatch.setenv("MERIT_KERNEL_CACHE", str(cache))
@@ -43,6 +40,7 @@ def test_kernel_is_built_once_then_loaded_from_the_cache(monkeypatch, tmp_path):
     assert second["build_s"] is None and second["path"] == first["path"]
 
 
+@pytest.mark.float_compare
 def test_without_a_compiler_the_default_falls_back_to_torch(monkeypatch, tmp_path):
     _fresh_kernel_state(monkeypatch, tmp_path / "cache")
     monkeypatch.setenv("PATH", str(tmp_path))  # no g++ / c++ to be found
@@ -67,6 +65,7 @@ def test_a_failing_build_falls_back_and_says_why(monkeypatch, tmp_path):
     assert not any((tmp_path / "cache").iterdir())  # nothing half-written left behind
 
 
+@pytest.mark.float_compare
 def test_kernel_takes_3d_and_non_contiguous_tensors(monkeypatch, tmp_path):
     _fresh_kernel_state(monkeypatch, tmp_path)
     calls = []
@@ -93,6 +92,7 @@ def one_process_group(tmp_path):
     dist.destroy_process_group()
 
 
+@pytest.mark.float_compare
 def test_dtensor_params_bypass_the_kernel_and_match_the_reference(one_process_group, monkeypatch, tmp_path):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor

@@ -7,9 +7,6 @@ import torch
 from merit_core.optim.merit import MERIT
 from merit_core.optim.merit.launches import count_step_launches, multi_tensor_apply_launches
 
-# float results of reductions: CI runs this file again with OMP_NUM_THREADS=1 (see .ci/run)
-pytestmark = pytest.mark.float_compare
-
 
 def gpt2_small_shapes(n_layer=12, d=768, vocab=50257, ctx=1024) -> list[tuple[int, ...]]:
     shapes = [(vocab, d), (ctx, d)]
