@@ -200,6 +200,12 @@ def _display_stream():
     help="Write all results as JSON: to PATH when it is a file name (results.json), else into the folder PATH "
     "(a new results-<date>T<time>.json), as merit prepare -o names a folder.",
 )
+@click.option(
+    "--trust-remote-code",
+    is_flag=True,
+    help="Run Python code shipped with a checkpoint (its config's auto_map). Off by default: only for "
+    "checkpoints you trust.",
+)
 @click.option("--list-tasks", is_flag=True, help="Show the task aliases (and --include-path tasks) and exit.")
 @click.option("--verbose", "-v", is_flag=True, help="Show lm-eval's own logs and progress bars.")
 def eval_cmd(
@@ -213,6 +219,7 @@ def eval_cmd(
     num_fewshot,
     bootstrap_iters,
     output,
+    trust_remote_code,
     list_tasks,
     verbose,
 ):
@@ -248,6 +255,7 @@ def eval_cmd(
         limit=limit,
         num_fewshot=num_fewshot,
         bootstrap_iters=bootstrap_iters,
+        trust_remote_code=trust_remote_code,
     ).validated()
     if output:
         output = output_file(output)

@@ -26,6 +26,7 @@ from merit_cli.render import (
     training_progress,
 )
 from merit_core.errors import ConfigError, MeritError
+from merit_core.fileio import refuse_link
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
 from merit_core.runs import CONFIG_FILE
 from merit_core.train.callbacks import RunInfo, RunSummary, TrainCallbacks
@@ -349,6 +350,7 @@ def _load(config_file, overrides, values):
         if not values.get("out"):
             raise ConfigError("--resume needs the run folder: merit train --resume --out RUN_DIR")
         saved = Path(values["out"]) / CONFIG_FILE
+        refuse_link(saved, "in a run folder")  # a planted link: neither read as the run's config nor replaced
         if base is None and saved.is_file():
             base = saved
     return load_config(base, overrides, values)

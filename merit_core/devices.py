@@ -47,3 +47,15 @@ def measurement_device(device: str | None) -> str:
         return str(resolve_device(device))
     except ConfigError:
         return "cpu"
+
+
+def available_host_memory() -> int | None:
+    """Bytes of host memory available to new allocations (Linux MemAvailable), or None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

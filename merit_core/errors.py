@@ -54,6 +54,10 @@ class DiskFull(MeritError):
     """The disk filled up while merit was writing."""
 
 
+class UnsafePath(MeritError):
+    """A symbolic link, folder or special file planted where merit writes: refused (and named), never followed."""
+
+
 class RunInterrupted(Exception):
     """Training stopped on a signal after saving; `exit_code` is 143 (SIGTERM/SIGUSR1) or 130 (SIGINT).
 

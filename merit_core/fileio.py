@@ -14,11 +14,12 @@ import contextlib
 import errno
 import json
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from merit_core.errors import ConfigError, DiskFull
+from merit_core.errors import ConfigError, DiskFull, UnsafePath
 
 # The name prefix of a file or folder still being written (readers and cleaners skip it).
 TMP_PREFIX = ".tmp-"
@@ -87,8 +88,55 @@ def _temp_name(path: Path) -> Path:
 
 
 def _disk_full(exc: BaseException, path: Path) -> None:
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+    if is_disk_full(exc):
         raise DiskFull(f"disk full while writing {path}") from None
+
+
+# What the libraries that write merit's files say when the disk (or the quota) is full: the OS error
+# numbers, torch.save's zip writer ("file write failed", "unexpected pos" after a short write), and
+# safetensors' Rust I/O error ("No space left on device", StorageFull, os error 28).
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_TEXT = (
+    "No space left",
+    "Disk quota exceeded",
+    "StorageFull",
+    "os error 28",
+    "file write failed",
+    "unexpected pos",
+)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True when `exc` reports a full disk or quota, whichever library raised it."""
+    if isinstance(exc, OSError) and exc.errno in _DISK_FULL_ERRNOS:
+        return True
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return False
+    return isinstance(exc, Exception) and any(text in str(exc) for text in _DISK_FULL_TEXT)
+
+
+def refuse_link(path: str | Path, where: str = "where merit writes") -> None:
+    """UnsafePath when `path` is a symbolic link (dangling or not): merit never writes through one."""
+    if os.path.islink(path):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        raise UnsafePath(f"{path} is a symbolic link (to {target}); merit never follows links {where}: remove it")
+
+
+def create_new(path: str | Path, mode: int = 0o666) -> int:
+    """Create `path` as a new, empty file and return a descriptor open for writing.
+
+    O_EXCL | O_NOFOLLOW: a file, folder or symbolic link already at `path` (planted by someone who
+    guessed the name) is never written through, truncated or replaced; UnsafePath names it.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(path, flags, mode)
+    except FileExistsError:
+        refuse_link(path)
+        raise UnsafePath(f"{path} already exists and merit did not just make it; remove it") from None
 
 
 @contextlib.contextmanager
@@ -100,6 +148,11 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     tmp = _temp_name(path)
+    try:  # claimed as a new regular file: a link planted at the name is refused (and left alone)
+        os.close(create_new(tmp))
+    except OSError as exc:
+        _disk_full(exc, path)
+        raise
     try:
         yield tmp
         os.chmod(tmp, file_mode())
@@ -122,7 +175,7 @@ def atomic_write(path: str | Path, data: str | bytes) -> Path:
     """
     raw = data.encode("utf-8") if isinstance(data, str) else data
     with atomic_path(path) as tmp:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)  # 0o666 & ~umask
+        fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0))  # the file atomic_path made
         try:
             view = memoryview(raw)
             while view:
@@ -178,12 +231,8 @@ def disk_full_guard(what: str | Path, last_checkpoint: Path | None) -> Iterator[
         yield
     except DiskFull as exc:
         raise DiskFull(f"{exc}; {_last_good(last_checkpoint)}") from None
-    except OSError as exc:
-        if exc.errno != errno.ENOSPC:
-            raise
-        raise DiskFull(f"disk full while writing {what}; {_last_good(last_checkpoint)}") from None
-    except RuntimeError as exc:  # torch.save reports a full disk as a RuntimeError from its writer
-        if "No space left" not in str(exc) and "file write failed" not in str(exc):
+    except Exception as exc:  # OSError, torch.save's RuntimeError, safetensors' SafetensorError, ...
+        if not is_disk_full(exc):
             raise
         raise DiskFull(f"disk full while writing {what}; {_last_good(last_checkpoint)}") from None
 
@@ -213,19 +262,14 @@ class FileLock:
         import fcntl
 
         while True:
-            try:  # O_NOFOLLOW: a link planted at the lock's name would have us truncate its target
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, file_mode())
-            except OSError as exc:
-                if exc.errno != errno.ELOOP:
-                    raise
-                raise ConfigError(f"{self.path} is a symbolic link; merit does not follow it: remove it") from None
+            fd = self._open()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             except BlockingIOError:
                 os.close(fd)
                 return False
             try:
-                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+                same = os.fstat(fd).st_ino == os.lstat(self.path).st_ino
             except FileNotFoundError:
                 same = False
             if same:
@@ -236,10 +280,36 @@ class FileLock:
         self.fd = fd
         return True
 
+    def _open(self) -> int:
+        """The lock file opened for writing, created if absent; never through a link, never a non-file.
+
+        A symbolic link planted at the lock's name would otherwise have merit truncate its target
+        and write a PID into it; a FIFO would block; a folder would fail with a traceback."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self.path, flags, file_mode())
+        except OSError as exc:
+            refuse_link(self.path)
+            if exc.errno == errno.EISDIR or self.path.is_dir():
+                raise UnsafePath(f"{self.path} is a folder, not merit's lock file; remove it") from None
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise UnsafePath(
+                f"{self.path} is {special_file(self.path) or 'not a regular file'}, not merit's lock file; remove it"
+            )
+        os.set_blocking(fd, True)
+        return fd
+
     def holder(self) -> int | None:
         """The PID written in the lock file (the holder, when it is held)."""
+        flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         try:
-            return int(self.path.read_text().split()[0])
+            fd = os.open(self.path, flags)
+            try:
+                return int(os.read(fd, 64).split()[0]) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+            finally:
+                os.close(fd)
         except (OSError, ValueError, IndexError):
             return None
 
@@ -247,7 +317,8 @@ class FileLock:
         if self.fd is None:
             return
         with contextlib.suppress(OSError):
-            self.path.unlink()  # while still locked: a waiter then sees a new inode and retries
+            if os.lstat(self.path).st_ino == os.fstat(self.fd).st_ino:  # only the file this lock made or took
+                self.path.unlink()  # while still locked: a waiter then sees a new inode and retries
         os.close(self.fd)
         self.fd = None
 
@@ -272,3 +343,47 @@ def remove_stale_lock(path: str | Path) -> bool:
         lock.release()
         return True
     return False
+
+
+# -- reading files someone else wrote --------------------------------------------------------------
+def special_file(path: str | os.PathLike) -> str | None:
+    """What `path` is when it exists but is neither a regular file nor a folder ('a FIFO', 'a socket',
+    'a device'); None otherwise (absent, dangling link, file or folder). Reading a FIFO blocks until
+    someone writes to it, a device may never end: merit reads neither as a checkpoint, a config or text."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def special_entries(folder: str | os.PathLike) -> list[tuple[str, str]]:
+    """(name, what) of every entry of `folder` that is neither a regular file nor a folder (see
+    `special_file`); [] when the folder cannot be listed."""
+    try:
+        names = sorted(os.listdir(folder))
+    except (OSError, ValueError):
+        return []
+    found = []
+    for name in names:
+        what = special_file(os.path.join(folder, name))
+        if what is not None:
+            found.append((name, what))
+    return found
+
+
+def display(path: str | os.PathLike) -> str:
+    """A path as text that can always be printed: bytes a file system name holds that are not
+    UTF-8 (kept by Python as surrogates) are shown as \\xNN escapes instead of failing to encode."""
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")

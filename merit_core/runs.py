@@ -36,16 +36,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from merit_core.errors import CheckpointError, ConfigError, RunBusy
+from merit_core.errors import CheckpointError, ConfigError, RunBusy, UnsafePath
 from merit_core.fileio import (
     TMP_PREFIX,
     FileLock,
     atomic_write_json,
     check_writable_folder,
+    create_new,
     file_mode,
     folder_mode,
     fsync_dir,
     fsync_file,
+    refuse_link,
+    special_file,
 )
 
 RUN_MARKER = ".merit-run"
@@ -60,6 +63,7 @@ WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 MODEL_CONFIG = "config.json"
 METRICS_FILE = "metrics.jsonl"
+CURVES_FILE = "curves.png"
 STAGING_MARKER = ".merit-staging"
 # Files that make a folder's tokenizer (what a checkpoint copies from the prepared data, what eval needs).
 TOKENIZER_FILES = (
@@ -148,6 +152,9 @@ def read_trainer_state(folder: str | Path, *, strict: bool = True) -> dict[str, 
     """
     path = Path(folder) / STATE_JSON
     try:
+        what = special_file(path)
+        if what is not None:  # a FIFO would block the read forever
+            raise ValueError(f"it is {what}")
         state = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(state, dict):
             raise ValueError("not a JSON object")
@@ -172,42 +179,99 @@ def state_step(folder: str | Path) -> int | None:
 
 # -- checkpoint staging --------------------------------------------------------------------------
 def begin_staging(run_dir: str | Path, step: int) -> Path:
-    """An empty, marked staging folder `<run>/.tmp-step_<step>/` for a checkpoint being written."""
+    """An empty, marked staging folder `<run>/.tmp-step_<step>/` for a checkpoint being written.
+
+    Made with mkdir (which never follows a link): a symbolic link planted at the name, or a folder
+    merit did not make, is refused (UnsafePath names it) rather than written into.
+    """
     tmp = Path(run_dir) / f"{TMP_PREFIX}{step_name(step)}"
+    refuse_link(tmp, "in a run folder")
     _remove_if_ours(tmp)
-    tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / STAGING_MARKER).write_text(f"{os.getpid()}\n")
+    try:
+        os.mkdir(tmp)
+    except FileExistsError:
+        raise UnsafePath(f"{tmp} exists and merit did not make it (no staging marker); move it away") from None
+    _mark(tmp)
     return tmp
+
+
+def _mark(folder: Path) -> None:
+    """Write the staging marker (our PID) into a folder merit made: its contents are merit's to delete."""
+    fd = create_new(folder / STAGING_MARKER)
+    try:
+        os.write(fd, f"{os.getpid()}\n".encode())
+    finally:
+        os.close(fd)
 
 
 def publish_folder(tmp: Path, final: Path) -> Path:
     """Make the staged folder `tmp` durable (fsync every file, then the folder) and rename it to `final`.
 
-    An existing `final` (a rewrite of the same step) is replaced whole. The staging marker is
-    removed before the rename, so the published folder holds only the checkpoint's files.
+    An existing `final` (a rewrite of the same step) is replaced whole: it is marked and renamed to
+    `.tmp-old-step_N`, the new copy renamed into place, then the old one deleted. The staging
+    marker stays in `tmp` until after its rename and is removed from `final` last, so at every
+    instant a crash leaves either the published step or a marked, complete copy that
+    `recover_staging` restores (never two unmarked copies, never none). Only files inside the
+    folder merit staged get their mode set; a `final` that is a symbolic link is refused.
     """
-    (tmp / STAGING_MARKER).unlink(missing_ok=True)
+    refuse_link(final, "in a run folder")
     mode = file_mode()
-    for item in tmp.rglob("*"):
-        if item.is_file() and not item.is_symlink():
+    for root, dirs, files in os.walk(tmp):  # os.walk does not follow links into other folders
+        for name in files:
+            item = Path(root) / name
+            if item.is_symlink():
+                continue
             if item.stat().st_mode & 0o777 != mode:
                 os.chmod(item, mode)  # some writers (safetensors, torch) leave 0600
             fsync_file(item)
-        elif item.is_dir():
-            fsync_dir(item)
+        for name in dirs:
+            fsync_dir(Path(root) / name)
     os.chmod(tmp, folder_mode())
     fsync_dir(tmp)
     if final.exists():
         old = final.with_name(f"{TMP_PREFIX}old-{final.name}")
+        refuse_link(old, "in a run folder")
         _remove_if_ours(old)
-        (final / STAGING_MARKER).write_text(f"{os.getpid()}\n")  # the old copy is ours to delete
+        if not (final / STAGING_MARKER).exists():
+            _mark(final)  # the old copy is ours to delete, and to restore if we die before the next rename
+        fsync_dir(final)
         os.replace(final, old)
+        fsync_dir(final.parent)
         os.replace(tmp, final)
+        fsync_dir(final.parent)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
-    fsync_dir(final.parent)
+        fsync_dir(final.parent)
+    (final / STAGING_MARKER).unlink(missing_ok=True)
+    fsync_dir(final)
     return final
+
+
+def set_aside_later_checkpoints(run_dir: str | Path, step: int) -> tuple[Path, list[str]] | None:
+    """Move the `step_N` folders with N > `step` into `<run>/abandoned-after-step_<step>-<time>/`.
+
+    A resume from `step` starts a new timeline: checkpoints past it belong to the abandoned one.
+    Left in place they would outrank the new checkpoints in pruning (which keeps the highest
+    steps) and in the next --resume; deleted they would be lost. Returns the folder and the names
+    moved, or None when there were none. Call it while holding the run's lock.
+    """
+    run_dir = Path(run_dir)
+    later = [path for n, path in step_folders(run_dir) if n > step]
+    if not later:
+        return None
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    dest = run_dir / f"abandoned-after-{step_name(step)}-{stamp}"
+    suffix = 0
+    while os.path.lexists(dest):
+        suffix += 1
+        dest = run_dir / f"abandoned-after-{step_name(step)}-{stamp}-{suffix}"
+    os.mkdir(dest)
+    for path in later:
+        os.replace(path, dest / path.name)  # a rename moves a link itself, never what it points to
+    fsync_dir(dest)
+    fsync_dir(run_dir)
+    return dest, [p.name for p in later]
 
 
 def _remove_if_ours(folder: Path) -> bool:
@@ -221,6 +285,36 @@ def _remove_if_ours(folder: Path) -> bool:
         folder.rmdir()  # only when empty
         return True
     return False
+
+
+def recover_staging(run_dir: str | Path) -> list[str]:
+    """Undo what a crash in the middle of `publish_folder` left, without deleting any checkpoint.
+
+    - `.tmp-old-step_N` (marked) with no `step_N`: the crash came between the two renames of a
+      rewrite; the old copy is complete and is renamed back to `step_N`.
+    - a marker inside a published `step_N` (a crash just before or after its rename): removed.
+    Returns one note per folder restored. Call it while holding the run's lock, before the
+    checkpoints are listed (what a resume continues from depends on it).
+    """
+    run_dir = Path(run_dir)
+    notes = []
+    if not run_dir.is_dir():
+        return notes
+    for child in sorted(run_dir.iterdir()):
+        match = _STAGING.match(child.name)
+        if not (match and match.group(1)) or child.is_symlink() or not (child / STAGING_MARKER).is_file():
+            continue
+        final = step_path(run_dir, int(match.group(2)))
+        if os.path.lexists(final) or not is_complete(child):
+            continue  # the rewrite finished (remove_stale_staging deletes the old copy) or never began
+        os.replace(child, final)
+        fsync_dir(run_dir)
+        notes.append(f"restored {final.name} from {child.name}, left by a checkpoint rewrite that was interrupted")
+    for _, folder in step_folders(run_dir):
+        marker = folder / STAGING_MARKER
+        if not folder.is_symlink() and marker.is_file() and not marker.is_symlink():
+            marker.unlink()
+    return notes
 
 
 def remove_stale_staging(run_dir: str | Path) -> list[Path]:
@@ -249,8 +343,17 @@ def is_run(folder: str | Path) -> bool:
 
 
 def check_out(folder: str | Path) -> Path:
-    """ConfigError unless `folder` may hold a run: absent, empty, or a merit run. Writes nothing."""
+    """ConfigError unless `folder` may hold a run: absent, empty, or a merit run. Writes nothing.
+
+    A dangling symbolic link is refused (merit would have to create its target); the user's link
+    itself is left alone. In an existing run, links planted at the names merit writes are refused
+    (`check_no_planted_links`)."""
     folder = Path(folder).expanduser()
+    if folder.is_symlink() and not folder.exists():
+        raise ConfigError(
+            f"--out {folder} is a symbolic link to {os.readlink(folder)}, which does not exist; "
+            "create that folder or give another --out"
+        )
     check_writable_folder(folder, "--out")
     if not folder.exists() or is_run(folder):
         return folder
@@ -262,6 +365,26 @@ def check_out(folder: str | Path) -> Path:
             "give an empty or new folder (merit never writes into folders it did not make)"
         )
     return folder
+
+
+def _written_by_merit(name: str) -> bool:
+    return (
+        name in (RUN_MARKER, LOCK_FILE, CONFIG_FILE, METRICS_FILE, CURVES_FILE)
+        or parse_step(name) is not None
+        or name.startswith(TMP_PREFIX)
+    )
+
+
+def check_no_planted_links(folder: str | Path) -> None:
+    """UnsafePath naming the first symbolic link in a run folder at a name merit writes or deletes
+    (config.toml, metrics.jsonl, curves.png, the marker and lock, step_N, .tmp-*): merit would
+    otherwise write, rename or prune through it, into a place outside the run."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if entry.is_symlink() and _written_by_merit(entry.name):
+            refuse_link(entry.path, "in a run folder")
 
 
 def mark_run(folder: str | Path) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from merit_core.compare.grid import (
+    RUNS_DIR,
     PlannedRun,
     annotate_extensions,
     lr_grids,
@@ -36,13 +37,15 @@ from merit_core.compare.grid import (
     seed_list,
 )
 from merit_core.compare.measures import PAPER, eval_cell, hessian_cell, run_eval, run_hessian
-from merit_core.compare.plots import plot_compare
+from merit_core.compare.plots import PLOT_FILE, plot_compare
 from merit_core.compare.report import render_report
 from merit_core.compare.results import BestResult, CompareSummary, RunResult
 from merit_core.compare.runner import CompareCallbacks, default_jobs, execute, run_state
 from merit_core.compare.spec import CompareSpec, load_spec
 from merit_core.compare.summary import SUMMARY_FILE, build_summary, select_best, write_json
 from merit_core.devices import measurement_device
+from merit_core.errors import ConfigError
+from merit_core.fileio import TMP_PREFIX, check_writable_folder
 
 REPORT_FILE = "REPORT.md"
 
@@ -90,11 +93,40 @@ def plan_compare(spec: CompareSpec, extra: dict[tuple[str, int], list[float]] | 
     """Validate the comparison and find each run's state; writes nothing (ConfigError on bad input).
 
     `extra`: lrs added past grid edges (see merit_core.compare.grid.next_extensions)."""
+    check_compare_out(spec.out)
     runs = plan_runs(spec, extra)
     states = {run.name: run_state(run) for run in runs}
     device = str(spec.train.get("device", "auto"))
     todo = sum(state in ("new", "partial") for state in states.values())
     return ComparePlan(spec, runs, states, spec.jobs or default_jobs(device, todo))
+
+
+def check_compare_out(out: Path) -> Path:
+    """ConfigError unless `out` may hold a comparison: absent, empty, or holding only what compare writes
+    (runs/, logs/, summary.json, compare.png, REPORT.md and their temp files). Writes nothing.
+
+    Like `merit train --out`, compare never writes into a folder of the user's own files."""
+    check_writable_folder(out, "--out")
+    if not out.is_dir():
+        return out
+    foreign = sorted(p.name for p in out.iterdir() if not _compare_owns(p.name))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise ConfigError(
+            f"--out {out} holds files that are not a merit comparison ({shown}); give an empty or new folder "
+            "(merit never writes into folders it did not make)"
+        )
+    return out
+
+
+_COMPARE_ENTRIES = (RUNS_DIR, "logs", SUMMARY_FILE, PLOT_FILE, REPORT_FILE)
+
+
+def _compare_owns(name: str) -> bool:
+    if name in _COMPARE_ENTRIES or name == REPORT_FILE + ".tmp":
+        return True
+    stem, _, pid = name.rpartition(".")  # an atomic write's temp file: .tmp-<name>.<pid>
+    return stem.startswith(TMP_PREFIX) and stem[len(TMP_PREFIX) :] in _COMPARE_ENTRIES and pid.isdigit()
 
 
 def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) -> CompareResult:

@@ -138,6 +138,7 @@ def prepare_documents(
     def report(stage: str, done: int, total: int | None) -> None:
         emit(Progress(stage, done, total))
 
+    _check_two_documents(batches, source)
     start = time.perf_counter()
     with staging_dir(target) as tmp:
         (tmp / STAGING_MARKER).write_text(f"{os.getpid()}\n")  # what a later cleanup recognises as ours
@@ -186,6 +187,24 @@ def prepare_documents(
         (tmp / STAGING_MARKER).unlink()
         publish(tmp, target)
     return load_meta(target)
+
+
+def _check_two_documents(batches: Batches, source: str) -> None:
+    """DataError for a corpus of a single document, before any tokenizer is trained on it.
+
+    Validation holds out whole documents, so one document can never be split; reading only up to
+    the second document finds that in moments even when the one document is a 10 MB line (which
+    the BPE trainer would otherwise chew on for minutes first)."""
+    seen = 0
+    for docs, _ in batches():
+        seen += sum(1 for doc in docs if doc)
+        if seen >= 2:
+            return
+    if seen == 1:
+        raise DataError(
+            f"corpus {source} is a single document; validation holds out whole documents, so it needs 2 or "
+            "more (documents are separated by blank lines in text files, one per line/record in JSONL)"
+        )
 
 
 def remove_stale_temp(target: Path) -> list[Path]:

@@ -9,8 +9,8 @@ import tempfile
 from pathlib import Path
 
 from merit_core.data.meta import is_prepared
-from merit_core.errors import DataError
-from merit_core.fileio import exclusive_lock, folder_mode
+from merit_core.errors import ConfigError, DataError
+from merit_core.fileio import check_writable_folder, exclusive_lock, folder_mode
 
 TMP_PREFIX = ".merit-tmp-"
 
@@ -18,8 +18,13 @@ TMP_PREFIX = ".merit-tmp-"
 @contextlib.contextmanager
 def staging_dir(target: Path):
     """Yield an empty temp folder next to `target`; it is removed if still there on exit."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-", dir=target.parent))
+    except OSError as exc:  # read-only file system, no permission, a file where a folder should be
+        raise DataError(
+            f"cannot write the output {target}: {exc.strerror or exc} ({exc.filename or target.parent})"
+        ) from None
 
     os.chmod(tmp, folder_mode())  # mkdtemp makes it private; the published folder gets the user's umask
     try:
@@ -29,9 +34,16 @@ def staging_dir(target: Path):
 
 
 def check_target(target: Path) -> None:
-    """DataError unless `target` is absent, an empty folder, or a prepared-data folder we may replace."""
+    """DataError unless `target` is absent, an empty folder, or a prepared-data folder we may replace,
+    in a folder this user can write (a FIFO or file on the way, a read-only folder: refused here)."""
+    try:
+        check_writable_folder(target, "output")
+    except ConfigError as exc:
+        raise DataError(str(exc)) from None
     if not target.exists():
         return
+    if not os.access(target.parent, os.W_OK | os.X_OK):  # the new copy is built beside it
+        raise DataError(f"output {target}: cannot write into {target.parent}")
     if not target.is_dir():
         raise DataError(f"output {target} exists and is not a folder")
     if any(target.iterdir()) and not is_prepared(target):

@@ -99,7 +99,7 @@ def load_local_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise ConfigError(f"cannot load tokenizer from {path}: {str(exc).splitlines()[0]}") from None
 
@@ -130,7 +130,7 @@ def load_pretrained_tokenizer(spec: str):
         from transformers import AutoTokenizer
 
         try:
-            tok = AutoTokenizer.from_pretrained(spec)
+            tok = AutoTokenizer.from_pretrained(spec, trust_remote_code=False)
         except (OSError, ValueError, TypeError, KeyError) as exc:
             if offline:
                 raise ConfigError(

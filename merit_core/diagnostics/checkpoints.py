@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from merit_core import runs
 from merit_core.errors import CheckpointError
+from merit_core.fileio import display, special_entries, special_file
 from merit_core.runs import INDEX_NAME, WEIGHTS_NAME
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -65,7 +68,7 @@ class Checkpoint:
 
     @property
     def label(self) -> str:
-        return str(self.path)
+        return display(self.path)  # printable even when the file name is not UTF-8
 
 
 def refuse_pickle(path: Path, why: str) -> CheckpointError:
@@ -84,31 +87,31 @@ def validate_safetensors(path: Path) -> dict[str, dict]:
     """
     path = Path(path)
     if not path.exists():
-        raise CheckpointError(f"checkpoint not found: {path}")
+        raise CheckpointError(f"checkpoint not found: {display(path)}")
     if path.is_dir():
-        raise CheckpointError(f"{path} is a folder, expected a .safetensors file")
+        raise CheckpointError(f"{display(path)} is a folder, expected a .safetensors file")
     if path.suffix.lower() in PICKLE_SUFFIXES:
-        raise refuse_pickle(path, f"a pickle-based checkpoint ({path.suffix})")
-    size = path.stat().st_size
+        raise refuse_pickle(path, f"a pickle-based checkpoint ({display(path.suffix)})")
     try:
-        with path.open("rb") as fh:
+        with open_regular(path) as fh:
+            size = os.fstat(fh.fileno()).st_size
             head = fh.read(8)
             if head[:4] == b"PK\x03\x04":
                 raise refuse_pickle(path, "a torch.save zip archive (pickle inside)")
             if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
                 raise refuse_pickle(path, "a pickle file")
             if len(head) < 8:
-                raise CheckpointError(f"{path} is not a safetensors file: only {size} bytes")
+                raise CheckpointError(f"{display(path)} is not a safetensors file: only {size} bytes")
             (n,) = struct.unpack("<Q", head)
             if n == 0 or n > _MAX_HEADER:
-                raise CheckpointError(f"{path} is not a safetensors file: implausible header length {n}")
+                raise CheckpointError(f"{display(path)} is not a safetensors file: implausible header length {n}")
             if 8 + n > size:
                 raise CheckpointError(
-                    f"{path} is truncated or not safetensors: header of {n} bytes but the file has {size}"
+                    f"{display(path)} is truncated or not safetensors: header of {n} bytes but the file has {size}"
                 )
             raw = fh.read(n)
     except OSError as exc:
-        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise CheckpointError(f"cannot read {display(path)}: {exc.strerror or exc}") from None
     try:
         header = json.loads(raw.decode("utf-8"))
         if not isinstance(header, dict):
@@ -136,18 +139,53 @@ def validate_safetensors(path: Path) -> dict[str, dict]:
     return header
 
 
-def _index_files(index: Path) -> list[Path]:
+def open_regular(path: Path):
+    """`path` opened for binary reading, refused (CheckpointError) unless it is a regular file.
+
+    Opened without blocking and checked on the open descriptor, so a FIFO swapped in after a
+    check cannot hang the read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        data = json.loads(index.read_text())
-        names = sorted(set(data["weight_map"].values()))
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            what = special_file(path) or "not a regular file"
+            raise CheckpointError(f"{display(path)} is {what}; merit reads only regular files")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
+def refuse_special_files(folder: Path) -> None:
+    """CheckpointError when a checkpoint folder holds a FIFO, socket or device: a loader opening it
+    (config.json, a tokenizer file, a weight file) would block forever or read without end."""
+    found = special_entries(folder)
+    if found:
+        name, what = found[0]
+        raise CheckpointError(f"{display(folder / name)} is {what}; merit reads only regular files from a checkpoint")
+
+
+def index_files(index: Path) -> list[Path]:
+    """The shard files a sharded checkpoint's index maps tensors to (each a plain name in its folder)."""
+    try:
+        with open_regular(index) as fh:
+            data = json.loads(fh.read().decode("utf-8"))
+        names = data["weight_map"].values()
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
-        raise CheckpointError(f"{index} is not a valid sharded-checkpoint index (no weight_map)") from None
-    files = [index.parent / name for name in names]
+        raise CheckpointError(f"{display(index)} is not a valid sharded-checkpoint index (no weight_map)") from None
+    bad = [n for n in names if not isinstance(n, str) or n in ("", ".", "..") or "/" in n or "\\" in n]
+    if bad:
+        raise CheckpointError(
+            f"{display(index)} is not a valid sharded-checkpoint index: weight_map value {bad[0]!r} is not a "
+            "shard file name in its folder"
+        )
+    files = [index.parent / name for name in sorted(set(names))]
     for f in files:
         if not f.exists():
-            raise CheckpointError(f"{index} names shard {f.name}, which is missing")
+            raise CheckpointError(f"{display(index)} names shard {display(f.name)}, which is missing")
     if not files:
-        raise CheckpointError(f"{index} lists no shards")
+        raise CheckpointError(f"{display(index)} lists no shards")
     return files
 
 
@@ -156,10 +194,11 @@ def _read_step(folder: Path) -> int | None:
 
 
 def _folder_checkpoint(folder: Path) -> Checkpoint | None:
+    refuse_special_files(folder)
     if (folder / WEIGHTS_NAME).is_file():
         files = [folder / WEIGHTS_NAME]
     elif (folder / INDEX_NAME).is_file():
-        files = _index_files(folder / INDEX_NAME)
+        files = index_files(folder / INDEX_NAME)
     else:
         return None
     return Checkpoint(path=folder, files=files, folder=folder, step=_read_step(folder))
@@ -180,7 +219,10 @@ def _from_folder(folder: Path) -> list[Checkpoint]:
     steps: list[Checkpoint] = []
     skipped: list[str] = []
     for step, sub in runs.step_folders(folder):
-        ckpt = _folder_checkpoint(sub) if runs.has_weights(sub) else None
+        try:
+            ckpt = _folder_checkpoint(sub) if runs.has_weights(sub) else None
+        except PermissionError:  # a step folder this user may not read: skipped, and said so
+            ckpt = None
         if ckpt is None:
             skipped.append(sub.name)
             continue
@@ -206,12 +248,19 @@ def _from_folder(folder: Path) -> list[Checkpoint]:
 def find_checkpoints(path: str | Path) -> list[Checkpoint]:
     """Resolve a user path to its checkpoints (validated), in step order for a run folder."""
     path = Path(path).expanduser()
+    try:
+        return _find_checkpoints(path)
+    except PermissionError as exc:
+        raise CheckpointError(f"cannot read {display(exc.filename or path)}: permission denied") from None
+
+
+def _find_checkpoints(path: Path) -> list[Checkpoint]:
     if not path.exists():
-        raise CheckpointError(f"checkpoint not found: {path}")
+        raise CheckpointError(f"checkpoint not found: {display(path)}")
     if path.is_dir():
         found = _from_folder(path)
     elif path.name.endswith(".index.json"):
-        found = [Checkpoint(path=path, files=_index_files(path), folder=path.parent, step=_read_step(path.parent))]
+        found = [Checkpoint(path=path, files=index_files(path), folder=path.parent, step=_read_step(path.parent))]
     else:
         found = [Checkpoint(path=path, files=[path], folder=path.parent, step=_read_step(path.parent))]
     for ckpt in found:
@@ -246,10 +295,14 @@ class SafetensorsReader(Mapping):
 
         file = self.checkpoint.tensors[name][0]
         try:
-            with safe_open(str(file), framework="pt") as handle:
-                return handle.get_tensor(name)
+            with open_regular(file) as fh:
+                # Through the checked descriptor: no FIFO swapped in since validation, and a file name
+                # that is not UTF-8 (which safetensors cannot take) still opens.
+                fd_path = f"/proc/self/fd/{fh.fileno()}"
+                with safe_open(fd_path if os.path.exists(fd_path) else str(file), framework="pt") as handle:
+                    return handle.get_tensor(name)
         except (SafetensorError, OSError) as exc:
-            raise CheckpointError(f"cannot read {name!r} from {file}: {exc}") from None
+            raise CheckpointError(f"cannot read {name!r} from {display(file)}: {exc}") from None
 
     def __contains__(self, name) -> bool:  # without reading the tensor
         return name in self.checkpoint.tensors

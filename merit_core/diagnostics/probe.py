@@ -18,7 +18,9 @@ from transformers import AutoTokenizer
 
 from merit_core.diagnostics.layout import read_config
 from merit_core.errors import CheckpointError, ConfigError, DataError
+from merit_core.fileio import display, special_file
 from merit_core.models import build_model, config_from_dict, family_spec
+from merit_core.models.limits import check_model_config, check_model_size
 from merit_core.runs import TOKENIZER_FILES
 
 PROBE_TEXT = (
@@ -59,6 +61,9 @@ class ProbeBatch:
 
 
 def read_text_file(path: str | Path) -> str:
+    what = special_file(path)
+    if what is not None:  # a FIFO would block the read forever
+        raise DataError(f"probe text {display(path)} is {what}; give a regular text file")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -74,7 +79,7 @@ def has_tokenizer(folder: Path) -> bool:
 
 def _tokenize(folder: Path, text: str) -> list[int]:
     try:
-        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # transformers raises many types for a broken tokenizer folder
         raise CheckpointError(f"cannot load the tokenizer in {folder}: {str(exc).splitlines()[0]}") from None
     return tok(text, add_special_tokens=False)["input_ids"]
@@ -137,6 +142,11 @@ def load_model(checkpoint, tensors, device: str | torch.device = "cpu"):
         raise
     config.dtype = torch.float32
     spec = family_spec(config)
+    try:  # a config.json from someone else: shapes it cannot build, sizes no memory holds
+        check_model_config(config, str(checkpoint.config_path))
+        check_model_size(config, str(checkpoint.config_path), str(device))
+    except ConfigError as exc:
+        raise CheckpointError(str(exc)) from None
     model = build_model(config)
     prefix = model.base_model_prefix + "."
     tied = getattr(config, "tie_word_embeddings", False)

@@ -296,6 +296,9 @@ def layer_stats(tensors: Mapping, layout: AttentionLayout, layer: int, top_k: in
     )
 
 
+_REDUCIBLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def _max_abs(w: torch.Tensor) -> float:
     lo, hi = torch.aminmax(w)  # one pass, no |w| temporary (matters for embeddings)
     return max(-float(lo), float(hi))
@@ -310,6 +313,8 @@ def other_weights(tensors: Mapping) -> list[WeightSummary]:
         w = tensors[name].detach()
         if not w.is_floating_point():
             continue
+        if w.dtype not in _REDUCIBLE:  # float8 (F8_E4M3, F8_E5M2): no min/max/norm kernels; exact in float32
+            w = w.float()
         out.append(
             WeightSummary(name, list(w.shape), _max_abs(w), float(torch.linalg.vector_norm(w, dtype=torch.float32)))
         )

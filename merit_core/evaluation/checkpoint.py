@@ -6,14 +6,24 @@ run folder (its latest `step_N/` is used), or a hub model name when the hub (or 
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from merit_core import runs
+from merit_core.diagnostics.checkpoints import (
+    PICKLE_SUFFIXES,
+    index_files,
+    refuse_pickle,
+    refuse_special_files,
+    validate_safetensors,
+)
 from merit_core.errors import CheckpointError, ConfigError, first_line
+from merit_core.fileio import display
 from merit_core.hub import looks_like_hub_id
+from merit_core.models.limits import check_model_size
 
 TOKENIZER_FILES = runs.TOKENIZER_FILES
 # trainer_state.json fields copied into the output's `meta`, with the type each must have.
@@ -60,13 +70,21 @@ def read_trainer_state(model_dir: Path) -> dict[str, Any]:
     return out
 
 
-def resolve_checkpoint(given: str | os.PathLike) -> CheckpointRef:
-    """Find the model folder for `given` and check it has config.json and a tokenizer.
+def resolve_checkpoint(given: str | os.PathLike, trust_remote_code: bool = False) -> CheckpointRef:
+    """Find the model folder for `given` and check it has config.json, safe weights and a tokenizer.
 
-    Raises CheckpointError for a missing path, a run folder without steps, or a folder without
-    config.json or tokenizer files. Strings shaped like hub ids that are not local paths pass through.
+    Raises CheckpointError for a missing path, a run folder without steps, a folder without
+    config.json or tokenizer files, weights that are pickles or not complete safetensors files, a
+    FIFO or device among the files, or (without `trust_remote_code`) code the folder asks to run.
+    Strings shaped like hub ids that are not local paths pass through.
     """
-    text = os.fspath(given)
+    try:
+        return _resolve_checkpoint(os.fspath(given), trust_remote_code)
+    except PermissionError as exc:
+        raise CheckpointError(f"cannot read {display(exc.filename or given)}: permission denied") from None
+
+
+def _resolve_checkpoint(text: str, trust_remote_code: bool) -> CheckpointRef:
     path = Path(text).expanduser()
     if not path.exists():
         if looks_like_hub_id(text):
@@ -76,6 +94,7 @@ def resolve_checkpoint(given: str | os.PathLike) -> CheckpointRef:
         raise CheckpointError(f"checkpoint {text} is a file; give the model folder that holds config.json")
     path = path.resolve()
     source = "hf-folder"
+    refuse_special_files(path)
     if not (path / runs.MODEL_CONFIG).is_file():
         step = latest_step_dir(path)
         if step is None:
@@ -84,39 +103,73 @@ def resolve_checkpoint(given: str | os.PathLike) -> CheckpointRef:
                 "give a Hugging Face model folder or a `merit train` run folder"
             )
         path = step
-    _refuse_pickle_weights(path)
+        refuse_special_files(path)
     if not runs.tokenizer_files(path):
         raise CheckpointError(
-            f"checkpoint {path} has no tokenizer ({' / '.join(TOKENIZER_FILES[:2])}): "
+            f"checkpoint {display(path)} has no tokenizer ({' / '.join(TOKENIZER_FILES[:2])}): "
             "save one next to the model with tokenizer.save_pretrained(folder)"
         )
+    check_weight_files(path)
+    if not trust_remote_code:
+        refuse_custom_code(path)
     state = read_trainer_state(path)
     if state:
         source = "merit-train"
     return CheckpointRef(text, str(path), is_local=True, meta={"source": source, **state})
 
 
-def _refuse_pickle_weights(folder: Path) -> None:
-    """CheckpointError when the folder's weights are pickle files only (.bin, .pt, .pth, ...): those are
-    never handed to transformers, whose loader would unpickle them (as inspect refuses them)."""
-    from merit_core.diagnostics.checkpoints import PICKLE_SUFFIXES, refuse_pickle
+def check_weight_files(folder: Path) -> list[Path]:
+    """The safetensors files a loader will open for `folder`, each checked complete before it is.
 
-    if runs.has_weights(folder):
-        return
-    pickles = sorted(p.name for p in folder.iterdir() if p.is_file() and p.suffix.lower() in PICKLE_SUFFIXES)
-    if pickles:
-        raise refuse_pickle(
-            folder / pickles[0], f"a pickle-based checkpoint ({pickles[0]}) with no safetensors weights"
-        )
+    model.safetensors, or every shard its index maps a tensor to (a shard that is a pickle is
+    refused like a lone pytorch_model.bin: transformers would unpickle it). Weights that are only
+    pickle files (.bin, .pt, .pth, ...) are refused; they are never handed to transformers.
+    """
+    if (folder / runs.WEIGHTS_NAME).exists():
+        files = [folder / runs.WEIGHTS_NAME]
+    elif (folder / runs.INDEX_NAME).exists():
+        files = index_files(folder / runs.INDEX_NAME)
+    else:
+        pickles = sorted(p.name for p in folder.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
+        if pickles:
+            raise refuse_pickle(
+                folder / pickles[0], f"a pickle-based checkpoint ({pickles[0]}) with no safetensors weights"
+            )
+        raise CheckpointError(f"checkpoint {display(folder)} has no weights ({runs.WEIGHTS_NAME} or its index)")
+    for file in files:
+        validate_safetensors(file)
+    return files
 
 
-def check_causal_lm(ref: CheckpointRef) -> Any:
+# Files of a model folder whose `auto_map` names Python code transformers would import from it.
+CODE_CONFIGS = (runs.MODEL_CONFIG, "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
+
+
+def refuse_custom_code(folder: Path) -> None:
+    """CheckpointError when the folder's configs ask transformers to run code shipped with it (`auto_map`)
+    or it ships .py files: merit eval runs such code only with --trust-remote-code."""
+    for name in CODE_CONFIGS:
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue  # unreadable configs are reported by the loader, as before
+        if isinstance(data, dict) and data.get("auto_map"):
+            raise CheckpointError(
+                f"{display(path)} asks to run code shipped with the checkpoint (auto_map); merit eval never runs "
+                "it unless you pass --trust-remote-code (only for checkpoints you trust)"
+            )
+
+
+def check_causal_lm(ref: CheckpointRef, trust_remote_code: bool = False) -> Any:
     """Load the model config and check it describes a decoder-only causal LM; returns the config."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     try:
-        config = AutoConfig.from_pretrained(ref.location)
+        config = AutoConfig.from_pretrained(ref.location, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as exc:
         where = "a model folder" if ref.is_local else "a local folder, and the hub (or its cache) does not have it"
         raise CheckpointError(f"cannot read the model config of {ref.given} (not {where}): {first_line(exc)}") from None
@@ -157,19 +210,26 @@ def resolve_dtype(dtype: str | None, device: str) -> str:
     return _DTYPES[dtype.lower()]
 
 
-def load_model_and_tokenizer(ref: CheckpointRef, device: str, dtype: str) -> tuple[Any, Any]:
-    """Load the causal LM (eval mode, on `device`, in `dtype`) and its tokenizer; no remote code."""
+def load_model_and_tokenizer(
+    ref: CheckpointRef, device: str, dtype: str, trust_remote_code: bool = False
+) -> tuple[Any, Any]:
+    """Load the causal LM (eval mode, on `device`, in `dtype`) and its tokenizer; code shipped with
+    the checkpoint runs only with `trust_remote_code`, and weights are read from safetensors only."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    check_causal_lm(ref)
+    config = check_causal_lm(ref, trust_remote_code)
+    check_model_size(config, ref.given, device, bytes_per_parameter=getattr(torch, dtype).itemsize)
+    remote = {"trust_remote_code": trust_remote_code}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(ref.location)
+        tokenizer = AutoTokenizer.from_pretrained(ref.location, **remote)
     except (OSError, ValueError, KeyError) as exc:
         raise CheckpointError(f"cannot load the tokenizer of {ref.given}: {first_line(exc)}") from None
     try:
-        safe = {"use_safetensors": True} if ref.is_local else {}  # never a pickle next to the safetensors
-        model = AutoModelForCausalLM.from_pretrained(ref.location, dtype=getattr(torch, dtype), **safe)
+        # use_safetensors: never a pickle, not even one next to the safetensors or on the hub
+        model = AutoModelForCausalLM.from_pretrained(
+            ref.location, dtype=getattr(torch, dtype), use_safetensors=True, **remote
+        )
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise CheckpointError(f"cannot load the model weights of {ref.given}: {first_line(exc)}") from None
     return model.to(device).eval(), tokenizer

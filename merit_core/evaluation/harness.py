@@ -45,6 +45,7 @@ class EvalSettings:
     limit: int | None = None
     num_fewshot: int = 0
     bootstrap_iters: int = 1000
+    trust_remote_code: bool = False  # run code shipped with a checkpoint (auto_map): only on explicit request
 
     def validated(self) -> EvalSettings:
         """Raise ConfigError for values lm-eval would reject late or silently misread."""
@@ -218,11 +219,11 @@ def evaluate_checkpoints(
     settings = settings.validated()
     if not checkpoints:
         raise ConfigError("no checkpoint given: pass one or more model folders, run folders or hub names")
-    run = _Run(settings, progress, [resolve_checkpoint(c) for c in checkpoints])
+    run = _Run(settings, progress, [resolve_checkpoint(c, settings.trust_remote_code) for c in checkpoints])
     run.report("checking checkpoints")
     device = str(resolve_device(settings.device))
     dtype = resolve_dtype(settings.dtype, device)
-    configs = [check_causal_lm(ref) for ref in run.refs]
+    configs = [check_causal_lm(ref, settings.trust_remote_code) for ref in run.refs]
 
     run.report("loading tasks and datasets")
     with _silenced(quiet):
@@ -233,7 +234,7 @@ def evaluate_checkpoints(
     for index, (ref, config) in enumerate(zip(run.refs, configs)):
         run.report("loading model", index)
         with _silenced(quiet), _exact_float32(device, dtype):
-            model, tokenizer = load_model_and_tokenizer(ref, device, dtype)
+            model, tokenizer = load_model_and_tokenizer(ref, device, dtype, settings.trust_remote_code)
             lm, batch_size = build_lm(model, tokenizer, parse_batch_size(settings.batch_size), device)
             report_request_progress(
                 lm,

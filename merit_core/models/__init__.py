@@ -127,7 +127,8 @@ def config_from_dict(raw: dict[str, Any], where: str = "config.json"):
     """A transformers config from a config.json dict of a supported family (ConfigError otherwise)."""
     from transformers import AutoConfig
 
-    raw = {k: v for k, v in raw.items() if k not in ("architectures", "transformers_version")}
+    # auto_map would point transformers at Python files next to the config: never used here
+    raw = {k: v for k, v in raw.items() if k not in ("architectures", "transformers_version", "auto_map")}
     model_type = raw.pop("model_type", None)
     try:
         get_family(model_type)
@@ -135,18 +136,9 @@ def config_from_dict(raw: dict[str, Any], where: str = "config.json"):
         raise ConfigError(f"{where}: {exc}") from None
     try:
         return AutoConfig.for_model(model_type, **raw)
-    except (ValueError, TypeError, KeyError, *_config_validation_errors()) as exc:
-        raise ConfigError(f"{where} is not a usable {model_type} config: {str(exc).splitlines()[0]}") from None
-
-
-def _config_validation_errors() -> tuple[type[Exception], ...]:
-    """What transformers raises for a field of the wrong type: huggingface_hub's strict-dataclass
-    validation (transformers 5 configs), which derives from neither ValueError nor TypeError."""
-    try:
-        from huggingface_hub.errors import StrictDataclassError
-    except ImportError:  # older huggingface_hub: the config's own ValueError/TypeError
-        return ()
-    return (StrictDataclassError,)
+    except Exception as exc:  # ValueError, TypeError, huggingface_hub's strict-dataclass validation errors
+        detail = " ".join(str(exc).split())[:240] or type(exc).__name__
+        raise ConfigError(f"{where} is not a usable {model_type} config: {detail}") from None
 
 
 def _config_from_file(path: Path, vocab_size: int | None, context: int | None):
@@ -195,7 +187,10 @@ def build_model(config, seed: int | None = None, dtype=None):
         torch.manual_seed(seed)
     spec = family_spec(config)
     return AutoModelForCausalLM.from_config(
-        config, attn_implementation=spec.attn_implementation(config), dtype=dtype or torch.float32
+        config,
+        attn_implementation=spec.attn_implementation(config),
+        dtype=dtype or torch.float32,
+        trust_remote_code=False,  # a supported family is built from transformers' own code, never a config's
     )
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "latest_checkpoint",
     "list_checkpoints",
     "load_model_weights",
+    "check_optimizer_state",
     "load_trainer_state",
     "prune_checkpoints",
     "read_trainer_info",
@@ -150,3 +151,39 @@ def load_model_weights(model: torch.nn.Module, checkpoint: str | Path) -> None:
             f"{checkpoint} does not match the model: missing {sorted(set(missing) - tied)[:3]}, "
             f"unexpected {sorted(unexpected)[:3]}"
         )
+
+
+# Optimizer state entries that always have their parameter's shape (Adam/MERIT moments, momentum, Sophia's Hessian).
+PARAM_SHAPED_STATE = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "momentum", "hessian")
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, where: str | Path) -> None:
+    """CheckpointError unless a saved optimizer state_dict fits `optimizer`: the same parameter groups,
+    and every moment of the parameter's shape. torch's load_state_dict checks only the group sizes,
+    so a wrong-shaped `exp_avg` would load and fail at the first step, after the run was rewritten."""
+    try:
+        saved_groups, saved_state = state["param_groups"], state["state"]
+        ids = [[*group["params"]] for group in saved_groups]
+    except (KeyError, TypeError):
+        raise CheckpointError(f"{where}: the optimizer state is not a torch optimizer state_dict") from None
+    groups = optimizer.param_groups
+    if len(ids) != len(groups) or any(len(a) != len(g["params"]) for a, g in zip(ids, groups)):
+        raise CheckpointError(f"{where}: the optimizer state has other parameter groups than this model's optimizer")
+    if not isinstance(saved_state, dict):
+        raise CheckpointError(f"{where}: the optimizer state is not a torch optimizer state_dict")
+    for group_ids, group in zip(ids, groups):
+        for index, param in zip(group_ids, group["params"]):
+            entry = saved_state.get(index, {})
+            if not isinstance(entry, dict):
+                raise CheckpointError(f"{where}: the optimizer state of parameter {index} is not a dict")
+            for key in PARAM_SHAPED_STATE:
+                value = entry.get(key)
+                if value is None:
+                    continue
+                shape = tuple(getattr(param, "shape", ()))
+                if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape:
+                    got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                    raise CheckpointError(
+                        f"{where}: optimizer state {key!r} of parameter {index} has shape {got}, "
+                        f"the parameter has {shape}; this checkpoint cannot be resumed"
+                    )

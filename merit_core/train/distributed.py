@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from merit_core import runs
 from merit_core.errors import CheckpointError
 
 # What a sharded scheme keeps in trainer_state.pt in place of the optimizer state: a marker naming
@@ -94,6 +95,9 @@ class Parallel:
                 f"{checkpoint_dir} was written under --parallel fsdp (sharded optimizer state); "
                 "resume it with --parallel fsdp under torchrun"
             )
+        from merit_core.train.checkpoint import check_optimizer_state
+
+        check_optimizer_state(optimizer, state, checkpoint_dir / runs.STATE_PT if checkpoint_dir else "trainer state")
         optimizer.load_state_dict(state)
 
     def broadcast_object(self, obj: Any) -> Any:

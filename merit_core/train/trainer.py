@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from merit_core.devices import available_host_memory
 from merit_core.diagnostics.attention import max_attention_logits
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 from merit_core.optim import build_optimizer
@@ -30,7 +31,6 @@ from merit_core.train.batches import TrainBatches, to_device, val_batches
 from merit_core.train.compiling import compile_errors, compile_note, eager, resolve_compile, transformer_blocks
 from merit_core.train.config import TrainConfig
 from merit_core.train.distributed import Parallel
-from merit_core.train.hardware import available_host_memory
 from merit_core.train.schedule import lr_at
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import signal
 import threading
 import time
@@ -128,7 +129,10 @@ class TrainingRun:
         c = self.config
         check_model_and_batches(c, self.parallel.world_size)
         runs.check_out(self.run_dir)
+        runs.check_no_planted_links(self.run_dir)  # never write, rename or prune through a link in the run
         self._take_folder()  # a second writer stops here; what it made is undone if a check below fails
+        for note in runs.recover_staging(self.run_dir):  # a rewrite killed between its renames
+            self.cb.on_note(note)
         if not c.resume and runs.checkpoints(self.run_dir, "complete"):
             raise ConfigError(
                 f"{self.run_dir} already holds checkpoints; pass --resume to continue that run or choose another --out"
@@ -138,7 +142,7 @@ class TrainingRun:
     def _take_folder(self) -> None:
         """Create the run folder and its marker if needed, and take its writer lock (RunBusy if held)."""
         missing, folder = [], self.run_dir
-        while not folder.exists() and folder != folder.parent:
+        while not os.path.lexists(folder) and folder != folder.parent:
             missing.append(folder)
             folder = folder.parent
         self.created.extend(reversed(missing))  # outermost first
@@ -236,6 +240,8 @@ class TrainingRun:
         if self.parallel.is_main:
             with fileio.disk_full_guard(self.run_dir / CONFIG_FILE, ckpt):
                 runs.remove_stale_staging(self.run_dir)
+                if ckpt is not None:
+                    self._set_aside_abandoned()
                 save_config(self.config, self.run_dir / CONFIG_FILE)
                 if ckpt is None:
                     self.metrics.reset()
@@ -243,6 +249,17 @@ class TrainingRun:
                     self.metrics.truncate_after(self.trainer.step)
         self.created = []
         self.parallel.barrier()
+
+    def _set_aside_abandoned(self) -> None:
+        """Resuming from step S starts a new timeline: checkpoints past S are moved aside (and named),
+        so that pruning and the next --resume never prefer them to the new ones."""
+        moved = runs.set_aside_later_checkpoints(self.run_dir, self.trainer.step)
+        if moved is not None:
+            folder, names = moved
+            self.cb.on_note(
+                f"resuming from step {self.trainer.step}: the checkpoints after it ({', '.join(names)}) belong to "
+                f"the abandoned timeline and were moved to {folder}"
+            )
 
     def _train(self, ckpt: Path | None, data_dir: Path) -> RunSummary:
         from merit_core.train.trainer import compute_dtype

@@ -423,3 +423,154 @@ def test_run_lock_never_follows_a_planted_link(tmp_path):
     with pytest.raises(MeritError, match="symbolic link"):
         lock_run(run)
     assert victim.read_text() == "keep me\n"
+
+
+# -- issue 21: one timeline, a recoverable rewrite, disk full from any writer --------------------------
+def _weights(ckpt: Path) -> bytes:
+    return (ckpt / runs.WEIGHTS_NAME).read_bytes()
+
+
+def test_resume_from_an_older_step_never_prunes_the_new_timeline(model_cfg, data_dir, tmp_path):
+    """--resume-from step_1 with keep_checkpoints=2 on step_1..step_4: the new step_2..4 are kept (the
+    highest steps are the new timeline's) and the abandoned step_2..4 are moved aside, named in a note."""
+    run = tmp_path / "run"
+    args = train_args(model_cfg, data_dir, run, "--steps", "4", "--set", "save_every=1", "--set", "eval_every=0")
+    assert invoke(args).exit_code == 0
+    old = {n: _weights(p) for n, p in list_checkpoints(run)}
+    result = invoke(
+        ["train", "--resume-from", "step_1", "--out", str(run), "--lr", "1e-2", "--set", "keep_checkpoints=2"]
+    )
+    assert result.exit_code == 0, result.output
+    note = [line for line in result.output.splitlines() if "abandoned timeline" in line]
+    assert len(note) == 1 and "step_2, step_3, step_4" in note[0]
+    assert [s for s, _ in list_checkpoints(run)] == [3, 4]
+    assert all(_weights(run / f"step_{s}") != old[s] for s in (3, 4))  # the new timeline's (another lr)
+    (aside,) = [p for p in run.iterdir() if p.name.startswith("abandoned-after-step_1")]
+    assert sorted(p.name for p in aside.iterdir()) == ["step_2", "step_3", "step_4"]
+    assert all(_weights(aside / f"step_{s}") == old[s] for s in (2, 3, 4))
+    result = invoke(["train", "--resume", "--out", str(run), "--steps", "5", "--lr", "1e-2"])
+    assert result.exit_code == 0 and f"Resuming from {run / 'step_4'}" in " ".join(result.output.split())
+
+
+_KILL_IN_REWRITE = """
+import os, shutil, signal, sys
+from pathlib import Path
+from merit_core import runs
+
+run, step = Path(sys.argv[1]), int(sys.argv[2])
+final = runs.step_path(run, step)
+tmp = runs.begin_staging(run, step)
+for item in final.iterdir():
+    shutil.copy(item, tmp / item.name)
+real = runs.os.replace
+
+def replace(src, dst):
+    real(src, dst)
+    if Path(dst).name.startswith(".tmp-old-"):
+        os.kill(os.getpid(), signal.SIGKILL)  # between the two renames of the rewrite
+
+runs.os.replace = replace
+runs.publish_folder(tmp, final)
+"""
+
+
+def test_a_kill_between_the_renames_of_a_rewrite_loses_no_checkpoint(model_cfg, data_dir, tmp_path, reference):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    before = (run / "step_8" / "model.safetensors").read_bytes()
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILL_IN_REWRITE, str(run), "8"], env=subprocess_env(), capture_output=True, text=True
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert not (run / "step_8").exists() and (run / ".tmp-old-step_8").is_dir()  # the window itself
+    result = invoke(["train", "--resume", "--out", str(run), "--steps", "9"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "restored step_8 from .tmp-old-step_8" in text and f"Resuming from {run / 'step_8'}" in text
+    assert (run / "step_8" / "model.safetensors").read_bytes() == before
+    assert [s for s, _ in list_checkpoints(run)] == [4, 8, 9]
+    assert not [p.name for p in run.iterdir() if p.name.startswith(".tmp-")]
+    assert not list(run.glob(f"step_*/{runs.STAGING_MARKER}"))
+
+
+@pytest.mark.parametrize(
+    ("writer", "error"),
+    [
+        ("torch", "[enforce fail at inline_container.cc:664] . unexpected pos 1472 vs 1386"),
+        (
+            "safetensors",
+            'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })',
+        ),
+    ],
+)
+def test_disk_full_is_recognised_whichever_library_reports_it(
+    model_cfg, data_dir, tmp_path, monkeypatch, writer, error
+):
+    import merit_core.train.checkpoint as checkpoint
+
+    if writer == "torch":
+        original = checkpoint.torch.save
+
+        def full(obj, path, *args, **kwargs):
+            if "step_4" in str(path):
+                raise RuntimeError(error)
+            return original(obj, path, *args, **kwargs)
+
+        monkeypatch.setattr(checkpoint.torch, "save", full)
+    else:
+        import transformers.modeling_utils as modeling_utils
+        from safetensors import SafetensorError
+
+        original = modeling_utils.safe_save_file
+
+        def full(tensors, filename, *args, **kwargs):
+            if "step_4" in str(filename):
+                raise SafetensorError(error)
+            return original(tensors, filename, *args, **kwargs)
+
+        monkeypatch.setattr(modeling_utils, "safe_save_file", full)
+    out = tmp_path / "run"
+    result = invoke(train_args(model_cfg, data_dir, out, "--steps", "6", "--set", "save_every=2"))
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"disk full while writing {out / 'step_4'}" in lines[0], lines
+    assert [s for s, _ in list_checkpoints(out)] == [2] and not any(p.name.startswith(".tmp-") for p in out.iterdir())
+
+
+def test_the_lock_never_writes_through_a_link_and_release_removes_only_its_own_file(tmp_path):
+    from merit_core.errors import UnsafePath
+    from merit_core.fileio import FileLock
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    os.symlink(victim, tmp_path / "lock")
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        FileLock(tmp_path / "lock").acquire()
+    assert victim.read_text() == "mine"
+    lock = FileLock(tmp_path / "own")
+    assert lock.acquire()
+    os.replace(tmp_path / "lock", tmp_path / "own")  # someone swaps a link in while it is held
+    lock.release()
+    assert os.path.islink(tmp_path / "own") and victim.read_text() == "mine"  # not ours: left alone
+
+
+def test_atomic_writes_never_go_through_a_link_planted_at_the_temp_name(tmp_path):
+    """The temp name of an atomic write is guessable (.tmp-<name>.<pid>): a link planted there is refused,
+    and neither its target nor the file being replaced is touched."""
+    from merit_core.errors import UnsafePath
+    from merit_core.fileio import atomic_path, atomic_write
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    target = tmp_path / "config.toml"
+    target.write_text("old")
+    os.symlink(victim, tmp_path / f".tmp-config.toml.{os.getpid()}")
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        atomic_write(target, "new")
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        with atomic_path(target) as tmp:
+            tmp.write_text("new")
+    assert victim.read_text() == "mine" and target.read_text() == "old"
+    assert os.path.islink(tmp_path / f".tmp-config.toml.{os.getpid()}")  # not merit's: not removed either

@@ -39,9 +39,13 @@ def test_aliases_expand_in_order_without_duplicates():
 
 
 def _model_folder(path: Path, state: dict | str | None = None) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
     path.mkdir(parents=True)
-    for name in ("config.json", "tokenizer.json", "model.safetensors"):
+    for name in ("config.json", "tokenizer.json"):
         (path / name).write_text("{}")
+    save_file({"w": torch.zeros(2)}, str(path / "model.safetensors"))  # eval checks the weights are complete
     if state is not None:
         (path / "trainer_state.json").write_text(state if isinstance(state, str) else json.dumps(state))
     return path

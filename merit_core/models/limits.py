@@ -1,0 +1,112 @@
+"""What a model config may ask for before merit builds it: sane shapes, and a size that fits in memory.
+
+A config.json comes from the user or from a checkpoint folder someone else wrote. transformers
+accepts shapes it cannot build (a negative MLP width) and sizes no machine holds (a vocabulary
+of 2^40, a billion layers, which spins for minutes creating modules before the first
+allocation fails). Both are refused here, in one line, before anything is allocated.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from merit_core.devices import available_host_memory
+from merit_core.errors import ConfigError
+
+# The largest position table a model config may ask for (a learned table of this many rows is built).
+MAX_POSITIONS = 1 << 24
+
+
+def _value(config: Any, *keys: str) -> Any:
+    return next((getattr(config, k) for k in keys if getattr(config, k, None) is not None), None)
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def check_model_config(config: Any, name: str) -> None:
+    """ConfigError for model configs transformers accepts but cannot build or run: a zero, negative or
+    non-integer size (width, layers, heads, vocabulary, MLP width, head size), heads that do not divide
+    the width, an unknown activation, a huge position table."""
+    from transformers.activations import ACT2FN
+
+    sizes = {
+        "hidden size": _value(config, "hidden_size", "n_embd"),
+        "layers": _value(config, "num_hidden_layers", "n_layer"),
+        "attention heads": _value(config, "num_attention_heads", "n_head"),
+        "vocabulary": _value(config, "vocab_size"),
+        "MLP width": _value(config, "intermediate_size", "n_inner"),
+        "head size": _value(config, "head_dim"),
+    }
+    for what, size in sizes.items():
+        if size is not None and not _positive_int(size):
+            raise ConfigError(f"model {name}: {what} must be a positive integer, got {size!r}")
+    hidden, heads = sizes["hidden size"], sizes["attention heads"]
+    if hidden and heads and hidden % heads and getattr(config, "head_dim", None) is None:
+        raise ConfigError(f"model {name}: hidden size {hidden} is not divisible by {heads} attention heads")
+    kv = _value(config, "num_key_value_heads")
+    if kv is not None and heads and (not _positive_int(kv) or heads % kv):
+        raise ConfigError(f"model {name}: num_key_value_heads {kv!r} must be positive and divide {heads} heads")
+    act = _value(config, "hidden_act", "activation_function")
+    if isinstance(act, str) and act not in ACT2FN:
+        raise ConfigError(f"model {name}: unknown activation {act!r}")
+    positions = _value(config, "max_position_embeddings", "n_positions")
+    if positions is not None and not (_positive_int(positions) and positions <= MAX_POSITIONS):
+        raise ConfigError(f"model {name}: context length must be from 1 to {MAX_POSITIONS}, got {positions!r}")
+
+
+def minimum_parameters(config: Any) -> int:
+    """A lower bound on the parameters a config builds: one embedding table (tied or not), and per
+    layer the four attention projections and a two-matrix MLP (gated MLPs and biases have more).
+    Exact integers, so even absurd sizes compare correctly."""
+    hidden = _value(config, "hidden_size", "n_embd") or 0
+    layers = _value(config, "num_hidden_layers", "n_layer") or 0
+    vocab = _value(config, "vocab_size") or 0
+    mlp = _value(config, "intermediate_size", "n_inner") or 4 * hidden
+    heads = _value(config, "num_attention_heads", "n_head") or 1
+    kv = _value(config, "num_key_value_heads") or heads
+    head_dim = _value(config, "head_dim") or (hidden // heads if heads else hidden)
+    attention = hidden * head_dim * (2 * heads + 2 * kv)  # W_Q, W_O: heads; W_K, W_V: kv heads
+    values = [hidden, layers, vocab, mlp, head_dim, attention]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        return 0  # check_model_config reports bad values
+    return vocab * hidden + layers * (attention + 2 * hidden * mlp)
+
+
+def check_model_size(config: Any, name: str, device: str = "cpu", bytes_per_parameter: int = 4) -> int:
+    """ConfigError when the model's parameters alone cannot fit in the memory available to build it.
+
+    Models are built in host memory first (then moved to a GPU), so the host's available memory
+    is the limit; on a CUDA device its total memory is a second one. Returns the lower-bound
+    parameter count. Nothing is allocated.
+    """
+    params = minimum_parameters(config)
+    need = params * bytes_per_parameter
+    limits = []
+    host = available_host_memory()
+    if host:
+        limits.append((host, "available host memory"))
+    if str(device).startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            index = torch.device(device).index or 0
+            limits.append((int(torch.cuda.get_device_properties(index).total_memory), f"memory of {device}"))
+    for limit, what in limits:
+        if need > limit:
+            raise ConfigError(
+                f"model {name} is too large: at least {_count(params)} parameters, {need / 2**30:,.0f} GiB "
+                f"for the weights alone, more than the {limit / 2**30:,.1f} GiB {what}"
+            )
+    return params
+
+
+def _count(n: int) -> str:
+    if n >= 10**15:
+        return f"10^{math.floor(math.log10(n))}"
+    for unit, scale in (("T", 10**12), ("B", 10**9), ("M", 10**6)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
