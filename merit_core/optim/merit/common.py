@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -190,3 +191,19 @@ def is_dtensor(t: Tensor) -> bool:
     from torch.distributed.tensor import DTensor
 
     return isinstance(t, DTensor)
+
+
+class BackendStep(Protocol):
+    """The one signature of every backend (reference, foreach, cpu, compile, triton, sharded): one
+    step, in place, of a group's parameters with AdamW-shaped state. The lists have equal length;
+    ``state_steps`` are already incremented by the functional core, which alone advances them."""
+
+    def __call__(
+        self,
+        params: list[Tensor],
+        grads: list[Tensor],
+        exp_avgs: list[Tensor],
+        exp_avg_sqs: list[Tensor],
+        state_steps: list[Tensor],
+        h: Hyper,
+    ) -> None: ...

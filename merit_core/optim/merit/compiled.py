@@ -67,15 +67,8 @@ def _get(name: str):
     return _compiled[name]
 
 
-def merit_compiled(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    state_steps: list[Tensor],
-    h: Hyper,
-) -> None:
-    """The compile backend."""
+def merit_compiled(params, grads, exp_avgs, exp_avg_sqs, state_steps, h: Hyper) -> None:
+    """The compile backend (the signature: :class:`~merit_core.optim.merit.common.BackendStep`)."""
     cache = {}
     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, accumulated_recompile_limit=RECOMPILE_LIMIT * 4):
         for p, g, m, v, step in zip(params, grads, exp_avgs, exp_avg_sqs, state_steps):

@@ -297,14 +297,7 @@ def _(params, grads, exp_avgs, exp_avg_sqs, state_steps, lr, numbers, norm, swit
     return None
 
 
-def merit_cpu(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    state_steps: list[Tensor],
-    h: Hyper,
-) -> None:
+def merit_cpu(params, grads, exp_avgs, exp_avg_sqs, state_steps, h: Hyper) -> None:
     """The CPU backend: one ``merit::cpu_step`` custom op for the group (the record travels as
     :meth:`Hyper.to_op`'s arguments, a custom op taking only primitive types).
 

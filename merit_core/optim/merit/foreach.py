@@ -59,15 +59,8 @@ def _marked_ratio(wn: Tensor, un: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def merit_foreach(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    state_steps: list[Tensor],
-    h: Hyper,
-) -> None:
-    """The foreach backend."""
+def merit_foreach(params, grads, exp_avgs, exp_avg_sqs, state_steps, h: Hyper) -> None:
+    """The foreach backend (the signature: :class:`~merit_core.optim.merit.common.BackendStep`)."""
     for (device, _, _), items in _group(params, grads, exp_avgs, exp_avg_sqs, state_steps).items():
         _step(*map(list, zip(*items)), h=h, device=device)
 

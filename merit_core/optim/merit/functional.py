@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from merit_core.optim.merit import cpu
-from merit_core.optim.merit.common import Hyper, is_dtensor, is_plain
+from merit_core.optim.merit.common import BackendStep, Hyper, is_dtensor, is_plain
 from merit_core.optim.merit.compiled import merit_compiled
 from merit_core.optim.merit.cpu import merit_cpu
 from merit_core.optim.merit.foreach import merit_foreach
@@ -50,7 +50,7 @@ from merit_core.optim.merit.reference import merit_reference
 from merit_core.optim.merit.sharded import merit_sharded
 
 ALIASES = {"eager": "foreach", "cpp": "cpu"}
-_LOADED: dict[str, Callable] = {}
+_LOADED: dict[str, BackendStep] = {}
 _TRITON: dict[str, bool] = {}
 
 
@@ -59,10 +59,10 @@ class Backend:
     """A backend: its function (or "module:function", imported on first use) and what it cannot take."""
 
     name: str
-    function: Callable | str  # or "module:function", imported on first use
+    function: BackendStep | str  # or "module:function", imported on first use
     unavailable: Callable[[list[Tensor], list[Tensor]], str | None]
 
-    def load(self) -> Callable:
+    def load(self) -> BackendStep:
         if callable(self.function):
             return self.function
         if self.name not in _LOADED:

@@ -49,15 +49,9 @@ def reference_step(p: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
 
 
 @torch.no_grad()
-def merit_reference(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    state_steps: list[Tensor],
-    h: Hyper,
-) -> None:
-    """The reference backend: :func:`reference_step` on each parameter."""
+def merit_reference(params, grads, exp_avgs, exp_avg_sqs, state_steps, h: Hyper) -> None:
+    """The reference backend: :func:`reference_step` on each parameter (the signature:
+    :class:`~merit_core.optim.merit.common.BackendStep`)."""
     for p, g, m, v, step in zip(params, grads, exp_avgs, exp_avg_sqs, state_steps):
         if p.numel():
             reference_step(p, g, m, v, step, h)

@@ -246,16 +246,7 @@ def _apply(job: _Pending, h: Hyper) -> None:
 
 
 @torch.no_grad()
-def merit_sharded(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    state_steps: list[Tensor],
-    h: Hyper,
-    *,
-    local: str | None = None,
-) -> None:
+def merit_sharded(params, grads, exp_avgs, exp_avg_sqs, state_steps, h: Hyper, *, local: str | None = None) -> None:
     """One MERIT step, in place, on DTensor (or plain) parameters and their AdamW-shaped state.
 
     Args:
