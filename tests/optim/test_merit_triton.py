@@ -12,9 +12,6 @@ collected. No other test sees the variable.
 import math
 import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +21,7 @@ pytest.importorskip("numpy")  # the interpreter needs it
 
 from merit_core.optim.merit.common import Hyper  # noqa: E402
 from merit_core.optim.merit.reference import merit_reference  # noqa: E402
+from tests.interpreted import run_under_interpreter  # noqa: E402
 
 DEFAULTS = dict(
     lr=0.01,
@@ -355,20 +353,7 @@ if not _INTERPRETED:
 
     def test_triton_backend_under_the_interpreter():
         """Every case above, in a child pytest with TRITON_INTERPRET=1 (see the module docstring)."""
-        root = Path(__file__).resolve().parents[2]
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).resolve())],
-            cwd=root,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        report = proc.stdout[-6000:] + proc.stderr[-2000:]
-        assert proc.returncode == 0, report
-        summary = proc.stdout.strip().splitlines()[-1]
+        summary, report = run_under_interpreter(__file__)
         assert re.fullmatch(r"(\d+) passed in .*", summary) and int(summary.split()[0]) >= 20, report
 
     def _transposed(p):

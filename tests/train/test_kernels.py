@@ -14,9 +14,6 @@ from __future__ import annotations
 import importlib
 import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +22,7 @@ import torch.nn.functional as F
 from merit_core.errors import ConfigError
 from merit_core.models import all_families, build_model, family_spec, model_config
 from merit_core.train import kernels, lm_loss
+from tests.interpreted import run_under_interpreter
 
 pytest.importorskip("liger_kernel")
 
@@ -125,18 +123,5 @@ if not _INTERPRETED:
     @pytest.mark.float_compare
     def test_liger_under_the_interpreter():
         """The cases above, in a child pytest with TRITON_INTERPRET=1 (see the module docstring)."""
-        root = Path(__file__).resolve().parents[2]
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).resolve())],
-            cwd=root,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        report = proc.stdout[-6000:] + proc.stderr[-2000:]
-        assert proc.returncode == 0, report
-        summary = proc.stdout.strip().splitlines()[-1]
+        summary, report = run_under_interpreter(__file__)
         assert re.fullmatch(r"3 passed in .*", summary), report
