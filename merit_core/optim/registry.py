@@ -16,19 +16,9 @@ out of range) raises :class:`~merit_core.errors.ConfigError` with one actionable
 that is itself inconsistent (a hyperparameter without a kind, no lr-grid centre) raises
 ValueError when it is registered, so it fails at import, not in a user's run.
 
-Learning rates. No single lr serves every model size and batch, so AdamW, LAMB and MERIT carry
-a table of *measured* lrs (:class:`MeasuredLr`: the best lr of a grid at one model, batch and
-sequence length, each naming the run that measured it). :func:`default_lr` is what `merit train`
-uses when no lr is given, and the centre of `merit compare`'s automatic grid:
-
-- an entry for the same model and tokens per step: its lr;
-- else the entry of the same model nearest in tokens per step (log scale), or, for a model
-  without entries, the nearest entry of the measured model nearest in width (d_model), scaled
-  by sqrt(tokens per step / the entry's tokens per step) (the square-root rule of Adam-type
-  and trust-ratio optimizers; no width scaling: the measured models disagree on one);
-- an optimizer without a table (Lion, Sophia-G, Muon) gets its `lr` default; MERIT's ablations
-  share MERIT's table.
-
+Learning rates: AdamW, LAMB and MERIT carry tables of measured lrs (:mod:`merit_core.optim.lr_table`:
+the entries, the runs that measured them and the scaling rule); :func:`default_lr` is what
+`merit train` uses when no lr is given, and the centre of `merit compare`'s automatic grid.
 How well the square-root rule holds, and the figures behind every entry, are in
 benchmarks/README.md ("Measured learning rates"). The `lr` default of each spec is its table's
 entry for GPT-2 small (what `build_optimizer` uses without an lr). Third-party optimizers are
@@ -38,7 +28,6 @@ imported only when built (importing pytorch_optimizer is slow).
 from __future__ import annotations
 
 import difflib
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from numbers import Real
@@ -50,6 +39,7 @@ from torch.optim import AdamW, Optimizer
 
 from merit_core.errors import ConfigError
 from merit_core.extras import require
+from merit_core.optim.lr_table import ADAMW_LRS, LAMB_LRS, MERIT_LRS, LrDefault, MeasuredLr, lr_from_table
 from merit_core.optim.merit import MERIT
 from merit_core.optim.muon import MuonWithAdamW, fast_adamw_options, muon_param_groups
 from merit_core.optim.param_groups import build_param_groups
@@ -96,35 +86,6 @@ class LrCentre:
         if scale not in ("small", "gpt2"):
             raise ValueError(f"scale must be 'small' or 'gpt2', got {scale!r}")
         return self.small if scale == "small" else self.gpt2
-
-
-@dataclass(frozen=True)
-class MeasuredLr:
-    """The best lr of a measured lr grid for one model, global batch (sequences) and sequence length.
-
-    run: what measured it, so a user can look it up: a committed `merit compare` output (a folder
-    under results/) or a named measurement (see benchmarks/README.md, "Measured learning rates").
-    """
-
-    model: str
-    batch_size: int
-    seq_len: int
-    lr: float
-    run: str
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.batch_size * self.seq_len
-
-
-@dataclass(frozen=True)
-class LrDefault:
-    """An lr chosen for a run without one, and where it came from (one line for the start line)."""
-
-    lr: float
-    source: str
-    entry: MeasuredLr | None = None  # the measured entry it comes from (None: the registry default)
-    scaled: bool = False  # True when the entry was scaled to another batch, sequence length or model
 
 
 @dataclass(frozen=True)
@@ -367,32 +328,6 @@ def unregister_optimizer(name: str) -> None:
     _SPECS.pop(canonical_name(name))
 
 
-# Measured lrs (see default_lr; the losses behind each entry are in benchmarks/README.md,
-# "Measured learning rates"). COMPARE_CPU: the best lr by mean final validation loss over 2 seeds
-# in x3 grids (results/compare-cpu/REPORT.md). H200: GPT-2 small shape on the built-in corpus,
-# 100 steps, one seed, four lrs for MERIT and two for AdamW: a first GPU data point, not a sweep.
-# NANOGPT: AdamW's lr in the GPT-2 small recipe everyone starts from, at its batch.
-COMPARE_CPU = "results/compare-cpu"
-NANOGPT = "nanoGPT's GPT-2 (124M) recipe on OpenWebText, a published setting (not measured here)"
-H200_FIRST = "an H200 sweep of 100 steps, one seed: a first GPU data point (benchmarks/README.md)"
-_MERIT_LRS = (
-    MeasuredLr("gpt2-tiny", 2, 128, 1e-2, COMPARE_CPU),
-    MeasuredLr("gpt2-tiny", 16, 128, 2.83e-2, COMPARE_CPU),
-    MeasuredLr("gpt2-small", 64, 1024, 2e-3, H200_FIRST),
-)
-_ADAMW_LRS = (
-    MeasuredLr("gpt2-tiny", 2, 128, 1e-3, COMPARE_CPU),
-    MeasuredLr("gpt2-tiny", 16, 128, 2.83e-3, COMPARE_CPU),
-    MeasuredLr("gpt2-small", 64, 1024, 6e-4, H200_FIRST),
-    MeasuredLr("gpt2-small", 480, 1024, 6e-4, NANOGPT),
-)
-# LAMB was not run on the GPU: its GPT-2 small entry is MERIT's measured lr, named as such (the two
-# trust-ratio optimizers had the same best lr at gpt2-tiny batch 16 in results/compare-cpu).
-_LAMB_LRS = (
-    MeasuredLr("gpt2-tiny", 2, 128, 3e-2, COMPARE_CPU),
-    MeasuredLr("gpt2-tiny", 16, 128, 2.83e-2, COMPARE_CPU),
-    MeasuredLr("gpt2-small", 64, 1024, 2e-3, "MERIT's lr in " + H200_FIRST + "; LAMB itself not measured there"),
-)
 # Optimizers without measured lrs: compare's centre is their default lr on GPT-2, x 5/3 on small
 # models (AdamW's nanoGPT lr 6e-4 on GPT-2 against a usual 1e-3 on small models).
 _SMALL_MODEL_LR_RATIO = 1e-3 / 6e-4
@@ -494,21 +429,21 @@ for _spec in (
         builder=_build_merit,
         defaults=_MERIT_DEFAULTS,
         kinds=_MERIT_KINDS,
-        measured_lrs=_MERIT_LRS,
+        measured_lrs=MERIT_LRS,
     ),
     OptimizerSpec(
         name="adamw",
         summary="torch AdamW, decoupled decay (fused kernel on CPU/CUDA, else foreach)",
         builder=_build_adamw,
         defaults=_ADAMW_DEFAULTS,
-        measured_lrs=_ADAMW_LRS,
+        measured_lrs=ADAMW_LRS,
     ),
     OptimizerSpec(
         name="lamb",
         summary="pytorch_optimizer Lamb (step / (1 - b1^t)); decay inside the trust-ratio update",
         builder=_build_lamb,
         defaults=_LAMB_DEFAULTS,
-        measured_lrs=_LAMB_LRS,
+        measured_lrs=LAMB_LRS,
         fsdp_refused="pytorch_optimizer's Lamb clamps its trust-ratio norms in place, which DTensor shards do not "
         "support; use 'lamb-ref' (LAMB as MERIT's ablation, exact under fsdp) or --parallel ddp",
     ),
@@ -612,55 +547,16 @@ def measured_lrs(name: str) -> tuple[MeasuredLr, ...]:
     return spec.measured_lrs if spec.lr_family is None else get_spec(spec.lr_family).measured_lrs
 
 
-def _width(model: str) -> int | None:
-    """d_model of a named model or config.json, or None when it cannot be read."""
-    from merit_core.errors import MeritError
-    from merit_core.models import NAMED_MODELS, model_config
-
-    if model in NAMED_MODELS:
-        return NAMED_MODELS[model].d_model
-    try:
-        config = model_config(model)
-    except (MeritError, OSError, ValueError):
-        return None
-    width = getattr(config, "n_embd", None) or getattr(config, "hidden_size", None)
-    return int(width) if width else None
-
-
-def _distance(a: float, b: float) -> float:
-    return abs(math.log(a / b))
-
-
 def measured_lr(name: str, model: str, batch_size: int, seq_len: int) -> LrDefault | None:
     """The lr the measured table gives optimizer ``name`` for ``model`` at ``batch_size`` sequences
-    of ``seq_len`` tokens (the rule is in the module docstring), or None when ``name`` has no table
-    (or ``model``'s width cannot be read and the table has no entry for it)."""
+    of ``seq_len`` tokens (the rule: :func:`merit_core.optim.lr_table.lr_from_table`), or None when
+    ``name`` has no table (or ``model``'s width cannot be read and the table has no entry for it)."""
     table = measured_lrs(name)
     if not table:
         return None
     head = canonical_name(name) if get_spec(name).lr_family is None else get_spec(name).lr_family
     shared = "" if head == canonical_name(name) else f" ({canonical_name(name)} shares {head}'s lrs)"
-    tokens = batch_size * seq_len
-    same = [e for e in table if e.model == model]
-    if not same:
-        width = _width(model)
-        if width is None:
-            return None
-        widths = {e.model: _width(e.model) for e in table}
-        nearest = min((m for m in widths if widths[m]), key=lambda m: (_distance(width, widths[m]), -widths[m]))
-        same = [e for e in table if e.model == nearest]
-    entry = min(same, key=lambda e: (_distance(tokens, e.tokens_per_step), -e.tokens_per_step))
-    where = f"{head}'s measured lr for {entry.model} at batch {entry.batch_size} x {entry.seq_len}"
-    if entry.model == model and entry.tokens_per_step == tokens:
-        source = f"{head}'s measured default for {model} at batch {batch_size} x {seq_len}{shared}; run: {entry.run}"
-        return LrDefault(entry.lr, source, entry, scaled=False)
-    lr = float(f"{entry.lr * math.sqrt(tokens / entry.tokens_per_step):.3g}")
-    other = "" if entry.model == model else f"; no measurement for {model}, nearest measured width"
-    source = (
-        f"{where}, {entry.lr:g}, x sqrt({tokens:,} / {entry.tokens_per_step:,} tokens per step){other}{shared}; "
-        f"run: {entry.run}"
-    )
-    return LrDefault(lr, source, entry, scaled=True)
+    return lr_from_table(table, head, model, batch_size, seq_len, shared)
 
 
 def default_lr(name: str, model: str, batch_size: int, seq_len: int) -> LrDefault:
