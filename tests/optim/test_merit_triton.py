@@ -22,19 +22,8 @@ pytest.importorskip("numpy")  # the interpreter needs it
 from merit_core.optim.merit.common import Hyper  # noqa: E402
 from merit_core.optim.merit.reference import merit_reference  # noqa: E402
 from tests.interpreted import run_under_interpreter  # noqa: E402
+from tests.optim.nonfinite import BASE as DEFAULTS  # noqa: E402  (the functional keywords of a plain step)
 
-DEFAULTS = dict(
-    lr=0.01,
-    betas=(0.9, 0.999),
-    eps=1e-6,
-    weight_decay=0.0,
-    norm="max",
-    elementwise=True,
-    weight_bound=True,
-    clip=1.0,
-    bias_correction=False,
-    maximize=False,
-)
 _MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10}
 
 
