@@ -213,6 +213,17 @@ def check_writable_folder(path: str | Path, what: str) -> Path:
     return folder
 
 
+def refuse_foreign_entries(folder: Path, foreign: list[str], what: str) -> None:
+    """ConfigError when `folder` (given as --out) holds entries merit did not make: `foreign`, the
+    names of those entries, sorted; `what` is what merit writes there ("a merit run", ...)."""
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise ConfigError(
+            f"--out {folder} holds files that are not {what} ({shown}); give an empty or new folder "
+            "(merit never writes into folders it did not make)"
+        )
+
+
 def _check_creatable(folder: Path, given: str | Path, what: str) -> None:
     """ConfigError unless the nearest existing ancestor of `folder` (or itself) is a writable folder."""
     probe = folder

@@ -47,6 +47,7 @@ from merit_core.fileio import (
     folder_mode,
     fsync_dir,
     fsync_file,
+    refuse_foreign_entries,
     refuse_link,
     special_file,
 )
@@ -357,13 +358,7 @@ def check_out(folder: str | Path) -> Path:
     check_writable_folder(folder, "--out")
     if not folder.exists() or is_run(folder):
         return folder
-    entries = sorted(p.name for p in folder.iterdir())
-    if entries:
-        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
-        raise ConfigError(
-            f"--out {folder} holds files that are not a merit run ({shown}); "
-            "give an empty or new folder (merit never writes into folders it did not make)"
-        )
+    refuse_foreign_entries(folder, sorted(p.name for p in folder.iterdir()), "a merit run")
     return folder
 
 

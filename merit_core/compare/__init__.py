@@ -44,8 +44,7 @@ from merit_core.compare.runner import CompareCallbacks, default_jobs, execute, r
 from merit_core.compare.spec import CompareSpec, load_spec
 from merit_core.compare.summary import SUMMARY_FILE, build_summary, select_best, write_json
 from merit_core.devices import measurement_device
-from merit_core.errors import ConfigError
-from merit_core.fileio import TMP_PREFIX, check_writable_folder
+from merit_core.fileio import TMP_PREFIX, check_writable_folder, refuse_foreign_entries
 
 REPORT_FILE = "REPORT.md"
 
@@ -109,13 +108,9 @@ def check_compare_out(out: Path) -> Path:
     check_writable_folder(out, "--out")
     if not out.is_dir():
         return out
-    foreign = sorted(p.name for p in out.iterdir() if not _compare_owns(p.name))
-    if foreign:
-        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-        raise ConfigError(
-            f"--out {out} holds files that are not a merit comparison ({shown}); give an empty or new folder "
-            "(merit never writes into folders it did not make)"
-        )
+    refuse_foreign_entries(
+        out, sorted(p.name for p in out.iterdir() if not _compare_owns(p.name)), "a merit comparison"
+    )
     return out
 
 
