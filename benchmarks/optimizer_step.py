@@ -15,7 +15,8 @@ optimizer gets `--warmup` untimed steps (state creation, kernel builds, compilat
 `--steps` timed steps; the median is reported (CUDA: torch.cuda.Event around each step, after a
 synchronize; CPU: wall clock). Optimizers run one after another, so only one set of state is
 alive at a time; AdamW(fused=True) runs first and last and the mean is the baseline of the
-ratios, so drift during the run shows.
+ratios, so drift during the run shows. On CUDA, the Triton backend also runs with the warps per
+program it used before (``PREVIOUS_PASS_WARPS``), next to its current ``PASS_WARPS``.
 
 Columns:
   launches   GPU kernel launches per step, counted on meta tensors by
@@ -158,7 +159,37 @@ def candidates(device: torch.device, args) -> list[tuple[str, callable, str | No
     for name in names:
         kind = "meta" if name in ("reference", "foreach") else None
         out.append((f"MERIT({name!r})", lambda ps, name=name: MERIT(ps, implementation=name).step, kind))
+    if "triton" in names:
+        for warps in PREVIOUS_PASS_WARPS:
+            label = "MERIT('triton') warps " + "/".join(str(warps[k]) for k in ("aligned", "strided"))
+            out.append(
+                (
+                    label,
+                    lambda ps, warps=warps: with_pass_warps(MERIT(ps, implementation="triton").step, warps),
+                    "triton",
+                )
+            )
     return out + [("AdamW(fused=True) again", out[0][1], "fused")]
+
+
+# Warps per pass program (aligned / strided tiles) the Triton backend launched with before its
+# PASS_WARPS were chosen by benchmarks/kernel_resources.py: timed next to the current ones.
+PREVIOUS_PASS_WARPS = [{"aligned": 8, "strided": 16}]
+
+
+def with_pass_warps(step, warps: dict):
+    """``step`` run with the Triton backend's pass warps set to ``warps`` (restored after)."""
+    from merit_core.optim.merit import triton_backend
+
+    def run():
+        saved = dict(triton_backend.PASS_WARPS)
+        triton_backend.PASS_WARPS.update(warps)
+        try:
+            step()
+        finally:
+            triton_backend.PASS_WARPS.update(saved)
+
+    return run
 
 
 def triton_launches(step) -> str:

@@ -350,50 +350,35 @@ if not _INTERPRETED:
         return g.to(p.dtype)
 
     def test_kernels_compile_for_sm90_without_a_gpu(monkeypatch, tmp_path):
-        """Triton's compiler (and the ptxas its wheel bundles) needs no GPU: compile the richest
-        variants for an H100/H200 and check that the aligned pass gets 128-bit loads."""
+        """Triton's compiler (and the ptxas, cuobjdump its wheel bundles) needs no GPU: compile the
+        richest variants at the backend's launch settings for an H100/H200 and check them: no
+        register spilled, 128-bit loads in the aligned passes, every load of a pass before its
+        first store, and the default step free of the bias correction's divisions."""
         pytest.importorskip("triton.backends.nvidia")
         monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # compile afresh, leave ~/.triton alone
         monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, stated (it warns otherwise)
-        import triton
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-
         import merit_core.optim.merit.triton_backend as mt
+        from merit_core.optim.merit.triton_resources import compile_for, occupancy, resources
 
-        tables = dict(meta="*i64", tile_tensor="*i32", first_tile="i32")
-        f32 = dict.fromkeys(["bc1", "bc2", "eps", "wd"], "fp32")
-        pass1 = dict(tables, **f32, **dict.fromkeys(["beta1", "one_minus_beta1", "beta2", "one_minus_beta2"], "fp32"))
-        pass1.update(dict.fromkeys(["row_part", "col_part", "tensor_part", "bcs"], "*fp32"))
-        pass2 = dict(tables, **f32, lr="fp32", clip="fp32", total_rows="i64", total_cols="i64")
-        pass2.update(dict.fromkeys(["row_stats", "col_stats", "tensor_stats", "lr_ptr", "bcs"], "*fp32"))
-        finalize = dict(tables, total_rows="i64", total_cols="i64")
-        finalize.update(dict.fromkeys(["row_part", "col_part", "tensor_part"], "*fp32"))
-        finalize.update(dict.fromkeys(["row_stats", "col_stats", "tensor_stats"], "*fp32"))
         tile = dict(NM=mt.NMETA, BR=mt.TILE_ROWS, BC=mt.TILE_COLS)
-        variants = [
-            (mt._pass1_kernel, pass1, dict(MAXIMIZE=True, L2=False, ROWCOL=True, PER_TENSOR_BC=True, ALIGNED=True)),
-            (
-                mt._finalize_kernel,
-                finalize,
-                dict(FC=mt.FIN_COL_TILES, FR=mt.FIN_ROW_TILES, FT=mt.FIN_TILES, L2=True, ROWCOL=True),
-            ),
-            (
-                mt._pass2_kernel,
-                pass2,
-                dict(L2=False, ROWCOL=True, BOUND=True, CLIP=True, LR_PTR=True, PER_TENSOR_BC=False, ALIGNED=False),
-            ),
-        ]
-        for kernel, types, flags in variants:
-            consts = {**tile, **flags}
-            signature = {name: "constexpr" if name in consts else types[name] for name in kernel.arg_names}
-            compiled = triton.compile(
-                ASTSource(kernel, signature, constexprs=consts),
-                target=GPUTarget("cuda", 90, 32),
-                options={"num_warps": 8},
-            )
-            if flags.get("ALIGNED"):
-                assert "ld.global.v4" in compiled.asm["ptx"]
+        finalize = dict(tile, FC=mt.FIN_COL_TILES, FR=mt.FIN_ROW_TILES, FT=mt.FIN_TILES, L2=True, ROWCOL=True)
+        assert resources(compile_for(mt._finalize_kernel, finalize, mt.NUM_WARPS))["stack"] == 0
+        pass1 = dict(MAXIMIZE=True, L2=False, ROWCOL=True, PER_TENSOR_BC=True)
+        pass2 = dict(L2=False, ROWCOL=True, BOUND=True, CLIP=True, LR_PTR=True, PER_TENSOR_BC=False)
+        for aligned in (True, False):
+            options = mt.launch_options(aligned)
+            warps = options.pop("num_warps")
+            for kernel, flags in ((mt._pass1_kernel, pass1), (mt._pass2_kernel, pass2)):
+                got = {}
+                for bias_correction in (True, False):
+                    consts = {**tile, **flags, **options, "BIAS_CORRECTION": bias_correction}
+                    got[bias_correction] = r = resources(compile_for(kernel, consts, warps))
+                    where = (kernel.__name__, aligned, bias_correction, r)
+                    assert r["local"] == r["stack"] == 0, where
+                    assert r["ld>st"] == 0, where
+                    assert (r["ldg128"] > 0) == aligned, where
+                    assert occupancy(r["regs"], r["smem"], warps) * warps >= 32, where
+                assert got[False]["mufu"] < got[True]["mufu"], got  # two IEEE divisions fewer per element
 
     @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton kernels need a CUDA GPU")
     def test_compiled_kernels_on_cuda_match_the_reference_and_lr_never_recompiles():

@@ -70,18 +70,21 @@ except ImportError:  # pragma: no cover - exercised only where triton is not ins
     triton = None
     tl = None
 
-# Tile and chunk sizes (read at each launch; tests shrink them to exercise many tiles). The
-# strided variant addresses every element with 64-bit offsets and so needs more registers per
-# thread than the vectorised one; it runs with more warps (register counts per variant are in
-# benchmarks/README.md). A finalize program reduces its partials in blocks of FIN_* tiles per
-# iteration, so a tall matrix's columns take nrt / FIN_ROW_TILES iterations.
+# Tile and chunk sizes (read at each launch; tests shrink them to exercise many tiles). A
+# finalize program reduces its partials in blocks of FIN_* tiles per iteration, so a tall
+# matrix's columns take nrt / FIN_ROW_TILES iterations.
 TILE_ROWS = 32
 TILE_COLS = 128
 FIN_COL_TILES = 16  # column tiles per iteration when reducing a tile-row's row partials
 FIN_ROW_TILES = 64  # row tiles per iteration when reducing a tile-column's column partials
 FIN_TILES = 1024  # tiles per iteration when reducing a tensor's tile partials
-NUM_WARPS = 8  # vectorised passes and finalize
-NUM_WARPS_STRIDED = 16  # passes over tensors with general strides
+NUM_WARPS = 8  # finalize
+# Warps of a pass 1 / pass 2 program over vectorisable ("aligned") and other ("strided") tiles:
+# for sm_90, the setting that keeps the most warps resident per SM with no register spilled
+# (benchmarks/kernel_resources.py; its table is in benchmarks/README.md). Fewer warps per tile
+# give each thread more elements and more registers, and fewer warps fit. Read at each launch,
+# so that benchmarks/optimizer_step.py can time other settings in the same run.
+PASS_WARPS = {"aligned": 16, "strided": 32}
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _CACHE_SIZE = 16  # plans kept (one per distinct list of parameters, e.g. per param group)
@@ -198,16 +201,16 @@ if triton is not None:
         return pid, t, row, k, rt, ct, i, j, mask, p_offs
 
     @triton.jit
-    def _direction(
-        row, t, p_offs, mask, m, v, bc1, bc2, bcs, eps, wd, PER_TENSOR_BC: tl.constexpr, ALIGNED: tl.constexpr
-    ):
-        """u = m_hat / (sqrt(v_hat) + eps) + wd * w, in the reference's order of operations."""
-        if PER_TENSOR_BC:
-            bc1 = tl.load(bcs + 2 * t)
-            bc2 = tl.load(bcs + 2 * t + 1)
-        w = _load_f32(tl.load(row + 0), tl.load(row + 19), p_offs, mask, ALIGNED)
-        u = tl.div_rn(tl.div_rn(m, bc1), tl.sqrt_rn(tl.div_rn(v, bc2)) + eps) + wd * w
-        return w, u
+    def _direction(m, v, w, t, bc1, bc2, bcs, eps, wd, BIAS_CORRECTION: tl.constexpr, PER_TENSOR_BC: tl.constexpr):
+        """u = m_hat / (sqrt(v_hat) + eps) + wd * w, in the reference's order of operations.
+        Without bias correction m_hat = m / 1 = m exactly, so those two divisions are left out."""
+        if BIAS_CORRECTION:
+            if PER_TENSOR_BC:
+                bc1 = tl.load(bcs + 2 * t)
+                bc2 = tl.load(bcs + 2 * t + 1)
+            m = tl.div_rn(m, bc1)
+            v = tl.div_rn(v, bc2)
+        return tl.div_rn(m, tl.sqrt_rn(v) + eps) + wd * w
 
     @triton.jit
     def _pass1_kernel(
@@ -232,6 +235,7 @@ if triton is not None:
         MAXIMIZE: tl.constexpr,
         L2: tl.constexpr,
         ROWCOL: tl.constexpr,
+        BIAS_CORRECTION: tl.constexpr,
         PER_TENSOR_BC: tl.constexpr,
         ALIGNED: tl.constexpr,
     ):
@@ -250,9 +254,14 @@ if triton is not None:
             v_ptr = tl.multiple_of(v_ptr, 16)
         m = tl.load(m_ptr + p_offs, mask=mask, other=0.0) * beta1 + one_minus_beta1 * g
         v = tl.load(v_ptr + p_offs, mask=mask, other=0.0) * beta2 + one_minus_beta2 * g * g
+        # Every load (w, the table's matrix flag, per-tensor bias corrections) comes before the
+        # moments are stored: the compiler cannot tell that the stores miss what a later load
+        # reads, so that load would wait for them (one more round trip to memory per tile).
+        w = _load_f32(tl.load(row + 0), tl.load(row + 19), p_offs, mask, ALIGNED)
+        is_matrix = tl.load(row + 18) != 0
+        u = _direction(m, v, w, t, bc1, bc2, bcs, eps, wd, BIAS_CORRECTION, PER_TENSOR_BC)
         tl.store(m_ptr + p_offs, m, mask=mask)
         tl.store(v_ptr + p_offs, v, mask=mask)
-        w, u = _direction(row, t, p_offs, mask, m, v, bc1, bc2, bcs, eps, wd, PER_TENSOR_BC, ALIGNED)
         if L2:
             sw = w * w
             su = u * u
@@ -270,7 +279,7 @@ if triton is not None:
         tl.store(tensor_part + 2 * pid, tw)
         tl.store(tensor_part + 2 * pid + 1, tu)
         if ROWCOL:
-            if tl.load(row + 18) != 0:
+            if is_matrix:
                 r = tl.arange(0, BR)
                 c = tl.arange(0, BC)
                 tl.store(row_part + pid * (2 * BR) + r, rw)
@@ -416,6 +425,7 @@ if triton is not None:
         BOUND: tl.constexpr,
         CLIP: tl.constexpr,
         LR_PTR: tl.constexpr,
+        BIAS_CORRECTION: tl.constexpr,
         PER_TENSOR_BC: tl.constexpr,
         ALIGNED: tl.constexpr,
     ):
@@ -427,7 +437,8 @@ if triton is not None:
             v_ptr = tl.multiple_of(v_ptr, 16)
         m = tl.load(m_ptr + p_offs, mask=mask, other=0.0)
         v = tl.load(v_ptr + p_offs, mask=mask, other=0.0)
-        w, u = _direction(row, t, p_offs, mask, m, v, bc1, bc2, bcs, eps, wd, PER_TENSOR_BC, ALIGNED)
+        w = _load_f32(tl.load(row + 0), tl.load(row + 19), p_offs, mask, ALIGNED)
+        u = _direction(m, v, w, t, bc1, bc2, bcs, eps, wd, BIAS_CORRECTION, PER_TENSOR_BC)
         tw = tl.load(tensor_stats + 2 * t)
         tu = tl.load(tensor_stats + 2 * t + 1)
         poison = _not_finite(tw) | _not_finite(tu)  # the non-finite rule: NaN in every element
@@ -603,9 +614,9 @@ class TritonPlan:
             MAXIMIZE=s.h.maximize,
             L2=s.h.norm == "l2",
             ROWCOL=s.h.elementwise,
+            BIAS_CORRECTION=s.h.bias_correction,
             PER_TENSOR_BC=s.bc_tensor is not None,
-            ALIGNED=aligned,
-            num_warps=NUM_WARPS if aligned else NUM_WARPS_STRIDED,
+            **launch_options(aligned),
         )
         _launches["kernels"] += 1
 
@@ -667,9 +678,9 @@ class TritonPlan:
             BOUND=s.h.weight_bound,
             CLIP=s.h.clip is not None,
             LR_PTR=s.lr_tensor is not None,
+            BIAS_CORRECTION=s.h.bias_correction,
             PER_TENSOR_BC=s.bc_tensor is not None,
-            ALIGNED=aligned,
-            num_warps=NUM_WARPS if aligned else NUM_WARPS_STRIDED,
+            **launch_options(aligned),
         )
         _launches["kernels"] += 1
 
@@ -683,6 +694,12 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
         return t
     _launches["copies"] += 1
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def launch_options(aligned: bool) -> dict:
+    """The ``ALIGNED`` switch and ``num_warps`` of a pass 1 / pass 2 launch over vectorisable
+    (``aligned``) or other tiles (see :data:`PASS_WARPS`)."""
+    return dict(ALIGNED=aligned, num_warps=PASS_WARPS["aligned" if aligned else "strided"])
 
 
 def _vectorisable(p: torch.Tensor) -> bool:
