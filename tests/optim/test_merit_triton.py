@@ -239,6 +239,18 @@ def test_launches_per_step_do_not_depend_on_the_number_of_tensors(mt, shapes, la
     assert {k: after[k] - before[k] for k in after} == {"kernels": launches, "copies": 0, "rebuilds": 0}
 
 
+def test_finalize_runs_only_the_tiles_that_reduce(mt, small_tiles):
+    # 8 x 16 tiles: (40, 37) has 5 x 3 tiles (5 row reducers, 3 column reducers, one of them the
+    # first tile), (5, 6, 3) 3 matrices of one tile, a 1-D tensor of 300 elements (19 rows of
+    # 16) 3 x 1 tiles, of which only its first reduces (1-D tensors have only a tensor norm).
+    # The 1-D tensor is vectorisable, so its tiles come first.
+    case = Case([(40, 37), (5, 6, 3), (300,)])
+    case.run(mt, n_steps=2)
+    plan = next(reversed(mt._plans.values()))
+    assert plan.index == [2, 0, 1] and plan.n_tiles == 3 + 15 + 3
+    assert plan.finalize_tiles.tolist() == [0] + [3, 4, 5, 6, 9, 12, 15] + [18, 19, 20]
+
+
 def test_phases_can_be_run_separately(mt):
     case = Case([(12, 20), (20,)])
     grads = case.grads()

@@ -12,13 +12,14 @@ TILE_COLS`` tiles, and the tiles of all tensors form one launch grid:
    u from the new moments, then the tile's partial norms of |w| and |u|: one per row of the
    tile, one per column of the tile and one for the whole tile (maxima, or sums of squares for
    ``norm="l2"``), written to per-tile slots: no atomics, no zeroing.
-2. ``finalize`` (same grid): the first tile of each tile-row reduces its rows' partials over the
-   column tiles, the first tile of each tile-column its columns' partials over the row tiles,
-   and the first tile of each tensor the tile partials of the whole tensor. Results: one norm of
+2. ``finalize`` (one program per tile that reduces something, listed in the plan): the first
+   tile of each tile-row reduces its rows' partials over the column tiles, the first tile of
+   each tile-column its columns' partials over the row tiles, and the first tile of each
+   tensor the tile partials of the whole tensor. Results: one norm of
    |w| and of |u| per row of each matrix, per column of each matrix and per tensor (for "l2"
    still sums of squares, so that sharded callers can all-reduce them with SUM; pass 2 takes
    the square roots).
-3. ``pass 2`` (same grid): recomputes u from m and v, builds s = max(r_i, c_j[, b]) (1 where a
+3. ``pass 2`` (one program per tile): recomputes u from m and v, builds s = max(r_i, c_j[, b]) (1 where a
    feeding norm is zero) or s = b, and writes w - lr * clamp(s*u, -clip, clip), rounded once to
    the parameter's dtype.
 
@@ -169,13 +170,10 @@ if triton is not None:
             tl.store(p16 + offs, x.to(tl.float16), mask=mask)
 
     @triton.jit
-    def _tile(
-        meta, tile_tensor, first_tile, NM: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, ALIGNED: tl.constexpr
-    ):
-        """This program's tensor row in the table, its tile coordinates and element offsets.
+    def _tile(meta, tile_tensor, pid, NM: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, ALIGNED: tl.constexpr):
+        """Tile ``pid``'s tensor row in the table, its tile coordinates and element offsets.
         ALIGNED: the tensor is 1-D/2-D, its column count (and size) a multiple of 4 elements and
         its addresses 16-byte aligned, so that loads and stores can be vectorised."""
-        pid = tl.program_id(0).to(tl.int64) + first_tile  # offsets into the partials may pass 2**31
         t = tl.load(tile_tensor + pid)
         row = meta + t.to(tl.int64) * NM
         n_rows = tl.load(row + 4)
@@ -239,7 +237,9 @@ if triton is not None:
         PER_TENSOR_BC: tl.constexpr,
         ALIGNED: tl.constexpr,
     ):
-        pid, t, row, k, rt, ct, i, j, mask, p_offs = _tile(meta, tile_tensor, first_tile, NM, BR, BC, ALIGNED)
+        pid, t, row, k, rt, ct, i, j, mask, p_offs = _tile(
+            meta, tile_tensor, tl.program_id(0).to(tl.int64) + first_tile, NM, BR, BC, ALIGNED
+        )  # int64: offsets into the partials may pass 2**31
         if ALIGNED:
             g_offs = i[:, None] * tl.multiple_of(tl.load(row + 10), 4) + j[None, :]
         else:
@@ -297,6 +297,7 @@ if triton is not None:
     def _finalize_kernel(
         meta,
         tile_tensor,
+        work,
         row_part,
         col_part,
         tensor_part,
@@ -314,7 +315,9 @@ if triton is not None:
         L2: tl.constexpr,
         ROWCOL: tl.constexpr,
     ):
-        pid, t, row, k, rt, ct, i, j, mask, p_offs = _tile(meta, tile_tensor, 0, NM, BR, BC, False)
+        # only the tiles that reduce something run: the first of each tile-row, tile-column, tensor
+        pid = tl.load(work + tl.program_id(0)).to(tl.int64)
+        pid, t, row, k, rt, ct, i, j, mask, p_offs = _tile(meta, tile_tensor, pid, NM, BR, BC, False)
         nrt = tl.load(row + 14)
         nct = tl.load(row + 15)
         tile0 = tl.load(row + 13)
@@ -429,7 +432,9 @@ if triton is not None:
         PER_TENSOR_BC: tl.constexpr,
         ALIGNED: tl.constexpr,
     ):
-        pid, t, row, k, rt, ct, i, j, mask, p_offs = _tile(meta, tile_tensor, first_tile, NM, BR, BC, ALIGNED)
+        pid, t, row, k, rt, ct, i, j, mask, p_offs = _tile(
+            meta, tile_tensor, tl.program_id(0).to(tl.int64) + first_tile, NM, BR, BC, ALIGNED
+        )  # int64: offsets into the partials may pass 2**31
         m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.float32))
         v_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float32))
         if ALIGNED:
@@ -499,7 +504,7 @@ class TritonPlan:
         vec = [n for n in nonempty if _vectorisable(params[n])]
         self.index = vec + [n for n in nonempty if n not in set(vec)]  # their tiles come first
         self.n_vec = len(vec)
-        self.row_offset, self.col_offset, static, tile_tensor = [], [], [], []
+        self.row_offset, self.col_offset, static, tile_tensor, work = [], [], [], [], []
         rows = cols = tiles = 0
         for n in self.index:
             p = params[n]
@@ -522,6 +527,10 @@ class TritonPlan:
             self.col_offset.append(cols)
             n_tiles = k_mats * nrt * nct
             tile_tensor += [len(static) - 1] * n_tiles
+            local = torch.arange(n_tiles)
+            rem = local % (nrt * nct)
+            reduces = (local == 0) | (bool(is_mat) & ((rem % nct == 0) | (rem < nct)))
+            work.append(local[reduces] + tiles)
             tiles += n_tiles
             if len(static) == self.n_vec:
                 self.n_vec_tiles = tiles
@@ -531,6 +540,11 @@ class TritonPlan:
         self.static, self.n_tiles, self.total_rows, self.total_cols = static, tiles, max(rows, 1), max(cols, 1)
         f32 = dict(device=device, dtype=torch.float32)
         self.tile_tensor = _to_device(torch.tensor(tile_tensor, dtype=torch.int32), device)
+        # the tiles finalize runs: the first of each tile-row and tile-column of each matrix and
+        # the first of each tensor (the others have nothing to reduce; a launch over all tiles
+        # would start and end that many idle programs)
+        work = torch.cat(work) if work else torch.zeros(0, dtype=torch.int64)
+        self.finalize_tiles = _to_device(work.to(torch.int32), device)
         self.row_part = torch.empty(max(tiles, 1) * 2 * TILE_ROWS, **f32)
         self.col_part = torch.empty(max(tiles, 1) * 2 * TILE_COLS, **f32)
         self.tensor_part = torch.empty(max(tiles, 1) * 2, **f32)
@@ -573,9 +587,6 @@ class TritonPlan:
         # A copied grad must be copied again next step: leave the key unset so the table is rebuilt.
         self.pointer_key = None if keep else pointer_key
         _launches["rebuilds"] += 1
-
-    def _grid(self):
-        return (self.n_tiles,)
 
     def _segments(self):
         """(first tile, tiles, vectorised) of each launch of a pass: one launch for the tiles of
@@ -622,9 +633,10 @@ class TritonPlan:
 
     def finalize(self, s: Scalars) -> None:
         """Reduce the partials into ``row_stats``, ``col_stats`` and ``tensor_stats``."""
-        _finalize_kernel[self._grid()](
+        _finalize_kernel[(self.finalize_tiles.numel(),)](
             self.meta,
             self.tile_tensor,
+            self.finalize_tiles,
             self.row_part,
             self.col_part,
             self.tensor_part,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 # Triton types of the kernels' runtime arguments, by name.
 ARG_TYPES = {
-    **dict(meta="*i64", tile_tensor="*i32", first_tile="i32", total_rows="i64", total_cols="i64"),
+    **dict(meta="*i64", tile_tensor="*i32", work="*i32", first_tile="i32", total_rows="i64", total_cols="i64"),
     **dict.fromkeys(("bc1", "bc2", "eps", "wd", "lr", "clip", "beta1", "one_minus_beta1"), "fp32"),
     **dict.fromkeys(("beta2", "one_minus_beta2"), "fp32"),
     **dict.fromkeys(("row_part", "col_part", "tensor_part", "row_stats", "col_stats"), "*fp32"),
