@@ -13,7 +13,8 @@
 #   3. benchmarks/train_throughput.py --device cuda: merit train's loop (default settings, and
 #      eager) next to a minimal plain loop (eager, compiled) on gpt2-small 64 x 1024 and llama-1b
 #      16 x 2048: tokens/s, ratio to the plain compiled loop, MFU (6N and 6N + attention), peak memory;
-#   4. benchmarks/optimizer_step.py --device cuda (its failure is logged, not fatal);
+#   4. benchmarks/optimizer_step.py --device cuda (its failure is logged, not fatal), with the
+#      Triton backend at its previous warps per program next to its current ones;
 #   5. 100 steps of gpt2-small in bf16 at batch 64 x 1024 with MERIT on the built-in corpus (a BPE
 #      trained offline on the standard library's docstrings): tokens/s, MFU, peak memory, final
 #      loss, max attention logit, the micro-batch chosen;
@@ -132,6 +133,9 @@ fi
 # the default MERIT's line of the first model and dtype: ms/step, x fused AdamW, launches, floor, % floor
 bench=$(grep -E "^ *MERIT\(\) default" "$OUT/optimizer.log" | head -1 | tr -s ' ' | cut -c1-140)
 row "optimizer step benchmark" "$STATUS" "$SECONDS_TAKEN" "${bench:-see optimizer.log}"
+# the Triton backend at its previous warps per program, timed in the same run (see benchmarks/README.md)
+previous=$(grep -E "^ *MERIT\('triton'\) warps" "$OUT/optimizer.log" | head -1 | tr -s ' ' | cut -c1-140)
+[ $DRY = 1 ] || row "Triton, previous warps" "$STATUS" 0 "${previous:-see optimizer.log}"
 
 # -- 5. training (AdamW's loop speed is in the side-by-side rows) ----------------------------
 for opt in merit; do

@@ -271,6 +271,97 @@ def test_phases_can_be_run_separately(mt):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
+class Traffic:
+    """Bytes every load and store the interpreter executes moves, by tensor (elements counted
+    where the mask is on; anything outside the named tensors is "other": tables, partials)."""
+
+    def __init__(self, monkeypatch, named: dict):
+        import numpy as np
+        from triton.runtime.interpreter import InterpreterBuilder
+
+        self.ranges = {name: (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for name, t in named.items()}
+        self.bytes, self.elements = {}, {}
+        load, store = InterpreterBuilder.create_masked_load, InterpreterBuilder.create_masked_store
+
+        def count(kind, ptrs, mask):
+            addresses = ptrs.data[mask.data].astype(np.uint64)
+            element = np.dtype(_np_dtype(ptrs.get_element_ty())).itemsize
+            for name, (lo, hi) in self.ranges.items():
+                inside = addresses[(addresses >= lo) & (addresses < hi)]
+                if inside.size:
+                    self.bytes[name, kind] = self.bytes.get((name, kind), 0) + inside.size * element
+                    self.elements.setdefault((name, kind), []).append(inside)
+                    addresses = addresses[(addresses < lo) | (addresses >= hi)]
+            self.bytes["other", kind] = self.bytes.get(("other", kind), 0) + addresses.size * element
+
+        def counted_load(builder, ptrs, mask, *args):
+            count("load", ptrs, mask)
+            return load(builder, ptrs, mask, *args)
+
+        def counted_store(builder, ptrs, value, mask, *args):
+            count("store", ptrs, mask)
+            return store(builder, ptrs, value, mask, *args)
+
+        monkeypatch.setattr(InterpreterBuilder, "create_masked_load", counted_load)
+        monkeypatch.setattr(InterpreterBuilder, "create_masked_store", counted_store)
+
+    def take(self):
+        """(bytes, distinct elements) by (tensor, kind) since the last take."""
+        import numpy as np
+
+        out = {key: (n, len(np.unique(np.concatenate(self.elements[key]))) if key in self.elements else 0)
+               for key, n in self.bytes.items()}  # fmt: skip
+        self.bytes, self.elements = {}, {}
+        return out
+
+
+def _np_dtype(element_type):
+    from triton.runtime.interpreter import _get_np_dtype
+
+    return _get_np_dtype(element_type)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_each_pass_moves_each_tensor_once(mt, monkeypatch, dtype):
+    """The bytes the floor of benchmarks/optimizer_step.py counts (40 B per fp32 parameter, 32 B
+    per bf16 one with fp32 moments), counted on every load and store the kernels execute: pass 1
+    reads g, m, v and w and writes m and v, each element once; pass 2 reads m, v and w and writes
+    w; finalize touches none of them; the rest (tables, partial and final norms) stays small."""
+    shapes = [(256, 512), (512,)]  # default tiles: 4 x 4 tiles, and one
+    case = Case(shapes, dtypes=[dtype] * 2)
+    grads = case.grads()
+    for step in case.steps:
+        step += 1
+    plan = mt.plan_for(case.params, grads, case.m, case.v)
+    scalars = mt.scalars(plan, case.steps, Hyper.of(**DEFAULTS))
+    named = {f"{kind}{n}": t for kind, ts in dict(g=grads, m=case.m, v=case.v, w=case.params).items()
+             for n, t in enumerate(ts)}  # fmt: skip
+    traffic = Traffic(monkeypatch, named)
+    numel = [math.prod(s) for s in shapes]
+    expected = {
+        "pass1": {("g", "load"), ("m", "load"), ("v", "load"), ("w", "load"), ("m", "store"), ("v", "store")},
+        "finalize": set(),
+        "pass2": {("m", "load"), ("v", "load"), ("w", "load"), ("w", "store")},
+    }
+    data = other = 0
+    for phase in ("pass1", "finalize", "pass2"):
+        getattr(plan, phase)(scalars)
+        moved = traffic.take()
+        seen = {(name[0], kind) for name, kind in moved if name != "other"}
+        assert seen == expected[phase], phase
+        for (name, kind), (nbytes, distinct) in moved.items():
+            if name == "other":
+                other += nbytes
+                continue
+            n = int(name[1:])
+            assert distinct == numel[n], (phase, name, kind)  # every element, once
+            assert nbytes == numel[n] * named[name].element_size(), (phase, name, kind)
+            data += nbytes
+    per_param = 40 if dtype == torch.float32 else 32
+    assert data == per_param * sum(numel)
+    assert other < 0.05 * data, other / data
+
+
 def test_empty_tensors_are_skipped(mt):
     case = Case([(0, 5), (12, 20), (0,)])
     case.run(mt, n_steps=2)
