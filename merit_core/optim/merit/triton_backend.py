@@ -1,4 +1,4 @@
-"""A grouped Triton backend of MERIT: one step of all of a param group's tensors in 3 to 5 launches.
+"""A grouped Triton backend of MERIT: one step of all of a param group's tensors in 3 to 6 launches.
 
 The math is exactly that of :func:`~merit_core.optim.merit.reference.reference_step`, in the
 same order of fp32 operations (IEEE division and square root); only the schedule differs.
@@ -11,11 +11,15 @@ TILE_COLS`` tiles, and the tiles of all tensors form one launch grid:
 1. ``pass 1`` (one program per tile): m <- b1*m + (1-b1)*g, v <- b2*v + (1-b2)*g^2 (stored),
    u from the new moments, then the tile's partial norms of |w| and |u|: one per row of the
    tile, one per column of the tile and one for the whole tile (maxima, or sums of squares for
-   ``norm="l2"``), written to per-tile slots: no atomics, no zeroing.
+   ``norm="l2"``), written to per-tile slots.
 2. ``finalize`` (one program per tile that reduces something, listed in the plan): the first
-   tile of each tile-row reduces its rows' partials over the column tiles, the first tile of
-   each tile-column its columns' partials over the row tiles, and the first tile of each
-   tensor the tile partials of the whole tensor. Results: one norm of
+   tile of each tile-row reduces its rows' partials over the column tiles; for "max" the first
+   tile of each chunk of ``FIN_ROW_TILES`` row tiles reduces that chunk's column partials and
+   combines them, and the chunk's tensor maximum, with the other chunks' by atomic max (exact
+   in any order; the slots are zeroed first, by one fill launch), so a tall matrix such as an embedding has many
+   column programs, not one per tile-column; for "l2" the first tile of each tile-column sums
+   all its row tiles in order (deterministic), and the first tile of each tensor (of each 1-D
+   tensor, for "max") the tile partials of the whole tensor. Results: one norm of
    |w| and of |u| per row of each matrix, per column of each matrix and per tensor (for "l2"
    still sums of squares, so that sharded callers can all-reduce them with SUM; pass 2 takes
    the square roots).
@@ -24,7 +28,9 @@ TILE_COLS`` tiles, and the tiles of all tensors form one launch grid:
    the parameter's dtype.
 
 Passes 1 and 2 launch twice when vectorisable and other tensors are mixed (see
-:class:`TritonPlan`): 3 to 5 launches per step, independent of the number of tensors.
+:class:`TritonPlan`), and with max-norm element-wise ratios (MERIT's default) one fill zeroes
+the column and tensor norms before finalize: 3 to 6 launches per step, independent of the
+number of tensors.
 
 Per-tensor addresses, shapes and strides live in a small int64 table on the device, with a
 tile -> tensor table. Both are cached per list of parameters and rebuilt when any data pointer
@@ -73,11 +79,11 @@ except ImportError:  # pragma: no cover - exercised only where triton is not ins
 
 # Tile and chunk sizes (read at each launch; tests shrink them to exercise many tiles). A
 # finalize program reduces its partials in blocks of FIN_* tiles per iteration, so a tall
-# matrix's columns take nrt / FIN_ROW_TILES iterations.
+# matrix's columns take nrt / FIN_ROW_TILES programs ("max") or iterations of one ("l2").
 TILE_ROWS = 32
 TILE_COLS = 128
 FIN_COL_TILES = 16  # column tiles per iteration when reducing a tile-row's row partials
-FIN_ROW_TILES = 64  # row tiles per iteration when reducing a tile-column's column partials
+FIN_ROW_TILES = 64  # row tiles per program ("max") / iteration ("l2") reducing column partials
 FIN_TILES = 1024  # tiles per iteration when reducing a tensor's tile partials
 NUM_WARPS = 8  # finalize
 # Warps of a pass 1 / pass 2 program over vectorisable ("aligned") and other ("strided") tiles:
@@ -112,8 +118,9 @@ def is_available() -> bool:
 def launch_counts() -> dict[str, int]:
     """Work this module has issued since import: ``kernels`` (Triton launches), ``copies``
     (host-to-device copies of tables and grad copies it had to make) and ``rebuilds`` (pointer
-    tables rebuilt). A steady step adds 3 kernels (5 when the list mixes vectorisable and
-    other tensors, see :class:`TritonPlan`) and nothing else."""
+    tables rebuilt). A steady step adds 3 kernels, one more (a fill) with max-norm element-wise
+    ratios, and two more when the list mixes vectorisable and other tensors (see
+    :class:`TritonPlan`), and nothing else."""
     return dict(_launches)
 
 
@@ -315,7 +322,8 @@ if triton is not None:
         L2: tl.constexpr,
         ROWCOL: tl.constexpr,
     ):
-        # only the tiles that reduce something run: the first of each tile-row, tile-column, tensor
+        # only the tiles that reduce something run (the plan's list): the first of each tile-row,
+        # of each chunk of FR row tiles of a tile-column, and of each tensor
         pid = tl.load(work + tl.program_id(0)).to(tl.int64)
         pid, t, row, k, rt, ct, i, j, mask, p_offs = _tile(meta, tile_tensor, pid, NM, BR, BC, False)
         nrt = tl.load(row + 14)
@@ -345,27 +353,42 @@ if triton is not None:
                     slot = tl.load(row + 16) + k * n_rows + i
                     tl.store(row_stats + slot, acc_w, mask=i < n_rows)
                     tl.store(row_stats + total_rows + slot, acc_u, mask=i < n_rows)
-                if rt == 0:  # this tile-column's columns, over all its row tiles
+                if L2:
+                    if rt == 0:  # this tile-column's columns, over all its row tiles, in order
+                        c = tl.arange(0, BC)
+                        q = tl.arange(0, FR)
+                        first = tile0 + k * nrt * nct + ct
+                        acc_w = tl.zeros([BC], dtype=tl.float32)
+                        acc_u = tl.zeros([BC], dtype=tl.float32)
+                        for r0 in range(0, nrt, FR):
+                            sel = ((r0 + q)[:, None] < nrt) & (c[None, :] < BC)
+                            offs = (first + (r0 + q) * nct)[:, None] * (2 * BC) + c[None, :]
+                            acc_w += tl.sum(tl.load(col_part + offs, mask=sel, other=0.0), axis=0)
+                            acc_u += tl.sum(tl.load(col_part + offs + BC, mask=sel, other=0.0), axis=0)
+                        slot = tl.load(row + 17) + k * n_cols + j
+                        tl.store(col_stats + slot, acc_w, mask=j < n_cols)
+                        tl.store(col_stats + total_cols + slot, acc_u, mask=j < n_cols)
+                elif rt % FR == 0:
+                    # FR row tiles of this tile-column: its columns' maxima, and the tensor's,
+                    # combined with the other chunks' by atomic max (order-free, so exact; the
+                    # plan zeroed the slots). A tall matrix's columns take nrt / FR programs.
                     c = tl.arange(0, BC)
                     q = tl.arange(0, FR)
-                    first = tile0 + k * nrt * nct + ct
-                    acc_w = tl.zeros([BC], dtype=tl.float32)
-                    acc_u = tl.zeros([BC], dtype=tl.float32)
-                    for r0 in range(0, nrt, FR):
-                        sel = ((r0 + q)[:, None] < nrt) & (c[None, :] < BC)
-                        offs = (first + (r0 + q) * nct)[:, None] * (2 * BC) + c[None, :]
-                        xw = tl.load(col_part + offs, mask=sel, other=0.0)
-                        xu = tl.load(col_part + offs + BC, mask=sel, other=0.0)
-                        if L2:
-                            acc_w += tl.sum(xw, axis=0)
-                            acc_u += tl.sum(xu, axis=0)
-                        else:
-                            acc_w = tl.maximum(acc_w, tl.max(xw, axis=0))
-                            acc_u = tl.maximum(acc_u, tl.max(xu, axis=0))
+                    first = tile0 + (k * nrt + rt) * nct + ct
+                    sel = ((rt + q)[:, None] < nrt) & (c[None, :] < BC)
+                    offs = (first + q * nct)[:, None] * (2 * BC) + c[None, :]
+                    acc_w = tl.max(tl.load(col_part + offs, mask=sel, other=0.0), axis=0)
+                    acc_u = tl.max(tl.load(col_part + offs + BC, mask=sel, other=0.0), axis=0)
                     slot = tl.load(row + 17) + k * n_cols + j
-                    tl.store(col_stats + slot, acc_w, mask=j < n_cols)
-                    tl.store(col_stats + total_cols + slot, acc_u, mask=j < n_cols)
-        if pid == tile0:  # the whole tensor, over all its tiles
+                    tl.atomic_max(col_stats + slot, acc_w, mask=j < n_cols)
+                    tl.atomic_max(col_stats + total_cols + slot, acc_u, mask=j < n_cols)
+                    tl.atomic_max(tensor_stats + 2 * t, tl.max(acc_w, axis=0))
+                    tl.atomic_max(tensor_stats + 2 * t + 1, tl.max(acc_u, axis=0))
+        whole = pid == tile0  # the whole tensor, over all its tiles
+        if ROWCOL:
+            if not L2:
+                whole = whole & (tl.load(row + 18) == 0)  # a matrix's maxima came with its columns'
+        if whole:
             q = tl.arange(0, FT)
             n_tiles = tl.load(row + 21) * nrt * nct
             acc_w = tl.zeros([FT], dtype=tl.float32)
@@ -487,7 +510,8 @@ class TritonPlan:
     grads and moments alike) are "vectorisable": their tiles come first and pass 1 / pass 2 run
     them in a launch compiled with alignment hints (128-bit loads); the other tiles take a second,
     strided launch. So a step is 3 launches (pass 1, finalize, pass 2) when all tensors are of one
-    kind and 5 when both kinds are present, whatever the number of tensors.
+    kind and 5 when both kinds are present, whatever the number of tensors, plus a fill of the
+    column and tensor norms before finalize with max-norm element-wise ratios (the default).
 
     ``row_stats`` ([2, total_rows]: |w| then |u| norms, one per row of each matrix),
     ``col_stats`` ([2, total_cols]) and ``tensor_stats`` ([T, 2]) hold the finalized norms
@@ -505,6 +529,7 @@ class TritonPlan:
         self.index = vec + [n for n in nonempty if n not in set(vec)]  # their tiles come first
         self.n_vec = len(vec)
         self.row_offset, self.col_offset, static, tile_tensor, work = [], [], [], [], []
+        self.fin_row_tiles = FIN_ROW_TILES  # the finalize's column chunks, fixed with its work list
         rows = cols = tiles = 0
         for n in self.index:
             p = params[n]
@@ -529,7 +554,8 @@ class TritonPlan:
             tile_tensor += [len(static) - 1] * n_tiles
             local = torch.arange(n_tiles)
             rem = local % (nrt * nct)
-            reduces = (local == 0) | (bool(is_mat) & ((rem % nct == 0) | (rem < nct)))
+            rt = rem // nct  # row tiles that start a chunk reduce columns (see the finalize kernel)
+            reduces = (local == 0) | (bool(is_mat) & ((rem % nct == 0) | (rt % self.fin_row_tiles == 0)))
             work.append(local[reduces] + tiles)
             tiles += n_tiles
             if len(static) == self.n_vec:
@@ -540,17 +566,22 @@ class TritonPlan:
         self.static, self.n_tiles, self.total_rows, self.total_cols = static, tiles, max(rows, 1), max(cols, 1)
         f32 = dict(device=device, dtype=torch.float32)
         self.tile_tensor = _to_device(torch.tensor(tile_tensor, dtype=torch.int32), device)
-        # the tiles finalize runs: the first of each tile-row and tile-column of each matrix and
-        # the first of each tensor (the others have nothing to reduce; a launch over all tiles
-        # would start and end that many idle programs)
+        # the tiles finalize runs: the first of each tile-row and of each chunk of fin_row_tiles
+        # row tiles of a tile-column of each matrix, and the first of each tensor (the others
+        # have nothing to reduce; a launch over all tiles would start and end that many idle
+        # programs)
         work = torch.cat(work) if work else torch.zeros(0, dtype=torch.int64)
         self.finalize_tiles = _to_device(work.to(torch.int32), device)
         self.row_part = torch.empty(max(tiles, 1) * 2 * TILE_ROWS, **f32)
         self.col_part = torch.empty(max(tiles, 1) * 2 * TILE_COLS, **f32)
         self.tensor_part = torch.empty(max(tiles, 1) * 2, **f32)
         self.row_stats = torch.empty(2, self.total_rows, **f32)
-        self.col_stats = torch.empty(2, self.total_cols, **f32)
-        self.tensor_stats = torch.empty(max(len(static), 1), 2, **f32)
+        # column and tensor norms in one buffer: for "max" finalize combines column chunks into
+        # them with atomic max, after one fill launch has zeroed it
+        n_stats = max(len(static), 1)
+        self._max_stats = torch.empty(2 * self.total_cols + 2 * n_stats, **f32)
+        self.col_stats = self._max_stats[: 2 * self.total_cols].view(2, self.total_cols)
+        self.tensor_stats = self._max_stats[2 * self.total_cols :].view(n_stats, 2)
         if self.n_vec == 0:
             self.n_vec_tiles = 0
         self.pointer_key = None
@@ -633,6 +664,9 @@ class TritonPlan:
 
     def finalize(self, s: Scalars) -> None:
         """Reduce the partials into ``row_stats``, ``col_stats`` and ``tensor_stats``."""
+        if s.h.norm == "max" and s.h.elementwise:  # the column chunks' atomic maxima start at 0
+            self._max_stats.zero_()
+            _launches["kernels"] += 1
         _finalize_kernel[(self.finalize_tiles.numel(),)](
             self.meta,
             self.tile_tensor,
@@ -649,7 +683,7 @@ class TritonPlan:
             BR=TILE_ROWS,
             BC=TILE_COLS,
             FC=FIN_COL_TILES,
-            FR=FIN_ROW_TILES,
+            FR=self.fin_row_tiles,
             FT=FIN_TILES,
             L2=s.h.norm == "l2",
             ROWCOL=s.h.elementwise,
