@@ -253,6 +253,26 @@ def test_finalize_runs_only_the_tiles_that_reduce(mt, small_tiles):
     assert plan.finalize_tiles.tolist() == [0] + [3, 4, 5, 6, 9, 10, 11, 12, 15, 16, 17] + [18, 19, 20]
 
 
+def test_phases_can_be_run_separately(mt):
+    case = Case([(12, 20), (20,)])
+    grads = case.grads()
+    for s in case.steps:
+        s += 1
+    plan = mt.plan_for(case.params, grads, case.m, case.v)
+    scalars = mt.scalars(plan, case.steps, Hyper.of(**DEFAULTS))
+    plan.pass1(scalars)
+    plan.finalize(scalars)
+    w = case.params[0]
+    torch.testing.assert_close(plan.row_stats[0, :12], w.abs().amax(1))
+    torch.testing.assert_close(plan.col_stats[0, :20], w.abs().amax(0))
+    torch.testing.assert_close(plan.tensor_stats[:, 0], torch.stack([w.abs().max(), case.params[1].abs().max()]))
+    plan.pass2(scalars)
+    for p, g, m, v in zip(case.ref, grads, case.m_ref, case.v_ref):
+        merit_reference([p], [g], [m], [v], [torch.tensor(1.0)], Hyper.of(**DEFAULTS))
+    for got, want in zip(case.params, case.ref):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
 class Traffic:
     """Bytes every load and store the interpreter executes moves, by tensor (elements counted
     where the mask is on; anything outside the named tensors is "other": tables, partials)."""
