@@ -139,6 +139,24 @@ def create_new(path: str | Path, mode: int = 0o666) -> int:
         raise UnsafePath(f"{path} already exists and merit did not just make it; remove it") from None
 
 
+def open_truncated(path: str | Path, mode: int = 0o666) -> int:
+    """A descriptor open for writing on `path`, created or emptied: for a file merit owns and
+    rewrites whole, such as a log. O_NOFOLLOW: a symbolic link planted at `path` is never
+    written through (UnsafePath names it), nor is a FIFO, socket or device (opening one could
+    block or write elsewhere)."""
+    refuse_link(path)
+    what = special_file(path)
+    if what is not None:
+        raise UnsafePath(f"{path} is {what}; merit writes only regular files there: remove it")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(path, flags, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link planted between the check and the open
+            refuse_link(path)
+        raise
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temp path beside `path` for a writer that wants a file name (a plot, a tokenizer file).

@@ -44,7 +44,8 @@ from merit_core.compare.runner import CompareCallbacks, default_jobs, execute, r
 from merit_core.compare.spec import CompareSpec, load_spec
 from merit_core.compare.summary import SUMMARY_FILE, build_summary, select_best, write_json
 from merit_core.devices import measurement_device
-from merit_core.fileio import TMP_PREFIX, check_writable_folder, refuse_foreign_entries
+from merit_core.errors import UnsafePath
+from merit_core.fileio import TMP_PREFIX, check_writable_folder, refuse_foreign_entries, refuse_link, special_entries
 
 REPORT_FILE = "REPORT.md"
 
@@ -104,13 +105,23 @@ def check_compare_out(out: Path) -> Path:
     """ConfigError unless `out` may hold a comparison: absent, empty, or holding only what compare writes
     (runs/, logs/, summary.json, compare.png, REPORT.md and their temp files). Writes nothing.
 
-    Like `merit train --out`, compare never writes into a folder of the user's own files."""
+    Like `merit train --out`, compare never writes into a folder of the user's own files. UnsafePath
+    when its runs/ or logs/ is a symbolic link, or logs/ holds one or a special file: compare
+    writes in both and never follows a link planted there."""
     check_writable_folder(out, "--out")
     if not out.is_dir():
         return out
     refuse_foreign_entries(
         out, sorted(p.name for p in out.iterdir() if not _compare_owns(p.name)), "a merit comparison"
     )
+    for name in (RUNS_DIR, "logs"):
+        refuse_link(out / name, "in a comparison folder")
+    logs = out / "logs"
+    if logs.is_dir():
+        for entry in sorted(logs.iterdir()):
+            refuse_link(entry, "in a comparison folder")
+        for name, what in special_entries(logs):
+            raise UnsafePath(f"{logs / name} is {what}; merit writes only regular files there: remove it")
     return out
 
 

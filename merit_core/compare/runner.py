@@ -32,7 +32,7 @@ from typing import Any
 
 from merit_core.compare.grid import PlannedRun, config_mismatch
 from merit_core.errors import ConfigError, MeritError, RunFailed, RunInterrupted, TrainingDiverged
-from merit_core.fileio import atomic_write_json
+from merit_core.fileio import atomic_write_json, open_truncated, refuse_link
 from merit_core.progress import Progress
 from merit_core.runs import CONFIG_FILE
 from merit_core.train.callbacks import TrainCallbacks
@@ -244,6 +244,7 @@ def _run_parallel(
     free = list(range(jobs))
     active: dict[int, tuple[PlannedRun, subprocess.Popen, Path, int]] = {}
     final: dict[str, str] = {}
+    refuse_link(log_dir, "in a comparison folder")  # a planted link would take every run's log elsewhere
     log_dir.mkdir(parents=True, exist_ok=True)
     with _forward_signals(active) as received:
         try:
@@ -253,7 +254,7 @@ def _run_parallel(
                     resume = states[run.name] == "partial"
                     config = dataclasses.asdict(dataclasses.replace(run.config, resume=resume))
                     log = log_dir / f"{run.name}.log"
-                    with log.open("w") as fh:
+                    with os.fdopen(open_truncated(log), "w") as fh:  # never through a planted link
                         proc = subprocess.Popen(
                             [sys.executable, "-m", "merit_core.compare.worker", json.dumps(config)],
                             stdout=fh,

@@ -755,6 +755,32 @@ add(
     lambda w, c: [*COMPARE, "--out", str(user_folder(c))],
     "not a merit comparison",
 )
+
+
+def compare_with_link(case: Path, where: str) -> Path:
+    """A comparison folder with a symbolic link planted at `where` (pointing at a user's folder or
+    file, which must stay untouched)."""
+    out, mine = case / "cmp", case / "mine"
+    (out / "logs").mkdir(parents=True)
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    if where == "logs":
+        (out / "logs").rmdir()
+        (out / "logs").symlink_to(mine)
+    elif where == "runs":
+        (out / "runs").symlink_to(mine)
+    else:
+        (out / "logs" / where).symlink_to(mine / "notes.txt")
+    return out
+
+
+for where in ("logs", "runs", "gpt2-tiny_merit_b8_lr0.001.log"):
+    add(
+        "compare",
+        f"--out with {where} a planted link",
+        lambda w, c, where=where: [*COMPARE, "--out", str(compare_with_link(c, where))],
+        "symbolic link",
+    )
 add(
     "train: resume",
     "metrics.jsonl line is a number",

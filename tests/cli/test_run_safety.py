@@ -574,3 +574,24 @@ def test_atomic_writes_never_go_through_a_link_planted_at_the_temp_name(tmp_path
             tmp.write_text("new")
     assert victim.read_text() == "mine" and target.read_text() == "old"
     assert os.path.islink(tmp_path / f".tmp-config.toml.{os.getpid()}")  # not merit's: not removed either
+
+
+def test_a_rewritten_log_never_goes_through_a_planted_link_or_fifo(tmp_path):
+    """fileio.open_truncated (compare's per-run logs): a link or FIFO at the name is refused and the
+    file it points at stays untouched; a regular file is emptied and rewritten."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine\n")
+    link = tmp_path / "run.log"
+    link.symlink_to(victim)
+    with pytest.raises(errors.UnsafePath, match="symbolic link"):
+        fileio.open_truncated(link)
+    assert victim.read_text() == "mine\n"
+    fifo = tmp_path / "fifo.log"
+    os.mkfifo(fifo)
+    with pytest.raises(errors.UnsafePath, match="FIFO"):
+        fileio.open_truncated(fifo)  # opening it for writing would block until a reader came
+    log = tmp_path / "plain.log"
+    log.write_text("an old run's log, longer than the new one\n")
+    with os.fdopen(fileio.open_truncated(log), "w") as fh:
+        fh.write("new\n")
+    assert log.read_text() == "new\n"
