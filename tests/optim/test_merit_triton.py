@@ -466,8 +466,10 @@ if not _INTERPRETED:
         from merit_core.optim.merit.triton_resources import compile_for, occupancy, resources
 
         tile = dict(NM=mt.NMETA, BR=mt.TILE_ROWS, BC=mt.TILE_COLS)
-        finalize = dict(tile, FC=mt.FIN_COL_TILES, FR=mt.FIN_ROW_TILES, FT=mt.FIN_TILES, L2=True, ROWCOL=True)
-        assert resources(compile_for(mt._finalize_kernel, finalize, mt.NUM_WARPS))["stack"] == 0
+        finalize = dict(tile, FC=mt.FIN_COL_TILES, FR=mt.FIN_ROW_TILES, FT=mt.FIN_TILES, ROWCOL=True)
+        for l2 in (True, False):  # in-order sums; maxima of column chunks by atomic max
+            r = resources(compile_for(mt._finalize_kernel, {**finalize, "L2": l2}, mt.NUM_WARPS))
+            assert r["local"] == r["stack"] == 0, r
         pass1 = dict(MAXIMIZE=True, L2=False, ROWCOL=True, PER_TENSOR_BC=True)
         pass2 = dict(L2=False, ROWCOL=True, BOUND=True, CLIP=True, LR_PTR=True, PER_TENSOR_BC=False)
         for aligned in (True, False):
