@@ -139,15 +139,20 @@ def create_new(path: str | Path, mode: int = 0o666) -> int:
         raise UnsafePath(f"{path} already exists and merit did not just make it; remove it") from None
 
 
-def open_truncated(path: str | Path, mode: int = 0o666) -> int:
-    """A descriptor open for writing on `path`, created or emptied: for a file merit owns and
-    rewrites whole, such as a log. O_NOFOLLOW: a symbolic link planted at `path` is never
-    written through (UnsafePath names it), nor is a FIFO, socket or device (opening one could
-    block or write elsewhere)."""
-    refuse_link(path)
+def refuse_special(path: str | Path) -> None:
+    """UnsafePath when `path` is a FIFO, socket or device (see `special_file`): opening one to
+    write could block or write elsewhere."""
     what = special_file(path)
     if what is not None:
         raise UnsafePath(f"{path} is {what}; merit writes only regular files there: remove it")
+
+
+def open_truncated(path: str | Path, mode: int = 0o666) -> int:
+    """A descriptor open for writing on `path`, created or emptied: for a file merit owns and
+    rewrites whole, such as a log. O_NOFOLLOW: a symbolic link planted at `path` is never
+    written through (UnsafePath names it), nor is a FIFO, socket or device."""
+    refuse_link(path)
+    refuse_special(path)
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         return os.open(path, flags, mode)

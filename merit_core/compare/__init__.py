@@ -44,8 +44,7 @@ from merit_core.compare.runner import CompareCallbacks, default_jobs, execute, r
 from merit_core.compare.spec import CompareSpec, load_spec
 from merit_core.compare.summary import SUMMARY_FILE, build_summary, select_best, write_json
 from merit_core.devices import measurement_device
-from merit_core.errors import UnsafePath
-from merit_core.fileio import TMP_PREFIX, check_writable_folder, refuse_foreign_entries, refuse_link, special_entries
+from merit_core.fileio import TMP_PREFIX, check_writable_folder, refuse_foreign_entries, refuse_link, refuse_special
 
 REPORT_FILE = "REPORT.md"
 
@@ -120,8 +119,7 @@ def check_compare_out(out: Path) -> Path:
     if logs.is_dir():
         for entry in sorted(logs.iterdir()):
             refuse_link(entry, "in a comparison folder")
-        for name, what in special_entries(logs):
-            raise UnsafePath(f"{logs / name} is {what}; merit writes only regular files there: remove it")
+            refuse_special(entry)
     return out
 
 
