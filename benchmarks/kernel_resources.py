@@ -49,7 +49,7 @@ def variants():
     the backend's warps and others, and with bias correction."""
     import merit_core.optim.merit.triton_backend as mt
 
-    tile = dict(NM=mt.NMETA, BR=mt.TILE_ROWS, BC=mt.TILE_COLS)
+    tile = mt.tile_constexprs()
     default = dict(L2=False, ROWCOL=True, PER_TENSOR_BC=False)
     passes = (
         ("pass 1", mt._pass1_kernel, dict(default, MAXIMIZE=False)),

@@ -279,7 +279,7 @@ class Traffic:
 
     def __init__(self, monkeypatch, named: dict):
         import numpy as np
-        from triton.runtime.interpreter import InterpreterBuilder
+        from triton.runtime.interpreter import InterpreterBuilder, _get_np_dtype
 
         self.ranges = {name: (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for name, t in named.items()}
         self.bytes, self.elements = {}, {}
@@ -287,7 +287,7 @@ class Traffic:
 
         def count(kind, ptrs, mask):
             addresses = ptrs.data[mask.data].astype(np.uint64)
-            element = np.dtype(_np_dtype(ptrs.get_element_ty())).itemsize
+            element = np.dtype(_get_np_dtype(ptrs.get_element_ty())).itemsize
             for name, (lo, hi) in self.ranges.items():
                 inside = addresses[(addresses >= lo) & (addresses < hi)]
                 if inside.size:
@@ -315,12 +315,6 @@ class Traffic:
                for key, n in self.bytes.items()}  # fmt: skip
         self.bytes, self.elements = {}, {}
         return out
-
-
-def _np_dtype(element_type):
-    from triton.runtime.interpreter import _get_np_dtype
-
-    return _get_np_dtype(element_type)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -465,7 +459,7 @@ if not _INTERPRETED:
         import merit_core.optim.merit.triton_backend as mt
         from merit_core.optim.merit.triton_resources import compile_for, occupancy, resources
 
-        tile = dict(NM=mt.NMETA, BR=mt.TILE_ROWS, BC=mt.TILE_COLS)
+        tile = mt.tile_constexprs()
         finalize = dict(tile, FC=mt.FIN_COL_TILES, FR=mt.FIN_ROW_TILES, FT=mt.FIN_TILES, ROWCOL=True)
         for l2 in (True, False):  # in-order sums; maxima of column chunks by atomic max
             r = resources(compile_for(mt._finalize_kernel, {**finalize, "L2": l2}, mt.NUM_WARPS))

@@ -650,9 +650,7 @@ class TritonPlan:
             bc,
             s.h.eps,
             s.h.weight_decay,
-            NM=NMETA,
-            BR=TILE_ROWS,
-            BC=TILE_COLS,
+            **tile_constexprs(),
             MAXIMIZE=s.h.maximize,
             L2=s.h.norm == "l2",
             ROWCOL=s.h.elementwise,
@@ -679,9 +677,7 @@ class TritonPlan:
             self.tensor_stats,
             self.total_rows,
             self.total_cols,
-            NM=NMETA,
-            BR=TILE_ROWS,
-            BC=TILE_COLS,
+            **tile_constexprs(),
             FC=FIN_COL_TILES,
             FR=self.fin_row_tiles,
             FT=FIN_TILES,
@@ -716,9 +712,7 @@ class TritonPlan:
             s.h.eps,
             s.h.weight_decay,
             1.0 if s.h.clip is None else s.h.clip,
-            NM=NMETA,
-            BR=TILE_ROWS,
-            BC=TILE_COLS,
+            **tile_constexprs(),
             L2=s.h.norm == "l2",
             ROWCOL=s.h.elementwise,
             BOUND=s.h.weight_bound,
@@ -740,6 +734,12 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
         return t
     _launches["copies"] += 1
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def tile_constexprs() -> dict:
+    """The table width and tile shape every kernel is compiled for (``NM``, ``BR``, ``BC``),
+    read at each launch."""
+    return dict(NM=NMETA, BR=TILE_ROWS, BC=TILE_COLS)
 
 
 def launch_options(aligned: bool) -> dict:
