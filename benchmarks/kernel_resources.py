@@ -5,14 +5,14 @@
     python benchmarks/kernel_resources.py --json out.json
 
 Triton's compiler and the ptxas and cuobjdump its wheel bundles need no GPU, so what each kernel
-asks of the hardware can be read on any machine (merit_core/optim/merit/triton_resources.py):
+asks of the hardware can be read on any machine (benchmarks/triton_resources.py):
 registers per thread, spilled bytes, shared memory, SASS instructions, global loads and stores
 by width, and from registers, warps and shared memory the theoretical occupancy (programs and
 warps resident per SM). These are properties of the code, not timings:
 `optimizer_step.py --device cuda` measures the time.
 
 Rows: pass 1 and pass 2 over vectorisable ("aligned") and other ("strided") tiles (see
-``TritonPlan``) at 4 to 32 warps a program (the backend's choice, ``PASS_WARPS``, is marked *),
+``TritonPlan``) at 4 to 32 warps a program (the backend's choice, ``Tiling``'s, is marked *),
 without bias correction (MERIT's default) and, at the backend's warps, with it; then finalize.
 The other switches are those of MERIT()'s default step (max-norm, element-wise ratios with the
 weight-wise bound, clipping, a float lr).
@@ -47,16 +47,17 @@ COLUMNS += ["ldg128", "ldg64", "ldg32", "stg128", "stg64", "stg32", "mufu", "ld>
 def variants():
     """(label, kernel, constexprs, num_warps) of each launch MERIT()'s default step can make, at
     the backend's warps and others, and with bias correction."""
-    import merit_core.optim.merit.triton_backend as mt
+    from merit_core.optim.merit.triton import kernels
+    from merit_core.optim.merit.triton.plan import DEFAULT_TILING as tiling
 
-    tile = mt.tile_constexprs()
+    tile = tiling.constexprs()
     default = dict(L2=False, ROWCOL=True, PER_TENSOR_BC=False)
     passes = (
-        ("pass 1", mt._pass1_kernel, dict(default, MAXIMIZE=False)),
-        ("pass 2", mt._pass2_kernel, dict(default, BOUND=True, CLIP=True, LR_PTR=False)),
+        ("pass 1", kernels.pass1_kernel, dict(default, MAXIMIZE=False)),
+        ("pass 2", kernels.pass2_kernel, dict(default, BOUND=True, CLIP=True, LR_PTR=False)),
     )
     for aligned in (True, False):
-        options = mt.launch_options(aligned)
+        options = tiling.launch_options(aligned)
         chosen = options.pop("num_warps")
         layout = "aligned" if aligned else "strided"
         runs = [(False, warps) for warps in (4, 8, 16, 32)] + [(True, chosen)]
@@ -66,8 +67,8 @@ def variants():
                 label += ", bias corr." if bias_correction else ""
                 consts = {**tile, **flags, **options, "BIAS_CORRECTION": bias_correction}
                 yield label, kernel, consts, warps
-    consts = dict(tile, FC=mt.FIN_COL_TILES, FR=mt.FIN_ROW_TILES, FT=mt.FIN_TILES, L2=False, ROWCOL=True)
-    yield "finalize", mt._finalize_kernel, consts, mt.NUM_WARPS
+    consts = dict(tiling.finalize_constexprs(), L2=False, ROWCOL=True)
+    yield "finalize", kernels.finalize_kernel, consts, tiling.finalize_warps
 
 
 def main() -> None:
@@ -83,7 +84,7 @@ def main() -> None:
     import torch
 
     print(f"Triton {triton.__version__} kernels compiled for sm_{args.arch} (no GPU used); torch {torch.__version__}")
-    from merit_core.optim.merit.triton_resources import compile_for, occupancy, resources
+    from benchmarks.triton_resources import compile_for, occupancy, resources
 
     print(f"  {'kernel':<40}" + "".join(f"{c:>9}" for c in COLUMNS))
     out = []

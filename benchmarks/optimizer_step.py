@@ -16,13 +16,13 @@ optimizer gets `--warmup` untimed steps (state creation, kernel builds, compilat
 synchronize; CPU: wall clock). Optimizers run one after another, so only one set of state is
 alive at a time; AdamW(fused=True) runs first and last and the mean is the baseline of the
 ratios, so drift during the run shows. On CUDA, the Triton backend also runs with the warps per
-program it used before (``PREVIOUS_PASS_WARPS``), next to its current ``PASS_WARPS``.
+program it used before (``PREVIOUS_PASS_WARPS``), next to its current ones (``Tiling``).
 
 Columns:
   launches   GPU kernel launches per step, counted on meta tensors by
-             merit_core.optim.merit.launches (foreach/reference paths and AdamW foreach; the
-             fused AdamW figure is the multi_tensor_apply model of its one kernel), or counted by
-             the Triton backend itself (``launch_counts()``) for one step; "-" where the path
+             benchmarks/launches.py (foreach/reference paths and AdamW foreach; the fused
+             AdamW figure is the multi_tensor_apply model of its one kernel), or counted at the
+             Triton backend's launch points (``TritonLaunches``) for one step; "-" where the path
              cannot be counted either way (C++ kernel, compiled).
   floor ms   bytes the update must move at least, over the device's memory bandwidth: AdamW
              reads g, w, m, v and writes w, m, v (7 tensors); MERIT's two passes read g, w, m, v
@@ -52,9 +52,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
+from benchmarks.launches import TritonLaunches, count_step_launches, multi_tensor_apply_launches  # noqa: E402
 from merit_core.optim.merit import MERIT  # noqa: E402
 from merit_core.optim.merit.functional import BACKENDS, choose  # noqa: E402
-from merit_core.optim.merit.launches import count_step_launches, multi_tensor_apply_launches  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -173,32 +173,35 @@ def candidates(device: torch.device, args) -> list[tuple[str, callable, str | No
 
 
 # Warps per pass program (aligned / strided tiles) the Triton backend launched with before its
-# PASS_WARPS were chosen by benchmarks/kernel_resources.py: timed next to the current ones.
+# Tiling's warps were chosen by benchmarks/kernel_resources.py: timed next to the current ones.
 PREVIOUS_PASS_WARPS = [{"aligned": 8, "strided": 16}]
 
 
 def with_pass_warps(step, warps: dict):
-    """``step`` run with the Triton backend's pass warps set to ``warps`` (restored after)."""
-    from merit_core.optim.merit import triton_backend
+    """``step`` run with the Triton backend's pass warps set to ``warps``: the registry's
+    "triton" entry takes a tiling with these warps while it runs."""
+    from dataclasses import replace
+    from functools import partial
+    from unittest import mock
+
+    from merit_core.optim.merit.triton.plan import DEFAULT_TILING
+    from merit_core.optim.merit.triton.step import merit_triton
+
+    tiling = replace(DEFAULT_TILING, aligned_warps=warps["aligned"], strided_warps=warps["strided"])
+    backend = replace(BACKENDS["triton"], function=partial(merit_triton, tiling=tiling))
 
     def run():
-        saved = dict(triton_backend.PASS_WARPS)
-        triton_backend.PASS_WARPS.update(warps)
-        try:
+        with mock.patch.dict(BACKENDS, {"triton": backend}):
             step()
-        finally:
-            triton_backend.PASS_WARPS.update(saved)
 
     return run
 
 
 def triton_launches(step) -> str:
-    """Kernels the Triton backend issued for one more step (its own counter)."""
-    from merit_core.optim.merit import triton_backend
-
-    before = triton_backend.launch_counts()["kernels"]
-    step()
-    return str(triton_backend.launch_counts()["kernels"] - before)
+    """Kernels the Triton backend issued for one more step."""
+    with TritonLaunches() as counter:
+        step()
+    return str(counter.counts["kernels"])
 
 
 def launches(kind, make, shapes, dtype, step=None) -> str:

@@ -4,8 +4,8 @@ the launch counter itself."""
 import pytest
 import torch
 
+from benchmarks.launches import count_step_launches, multi_tensor_apply_launches
 from merit_core.optim.merit import MERIT
-from merit_core.optim.merit.launches import count_step_launches, multi_tensor_apply_launches
 
 
 def gpt2_small_shapes(n_layer=12, d=768, vocab=50257, ctx=1024) -> list[tuple[int, ...]]:

@@ -19,6 +19,7 @@ import torch
 pytest.importorskip("triton")
 pytest.importorskip("numpy")  # the interpreter needs it
 
+from benchmarks.launches import TritonLaunches  # noqa: E402
 from merit_core.optim.merit.common import Hyper  # noqa: E402
 from merit_core.optim.merit.reference import merit_reference  # noqa: E402
 from tests.interpreted import run_under_interpreter  # noqa: E402
@@ -32,21 +33,26 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 @pytest.fixture(scope="module")
 def mt():
-    import merit_core.optim.merit.triton_backend as module
+    """The backend's step module (merit_triton, plan_for, scalars), its kernels interpreted."""
+    from merit_core.optim.merit.triton import kernels, step
 
-    assert type(module._pass1_kernel).__name__ == "InterpretedFunction"
-    module._plans.clear()
-    return module
+    assert type(kernels.pass1_kernel).__name__ == "InterpretedFunction"
+    return step
 
 
 @pytest.fixture
-def small_tiles(mt, monkeypatch):
+def small_tiles(mt):
     """Tiles of 8x16 and finalize chunks of 2: many tiles per tensor, several loop iterations."""
-    for name, value in dict(TILE_ROWS=8, TILE_COLS=16, FIN_COL_TILES=2, FIN_ROW_TILES=2, FIN_TILES=2).items():
-        monkeypatch.setattr(mt, name, value)
-    mt._plans.clear()
-    yield
-    mt._plans.clear()
+    from merit_core.optim.merit.triton.plan import Tiling
+
+    return Tiling(rows=8, cols=16, fin_col_tiles=2, fin_row_tiles=2, fin_tiles=2)
+
+
+@pytest.fixture
+def launches(mt):
+    """Kernels, copies and pointer-table rebuilds the backend issues during the test."""
+    with TritonLaunches() as counter:
+        yield counter
 
 
 def _assert_within_one_ulp(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -60,8 +66,9 @@ def _assert_within_one_ulp(got: torch.Tensor, want: torch.Tensor) -> None:
 class Case:
     """Params, moments and steps of the Triton run and of the reference run, in lockstep."""
 
-    def __init__(self, shapes, dtypes=None, seed=0, init=None, device="cpu"):
+    def __init__(self, shapes, dtypes=None, seed=0, init=None, device="cpu", tiling=None):
         gen = torch.Generator().manual_seed(seed)
+        self.tiling = {} if tiling is None else {"tiling": tiling}
         dtypes = dtypes or [torch.float32] * len(shapes)
         self.gen, self.device = gen, device
         # |w| ~ 0.2 keeps most of |s*u| below the clip of 1, so the ratios decide the update
@@ -83,7 +90,7 @@ class Case:
         h = Hyper.of(**{**DEFAULTS, **kw})
         for s in self.steps:
             s += 1
-        mt.merit_triton(self.params, grads, self.m, self.v, self.steps, h)
+        mt.merit_triton(self.params, grads, self.m, self.v, self.steps, h, **self.tiling)
         for p, g, m, v, s in zip(self.ref, grads, self.m_ref, self.v_ref, self.steps):
             if p.numel():  # the reference cannot reduce an empty tensor; the backend skips them
                 merit_reference([p], [g], [m], [v], [s], h)
@@ -109,8 +116,8 @@ def test_0d_1d_2d_3d_and_4d_match_the_reference(mt):
 
 
 def test_many_tiles_and_finalize_loops_match_the_reference(mt, small_tiles):
-    Case([(17, 36), (10, 17, 2), (200,)]).run(mt, n_steps=2, weight_decay=0.05)
-    Case([(12, 36)], seed=1).run(mt, n_steps=2, norm="l2")
+    Case([(17, 36), (10, 17, 2), (200,)], tiling=small_tiles).run(mt, n_steps=2, weight_decay=0.05)
+    Case([(12, 36)], seed=1, tiling=small_tiles).run(mt, n_steps=2, norm="l2")
 
 
 def _zero_row_and_column(params):
@@ -131,7 +138,8 @@ def test_zero_rows_and_columns_of_w_and_u(mt, small_tiles):
         return g
 
     for kw in (dict(clip=None), dict(norm="l2", clip=None)):
-        Case([(12, 20), (3, 10, 2), (30,)], init=_zero_row_and_column).run(mt, n_steps=2, make=grads, **kw)
+        case = Case([(12, 20), (3, 10, 2), (30,)], init=_zero_row_and_column, tiling=small_tiles)
+        case.run(mt, n_steps=2, make=grads, **kw)
 
 
 @pytest.mark.parametrize(
@@ -164,7 +172,7 @@ def test_bias_correction_with_different_step_counts(mt):
     case.run(mt, n_steps=2, bias_correction=True)
 
 
-def test_non_contiguous_grads(mt):
+def test_non_contiguous_grads(mt, launches):
     case = Case([(12, 20), (20,), (3, 5, 2), (2, 3, 2, 2)])
 
     def grads(p, gen):
@@ -176,10 +184,8 @@ def test_non_contiguous_grads(mt):
             return torch.randn(p.shape[0], p.shape[1], 2 * p.shape[2], generator=gen)[:, :, ::2]
         return torch.randn(p.shape[::-1], generator=gen).permute(3, 2, 1, 0)  # trailing dims not mergeable
 
-    before = mt.launch_counts()
     case.run(mt, n_steps=2, make=grads)
-    after = mt.launch_counts()
-    assert after["copies"] - before["copies"] == 2  # only the 4-D grad is copied, once a step
+    assert launches.take()["copies"] == 2  # only the 4-D grad is copied, once a step
 
 
 def test_mixed_dtypes_in_one_call(mt):
@@ -201,26 +207,26 @@ def test_float_and_tensor_learning_rates(mt):
     case.step(mt, case.grads(), lr=torch.tensor(0.02, dtype=torch.float64))
 
 
-def test_pointer_table_is_rebuilt_only_when_addresses_change(mt):
+def test_pointer_table_is_rebuilt_only_when_addresses_change(mt, launches):
     case = Case(SHAPES[:2])
     grads = case.grads()
     case.step(mt, grads)
-    count = mt.launch_counts()["rebuilds"]
+    launches.take()
     for g in grads:  # accumulate in place: same addresses, same table
         g.copy_(torch.randn(g.shape, generator=case.gen))
     case.step(mt, grads)
-    assert mt.launch_counts()["rebuilds"] == count
+    assert launches.take()["rebuilds"] == 0
     fresh = [g.clone() for g in case.grads()]  # zero_grad(set_to_none=True): new grad tensors
     case.step(mt, fresh)
-    assert mt.launch_counts()["rebuilds"] == count + 1
+    assert launches.take()["rebuilds"] == 1
     case.m = [m.clone() for m in case.m]  # e.g. load_state_dict replaced the moments
     case.v = [v.clone() for v in case.v]
     case.step(mt, fresh)
-    assert mt.launch_counts()["rebuilds"] == count + 2
+    assert launches.take()["rebuilds"] == 1
 
 
 @pytest.mark.parametrize(
-    "shapes, launches, norm",
+    "shapes, kernels, norm",
     [
         ([(8, 12)], 4, "max"),  # pass 1, the fill of the column and tensor maxima, finalize, pass 2
         ([(8, 12)], 3, "l2"),  # no fill: sums are reduced in order, not by atomics
@@ -231,14 +237,13 @@ def test_pointer_table_is_rebuilt_only_when_addresses_change(mt):
     ],
     ids=["one", "one-l2", "six-vectorised", "three-plain", "six-mixed", "six-mixed-l2"],
 )
-def test_launches_per_step_do_not_depend_on_the_number_of_tensors(mt, shapes, launches, norm):
+def test_launches_per_step_do_not_depend_on_the_number_of_tensors(mt, launches, shapes, kernels, norm):
     case = Case(shapes)
     grads = case.grads()
     case.step(mt, grads, bias_correction=True, lr=torch.tensor(0.01), norm=norm)
-    before = mt.launch_counts()
+    launches.take()
     case.step(mt, grads, bias_correction=True, lr=torch.tensor(0.02), norm=norm)
-    after = mt.launch_counts()
-    assert {k: after[k] - before[k] for k in after} == {"kernels": launches, "copies": 0, "rebuilds": 0}
+    assert launches.take() == {"kernels": kernels, "copies": 0, "rebuilds": 0}
 
 
 def test_finalize_runs_only_the_tiles_that_reduce(mt, small_tiles):
@@ -246,9 +251,9 @@ def test_finalize_runs_only_the_tiles_that_reduce(mt, small_tiles):
     # (5) and of each chunk of a tile-column (row tiles 0, 2, 4: 9) run. (5, 6, 3) is 3 matrices
     # of one tile. A 1-D tensor of 300 elements (19 rows of 16) has 3 x 1 tiles, of which only its
     # first reduces (1-D tensors have only a tensor norm); it is vectorisable, so its tiles come first.
-    case = Case([(40, 37), (5, 6, 3), (300,)])
+    case = Case([(40, 37), (5, 6, 3), (300,)], tiling=small_tiles)
     case.run(mt, n_steps=2)
-    plan = next(reversed(mt._plans.values()))
+    plan = mt.plan_for(case.params, case.grads(), case.m, case.v, small_tiles)
     assert plan.index == [2, 0, 1] and plan.n_tiles == 3 + 15 + 3
     assert plan.finalize_tiles.tolist() == [0] + [3, 4, 5, 6, 9, 10, 11, 12, 15, 16, 17] + [18, 19, 20]
 
@@ -406,7 +411,7 @@ def test_non_finite_values_follow_the_one_rule(mt, config):
         check(mt.merit_triton, case, config)
 
 
-def test_merit_optimizer_with_triton_matches_the_reference_backend(mt):
+def test_merit_optimizer_with_triton_matches_the_reference_backend(mt, launches):
     """Through the public class: MERIT(implementation="triton") on CPU tensors under the
     interpreter equals MERIT(implementation="reference"), with param groups and several steps,
     and takes a handful of launches per group whatever the number of tensors."""
@@ -426,9 +431,9 @@ def test_merit_optimizer_with_triton_matches_the_reference_backend(mt):
         for a, b in zip(ours, ref):
             a.grad = torch.randn(a.shape, generator=gen)
             b.grad = a.grad.clone()
-        before = mt.launch_counts()["kernels"]
+        launches.take()
         opt.step()
-        assert mt.launch_counts()["kernels"] - before <= 2 * 6  # two groups
+        assert launches.take()["kernels"] <= 2 * 6  # two groups
         opt_ref.step()
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-6, atol=1e-6)
@@ -456,20 +461,21 @@ if not _INTERPRETED:
         pytest.importorskip("triton.backends.nvidia")
         monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # compile afresh, leave ~/.triton alone
         monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, stated (it warns otherwise)
-        import merit_core.optim.merit.triton_backend as mt
-        from merit_core.optim.merit.triton_resources import compile_for, occupancy, resources
+        from benchmarks.triton_resources import compile_for, occupancy, resources
+        from merit_core.optim.merit.triton import kernels
+        from merit_core.optim.merit.triton.plan import DEFAULT_TILING as tiling
 
-        tile = mt.tile_constexprs()
-        finalize = dict(tile, FC=mt.FIN_COL_TILES, FR=mt.FIN_ROW_TILES, FT=mt.FIN_TILES, ROWCOL=True)
+        tile = tiling.constexprs()
+        finalize = dict(tiling.finalize_constexprs(), ROWCOL=True)
         for l2 in (True, False):  # in-order sums; maxima of column chunks by atomic max
-            r = resources(compile_for(mt._finalize_kernel, {**finalize, "L2": l2}, mt.NUM_WARPS))
+            r = resources(compile_for(kernels.finalize_kernel, {**finalize, "L2": l2}, tiling.finalize_warps))
             assert r["local"] == r["stack"] == 0, r
         pass1 = dict(MAXIMIZE=True, L2=False, ROWCOL=True, PER_TENSOR_BC=True)
         pass2 = dict(L2=False, ROWCOL=True, BOUND=True, CLIP=True, LR_PTR=True, PER_TENSOR_BC=False)
         for aligned in (True, False):
-            options = mt.launch_options(aligned)
+            options = tiling.launch_options(aligned)
             warps = options.pop("num_warps")
-            for kernel, flags in ((mt._pass1_kernel, pass1), (mt._pass2_kernel, pass2)):
+            for kernel, flags in ((kernels.pass1_kernel, pass1), (kernels.pass2_kernel, pass2)):
                 got = {}
                 for bias_correction in (True, False):
                     consts = {**tile, **flags, **options, "BIAS_CORRECTION": bias_correction}
@@ -483,10 +489,11 @@ if not _INTERPRETED:
 
     @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton kernels need a CUDA GPU")
     def test_compiled_kernels_on_cuda_match_the_reference_and_lr_never_recompiles():
-        import merit_core.optim.merit.triton_backend as mt
+        from merit_core.optim.merit.triton import kernels as K
+        from merit_core.optim.merit.triton import step as mt
 
         def compiled():
-            kernels = (mt._pass1_kernel, mt._finalize_kernel, mt._pass2_kernel)
+            kernels = (K.pass1_kernel, K.finalize_kernel, K.pass2_kernel)
             return sum(len(cache[0]) for k in kernels for cache in k.device_caches.values())
 
         dtypes = [torch.float32, torch.float32, torch.bfloat16, torch.float32, torch.float16]
@@ -501,11 +508,10 @@ if not _INTERPRETED:
             lr.fill_(value)
             case.step(mt, case.grads(), lr=lr)
         assert compiled() == count  # a new lr value, float or tensor, compiles nothing
-        before = mt.launch_counts()
         grads = case.grads()
-        case.step(mt, grads, lr=lr)
-        case.step(mt, grads, lr=lr)
-        after = mt.launch_counts()
+        with TritonLaunches() as launches:
+            case.step(mt, grads, lr=lr)
+            case.step(mt, grads, lr=lr)
         # 6 launches a step: two shapes are vectorisable, (64, 48, 3) and (1000, 50) are not,
         # and the fill of the column and tensor maxima before finalize
-        assert {k: after[k] - before[k] for k in after} == {"kernels": 12, "copies": 1, "rebuilds": 1}
+        assert launches.counts == {"kernels": 12, "copies": 1, "rebuilds": 1}

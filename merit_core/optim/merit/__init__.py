@@ -6,7 +6,7 @@ one backend with the same signature for all (the tensor lists and one hyperparam
 - ``foreach.py``    eager multi-tensor torch ops (GPUs without Triton, MPS, XPU)
 - ``cpu.py``        the C++/OpenMP kernel (``csrc/merit_cpu.cpp``) as a torch custom op
 - ``compiled.py``   torch.compile of two passes per tensor (opt-in)
-- triton            grouped Triton kernels (the CUDA default, once wired)
+- ``triton/``       grouped Triton kernels (the CUDA default when triton imports)
 - ``sharded.py``    DTensor/FSDP2: a backend's passes on each local shard + one all-reduce
 
 ``common.py`` holds what they share: the hyperparameter record, the rule for NaN and infinities

@@ -17,7 +17,7 @@ All tensors of a (device, dtype) group move together:
   multiply; one temporary of the tensor's size at a time) and, for 1-D tensors, one multiply.
 
 No host syncs: step counters are CPU tensors, every other quantity stays on the device.
-``launches.py`` counts the kernel launches of a step; tests/optim/test_merit_foreach.py bounds them.
+``benchmarks/launches.py`` counts the kernel launches of a step; tests/optim/test_merit_foreach.py bounds them.
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ BACKENDS: dict[str, Backend] = {
     "cpu": Backend("cpu", merit_cpu, _cpu),
     "compile": Backend("compile", merit_compiled, _plain),
     # a "module:function" string: triton is imported on first use only
-    "triton": Backend("triton", "merit_core.optim.merit.triton_backend:merit_triton", _triton),
+    "triton": Backend("triton", "merit_core.optim.merit.triton.step:merit_triton", _triton),
 }
 IMPLEMENTATIONS = tuple(BACKENDS) + tuple(ALIASES)
 _warned: set = set()

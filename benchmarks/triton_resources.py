@@ -5,7 +5,8 @@ compiled ahead of time for a compute capability (:func:`compile_for`) shows its 
 thread, spilled bytes, shared memory and SASS (:func:`resources`), and from those follows how
 many programs an SM holds at once (:func:`occupancy`), the latency hiding a memory-bound kernel
 lives on. These are properties of the code, not timings; ``benchmarks/kernel_resources.py``
-prints them for every launch variant, and a test keeps the launch settings free of spills.
+prints them for every launch variant, and a test (tests/optim/test_merit_triton.py) keeps the
+launch settings free of spills.
 """
 
 from __future__ import annotations

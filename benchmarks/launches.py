@@ -1,4 +1,5 @@
-"""Count the GPU kernel launches of an optimizer step without a GPU.
+"""Count the GPU kernel launches of an optimizer step: on meta tensors without a GPU, and the
+Triton backend's own work (:class:`TritonLaunches`).
 
 Run the step on ``meta`` tensors (shapes without data: no memory, no arithmetic) under
 :class:`LaunchCounter`, a ``TorchDispatchMode`` that sees every aten op the step dispatches:
@@ -14,12 +15,18 @@ Run the step on ``meta`` tensors (shapes without data: no memory, no arithmetic)
 
 It models torch's CUDA code as of 2.x; the figures are exact for what they count (ops and
 chunks), not a timing.
+
+The Triton backend launches its own kernels, which no dispatch mode sees: :class:`TritonLaunches`
+counts them by wrapping the backend's launch points while it is open (the backend keeps no
+counter of its own).
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from contextlib import ExitStack
+from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -103,3 +110,78 @@ def count_step_launches(make_step, shapes: list[tuple[int, ...]], dtype=torch.fl
     with LaunchCounter() as counter:
         step()
     return counter.launches
+
+
+class _CountedKernel:
+    """A Triton kernel whose launches (``kernel[grid](...)``) add to ``counts["kernels"]``."""
+
+    def __init__(self, kernel, counts: dict):
+        self.kernel, self.counts = kernel, counts
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            self.counts["kernels"] += 1
+            return launch(*args, **kwargs)
+
+        return run
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+
+class TritonLaunches:
+    """While open, counts what the Triton backend issues: ``kernels`` (Triton launches and the
+    fill of the column and tensor maxima), ``copies`` (host-to-device copies of tables, and grad
+    copies it had to make) and ``rebuilds`` (pointer tables rebuilt). A steady step adds 3
+    kernels, one more (the fill) with max-norm element-wise ratios, and two more when the list
+    mixes vectorisable and other tensors (see ``TritonPlan``), and nothing else."""
+
+    def __init__(self):
+        self.counts = {"kernels": 0, "copies": 0, "rebuilds": 0}
+        self._stack = ExitStack()
+
+    def __enter__(self) -> TritonLaunches:
+        from merit_core.optim.merit.triton import kernels, plan
+
+        counts = self.counts
+        for name in ("pass1_kernel", "finalize_kernel", "pass2_kernel"):
+            self._stack.enter_context(mock.patch.object(kernels, name, _CountedKernel(getattr(kernels, name), counts)))
+        to_device, grad_view = plan._to_device, plan._grad_view
+        bind, clear = plan.TritonPlan.bind, plan.TritonPlan.clear_max_stats
+
+        def counted_to_device(t, device):
+            out = to_device(t, device)
+            counts["copies"] += out is not t
+            return out
+
+        def counted_grad_view(p, g):
+            out = grad_view(p, g)
+            counts["copies"] += out.untyped_storage().data_ptr() != g.untyped_storage().data_ptr()
+            return out
+
+        def counted_bind(self_, *args, **kwargs):
+            counts["rebuilds"] += 1
+            return bind(self_, *args, **kwargs)
+
+        def counted_clear(self_):
+            counts["kernels"] += 1
+            return clear(self_)
+
+        patches = dict(_to_device=counted_to_device, _grad_view=counted_grad_view)
+        for name, fn in patches.items():
+            self._stack.enter_context(mock.patch.object(plan, name, fn))
+        self._stack.enter_context(mock.patch.object(plan.TritonPlan, "bind", counted_bind))
+        self._stack.enter_context(mock.patch.object(plan.TritonPlan, "clear_max_stats", counted_clear))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    def take(self) -> dict[str, int]:
+        """The counts since the last take (or since opening)."""
+        out = dict(self.counts)
+        for key in self.counts:
+            self.counts[key] = 0
+        return out
