@@ -6,7 +6,7 @@ own), `trainer_state.json` (step, tokens, lr, model, optimizer, batch shape: wha
 and `trainer_state.pt` (optimizer state, RNG states, data position; tensors and plain
 containers only, so it loads with `torch.load(weights_only=True)`). Under fsdp the optimizer
 state is instead an `optimizer/` folder of torch.distributed.checkpoint shards, which every
-process writes into the staged folder (`begin_checkpoint`). It is written into
+process writes into the staged folder (`merit_core.runs.begin_staging`). It is written into
 `<run>/.tmp-step_<N>`, fsynced and renamed into place, so a crash never leaves half a
 checkpoint. What the folder layout is (naming, completeness, "latest", staging, durable
 writes) belongs to `merit_core.runs`; this module writes and reads the files inside.
@@ -32,7 +32,6 @@ __all__ = [
     "STATE_FORMAT",
     "STATE_JSON",
     "STATE_PT",
-    "begin_checkpoint",
     "checkpoint_path",
     "latest_checkpoint",
     "list_checkpoints",
@@ -41,7 +40,6 @@ __all__ = [
     "load_trainer_state",
     "prune_checkpoints",
     "read_trainer_info",
-    "remove_partial",
     "save_checkpoint",
 ]
 
@@ -60,16 +58,6 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return runs.latest(run_dir, "complete")
 
 
-def remove_partial(run_dir: str | Path) -> None:
-    """Delete the staging folders a crash left behind while writing a checkpoint (merit's own only)."""
-    runs.remove_stale_staging(run_dir)
-
-
-def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
-    """An empty staging folder for `step_<step>/` (for files other processes write before `save_checkpoint`)."""
-    return runs.begin_staging(run_dir, step)
-
-
 def save_checkpoint(
     run_dir: str | Path,
     step: int,
@@ -86,10 +74,10 @@ def save_checkpoint(
     model: the unwrapped transformers model (its config and save_pretrained are used);
     state_dict: full weights to save instead of the model's own (sharded training);
     info: the JSON trainer state; state: the tensor trainer state for trainer_state.pt;
-    staging: the folder from `begin_checkpoint` when other files were already written into it.
+    staging: the folder from `runs.begin_staging` when other files were already written into it.
     """
     run_dir = Path(run_dir)
-    tmp = staging if staging is not None else begin_checkpoint(run_dir, step)
+    tmp = staging if staging is not None else runs.begin_staging(run_dir, step)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Writing model shards" bars would break the caller's progress display

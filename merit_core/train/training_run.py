@@ -442,13 +442,13 @@ class TrainingRun:
         self._diverged(f"the loss or gradient norm became non-finite at step {bad}")
 
     def _save(self) -> None:
-        from merit_core.train.checkpoint import begin_checkpoint, prune_checkpoints, save_checkpoint
+        from merit_core.train.checkpoint import prune_checkpoints, save_checkpoint
 
         trainer, c = self.trainer, self.config
         self._check_parameters_finite()
         staging = None
         if self.parallel.sharded_state:  # every process writes its optimizer shards into the staged folder
-            staging = _shared(self.parallel, lambda: begin_checkpoint(self.run_dir, trainer.step))
+            staging = _shared(self.parallel, lambda: runs.begin_staging(self.run_dir, trainer.step))
         state = trainer.state_dict(staging)
         full = self.parallel.full_model_state_dict(trainer.model)
         if staging is not None:

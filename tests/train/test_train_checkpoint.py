@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from merit_core import runs
 from merit_core.errors import CheckpointError
 from merit_core.train.checkpoint import (
     latest_checkpoint,
@@ -12,7 +13,6 @@ from merit_core.train.checkpoint import (
     load_model_weights,
     load_trainer_state,
     prune_checkpoints,
-    remove_partial,
     save_checkpoint,
 )
 from tests.prepared_data import TINY_GPT2
@@ -46,7 +46,7 @@ def test_complete_checkpoints_only_and_atomic_replace(tmp_path, model):
     assert latest_checkpoint(tmp_path) == tmp_path / "step_10"
     save(tmp_path, 10, model, extra=torch.ones(2))  # rewriting a step replaces it whole
     assert torch.equal(load_trainer_state(tmp_path / "step_10")["extra"], torch.ones(2))
-    remove_partial(tmp_path)
+    runs.remove_stale_staging(tmp_path)
     assert not (tmp_path / ".tmp-step_14").exists() and not list(tmp_path.glob(".tmp-*"))
     prune_checkpoints(tmp_path, keep=2)
     assert [s for s, _ in list_checkpoints(tmp_path)] == [4, 10]
