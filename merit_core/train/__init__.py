@@ -1,7 +1,9 @@
 """The training loop, its configuration, checkpoints and metrics.
 
+    from merit_core.configs import find_config
     from merit_core.train import load_config, run_training
-    summary = run_training(load_config("configs/debug.toml", ["steps=20"]))
+    config = load_config(find_config("debug", "train"), ["steps=20"])  # the shipped debug config
+    summary = run_training(config)
 
 Importing this package does not import torch; `run_training` does when it runs.
 """

@@ -78,3 +78,15 @@ def test_compare_plain_line_per_finished_run(capsys):
     assert lines[2] == "start run=adamw-b8-lr0.3 steps=10 resumed=True"
     assert lines[3].startswith("run run=adamw-b8-lr0.3 state=diverged runs_done=2/2 time=")
     assert lines[3].endswith("message=loss became nan at step 3")
+
+
+def test_the_train_package_example_loads_its_config(tmp_path, monkeypatch):
+    """merit_core.train's docstring example runs as written from any folder, up to the training itself."""
+    import merit_core.train
+
+    monkeypatch.chdir(tmp_path)
+    example = [line.strip() for line in merit_core.train.__doc__.splitlines() if line.startswith("    ")]
+    assert example[-1] == "summary = run_training(config)"
+    scope: dict = {}
+    exec("\n".join(example[:-1]), scope)
+    assert scope["config"].steps == 20
