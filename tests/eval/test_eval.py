@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from merit_cli.main import cli
+from tests.tiny_models import tiny_gpt2
 
 HARBOUR_TEXT = """\
 The harbour town wakes before the sun, when the fishing boats leave the quay.
@@ -155,14 +156,9 @@ def _tokenizer(corpus: Path):
     )
 
 
-def _tiny_gpt2(seed: int):
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(seed)
-    return GPT2LMHeadModel(
-        GPT2Config(vocab_size=512, n_positions=64, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
-    )
+def eval_gpt2(seed: int):
+    """The tiny GPT-2 the eval tests save: a 512-token vocabulary (the BPE trained on the corpus) and 64 positions."""
+    return tiny_gpt2(seed, vocab_size=512, n_positions=64)
 
 
 def _train(model, tokenizer, text: str, steps: int = 60) -> None:
@@ -196,8 +192,8 @@ def world(tmp_path_factory):
         tokenizer = _tokenizer(corpus)
 
         run = root / "run"
-        untrained = _tiny_gpt2(seed=0)
-        trained = _tiny_gpt2(seed=0)
+        untrained = eval_gpt2(seed=0)
+        trained = eval_gpt2(seed=0)
         _train(trained, tokenizer, HARBOUR_TEXT * 8)
         for step, model in ((5, untrained), (12, trained)):
             model.save_pretrained(run / f"step_{step}")
@@ -396,7 +392,7 @@ def bad_checkpoints(world):
 
     root = world["root"] / "bad"
     no_tok = root / "no_tokenizer"
-    _tiny_gpt2(seed=1).save_pretrained(no_tok)
+    eval_gpt2(seed=1).save_pretrained(no_tok)
     encoder = root / "encoder"
     torch.manual_seed(0)
     BertModel(

@@ -14,8 +14,8 @@ from tests.eval.test_eval import (
     LOCAL_TASKS,
     WIKI_PAGES,
     _set_offline,
-    _tiny_gpt2,
     _tokenizer,
+    eval_gpt2,
     lambada_yaml,
     wiki_yaml,
 )
@@ -30,7 +30,7 @@ def harbour(tmp_path_factory):
         corpus = root / "harbour.txt"
         corpus.write_text(HARBOUR_TEXT * 8, encoding="utf-8")
         checkpoint = root / "model"
-        _tiny_gpt2(seed=0).save_pretrained(checkpoint)
+        eval_gpt2(seed=0).save_pretrained(checkpoint)
         _tokenizer(corpus).save_pretrained(checkpoint)
         tasks = root / "tasks"
         tasks.mkdir()

@@ -2,19 +2,11 @@
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
 
 from merit_core.diagnostics.attention import max_attention_logits
+from tests.tiny_models import tiny_gpt2
 
 VOCAB, SEQ = 64, 16
-
-
-def tiny_gpt2():
-    torch.manual_seed(0)
-    config = GPT2Config(
-        vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0
-    )
-    return GPT2LMHeadModel(config)
 
 
 def batches(n):
@@ -40,7 +32,7 @@ def test_hf_trainer_logs_max_attention_logit(tmp_path):
     from merit_core import MERIT
     from merit_core.integrations.transformers import MaxAttentionLogitCallback
 
-    model = tiny_gpt2()
+    model = tiny_gpt2(vocab_size=VOCAB, n_positions=SEQ, n_head=4)
     probe = batches(2)
     args = TrainingArguments(
         output_dir=str(tmp_path / "out"),
@@ -81,7 +73,7 @@ def _hf_run(tmp_path, every_n_steps=None):
     from merit_core import MERIT
     from merit_core.integrations.transformers import MaxAttentionLogitCallback
 
-    model = tiny_gpt2()
+    model = tiny_gpt2(vocab_size=VOCAB, n_positions=SEQ, n_head=4)
     args = TrainingArguments(
         output_dir=str(tmp_path / f"out-{every_n_steps}"),
         per_device_train_batch_size=4,
@@ -141,7 +133,7 @@ def test_lightning_logs_max_attention_logit(tmp_path):
     class LitGPT(lightning.LightningModule):
         def __init__(self):
             super().__init__()
-            self.model = tiny_gpt2()
+            self.model = tiny_gpt2(vocab_size=VOCAB, n_positions=SEQ, n_head=4)
 
         def training_step(self, batch, batch_idx):
             return self.model(input_ids=batch, labels=batch).loss
@@ -184,7 +176,7 @@ def _lightning_run(tmp_path, every_n_steps=None):
     class LitGPT(lightning.LightningModule):
         def __init__(self):
             super().__init__()
-            self.model = tiny_gpt2()
+            self.model = tiny_gpt2(vocab_size=VOCAB, n_positions=SEQ, n_head=4)
 
         def training_step(self, batch, batch_idx):
             loss = self.model(input_ids=batch, labels=batch).loss

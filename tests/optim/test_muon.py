@@ -7,28 +7,10 @@ import torch
 from torch import nn
 
 from merit_core.optim.muon import MuonWithAdamW, muon_param_groups
+from tests.tiny_models import NO_DROPOUT, tiny_gpt2
 
 # float results of reductions: CI runs this file again with OMP_NUM_THREADS=1 (see .ci/run)
 pytestmark = pytest.mark.float_compare
-
-
-def tiny_gpt2():
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    cfg = GPT2Config(
-        vocab_size=128,
-        n_positions=32,
-        n_embd=32,
-        n_layer=2,
-        n_head=2,
-        bos_token_id=0,
-        eos_token_id=0,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
-    return GPT2LMHeadModel(cfg)
 
 
 def lm_loss(model, seed=0):
@@ -49,7 +31,7 @@ def build(model, **kw):
 
 
 def test_routing_hidden_matrices_to_muon_and_the_rest_to_adamw():
-    model = tiny_gpt2()
+    model = tiny_gpt2(**NO_DROPOUT)
     opt = build(model)
     groups = {g["name"]: g for g in opt.param_groups}
     assert [g["name"] for g in opt.param_groups] == ["muon", "adamw_decay", "adamw_no_decay"]
@@ -76,7 +58,7 @@ def test_raw_tensors_route_2d_to_muon():
 
 
 def test_step_matches_torch_muon_plus_adamw_run_separately():
-    model = tiny_gpt2()
+    model = tiny_gpt2(**NO_DROPOUT)
     ref = copy.deepcopy(model)
     opt = build(model)
     ref_groups = muon_param_groups(ref, 0.01)
@@ -101,7 +83,7 @@ def test_step_matches_torch_muon_plus_adamw_run_separately():
 
 
 def test_reduces_loss_step_closure_and_zero_grad():
-    model = tiny_gpt2()
+    model = tiny_gpt2(**NO_DROPOUT)
     opt = build(model)
     calls = []
 
@@ -122,7 +104,7 @@ def test_reduces_loss_step_closure_and_zero_grad():
 
 
 def test_lambda_lr_scales_both_parts():
-    model, half = tiny_gpt2(), tiny_gpt2()
+    model, half = tiny_gpt2(**NO_DROPOUT), tiny_gpt2(**NO_DROPOUT)
     opt = build(model)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5)
     assert [g["lr"] for g in opt.param_groups] == [0.01, 5e-4, 5e-4]
@@ -142,7 +124,7 @@ def test_lambda_lr_scales_both_parts():
 
 
 def test_state_dict_round_trip_gives_identical_next_step_and_relinks_parts():
-    model = tiny_gpt2()
+    model = tiny_gpt2(**NO_DROPOUT)
     opt = build(model)
     for seed in range(3):
         train_step(model, opt, seed)
@@ -170,7 +152,7 @@ def test_state_dict_round_trip_gives_identical_next_step_and_relinks_parts():
 
 
 def test_add_param_group_routes_by_shape():
-    model = tiny_gpt2()
+    model = tiny_gpt2(**NO_DROPOUT)
     opt = build(model)
     extra_w, extra_b = nn.Parameter(torch.randn(5, 32)), nn.Parameter(torch.zeros(5))
     opt.add_param_group({"params": [extra_w], "param_names": ["extra.w"]})

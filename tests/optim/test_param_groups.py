@@ -6,31 +6,7 @@ from torch import nn
 
 from merit_core.errors import ConfigError
 from merit_core.optim.param_groups import build_param_groups, classify_parameters
-
-
-def tiny_gpt2():
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=128, n_positions=32, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
-    return GPT2LMHeadModel(cfg)
-
-
-def tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=32,
-        tie_word_embeddings=False,
-    )
-    return LlamaForCausalLM(cfg)
+from tests.tiny_models import tiny_gpt2, tiny_llama
 
 
 def test_gpt2_roles_and_tied_head_listed_once():
@@ -74,7 +50,7 @@ def test_gpt2_decay_groups_default_and_without_embedding_decay():
 
 
 def test_llama_untied_head_is_its_own_role():
-    model = tiny_llama()
+    model = tiny_llama(tie_word_embeddings=False)
     roles = {i.name: i.role for i in classify_parameters(model)}
     assert roles["lm_head.weight"] == "head"
     assert roles["model.embed_tokens.weight"] == "embedding"

@@ -21,12 +21,12 @@ from merit_core.optim import (
     resolve_hparams,
     sampled_label_loss,
 )
-from tests.optim.test_muon import tiny_gpt2
+from tests.tiny_models import NO_DROPOUT, tiny_gpt2
 
 
 @pytest.fixture(scope="module")
 def gpt2():
-    return tiny_gpt2()
+    return tiny_gpt2(**NO_DROPOUT)
 
 
 @pytest.fixture
