@@ -10,7 +10,7 @@ after them). The centre:
   the tokens-per-step ratio (the rule and how well the CPU grids bear it out are in the
   registry's docstring and benchmarks/README.md); so every batch's grid is centred on a value
   measured (or scaled) for that batch, not on one measured at another batch;
-- otherwise `lr_centre(o).at(scale) * sqrt(B / B_min)`, with `B_min` the smallest batch of the
+- otherwise `lr_centre(o)[scale] * sqrt(B / B_min)`, with `B_min` the smallest batch of the
   comparison and `scale` "small" for models narrower than 512 (CPU models), "gpt2" otherwise
   (the spec's unmeasured centre, from its default lr).
 
@@ -130,7 +130,7 @@ def auto_centre(optimizer: str, batch_size: int, smallest_batch: int, model: str
 
         return default_lr(optimizer, model, batch_size, seq_len).lr
     scale = "small" if model_width(model) < SMALL_WIDTH else "gpt2"
-    return centre.at(scale) * math.sqrt(batch_size / smallest_batch)
+    return centre[scale] * math.sqrt(batch_size / smallest_batch)
 
 
 def auto_lr_grid(

@@ -4,25 +4,18 @@ Every registry name has one :class:`OptimizerSpec`, the only place that knows wh
 the project needs about that optimizer: how to build it, its settable hyperparameters with their
 defaults and kinds, its measured learning rates (or, unmeasured, the centre of compare's lr grid;
 or the name whose lrs it shares), whether it trains FSDP2 shards, and an optional per-step hook
-the training loop calls (Sophia-G's Hessian refresh). Adding an optimizer means
-adding a builder and a spec to this file (see CONTRIBUTING.md); `merit train`, `merit compare`
-and the fsdp check then know it.
+the training loop calls (Sophia-G's Hessian refresh). Adding an optimizer means adding a builder
+(:mod:`merit_core.optim.builders`) and a spec here (see CONTRIBUTING.md); `merit train`,
+`merit compare` and the fsdp check then know it.
 
-``build_optimizer(name, model_or_params, **hparams)`` builds one, with weight-decay param groups
-from :mod:`merit_core.optim.param_groups` (no decay on 1-D tensors; embeddings and the LM head
-decayed unless ``decay_embeddings=False``). Names are case-insensitive and ``_`` equals ``-``.
-Every user mistake (unknown name, unknown or mistyped hyperparameter, a value of the wrong type or
-out of range) raises :class:`~merit_core.errors.ConfigError` with one actionable line; a spec
-that is itself inconsistent (a hyperparameter without a kind, no lr-grid centre) raises
-ValueError when it is registered, so it fails at import, not in a user's run.
+``build_optimizer(name, model_or_params, **hparams)`` builds one. Names are case-insensitive and
+``_`` equals ``-``. A user's mistake (unknown name or hyperparameter, a value of the wrong type or
+out of range) raises :class:`~merit_core.errors.ConfigError` in one line; an inconsistent spec
+raises ValueError when it is defined, so it fails at import, not in a user's run.
 
-Learning rates: AdamW, LAMB and MERIT carry tables of measured lrs (:mod:`merit_core.optim.lr_table`:
-the entries, the runs that measured them and the scaling rule); :func:`default_lr` is what
-`merit train` uses when no lr is given, and the centre of `merit compare`'s automatic grid.
-How well the square-root rule holds, and the figures behind every entry, are in
-benchmarks/README.md ("Measured learning rates"). The `lr` default of each spec is its table's
-entry for GPT-2 small (what `build_optimizer` uses without an lr). Third-party optimizers are
-imported only when built (importing pytorch_optimizer is slow).
+Learning rates: AdamW, LAMB and MERIT carry measured lrs (:mod:`merit_core.optim.lr_table`);
+:func:`default_lr` is what `merit train` uses without an lr, and the centre of `merit compare`'s
+automatic grid. The `lr` default of each spec is its table's entry for GPT-2 small.
 """
 
 from __future__ import annotations
@@ -33,17 +26,13 @@ from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any
 
-import torch
 from torch import nn
-from torch.optim import AdamW, Optimizer
+from torch.optim import Optimizer
 
 from merit_core.errors import ConfigError
-from merit_core.extras import require
+from merit_core.optim.builders import build_adamw, build_lamb, build_lion, build_merit, build_muon, build_sophiag
 from merit_core.optim.lr_table import ADAMW_LRS, LAMB_LRS, MERIT_LRS, LrDefault, MeasuredLr, lr_from_table
-from merit_core.optim.merit import MERIT
-from merit_core.optim.muon import MuonWithAdamW, fast_adamw_options, muon_param_groups
-from merit_core.optim.param_groups import build_param_groups
-from merit_core.optim.sophia import SophiaG, sampled_label_loss
+from merit_core.optim.sophia import hessian_refresh
 
 # ---------------------------------------------------------------------------------------------
 # what a spec holds
@@ -71,42 +60,6 @@ SHARED_KINDS = {
 
 
 @dataclass(frozen=True)
-class LrCentre:
-    """The centre of `merit compare`'s automatic lr grid at the comparison's smallest batch.
-
-    `small` is for models narrower than :data:`merit_core.compare.grid.SMALL_WIDTH` (CPU-sized),
-    `gpt2` for GPT-2 small and wider; compare shifts it for larger batches and spreads the grid.
-    """
-
-    small: float
-    gpt2: float
-
-    def at(self, scale: str) -> float:
-        """The centre for compare's model `scale` ('small' or 'gpt2')."""
-        if scale not in ("small", "gpt2"):
-            raise ValueError(f"scale must be 'small' or 'gpt2', got {scale!r}")
-        return self.small if scale == "small" else self.gpt2
-
-
-@dataclass(frozen=True)
-class StepContext:
-    """What a per-step hook may use, right after an optimizer update.
-
-    logits: calls the training forward on this process's first micro-batch of the update (with
-        gradients, under the run's autocast) and returns the logits.
-    generator: a generator the loop seeded from (run seed, update index, process rank), for any
-        sampling the hook does (a resumed run draws the same).
-    world_size: the number of processes (gradients are averaged over them).
-    """
-
-    optimizer: Optimizer
-    step: int  # 0-based index of the update just taken
-    logits: Callable[[], torch.Tensor]
-    generator: torch.Generator
-    world_size: int
-
-
-@dataclass(frozen=True)
 class StepHook:
     """Extra work for the training loop after some optimizer updates (Sophia-G's Hessian refresh).
 
@@ -116,7 +69,7 @@ class StepHook:
     """
 
     interval: Callable[[Optimizer], int]
-    run: Callable[[StepContext], None]
+    run: Callable[[Any], None]  # called with the loop's merit_core.train.step_hooks.StepContext
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,9 +86,10 @@ class OptimizerSpec:
         :data:`SHARED_KINDS`, else from the default's type (bool, int, float, a pair of numbers,
         str). After construction it holds the kind of every key of `defaults`.
     fixed: switches that define a variant and cannot be set (the MERIT ablations).
-    lr_centre / lr_family: compare's lr-grid centre for an optimizer without measured lrs, or the
-        registry name whose centre and measured lrs this optimizer shares (the MERIT ablations use
-        MERIT's); exactly one of lr_centre, lr_family and measured_lrs.
+    lr_centre / lr_family: compare's lr-grid centre for an optimizer without measured lrs, by
+        model scale (``{"small": lr, "gpt2": lr}``, see :class:`merit_core.compare.grid.LrCentre`),
+        or the registry name whose centre and measured lrs this optimizer shares (the MERIT
+        ablations use MERIT's); exactly one of lr_centre, lr_family and measured_lrs.
     fsdp_refused: None when the optimizer trains FSDP2-sharded (DTensor) parameters exactly
         (tests/dist_scripts/fsdp_checks.py checks every name); else the one-line reason
         `--parallel fsdp` refuses it.
@@ -150,7 +104,7 @@ class OptimizerSpec:
     defaults: Mapping[str, Any]
     kinds: Mapping[str, str] = field(default_factory=dict)
     fixed: Mapping[str, Any] = field(default_factory=dict)
-    lr_centre: LrCentre | None = None
+    lr_centre: Mapping[str, float] | None = None
     lr_family: str | None = None
     fsdp_refused: str | None = None
     measured_lrs: tuple[MeasuredLr, ...] = ()
@@ -180,6 +134,11 @@ class OptimizerSpec:
             except TypeError:
                 raise ValueError(f"{where}: the default of '{key}', {default!r}, is not {KINDS[kind]}") from None
         object.__setattr__(self, "kinds", kinds)
+        if self.lr_centre is not None and (
+            set(self.lr_centre) != {"small", "gpt2"}
+            or not all(_is_number(v) and v > 0 for v in self.lr_centre.values())
+        ):
+            raise ValueError(f"{where}: lr_centre must give a positive lr for 'small' and for 'gpt2' models")
         given = [self.lr_centre is not None, self.lr_family is not None, bool(self.measured_lrs)]
         if sum(given) != 1:
             raise ValueError(
@@ -238,70 +197,6 @@ def _coerce(spec: OptimizerSpec, key: str, value: Any) -> Any:
         ) from None
 
 
-def _construct(optimizer: str, cls: type, *args: Any, **kwargs: Any) -> Optimizer:
-    """Call an optimizer constructor, turning its validation errors into a ConfigError."""
-    try:
-        return cls(*args, **kwargs)
-    except (ValueError, TypeError, IndexError) as e:
-        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"optimizer '{optimizer}': invalid hyperparameters: {message}") from e
-
-
-# ---------------------------------------------------------------------------------------------
-# builders: (registry name, model_or_params, resolved hparams incl. fixed switches) -> optimizer
-
-
-def _decay_groups(model_or_params: Any, hp: dict[str, Any]) -> list[dict[str, Any]]:
-    """Decay / no-decay groups; consumes the registry-only ``decay_embeddings`` from ``hp``."""
-    return build_param_groups(model_or_params, hp["weight_decay"], decay_embeddings=hp.pop("decay_embeddings"))
-
-
-def _build_merit(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimizer:
-    groups = _decay_groups(model_or_params, hp)
-    return _construct(name, MERIT, groups, **hp)
-
-
-def _build_adamw(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimizer:
-    groups = _decay_groups(model_or_params, hp)
-    fused, foreach = hp.pop("fused"), hp.pop("foreach")
-    if fused is None and foreach is None:
-        kernel = fast_adamw_options(p for g in groups for p in g["params"])
-    else:
-        kernel = {"fused": fused, "foreach": foreach}
-    return _construct(name, AdamW, groups, **hp, **kernel)
-
-
-def _build_lamb(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimizer:
-    Lamb = require("pytorch_optimizer", "optimizer 'lamb'", "'merit-optim[baselines]'").Lamb
-    groups = _decay_groups(model_or_params, hp)
-    return _construct(name, Lamb, groups, **hp)
-
-
-def _build_lion(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimizer:
-    Lion = require("pytorch_optimizer", "optimizer 'lion'", "'merit-optim[baselines]'").Lion
-    groups = _decay_groups(model_or_params, hp)
-    return _construct(name, Lion, groups, **hp)
-
-
-def _build_sophiag(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimizer:
-    groups = _decay_groups(model_or_params, hp)
-    return _construct(name, SophiaG, groups, **hp)
-
-
-def _build_muon(name: str, model_or_params: Any, hp: dict[str, Any]) -> Optimizer:
-    groups = muon_param_groups(model_or_params, hp["adamw_weight_decay"], decay_embeddings=hp.pop("decay_embeddings"))
-    return _construct(name, MuonWithAdamW, groups, **hp)
-
-
-def _sophia_refresh(ctx: StepContext) -> None:
-    """Sophia-G's Gauss-Newton-Bartlett refresh: backward on labels sampled from the model's own
-    predictions, then update_hessian with the labels behind the gradient, counted over processes
-    since DDP and FSDP average the gradient (see merit_core.optim.sophia)."""
-    loss, n_labels = sampled_label_loss(ctx.logits(), generator=ctx.generator)
-    loss.backward()
-    ctx.optimizer.update_hessian(n_labels * ctx.world_size)
-
-
 # ---------------------------------------------------------------------------------------------
 # the registry
 
@@ -328,21 +223,15 @@ def unregister_optimizer(name: str) -> None:
     _SPECS.pop(canonical_name(name))
 
 
-# Optimizers without measured lrs: compare's centre is their default lr on GPT-2, x 5/3 on small
-# models (AdamW's nanoGPT lr 6e-4 on GPT-2 against a usual 1e-3 on small models).
-_SMALL_MODEL_LR_RATIO = 1e-3 / 6e-4
-
-
-def _default_lr_centre(lr: float) -> LrCentre:
-    """An unmeasured lr-grid centre: `lr` on GPT-2, x 5/3 on small models."""
-    return LrCentre(small=lr * _SMALL_MODEL_LR_RATIO, gpt2=lr)
+def _default_lr_centre(lr: float) -> dict[str, float]:
+    """Compare's lr-grid centre of an optimizer without measured lrs: its default `lr` on GPT-2, x 5/3
+    on small models (AdamW's nanoGPT lr 6e-4 on GPT-2 against a usual 1e-3 on small models)."""
+    return {"small": lr * 1e-3 / 6e-4, "gpt2": lr}
 
 
 _MERIT_SWITCHES = ("norm", "elementwise", "weight_bound", "clip")
 # The reference README's language-model example (betas (0.9, 0.95), weight decay 1e-2) with the
-# measured GPT-2 small lr instead of its 2e-4 (far worse on GPT-2 small; benchmarks/README.md). The
-# MERIT class keeps the reference code's own defaults (lr 1e-3, betas (0.9, 0.999), no decay); its
-# docstring says why.
+# measured GPT-2 small lr (benchmarks/README.md); the MERIT class keeps the reference code's defaults.
 _MERIT_DEFAULTS = dict(
     lr=2e-3,
     betas=(0.9, 0.95),
@@ -369,8 +258,7 @@ _ADAMW_DEFAULTS = dict(
     foreach=None,
     decay_embeddings=True,
 )
-# Same betas / eps / decay / lr as MERIT, so the two differ only in the ratio (pytorch_optimizer's
-# own default lr, 1e-3, barely learns on gpt2-tiny; benchmarks/README.md).
+# Same betas / eps / decay / lr as MERIT, so the two differ only in the ratio.
 _LAMB_DEFAULTS = dict(
     lr=2e-3,
     betas=(0.9, 0.95),
@@ -418,7 +306,7 @@ def _merit_variant(name: str, summary: str, **switches: Any) -> OptimizerSpec:
     settable = {k: v for k, v in _MERIT_DEFAULTS.items() if k not in _MERIT_SWITCHES}
     kinds = {k: v for k, v in _MERIT_KINDS.items() if k in settable}
     return OptimizerSpec(
-        name=name, summary=summary, builder=_build_merit, defaults=settable, kinds=kinds, fixed=fixed, lr_family="merit"
+        name=name, summary=summary, builder=build_merit, defaults=settable, kinds=kinds, fixed=fixed, lr_family="merit"
     )
 
 
@@ -426,7 +314,7 @@ for _spec in (
     OptimizerSpec(
         name="merit",
         summary="MERIT: max-norm element-wise trust ratios, clipped (Luo et al. 2025)",
-        builder=_build_merit,
+        builder=build_merit,
         defaults=_MERIT_DEFAULTS,
         kinds=_MERIT_KINDS,
         measured_lrs=MERIT_LRS,
@@ -434,14 +322,14 @@ for _spec in (
     OptimizerSpec(
         name="adamw",
         summary="torch AdamW, decoupled decay (fused kernel on CPU/CUDA, else foreach)",
-        builder=_build_adamw,
+        builder=build_adamw,
         defaults=_ADAMW_DEFAULTS,
         measured_lrs=ADAMW_LRS,
     ),
     OptimizerSpec(
         name="lamb",
         summary="pytorch_optimizer Lamb (step / (1 - b1^t)); decay inside the trust-ratio update",
-        builder=_build_lamb,
+        builder=build_lamb,
         defaults=_LAMB_DEFAULTS,
         measured_lrs=LAMB_LRS,
         fsdp_refused="pytorch_optimizer's Lamb clamps its trust-ratio norms in place, which DTensor shards do not "
@@ -450,22 +338,22 @@ for _spec in (
     OptimizerSpec(
         name="lion",
         summary="pytorch_optimizer Lion: signed momentum updates, decoupled decay",
-        builder=_build_lion,
+        builder=build_lion,
         defaults=_LION_DEFAULTS,
         lr_centre=_default_lr_centre(_LION_DEFAULTS["lr"]),
     ),
     OptimizerSpec(
         name="sophiag",
         summary="Sophia-G (Liu et al. 2023); the loop refreshes its Hessian every hessian_interval",
-        builder=_build_sophiag,
+        builder=build_sophiag,
         defaults=_SOPHIAG_DEFAULTS,
         lr_centre=_default_lr_centre(_SOPHIAG_DEFAULTS["lr"]),
-        step_hook=StepHook(interval=lambda opt: int(opt.hessian_interval), run=_sophia_refresh),
+        step_hook=StepHook(interval=lambda opt: int(opt.hessian_interval), run=hessian_refresh),
     ),
     OptimizerSpec(
         name="muon",
         summary="torch Muon on 2-D hidden weights + AdamW (adamw_*) on embeddings, head and 1-D params",
-        builder=_build_muon,
+        builder=build_muon,
         defaults=_MUON_DEFAULTS,
         kinds={"adjust_lr_fn": "str?"},
         lr_centre=_default_lr_centre(_MUON_DEFAULTS["lr"]),
@@ -529,7 +417,7 @@ def optimizer_summary(name: str) -> str:
     return get_spec(name).summary
 
 
-def lr_centre(name: str) -> LrCentre | None:
+def lr_centre(name: str) -> Mapping[str, float] | None:
     """The centre of compare's automatic lr grid for an optimizer without measured lrs (its lr
     family's when it has one); None when it has measured lrs (see :func:`default_lr`)."""
     spec = get_spec(name)

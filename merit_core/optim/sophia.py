@@ -20,7 +20,7 @@ after that step's ``opt.step()`` (the official script: when ``step % k == k - 1`
     opt.update_hessian(n)                           # h <- b2 * h + (1 - b2) * n * g_hat**2
     opt.zero_grad()
 
-In `merit train` the refresh is the ``sophiag`` registry spec's step hook
+In `merit train` the refresh is :func:`hessian_refresh`, the ``sophiag`` registry spec's step hook
 (:mod:`merit_core.optim.registry`); the Trainer keeps the cadence.
 
 GNB batch-size scaling: ``g_hat`` is the gradient of the *mean* sampled-label loss over the
@@ -35,7 +35,7 @@ default ``rho=4e-4`` is its ``rho=0.04`` re-expressed per token (0.04 * 5120 / 4
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -71,6 +71,16 @@ def sampled_label_loss(
         labels = torch.multinomial(probs, 1, generator=generator).squeeze(1)
     loss = F.cross_entropy(flat.float(), labels)
     return SampledLoss(loss, int(labels.numel()))
+
+
+def hessian_refresh(ctx: Any) -> None:
+    """The refresh above as the training loop's step hook: ``ctx`` is the loop's
+    :class:`~merit_core.train.step_hooks.StepContext` (its optimizer, a forward giving this
+    process's logits, a seeded generator, the number of processes). The labels behind the
+    gradient are counted over processes, since DDP and FSDP average the gradient."""
+    loss, n_labels = sampled_label_loss(ctx.logits(), generator=ctx.generator)
+    loss.backward()
+    ctx.optimizer.update_hessian(n_labels * ctx.world_size)
 
 
 class SophiaG(Optimizer):

@@ -25,13 +25,14 @@ from merit_core.devices import available_host_memory
 from merit_core.diagnostics.attention import max_attention_logits
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 from merit_core.optim import build_optimizer
-from merit_core.optim.registry import StepContext, step_hook
+from merit_core.optim.registry import step_hook
 from merit_core.train import lm_loss
 from merit_core.train.batches import TrainBatches, to_device, val_batches
 from merit_core.train.compiling import compile_errors, compile_note, eager, resolve_compile, transformer_blocks
 from merit_core.train.config import TrainConfig
 from merit_core.train.distributed import Parallel
 from merit_core.train.schedule import lr_at
+from merit_core.train.step_hooks import StepContext
 
 
 @dataclass

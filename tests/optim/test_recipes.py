@@ -11,12 +11,10 @@ from click.testing import CliRunner
 from torch import nn
 
 from merit_core.errors import ConfigError
+from merit_core.optim.builders import construct, decay_groups
 from merit_core.optim.registry import (
-    LrCentre,
     OptimizerSpec,
     StepHook,
-    _construct,
-    _decay_groups,
     build_optimizer,
     default_hparams,
     optimizer_names,
@@ -27,8 +25,8 @@ from merit_core.optim.registry import (
 
 def _build_toy(name, model_or_params, hp):
     """The builder the recipe asks for: decay groups from the registry, errors as ConfigError."""
-    groups = _decay_groups(model_or_params, hp)
-    return _construct(name, torch.optim.SGD, groups, **hp)
+    groups = decay_groups(model_or_params, hp)
+    return construct(name, torch.optim.SGD, groups, **hp)
 
 
 @pytest.fixture
@@ -48,7 +46,7 @@ def toy():
             defaults=dict(
                 lr=0.05, momentum=0.9, dampening=0.0, nesterov=False, weight_decay=0.0, decay_embeddings=True
             ),
-            lr_centre=LrCentre(small=0.1, gpt2=0.01),
+            lr_centre={"small": 0.1, "gpt2": 0.01},
             fsdp_refused="the toy optimizer was never checked on DTensor shards",
             step_hook=StepHook(interval=lambda opt: 2, run=hook),
         )
@@ -76,7 +74,7 @@ def test_toy_builds_and_its_hyperparameters_are_checked(toy):
 
 
 def test_inconsistent_specs_fail_when_defined():
-    common = dict(name="bad", summary="-", builder=_build_toy, lr_centre=LrCentre(small=0.1, gpt2=0.01))
+    common = dict(name="bad", summary="-", builder=_build_toy, lr_centre={"small": 0.1, "gpt2": 0.01})
     with pytest.raises(ValueError, match="'clip' .* needs its kind"):
         OptimizerSpec(**common, defaults=dict(lr=0.1, clip=None))
     assert OptimizerSpec(**common, defaults=dict(lr=0.1, clip=None), kinds={"clip": "float?"}).kinds["clip"] == "float?"

@@ -265,7 +265,7 @@ def test_every_builtin_spec_describes_itself():
         assert set(spec.kinds) == set(spec.defaults), name  # every settable hyperparameter has a kind
         centre = lr_centre(name)
         assert (centre is None) == bool(measured_lrs(name)), name  # measured lrs, or an unmeasured centre
-        assert centre is None or (0 < centre.small and 0 < centre.gpt2), name
+        assert centre is None or (0 < centre["small"] and 0 < centre["gpt2"]), name
     ablations = ("merit-noclip", "merit-nobound", "max-lamb", "l2-merit", "lamb-ref")
     assert all(get_spec(n).lr_family == "merit" and measured_lrs(n) == measured_lrs("merit") for n in ablations)
     assert [n for n in OPTIMIZER_NAMES if measured_lrs(n) and n not in ablations] == ["merit", "adamw", "lamb"]
