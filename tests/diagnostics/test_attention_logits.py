@@ -1,59 +1,14 @@
 """The max-attention-logit probe equals a direct computation from the model's own weights."""
 
-import math
-
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from merit_core.diagnostics.attention import chunked_max_logits, max_attention_logits
+from tests.diagnostics.direct_attention import gpt2_direct, llama_direct, scaled
 
 # float results of reductions: CI runs this file again with OMP_NUM_THREADS=1 (see .ci/run)
 pytestmark = pytest.mark.float_compare
-
-
-def _causal_max(q, k):
-    """q, k: [H, T, D] -> per-head max of q.k/sqrt(D) over key <= query."""
-    t, d = q.shape[1], q.shape[2]
-    logits = q @ k.transpose(-1, -2) / math.sqrt(d)
-    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()  # on the model's device
-    return logits.masked_fill(~mask, float("-inf")).amax(dim=(1, 2))
-
-
-def _gpt2_direct(model, ids):
-    hs = model(ids, output_hidden_states=True).hidden_states
-    cfg = model.config
-    d, h = cfg.n_embd, cfg.n_head
-    out = []
-    for i, block in enumerate(model.transformer.h):
-        x = block.ln_1(hs[i])
-        q, k, _ = block.attn.c_attn(x).split(d, dim=2)
-        per_seq = []
-        for b in range(ids.shape[0]):
-            qh = q[b].view(-1, h, d // h).transpose(0, 1)
-            kh = k[b].view(-1, h, d // h).transpose(0, 1)
-            per_seq.append(_causal_max(qh, kh))
-        out.append(torch.stack(per_seq).amax(0))
-    return torch.stack(out)
-
-
-def _llama_direct(model, ids):
-    hs = model(ids, output_hidden_states=True).hidden_states
-    cfg = model.config
-    h, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
-    hd = cfg.hidden_size // h
-    pos = torch.arange(ids.shape[1], device=ids.device)[None]
-    out = []
-    for i, layer in enumerate(model.model.layers):
-        x = layer.input_layernorm(hs[i])
-        cos, sin = model.model.rotary_emb(x, pos)
-        q = layer.self_attn.q_proj(x).view(ids.shape[0], -1, h, hd).transpose(1, 2)
-        k = layer.self_attn.k_proj(x).view(ids.shape[0], -1, hkv, hd).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        k = k.repeat_interleave(h // hkv, dim=1)
-        out.append(torch.stack([_causal_max(q[b], k[b]) for b in range(ids.shape[0])]).amax(0))
-    return torch.stack(out)
 
 
 @pytest.fixture(scope="module")
@@ -62,24 +17,15 @@ def ids():
     return torch.randint(0, 256, (2, 37))
 
 
-def _scaled(model, factor=8.0):
-    # make logits large and distinct so the comparison is meaningful
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.mul_(factor)
-    return model.eval()
-
-
 def test_gpt2_probe_matches_direct(ids):
     torch.manual_seed(1)
-    m = _scaled(
+    m = scaled(
         GPT2LMHeadModel(
             GPT2Config(vocab_size=256, n_positions=64, n_embd=32, n_layer=3, n_head=4, bos_token_id=0, eos_token_id=0)
         )
     )
     with torch.no_grad():
-        expected = _gpt2_direct(m, ids)
+        expected = gpt2_direct(m, ids)
         logits_before = m(ids).logits
     got = max_attention_logits(m, ids, query_chunk=5)
     assert got.shape == (3, 4)
@@ -93,7 +39,7 @@ def test_gpt2_probe_matches_direct(ids):
 
 def test_llama_probe_matches_direct_after_rotary_with_gqa(ids):
     torch.manual_seed(2)
-    m = _scaled(
+    m = scaled(
         LlamaForCausalLM(
             LlamaConfig(
                 vocab_size=256,
@@ -107,7 +53,7 @@ def test_llama_probe_matches_direct_after_rotary_with_gqa(ids):
         )
     )
     with torch.no_grad():
-        expected = _llama_direct(m, ids)
+        expected = llama_direct(m, ids)
     got = max_attention_logits(m, ids, query_chunk=8)
     assert got.shape == (2, 4)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

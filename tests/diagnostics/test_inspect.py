@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerFast
 from merit_cli.main import cli
 from merit_core.diagnostics.probe import PROBE_TEXT
 from merit_core.diagnostics.report import InspectOptions, inspect_paths
-from tests.diagnostics.test_attention_logits import _gpt2_direct, _llama_direct
+from tests.diagnostics.direct_attention import gpt2_direct, llama_direct
 from tests.diagnostics.test_weights import GPT2_K_HEAD, LLAMA_KV_HEAD, PLANT, plant, tiny_gpt2, tiny_llama
 
 TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat by the door."
@@ -56,7 +56,7 @@ def test_max_logits_equal_direct_computation(ckpts, arch):
     assert ids.shape[1] < 256  # the text is measured as given: not repeated to fill a length
     assert (c.probe.source, c.probe.n_tokens, c.probe.notes) == ("text", ids.shape[1], [])
     with torch.no_grad():
-        direct = (_gpt2_direct if arch == "gpt2" else _llama_direct)(model.eval(), ids)
+        direct = (gpt2_direct if arch == "gpt2" else llama_direct)(model.eval(), ids)
     got = torch.tensor([[h.max_attention_logit for h in layer.heads] for layer in c.layers])
     torch.testing.assert_close(got, direct, rtol=1e-4, atol=1e-4)
     assert [l.max_attention_logit for l in c.layers] == pytest.approx(direct.amax(1).tolist(), rel=1e-4)
@@ -65,7 +65,7 @@ def test_max_logits_equal_direct_computation(ckpts, arch):
     (cut,) = inspect_paths([folder], InspectOptions(text=TEXT, seq_len=8)).checkpoints
     assert cut.probe.n_tokens == 8 and "first 8" in cut.probe.notes[0]
     with torch.no_grad():
-        direct = (_gpt2_direct if arch == "gpt2" else _llama_direct)(model.eval(), ids[:, :8])
+        direct = (gpt2_direct if arch == "gpt2" else llama_direct)(model.eval(), ids[:, :8])
     assert [l.max_attention_logit for l in cut.layers] == pytest.approx(direct.amax(1).tolist(), rel=1e-4)
 
 

@@ -16,8 +16,9 @@ import tomllib
 import pytest
 import torch
 
-from tests.diagnostics.test_attention_logits import _gpt2_direct, _llama_direct, _scaled
-from tests.eval.test_eval import LOCAL_TASKS, world  # noqa: F401  (`world` is a fixture used below)
+from tests.diagnostics.direct_attention import gpt2_direct, llama_direct, scaled
+from tests.eval.local_tasks import LOCAL_TASKS
+from tests.eval.test_eval import world  # noqa: F401  (`world` is a fixture used below)
 
 pytestmark = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(
@@ -162,7 +163,7 @@ def _probe_models():
             max_position_embeddings=64,
         )
     )
-    return {"gpt2": (_scaled(gpt2), _gpt2_direct), "llama-gqa": (_scaled(llama), _llama_direct)}
+    return {"gpt2": (scaled(gpt2), gpt2_direct), "llama-gqa": (scaled(llama), llama_direct)}
 
 
 @pytest.mark.parametrize("tf32", [False, True], ids=["no-tf32", "tf32"])

@@ -12,6 +12,8 @@ from merit_core.models import ModelSpec, build_model, model_config
 
 D, H, LAYERS, VOCAB, CONTEXT = 32, 4, 2, 256, 64
 WINDOW = 8  # sliding window of the tiny models that have one (sequences in the tests are longer)
+PLANT_Q, PLANT_K = 5.0, 7.0  # what plant_heads writes into W_Q and W_K
+Q_HEAD, KV_HEAD, FEATURE, INPUT = 2, 1, 3, 5  # where
 
 # model_type -> (key heads, extra config keys)
 TINY: dict[str, tuple[int | None, dict]] = {
@@ -159,3 +161,41 @@ def scaled(model, factor: float = 6.0):
             if p.ndim == 2:
                 p.mul_(factor)
     return model.eval()
+
+
+def plant_heads(model):
+    """Plant W_Q[query head Q_HEAD] and W_K[key head KV_HEAD] entries in layer 1; check they are those heads'."""
+    params = dict(model.named_parameters())
+    x = torch.randn(1, 3, model.config.to_dict().get("hidden_size") or model.config.n_embd)
+    with torch.no_grad():
+        q0, k0 = (t.clone() for t in project(model, 1, x))
+        for which, head, value in (("q", Q_HEAD, PLANT_Q), ("k", KV_HEAD, PLANT_K)):
+            name, idx = stored_entry(model, 1, which, head, FEATURE, INPUT)
+            params[name][idx] = value
+        q1, k1 = project(model, 1, x)
+    _, _, hd = shape(model)
+    # the planted entries moved exactly the intended output feature of the projections
+    for before, after, head in ((q0, q1, Q_HEAD), (k0, k1, KV_HEAD)):
+        changed = (after != before).any(dim=(0, 1)).nonzero().flatten().tolist()
+        assert changed == [head * hd + FEATURE]
+    return model
+
+
+def check_planted(stats, model_type):
+    """The weight statistics of a model from :func:`plant_heads` find the planted entries in layer 1, in their heads."""
+    heads, kv, hd = stats.n_heads, stats.n_kv_heads, stats.head_dim
+    assert stats.architecture == model_type and stats.n_layers == 2 and heads == H
+    l0, l1 = stats.layers
+    assert (l1.q_max_norm, l1.k_max_norm) == (PLANT_Q, PLANT_K)
+    assert l0.q_max_norm < 1.0 and l0.k_max_norm < 1.0
+    assert l1.bound == PLANT_Q * PLANT_K
+    for h in l1.heads:
+        assert h.kv_head == h.head // (heads // kv)  # grouped query heads read key head h // group
+        assert (h.q_max_norm == PLANT_Q) == (h.head == Q_HEAD)
+        assert (h.k_max_norm == PLANT_K) == (h.kv_head == KV_HEAD)
+        assert h.bound == h.q_max_norm * h.k_max_norm
+    out_axis, in_axis = ("rows", "cols") if stats.row_axis == "output" else ("cols", "rows")
+    q_out, k_out = getattr(l1, f"q_{out_axis}").outliers[0], getattr(l1, f"k_{out_axis}").outliers[0]
+    assert (q_out.index, q_out.head, q_out.max_norm) == (Q_HEAD * hd + FEATURE, Q_HEAD, PLANT_Q)
+    assert (k_out.index, k_out.head, k_out.max_norm) == (KV_HEAD * hd + FEATURE, KV_HEAD, PLANT_K)
+    assert getattr(l1, f"k_{in_axis}").outliers[0].index == INPUT

@@ -17,8 +17,7 @@ from merit_core.errors import ConfigError
 from merit_core.models import NAMED_MODELS, FamilySpec, ModelSpec, build_model, get_family, model_config
 from merit_core.models.families import _decoder
 from merit_core.models.family import AttentionWeights, register_family
-from tests.models.family_models import direct_max_logits, scaled
-from tests.models.test_families import _check_planted, _plant
+from tests.models.family_models import check_planted, direct_max_logits, plant_heads, scaled
 
 TOY = "starcoder2"
 
@@ -47,9 +46,9 @@ def toy_family(monkeypatch):
 
 
 def test_planted_max_norm_is_found_in_the_right_layer_and_head(toy_family, tmp_path):
-    model = _plant(build_model(model_config(f"{TOY}-tiny"), seed=1).eval())
+    model = plant_heads(build_model(model_config(f"{TOY}-tiny"), seed=1).eval())
     model.save_pretrained(tmp_path)
-    _check_planted(weight_stats(tmp_path), TOY)
+    check_planted(weight_stats(tmp_path), TOY)
 
 
 def test_probe_equals_direct_computation_within_the_window(toy_family):
