@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from merit_cli.main import cli
 from merit_core.compare.measures import EVAL_FILE, HESSIAN_FILE
-from tests.eval.test_eval import LAMBADA_LINES, _set_offline, lambada_yaml
+from tests.eval.local_tasks import LAMBADA_LINES, lambada_yaml, set_offline
 
 TRAIN = dict(eval_batches=2, eval_batch_size=4, log_every=1, keep_checkpoints=0)
 
@@ -65,7 +65,7 @@ def measured(tmp_path_factory, model_cfg, data_dir, tasks_dir):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and immune to a busy machine
     with pytest.MonkeyPatch.context() as mp:
-        _set_offline(mp, root)
+        set_offline(mp, root)
         result = CliRunner().invoke(cli, args)
         assert result.exit_code == 0, result.output
         summary = json.loads((out / "summary.json").read_text())

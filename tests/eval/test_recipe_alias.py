@@ -8,15 +8,15 @@ from click.testing import CliRunner
 
 from merit_cli.main import cli
 from merit_core.evaluation.tasks import ALIASES, TaskAlias, expand_aliases, resolve_tasks
-from tests.eval.test_eval import (
+from tests.eval.local_tasks import (
     HARBOUR_TEXT,
     LAMBADA_LINES,
     LOCAL_TASKS,
     WIKI_PAGES,
-    _set_offline,
-    _tokenizer,
     eval_gpt2,
     lambada_yaml,
+    set_offline,
+    train_tokenizer,
     wiki_yaml,
 )
 
@@ -26,12 +26,12 @@ def harbour(tmp_path_factory):
     """An untrained tiny GPT-2 checkpoint with its tokenizer, and two local lm-eval tasks."""
     root = tmp_path_factory.mktemp("alias")
     with pytest.MonkeyPatch.context() as mp:
-        _set_offline(mp, root)
+        set_offline(mp, root)
         corpus = root / "harbour.txt"
         corpus.write_text(HARBOUR_TEXT * 8, encoding="utf-8")
         checkpoint = root / "model"
         eval_gpt2(seed=0).save_pretrained(checkpoint)
-        _tokenizer(corpus).save_pretrained(checkpoint)
+        train_tokenizer(corpus).save_pretrained(checkpoint)
         tasks = root / "tasks"
         tasks.mkdir()
         (tasks / "harbour_lambada.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in LAMBADA_LINES))
