@@ -15,7 +15,7 @@ from merit_core.diagnostics.hessian import (
     power_iteration,
     top_eigenvalue,
 )
-from tests.diagnostics.test_weights import tiny_gpt2, tiny_llama
+from tests.diagnostics.planted_models import diag_gpt2, diag_llama
 
 # float results of reductions: CI runs this file again with OMP_NUM_THREADS=1 (see .ci/run)
 pytestmark = pytest.mark.float_compare
@@ -186,7 +186,7 @@ def test_estimates_are_seeded():
 
 def test_model_hvp_matches_finite_differences_of_gradients():
 
-    model = tiny_gpt2(seed=1).double()
+    model = diag_gpt2(seed=1).double()
     ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
     params = [p for p in model.parameters()]
 
@@ -218,7 +218,7 @@ def test_model_hvp_matches_finite_differences_of_gradients():
 
 def test_model_hessian_restores_the_model():
 
-    model = tiny_llama(seed=2)
+    model = diag_llama(seed=2)
     model.set_attn_implementation("sdpa")
     model.train()
     ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(0))

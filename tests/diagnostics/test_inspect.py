@@ -13,7 +13,7 @@ from merit_cli.main import cli
 from merit_core.diagnostics.probe import PROBE_TEXT
 from merit_core.diagnostics.report import InspectOptions, inspect_paths
 from tests.diagnostics.direct_attention import gpt2_direct, llama_direct
-from tests.diagnostics.test_weights import GPT2_K_HEAD, LLAMA_KV_HEAD, PLANT, plant, tiny_gpt2, tiny_llama
+from tests.diagnostics.planted_models import GPT2_K_HEAD, LLAMA_KV_HEAD, PLANT, diag_gpt2, diag_llama, plant
 
 TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat by the door."
 
@@ -40,7 +40,7 @@ def scaled(model, factor=8.0):
 def ckpts(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpts")
     out = {}
-    for name, model in (("gpt2", scaled(plant(tiny_gpt2(seed=1)))), ("llama", scaled(plant(tiny_llama(seed=2))))):
+    for name, model in (("gpt2", scaled(plant(diag_gpt2(seed=1)))), ("llama", scaled(plant(diag_llama(seed=2))))):
         model.save_pretrained(root / name)
         tok = save_tokenizer(root / name)
         out[name] = (root / name, model, tok)
@@ -175,7 +175,7 @@ def _make_run(root, ckpts):
     """A run folder like `merit train` writes, with steps out of order, a temp dir and an incomplete step."""
     run = root / "run"
     for step, factor in ((10, 1.5), (0, 1.0), (5, 1.2)):
-        model = tiny_gpt2(seed=1)
+        model = diag_gpt2(seed=1)
         with torch.no_grad():
             for p in model.parameters():
                 p.mul_(factor)

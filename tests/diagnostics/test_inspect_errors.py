@@ -13,13 +13,13 @@ from safetensors.torch import save_file
 from merit_cli.main import cli
 from merit_core.diagnostics.checkpoints import find_checkpoints
 from merit_core.errors import CheckpointError
-from tests.diagnostics.test_weights import tiny_gpt2, tiny_llama
+from tests.diagnostics.planted_models import diag_gpt2, diag_llama
 
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory):
     folder = tmp_path_factory.mktemp("good") / "gpt2"
-    tiny_gpt2().save_pretrained(folder)
+    diag_gpt2().save_pretrained(folder)
     return folder
 
 
@@ -139,7 +139,7 @@ def test_config_mismatch_found_while_building_the_model(good, tmp_path):
 
 
 def test_llama_key_heads_mismatch(tmp_path):
-    tiny_llama(kv_heads=2).save_pretrained(tmp_path / "l")
+    diag_llama(kv_heads=2).save_pretrained(tmp_path / "l")
     config = json.loads((tmp_path / "l" / "config.json").read_text())
     (tmp_path / "l" / "config.json").write_text(json.dumps({**config, "num_key_value_heads": 4}))
     _fails([tmp_path / "l"], "16 key features, not 4 key heads of 8")
@@ -151,7 +151,7 @@ def test_empty_folder_lists_what_it_found(tmp_path):
 
 
 def test_sharded_index_with_missing_shard(tmp_path):
-    tiny_gpt2().save_pretrained(tmp_path / "s", max_shard_size="20KB")
+    diag_gpt2().save_pretrained(tmp_path / "s", max_shard_size="20KB")
     shard = sorted((tmp_path / "s").glob("model-*.safetensors"))[0]
     shard.unlink()
     _fails([tmp_path / "s"], "missing", shard.name)

@@ -6,67 +6,27 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from merit_core.diagnostics.checkpoints import find_checkpoints
 from merit_core.diagnostics.weights import model_weight_stats, weight_stats
+from tests.diagnostics.planted_models import (
+    GPT2_K_COL,
+    GPT2_K_HEAD,
+    GPT2_K_ROW,
+    HD,
+    LLAMA_K_COL,
+    LLAMA_K_ROW,
+    LLAMA_KV_HEAD,
+    PLANT,
+    D,
+    H,
+    diag_gpt2,
+    diag_llama,
+    plant,
+)
 
 # float results of reductions: CI runs this file again with OMP_NUM_THREADS=1 (see .ci/run)
 pytestmark = pytest.mark.float_compare
-
-D, H, HD = 32, 4, 8
-PLANT = 7.0
-
-
-def tiny_gpt2(seed=0, n_layer=2):
-    torch.manual_seed(seed)
-    return GPT2LMHeadModel(
-        GPT2Config(
-            vocab_size=256,
-            n_positions=64,
-            n_embd=D,
-            n_layer=n_layer,
-            n_head=H,
-            bos_token_id=0,
-            eos_token_id=0,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-        )
-    )
-
-
-def tiny_llama(seed=0, n_layer=2, kv_heads=2):
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=256,
-            hidden_size=D,
-            intermediate_size=64,
-            num_hidden_layers=n_layer,
-            num_attention_heads=H,
-            num_key_value_heads=kv_heads,
-            max_position_embeddings=64,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
-    )
-
-
-# Planted entries: (stored row, stored column) of W_K in layer 1, and the head that owns them.
-# GPT-2 c_attn is [in, 3*out]: K occupies columns D..2D, head h owns K columns h*HD..(h+1)*HD.
-GPT2_K_ROW, GPT2_K_COL, GPT2_K_HEAD = 5, 2 * HD + 3, 2  # column 19 within K -> head 2
-# Llama k_proj is [Hkv*HD, in]: kv head h owns rows h*HD..(h+1)*HD.
-LLAMA_K_ROW, LLAMA_K_COL, LLAMA_KV_HEAD = 1 * HD + 3, 20, 1  # row 11 -> kv head 1 -> query heads 2, 3
-
-
-def plant(model):
-    with torch.no_grad():
-        if model.config.model_type == "gpt2":
-            model.transformer.h[1].attn.c_attn.weight[GPT2_K_ROW, D + GPT2_K_COL] = PLANT
-        else:
-            model.model.layers[1].self_attn.k_proj.weight[LLAMA_K_ROW, LLAMA_K_COL] = PLANT
-    return model
 
 
 def saved(model, folder, **kw):
@@ -75,7 +35,7 @@ def saved(model, folder, **kw):
 
 
 def test_gpt2_planted_key_entry(tmp_path):
-    model = plant(tiny_gpt2())
+    model = plant(diag_gpt2())
     stats = weight_stats(saved(model, tmp_path / "g")).to_dict()
     assert stats["architecture"] == "gpt2" and stats["n_layers"] == 2 and stats["n_heads"] == H
     assert stats["row_axis"] == "input"
@@ -101,7 +61,7 @@ def test_gpt2_planted_key_entry(tmp_path):
 
 
 def test_llama_planted_key_entry_with_grouped_heads(tmp_path):
-    model = plant(tiny_llama(kv_heads=2))
+    model = plant(diag_llama(kv_heads=2))
     stats = weight_stats(saved(model, tmp_path / "l")).to_dict()
     assert (stats["architecture"], stats["n_heads"], stats["n_kv_heads"], stats["head_dim"]) == ("llama", H, 2, HD)
     assert stats["row_axis"] == "output"
@@ -118,7 +78,7 @@ def test_llama_planted_key_entry_with_grouped_heads(tmp_path):
 
 
 def test_other_weights_are_all_2d_tensors(tmp_path):
-    folder = saved(tiny_gpt2(), tmp_path / "g")
+    folder = saved(diag_gpt2(), tmp_path / "g")
     stats = weight_stats(folder).to_dict()
     tensors = load_file(folder / "model.safetensors")
     names = sorted(k for k, v in tensors.items() if v.ndim == 2)
@@ -129,7 +89,7 @@ def test_other_weights_are_all_2d_tensors(tmp_path):
 
 
 def test_sharded_and_live_model_agree_with_single_file(tmp_path):
-    model = plant(tiny_llama())
+    model = plant(diag_llama())
     single = weight_stats(saved(model, tmp_path / "one")).to_dict()
     sharded_dir = saved(model, tmp_path / "many", max_shard_size="20KB")
     assert (sharded_dir / "model.safetensors.index.json").is_file()
@@ -140,7 +100,7 @@ def test_sharded_and_live_model_agree_with_single_file(tmp_path):
 
 
 def test_without_config_heads_come_from_the_caller(tmp_path):
-    folder = saved(plant(tiny_gpt2()), tmp_path / "g")
+    folder = saved(plant(diag_gpt2()), tmp_path / "g")
     alone = tmp_path / "alone"
     alone.mkdir()
     shutil.copy(folder / "model.safetensors", alone / "weights.safetensors")
@@ -152,7 +112,7 @@ def test_without_config_heads_come_from_the_caller(tmp_path):
 
 
 def test_half_precision_and_unprefixed_gpt2_names(tmp_path):
-    model = plant(tiny_gpt2())
+    model = plant(diag_gpt2())
     tensors = {
         k.removeprefix("transformer."): v.to(torch.bfloat16).contiguous()
         for k, v in model.state_dict().items()
