@@ -87,6 +87,9 @@ def test_inconsistent_specs_fail_when_defined():
         OptimizerSpec(**no_centre, defaults=dict(lr=0.1))  # a new optimizer never silently gets a default lr
     with pytest.raises(ValueError, match="lr_family 'nope'"):
         register_optimizer(OptimizerSpec(**no_centre, defaults=dict(lr=0.1), lr_family="nope"))
+    for centre in ({"small": 0.1}, {"small": 0.1, "gpt2": 0.0}, {"small": 0.1, "gpt2": 0.01, "large": 1e-3}):
+        with pytest.raises(ValueError, match="lr_centre must give a positive lr for 'small' and for 'gpt2'"):
+            OptimizerSpec(**{**common, "lr_centre": centre}, defaults=dict(lr=0.1))
     with pytest.raises(ValueError, match="lower case"):
         OptimizerSpec(**{**common, "name": "Bad_Name"}, defaults=dict(lr=0.1))
     assert "bad" not in optimizer_names()
