@@ -153,3 +153,33 @@ def test_every_command_help_stays_light():
     """)
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# What merit_core/optim (the slim install: torch alone) may import from the rest of merit_core: leaf
+# modules that import nothing of merit's but errors. lr_table.py is left out of both checks below:
+# it reads a model's width through merit_core.models when it runs, until its callers pass the
+# width in.
+OPTIM_MAY_IMPORT = {"merit_core", "merit_core.errors", "merit_core.extras", "merit_core.paths"}
+OPTIM_EXEMPT = {"merit_core.optim.lr_table"}
+
+
+def _optim_modules(graph: dict[str, set[str]]) -> list[str]:
+    return [m for m in graph if m.split(".")[:2] == ["merit_core", "optim"] and m not in OPTIM_EXEMPT]
+
+
+def test_optim_imports_nothing_of_merit_but_itself_and_leaf_modules():
+    graph = _graph(function_level=True)
+    assert "merit_core.models" in graph["merit_core.optim.lr_table"]  # the graph sees function-level imports
+    for module in _optim_modules(graph):
+        outside = {t for t in graph[module] if t.split(".")[:2] != ["merit_core", "optim"]}
+        assert outside <= OPTIM_MAY_IMPORT, (module, sorted(outside - OPTIM_MAY_IMPORT))
+    for leaf in OPTIM_MAY_IMPORT - {"merit_core", "merit_core.errors"}:
+        assert graph[leaf] <= {"merit_core.errors"}, (leaf, graph[leaf])
+
+
+def test_optim_imports_merits_modules_at_the_top_of_its_modules():
+    """Inside merit_core/optim every import of merit's own modules is at module level, where a reader
+    and the graph see it (the Triton backend, which imports triton, is loaded by name when chosen)."""
+    top, everywhere = _graph(), _graph(function_level=True)
+    hidden = {m: sorted(everywhere[m] - top[m]) for m in _optim_modules(everywhere) if everywhere[m] - top[m]}
+    assert hidden == {}
