@@ -17,6 +17,9 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # run from a checkout
+from tests.optim.merit_literal import SWITCHES, literal_step  # noqa: E402
+
 HP = dict(lr=0.05, beta1=0.9, beta2=0.99, eps=1e-6)
 STEPS = 3
 
@@ -65,8 +68,6 @@ CLIPPED = [0]  # how many elements the reference clipped (sanity: the test exerc
 def reference_step(w, g, m, v, t, *, lr, beta1, beta2, eps, **opts):
     """One MERIT step on full float64 tensors by the shared literal transcription
     (tests/optim/merit_literal.py); returns (w, m, v). t is the 1-based step number."""
-    from tests.optim.merit_literal import literal_step
-
     new_w, new_m, new_v = literal_step(w, g, m, v, t, lr=lr, betas=(beta1, beta2), eps=eps, **opts)
     if opts["clip"] is not None:  # an element was clipped where the step is exactly lr * clip
         CLIPPED[0] += int(((new_w - w).abs() >= lr * opts["clip"] * (1 - 1e-12)).sum())
@@ -85,19 +86,7 @@ def sharded_step(fn, params, grads, exp_avgs, exp_avg_sqs, steps, *, beta1, beta
 
 
 # The keyword arguments of one merit_sharded step through `sharded_step`; tests override a few.
-STEP_DEFAULTS = dict(
-    lr=0.1,
-    beta1=0.9,
-    beta2=0.99,
-    eps=1e-6,
-    weight_decay=0.0,
-    norm="max",
-    elementwise=True,
-    weight_bound=True,
-    clip=1.0,
-    bias_correction=False,
-    maximize=False,
-)
+STEP_DEFAULTS = dict(lr=0.1, beta1=0.9, beta2=0.99, eps=1e-6, weight_decay=0.0, **SWITCHES)
 
 
 def combos() -> list[dict]:
@@ -392,5 +381,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     sys.exit(main())

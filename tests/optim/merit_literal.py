@@ -7,6 +7,10 @@ import math
 
 import torch
 
+# MERIT's switches at their defaults (MERIT(), the registry's "merit"): the tests' plain step,
+# which each test overrides in part.
+SWITCHES = dict(norm="max", elementwise=True, weight_bound=True, clip=1.0, bias_correction=False, maximize=False)
+
 
 def _norm(values, kind):
     values = list(values)
@@ -30,14 +34,16 @@ def literal_step(
     betas,
     eps,
     weight_decay,
-    norm="max",
-    elementwise=True,
-    weight_bound=True,
-    clip=1.0,
-    bias_correction=False,
-    maximize=False,
+    **switches,
 ):
-    """One MERIT step on float64 tensors: returns new (w, m, v); inputs are not modified."""
+    """One MERIT step on float64 tensors: returns new (w, m, v); inputs are not modified.
+    ``switches``: any of :data:`SWITCHES`, the others at their defaults."""
+    unknown = set(switches) - set(SWITCHES)
+    if unknown:
+        raise TypeError(f"literal_step: unknown switches {sorted(unknown)}")
+    switches = {**SWITCHES, **switches}
+    norm, elementwise, weight_bound = switches["norm"], switches["elementwise"], switches["weight_bound"]
+    clip, bias_correction, maximize = switches["clip"], switches["bias_correction"], switches["maximize"]
     b1, b2 = betas
     shape = tuple(w.shape)
     idx = list(itertools.product(*[range(n) for n in shape]))

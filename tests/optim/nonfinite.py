@@ -13,6 +13,7 @@ import math
 import torch
 
 from merit_core.optim.merit.common import Hyper
+from tests.optim.merit_literal import SWITCHES
 
 SHAPES = [(5, 4), (4,), (5, 4)]  # two shapes only: the compile backend compiles each once
 NAN, INF = math.nan, math.inf
@@ -31,18 +32,7 @@ CONFIGS = {
     "l2-unbounded": dict(norm="l2", weight_bound=False, clip=None),
     "weightwise-decay": dict(elementwise=False, weight_decay=0.1, bias_correction=True),
 }
-BASE = dict(
-    lr=0.01,
-    betas=(0.9, 0.999),
-    eps=1e-6,
-    weight_decay=0.0,
-    norm="max",
-    elementwise=True,
-    weight_bound=True,
-    clip=1.0,
-    bias_correction=False,
-    maximize=False,
-)
+BASE = dict(lr=0.01, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, **SWITCHES)
 
 
 def hyper(config: str) -> Hyper:
