@@ -24,11 +24,13 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdi
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    """A small prepared-data folder (tokens + tokenizer), one per test module."""
+def data_dir(tmp_path_factory, request):
+    """A small prepared-data folder (tokens + tokenizer), one per test module; a module's
+    ``DATA_SENTENCES`` sets its corpus size (default 3000 sentences)."""
     from tests.prepared_data import write_prepared
 
-    return write_prepared(tmp_path_factory.mktemp("data"))
+    n_sentences = getattr(request.module, "DATA_SENTENCES", 3000)
+    return write_prepared(tmp_path_factory.mktemp("data"), n_sentences=n_sentences)
 
 
 @pytest.fixture(scope="module")

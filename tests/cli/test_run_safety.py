@@ -18,34 +18,20 @@ from merit_cli.main import cli
 from merit_core import errors, fileio, runs
 from merit_core.train.checkpoint import list_checkpoints, load_trainer_state
 from merit_core.train.metrics import read_metrics
-from tests.prepared_data import write_prepared, write_tiny_model_config
+from tests import cli_runs
+from tests.cli_runs import invoke
 
 TINY = dict(
     batch_size=4, micro_batch_size=2, seq_len=16, lr=3e-3, eval_every=3, save_every=4, log_every=1, eval_batches=1
 )
-TINY_SETS = [a for k, v in {**TINY, "eval_batch_size": 2}.items() for a in ("--set", f"{k}={v}")]
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return write_prepared(tmp_path_factory.mktemp("data"), n_sentences=600)
-
-
-@pytest.fixture(scope="module")
-def model_cfg(tmp_path_factory):
-    return write_tiny_model_config(tmp_path_factory.mktemp("model"))
+DATA_SENTENCES = 600  # the data_dir fixture's corpus (tests/conftest.py)
 
 
 def train_args(model_cfg, data_dir, out, *extra):
-    return ["train", "--model", str(model_cfg), "--data", str(data_dir), "--out", str(out), *TINY_SETS, *extra]
-
-
-def invoke(args):
-    result = CliRunner().invoke(cli, args)
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
+    return cli_runs.train_args(model_cfg, data_dir, out, *extra, settings={**TINY, "eval_batch_size": 2})
 
 
 def strip(records):

@@ -4,19 +4,11 @@ output head, Gemma 2's soft-capped eager attention)."""
 import json
 
 import pytest
-from click.testing import CliRunner
 
-from merit_cli.main import cli
+from tests.cli_runs import invoke
 from tests.models.family_models import tiny_config
 
 SETS = dict(batch_size=4, seq_len=32, eval_every=2, save_every=2, log_every=1, eval_batches=1, eval_batch_size=2)
-
-
-def _invoke(args):
-    result = CliRunner().invoke(cli, args)
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
 
 
 @pytest.mark.parametrize("model_type", ["gpt_neox", "gemma2"])
@@ -25,13 +17,13 @@ def test_train_resume_and_inspect_a_family_config(model_type, data_dir, tmp_path
     out = tmp_path / "run"
     sets = [a for k, v in SETS.items() for a in ("--set", f"{k}={v}")]
     args = ["train", "--model", str(tmp_path / "cfg" / "config.json"), "--data", str(data_dir), "--out", str(out)]
-    res = _invoke([*args, *sets, "--steps", "2"])
+    res = invoke([*args, *sets, "--steps", "2"])
     assert res.exit_code == 0, res.output
-    res = _invoke(["train", "--resume", "--out", str(out), "--steps", "4"])
+    res = invoke(["train", "--resume", "--out", str(out), "--steps", "4"])
     assert res.exit_code == 0, res.output
     assert (out / "step_4" / "model.safetensors").is_file()
     report = tmp_path / "inspect.json"
-    res = _invoke(["inspect", str(out / "step_4"), "--seq-len", "16", "--json", str(report)])
+    res = invoke(["inspect", str(out / "step_4"), "--seq-len", "16", "--json", str(report)])
     assert res.exit_code == 0, res.output
     (c,) = json.loads(report.read_text())["checkpoints"]
     assert c["architecture"] == model_type and c["probe"]["n_tokens"] == 16

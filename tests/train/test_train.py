@@ -10,36 +10,13 @@ from click.testing import CliRunner
 from merit_cli.main import cli
 from merit_core.train.checkpoint import list_checkpoints, load_trainer_state, read_trainer_info
 from merit_core.train.metrics import read_metrics
-
-TINY = dict(
-    batch_size=8,
-    micro_batch_size=4,
-    seq_len=32,
-    lr=3e-3,
-    eval_every=2,
-    save_every=2,
-    log_every=1,
-    eval_batches=2,
-    eval_batch_size=4,
-)
-
-
-def tiny_args(model_cfg, data_dir, out, *extra):
-    sets = [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
-    return ["train", "--model", str(model_cfg), "--data", str(data_dir), "--out", str(out), *sets, *extra]
-
-
-def invoke(args):
-    result = CliRunner().invoke(cli, args)
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
+from tests.cli_runs import TINY_TRAIN, invoke, train_args
 
 
 @pytest.fixture(scope="module")
 def finished_run(model_cfg, data_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "run"
-    result = invoke(tiny_args(model_cfg, data_dir, out, "--steps", "4"))
+    result = invoke(train_args(model_cfg, data_dir, out, "--steps", "4"))
     assert result.exit_code == 0, result.output + result.stderr
     return out, result
 
@@ -154,7 +131,7 @@ def test_resume_reproduces_the_uninterrupted_losses_exactly(model_cfg, data_dir,
                 raise Crash
 
     config = load_config(
-        values={**TINY, "model": str(model_cfg), "data": str(data_dir), "steps": 4, "out": str(tmp_path / "run")}
+        values={**TINY_TRAIN, "model": str(model_cfg), "data": str(data_dir), "steps": 4, "out": str(tmp_path / "run")}
     )
     with pytest.raises(Crash):
         run_training(config, CrashAtStep3())
@@ -183,7 +160,7 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(model_cfg, data
 
     monkeypatch.setattr(Trainer, "_loss", poisoned)
     out = tmp_path / "run"
-    result = invoke(tiny_args(model_cfg, data_dir, out, "--steps", "6"))
+    result = invoke(train_args(model_cfg, data_dir, out, "--steps", "6"))
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "non-finite at step 3" in lines[0] and str(out / "step_2") in lines[0]

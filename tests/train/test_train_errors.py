@@ -6,17 +6,8 @@ import pytest
 from click.testing import CliRunner
 
 from merit_cli.main import cli
-from tests.prepared_data import write_prepared, write_tiny_model_config
 
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return write_prepared(tmp_path_factory.mktemp("data"), n_sentences=600)
-
-
-@pytest.fixture(scope="module")
-def model_cfg(tmp_path_factory):
-    return write_tiny_model_config(tmp_path_factory.mktemp("model"))
+DATA_SENTENCES = 600  # the data_dir fixture's corpus (tests/conftest.py)
 
 
 @pytest.fixture

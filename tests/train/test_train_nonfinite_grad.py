@@ -7,7 +7,7 @@ import torch
 
 from merit_core.train.checkpoint import list_checkpoints
 from merit_core.train.metrics import read_metrics
-from tests.train.test_train import invoke, tiny_args
+from tests.cli_runs import invoke, train_args
 
 
 class _NanGrad(torch.autograd.Function):
@@ -33,7 +33,7 @@ def test_nonfinite_gradient_stops_the_run_at_that_step(model_cfg, data_dir, tmp_
 
     monkeypatch.setattr(Trainer, "_loss", poisoned)
     out = tmp_path / "run"
-    result = invoke(tiny_args(model_cfg, data_dir, out, "--steps", "6", "--optimizer", "merit"))
+    result = invoke(train_args(model_cfg, data_dir, out, "--steps", "6", "--optimizer", "merit"))
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "non-finite at step 3" in lines[0] and str(out / "step_2") in lines[0]
