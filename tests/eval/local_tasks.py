@@ -103,6 +103,18 @@ def wiki_yaml(name: str, data: Path) -> str:
 LOCAL_TASKS = ["harbour_lambada", "harbour_wiki"]
 
 
+def write_local_tasks(folder: Path) -> Path:
+    """The two local tasks (their JSONL data and their configs) written into a new `folder`."""
+    folder.mkdir()
+    with open(folder / "harbour_lambada.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"text": line}) + "\n" for line in LAMBADA_LINES)
+    with open(folder / "harbour_wiki.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"page": page}) + "\n" for page in WIKI_PAGES)
+    (folder / "harbour_lambada.yaml").write_text(lambada_yaml("harbour_lambada", folder / "harbour_lambada.jsonl"))
+    (folder / "harbour_wiki.yaml").write_text(wiki_yaml("harbour_wiki", folder / "harbour_wiki.jsonl"))
+    return folder
+
+
 def set_offline(mp: pytest.MonkeyPatch, root: Path) -> None:
     """HF libraries offline with caches under `root`, also when another test imported them already."""
     env = {

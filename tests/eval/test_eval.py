@@ -19,7 +19,7 @@ from tests.eval.local_tasks import (
     lambada_yaml,
     set_offline,
     train_tokenizer,
-    wiki_yaml,
+    write_local_tasks,
 )
 
 TRAINER_STATE = {"step": 12, "optimizer": "merit", "global_batch_size": 8192, "seq_len": 64, "tokens": 6291456}
@@ -68,14 +68,7 @@ def world(tmp_path_factory):
         (run / "config.toml").write_text('[optim]\nname = "merit"\n')
         (run / "metrics.jsonl").write_text('{"step": 12, "loss": 3.0}\n')
 
-        tasks = root / "tasks"
-        tasks.mkdir()
-        with open(tasks / "harbour_lambada.jsonl", "w", encoding="utf-8") as f:
-            f.writelines(json.dumps({"text": line}) + "\n" for line in LAMBADA_LINES)
-        with open(tasks / "harbour_wiki.jsonl", "w", encoding="utf-8") as f:
-            f.writelines(json.dumps({"page": page}) + "\n" for page in WIKI_PAGES)
-        (tasks / "harbour_lambada.yaml").write_text(lambada_yaml("harbour_lambada", tasks / "harbour_lambada.jsonl"))
-        (tasks / "harbour_wiki.yaml").write_text(wiki_yaml("harbour_wiki", tasks / "harbour_wiki.jsonl"))
+        tasks = write_local_tasks(root / "tasks")
         yield {"root": root, "run": run, "tasks": tasks, "tokenizer": tokenizer}
     torch.set_num_threads(threads)
 

@@ -10,14 +10,11 @@ from merit_cli.main import cli
 from merit_core.evaluation.tasks import ALIASES, TaskAlias, expand_aliases, resolve_tasks
 from tests.eval.local_tasks import (
     HARBOUR_TEXT,
-    LAMBADA_LINES,
     LOCAL_TASKS,
-    WIKI_PAGES,
     eval_gpt2,
-    lambada_yaml,
     set_offline,
     train_tokenizer,
-    wiki_yaml,
+    write_local_tasks,
 )
 
 
@@ -32,12 +29,7 @@ def harbour(tmp_path_factory):
         checkpoint = root / "model"
         eval_gpt2(seed=0).save_pretrained(checkpoint)
         train_tokenizer(corpus).save_pretrained(checkpoint)
-        tasks = root / "tasks"
-        tasks.mkdir()
-        (tasks / "harbour_lambada.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in LAMBADA_LINES))
-        (tasks / "harbour_wiki.jsonl").write_text("".join(json.dumps({"page": p}) + "\n" for p in WIKI_PAGES))
-        (tasks / "harbour_lambada.yaml").write_text(lambada_yaml("harbour_lambada", tasks / "harbour_lambada.jsonl"))
-        (tasks / "harbour_wiki.yaml").write_text(wiki_yaml("harbour_wiki", tasks / "harbour_wiki.jsonl"))
+        tasks = write_local_tasks(root / "tasks")
         yield {"checkpoint": checkpoint, "tasks": tasks}
 
 

@@ -16,6 +16,7 @@ import tomllib
 import pytest
 import torch
 
+from tests.cli_runs import TINY_TRAIN
 from tests.diagnostics.direct_attention import gpt2_direct, llama_direct, scaled
 from tests.eval.local_tasks import LOCAL_TASKS
 from tests.eval.test_eval import world  # noqa: F401  (`world` is a fixture used below)
@@ -26,17 +27,8 @@ needs_cuda = pytest.mark.skipif(
 )
 DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=needs_cuda)]
 
-TINY = dict(
-    batch_size=8,
-    seq_len=32,
-    lr=3e-3,
-    eval_every=2,
-    save_every=2,
-    log_every=1,
-    eval_batches=2,
-    eval_batch_size=4,
-    device="cuda",
-)
+# the tests' tiny run in whole batches (no micro-batches), on CUDA
+TINY = {**{k: v for k, v in TINY_TRAIN.items() if k != "micro_batch_size"}, "device": "cuda"}
 
 
 @pytest.fixture(autouse=True)

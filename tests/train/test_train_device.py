@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+from functools import partial
 
 import numpy as np
 import pytest
@@ -16,44 +17,11 @@ from merit_core.train import hardware, lm_loss
 from merit_core.train.batches import TrainBatches, to_device
 from merit_core.train.config import load_config, resolve
 from merit_core.train.trainer import activation_bytes_per_sequence, largest_fitting, optimizer_state_reserve
+from tests.tiny_models import NO_DROPOUT, tiny_gpt2, tiny_llama
 
-
-def _gpt2():
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    return GPT2LMHeadModel(
-        GPT2Config(
-            vocab_size=97,
-            n_positions=32,
-            n_embd=32,
-            n_layer=2,
-            n_head=4,
-            bos_token_id=0,
-            eos_token_id=0,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-        )
-    )
-
-
-def _llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    return LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=97,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=32,
-            tie_word_embeddings=False,
-        )
-    )
+# the tiny models of these tests: a 97-token vocabulary, 4 heads (2 key heads for the Llama)
+_gpt2 = partial(tiny_gpt2, vocab_size=97, n_head=4, **NO_DROPOUT)
+_llama = partial(tiny_llama, vocab_size=97, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
 
 
 def _loss_and_grads(model, x, y, chunk_tokens=None, scale=1.0, **head_args):

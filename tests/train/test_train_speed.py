@@ -18,6 +18,7 @@ from merit_core.train import compiling
 from merit_core.train.config import load_config, resolve, save_config
 from merit_core.train.distributed import Parallel
 from merit_core.train.trainer import build_trainer, fastest_fitting, prefetched
+from tests.cli_runs import TINY_TRAIN
 
 
 def test_compile_setting_auto_true_false(tmp_path):
@@ -149,20 +150,8 @@ def test_compiled_run_trains_evaluates_saves_and_resumes_like_the_eager_run(mode
         def on_note(self, message):
             notes.append(message)
 
-    common = dict(
-        model=str(model_cfg),
-        data=str(data_dir),
-        batch_size=4,
-        micro_batch_size=2,
-        seq_len=16,
-        lr=3e-3,
-        eval_every=2,
-        save_every=2,
-        log_every=1,
-        eval_batches=1,
-        eval_batch_size=2,
-        device="cpu",
-    )
+    small = dict(batch_size=4, micro_batch_size=2, seq_len=16, eval_batches=1, eval_batch_size=2, device="cpu")
+    common = {**TINY_TRAIN, **small, "model": str(model_cfg), "data": str(data_dir)}
     eager = run_training(load_config(values={**common, "steps": 3, "out": str(tmp_path / "eager")}))
     out = tmp_path / "compiled"
     run_training(load_config(values={**common, "steps": 2, "compile": True, "out": str(out)}), Notes())
