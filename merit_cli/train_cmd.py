@@ -131,12 +131,7 @@ class RichTrainReport(LiveReport, TrainCallbacks):
             (f"merit inspect {shlex.quote(str(summary.run_dir))}", "max-norms and attention logits per checkpoint")
         ]
         if summary.last_checkpoint:
-            hints.append(
-                (
-                    f"merit eval {shlex.quote(str(summary.last_checkpoint))} --tasks lambada,wikitext",
-                    "zero-shot LAMBADA / WikiText (datasets downloaded once)",
-                )
-            )
+            hints.append(eval_hint(str(summary.last_checkpoint)))
         print_command_hints(self.out, "Next", hints)
 
 
@@ -161,6 +156,22 @@ def _list_configs(ctx, param, value):
         soft_wrap=not out.is_terminal,
     )
     ctx.exit(0)
+
+
+def eval_hint(checkpoint: str) -> tuple[str, str]:
+    """The Next line for `merit eval`: the hub's LAMBADA / WikiText when the hub answers, else the
+    offline tasks on the built-in corpus (the hub's datasets cannot be fetched then)."""
+    from merit_core.hub import hub_reachable
+
+    if hub_reachable():
+        return (
+            f"merit eval {shlex.quote(checkpoint)} --tasks lambada,wikitext",
+            "zero-shot LAMBADA / WikiText (datasets downloaded once; --tasks builtin works offline)",
+        )
+    return (
+        f"merit eval {shlex.quote(checkpoint)} --tasks builtin",
+        "offline: perplexity and last-word accuracy on the built-in corpus's held-out text",
+    )
 
 
 def micro_batch(ctx, param, value):
