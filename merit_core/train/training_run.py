@@ -166,6 +166,7 @@ class TrainingRun:
 
     def _data(self):
         from merit_core.data import load_meta, resolve_data
+        from merit_core.data.meta import data_notes
 
         c = self.config
 
@@ -184,6 +185,8 @@ class TrainingRun:
             check_data(path, meta, c.seq_len)
             check_same_data(self.resume, c, meta)
             self.cb.on_data(meta)
+            for note in data_notes(meta, c.steps * c.tokens_per_step):
+                self.cb.on_note(note)
             return path, meta
 
         return _shared(self.parallel, prepare)
@@ -384,6 +387,7 @@ class TrainingRun:
             while trainer.notes:  # the compile time, after the first step
                 self.cb.on_note(trainer.notes.pop(0))
             step, last = trainer.step, trainer.step == c.steps
+            self.cb.on_step(step)
             if step % c.log_every == 0 or last:
                 tick = self._log(out, tick)
             evaluate = (c.eval_every and step % c.eval_every == 0) or last

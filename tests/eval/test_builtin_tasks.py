@@ -48,6 +48,7 @@ def fresh_run(model_cfg, data_dir, tmp_path_factory):
 def test_eval_builtin_scores_a_fresh_run_offline(fresh_run, tmp_path):
     run, train_output = fresh_run
     assert "--tasks builtin" in train_output  # the hub is unreachable: Next offers the offline tasks
+    assert "1 step on" in train_output
     out = tmp_path / "scores.json"
     result = CliRunner().invoke(cli, ["eval", str(run), "--tasks", "builtin", "--limit", "4", "-o", str(out)])
     assert result.exit_code == 0, result.output
