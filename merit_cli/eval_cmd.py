@@ -266,7 +266,7 @@ def eval_cmd(
     """Zero-shot evaluation of checkpoints with lm-evaluation-harness.
 
     CKPT is a Hugging Face model folder, a `merit train` run folder (its latest step_N is used) or a
-    hub model name. Aliases: lambada, wikitext, superglue (see --list-tasks).
+    hub model name. Aliases: builtin (offline), lambada, wikitext, superglue (see --list-tasks).
 
     \b
     Examples:
@@ -289,7 +289,9 @@ def eval_cmd(
     if not checkpoints:
         raise ConfigError("no checkpoint given: merit eval CKPT... --tasks lambada,wikitext")
     if not tasks or not split_task_list(tasks):
-        raise ConfigError("no task given: pass --tasks, e.g. --tasks lambada,wikitext (see --list-tasks)")
+        raise ConfigError(
+            "no task given: pass --tasks, e.g. --tasks builtin (offline) or lambada,wikitext (see --list-tasks)"
+        )
     settings = EvalSettings(
         tasks=split_task_list(tasks),
         include_path=include_path,
