@@ -166,7 +166,6 @@ class TrainingRun:
 
     def _data(self):
         from merit_core.data import load_meta, resolve_data
-        from merit_core.data.meta import data_notes
 
         c = self.config
 
@@ -185,8 +184,6 @@ class TrainingRun:
             check_data(path, meta, c.seq_len)
             check_same_data(self.resume, c, meta)
             self.cb.on_data(meta)
-            for note in data_notes(meta, c.steps * c.tokens_per_step):
-                self.cb.on_note(note)
             return path, meta
 
         return _shared(self.parallel, prepare)
@@ -239,6 +236,7 @@ class TrainingRun:
         """Everything is checked and built: the run folder's files are written from here on."""
         self.tokenizer_dir = meta.tokenizer_path if meta.tokenizer_path.is_dir() else None
         self.data_info = data_info(meta)
+        self.data_meta = meta
         self.metrics = MetricsLog(self.run_dir)
         if self.parallel.is_main:
             with fileio.disk_full_guard(self.run_dir / CONFIG_FILE, ckpt):
@@ -290,6 +288,10 @@ class TrainingRun:
                 device_memory=hw.total_memory,
             )
         )
+        from merit_core.data.meta import data_notes
+
+        for note in data_notes(self.data_meta, c.steps * c.tokens_per_step):  # once the run is under way
+            self.cb.on_note(note)
         self.last_log, self.last_eval = last_records(self.run_dir, ckpt)
         self.last_ckpt = ckpt
         self.last_saved_step = trainer.step if ckpt is not None else None

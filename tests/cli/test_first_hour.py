@@ -41,8 +41,9 @@ def test_data_notes_name_a_small_validation_split_and_repeated_epochs(data_dir):
     assert f"only {SMALL_VAL_TOKENS - 1:,} validation tokens" in val and "--val-fraction" in val
 
 
-def test_train_bar_moves_every_step_and_labels_its_tokens_per_s(model_cfg, data_dir, tmp_path):
+def test_train_bar_moves_every_step_and_labels_its_tokens_per_s(model_cfg, data_dir, tmp_path, monkeypatch):
     from merit_cli.train_cmd import RichTrainReport
+    from merit_core.data import meta as data_meta
     from merit_core.train.config import load_config
     from merit_core.train.training_run import run_training
 
@@ -60,6 +61,7 @@ def test_train_bar_moves_every_step_and_labels_its_tokens_per_s(model_cfg, data_
         def on_note(self, message):
             seen.append(("note", message))
 
+    monkeypatch.setattr(data_meta, "data_notes", lambda meta, planned: [f"data note: {planned} tokens planned"])
     report = Report()
     report.out = Console(file=io.StringIO(), width=100, force_terminal=True)
     report.plain = False
@@ -67,6 +69,7 @@ def test_train_bar_moves_every_step_and_labels_its_tokens_per_s(model_cfg, data_
     values.update(steps=3, log_every=100, eval_every=0, tokens=None)
     run_training(load_config(values={**values, "optimizer": "adamw"}), report)
     assert [s for s in seen if s[0] != "note"] == [(1, 1), (2, 2), (3, 3), ("log", 3)]  # logs only at the end
+    assert ("note", "data note: 192 tokens planned") in seen  # 3 steps x 4 x 16 tokens: the run notes its data
     text = report.out.file.getvalue()
     assert "train tok/s" in text and "wall tokens/s" in text and "evals and checkpoints included" in text
 
