@@ -11,7 +11,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from merit_cli.render import LiveReport, fmt_duration, fmt_float, plain_line
+from merit_cli.render import EtaColumn, LiveReport, fmt_duration, fmt_float, plain_line, plural
 from merit_core.compare import load_spec, run_compare
 from merit_core.compare.runner import CompareCallbacks
 from merit_core.compare.spec import DEFAULT_BATCH_SIZES, DEFAULT_OPTIMIZERS, DEFAULT_TOKENS, DEFAULT_TRAIN, QUICK_TOKENS
@@ -20,6 +20,21 @@ from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 
 def _lr(value: float) -> str:
     return f"{value:.3g}"
+
+
+def compare_progress(out, clock=time.monotonic) -> Progress:
+    """One bar per running run and one for all runs, each with the time spent and the time left
+    (merit_cli.render.EtaColumn: the rate since the bar appeared; for all runs, finished runs per second)."""
+    return Progress(
+        TextColumn("{task.description:<28}"),
+        BarColumn(bar_width=20),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        EtaColumn(clock),
+        console=out,
+        transient=True,
+    )
 
 
 class RichCompareReport(LiveReport, CompareCallbacks):
@@ -37,7 +52,7 @@ class RichCompareReport(LiveReport, CompareCallbacks):
             self.stages.stop()
         first = runs[0]
         batches = sorted({r.batch_size for r in runs})
-        steps = ", ".join(f"b{b}: {next(r.steps for r in runs if r.batch_size == b)} steps" for b in batches)
+        steps = ", ".join(f"b{b}: {plural(next(r.steps for r in runs if r.batch_size == b), 'step')}" for b in batches)
         todo = [r for r in runs if states[r.name] in ("new", "partial")]
         done = len(runs) - len(todo)
         counts = {state: sum(states[r.name] == state for r in runs) for state in ("finished", "diverged", "partial")}
@@ -59,15 +74,7 @@ class RichCompareReport(LiveReport, CompareCallbacks):
         self.total = len(runs)
         if self.plain:
             return
-        self.progress = Progress(
-            TextColumn("{task.description:<28}"),
-            BarColumn(bar_width=20),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            console=self.out,
-            transient=True,
-        )
+        self.progress = compare_progress(self.out)
         self.progress.start()
         self.overall = self.progress.add_task("all runs", total=len(runs), completed=done, info="")
 
@@ -351,6 +358,13 @@ def compare(
     Every run is an ordinary `merit train` run folder under OUT/runs/; OUT gets summary.json,
     compare.png (loss vs batch size, max attention logit vs step) and REPORT.md. A re-run
     skips finished runs and resumes unfinished ones.
+
+    \b
+    Examples:
+      merit compare --quick                         # a smoke run: one lr per optimizer and batch
+      merit compare --optimizers adamw,merit --batch-sizes 2,16 --seeds 2
+      merit compare --preset ablations              # merit against its ablations
+      merit compare compare-cpu --out runs/cpu      # the committed CPU reproduction
     """
     from merit_core.hub import prefer_offline
 

@@ -14,6 +14,7 @@ from merit_cli.options import device_option
 from merit_cli.render import ProgressView
 from merit_core.errors import ConfigError
 from merit_core.evaluation import EvalSettings, evaluate_checkpoints
+from merit_core.evaluation.lm_eval_output import parse_seed
 from merit_core.evaluation.results import (
     CheckpointResult,
     check_output_path,
@@ -89,7 +90,18 @@ LM_EVAL_FLAGS = {
     "--num_fewshot": "--num-fewshot",
     "--include_path": "--include-path",
     "--bootstrap_iters": "--bootstrap-iters",
-    "--output_path": "--output",
+    "--log_samples": "--log-samples",
+}
+# lm-eval options merit eval has no equivalent for, and what to use instead
+LM_EVAL_REFUSED = {
+    "--write_out": "--write_out prints example prompts; merit eval --log_samples --output_path DIR writes the "
+    "prompt, target and response of every document to DIR/<model>/samples_<task>_<time>.jsonl",
+    "--apply_chat_template": "--apply_chat_template formats prompts for chat models; merit eval scores base models "
+    "(merit checkpoints have no chat template): run lm_eval itself for a chat model",
+    "--fewshot_as_multiturn": "--fewshot_as_multiturn goes with chat templates, which merit eval does not apply: "
+    "run lm_eval itself for a chat model",
+    "--system_instruction": "--system_instruction goes with chat templates, which merit eval does not apply: "
+    "run lm_eval itself for a chat model",
 }
 # keys of lm-eval's --model_args that merit eval has (pretrained= is the CKPT argument)
 MODEL_ARGS = {"dtype": "--dtype", "device": "--device", "batch_size": "--batch-size"}
@@ -110,6 +122,12 @@ def _lm_eval_args(args: list[str]) -> list[str]:
             out += args[i - 1 :]
             break
         name, eq, inline = arg.partition("=")
+        if name in LM_EVAL_REFUSED:
+            raise ConfigError(LM_EVAL_REFUSED[name])
+        if name == "--output_path":  # merit's JSON as -o writes it, and lm-eval's own results layout
+            out.insert(0, "--lm-eval-layout")
+            out.append("--output" + eq + inline)
+            continue
         if name in LM_EVAL_FLAGS:
             out.append(LM_EVAL_FLAGS[name] + eq + inline)
             continue
@@ -141,6 +159,11 @@ def _model_args(text: str) -> list[str]:
             out.insert(0, value)
         elif key in MODEL_ARGS and eq:
             out += [MODEL_ARGS[key], value]
+        elif key == "trust_remote_code":
+            raise ConfigError(
+                "--model_args trust_remote_code: merit eval runs a checkpoint's own Python code only when given "
+                "--trust-remote-code (only for checkpoints you trust)"
+            )
         else:
             raise ConfigError(
                 f"--model_args {key}: merit eval takes pretrained=CKPT as the CKPT argument and "
@@ -206,6 +229,20 @@ def _display_stream():
     help="Run Python code shipped with a checkpoint (its config's auto_map). Off by default: only for "
     "checkpoints you trust.",
 )
+@click.option(
+    "--log-samples",
+    is_flag=True,
+    help="Also write every document's prompt, target and score, as lm-eval's --log_samples does: "
+    "OUTPUT/<model>/samples_<task>_<time>.jsonl (needs --output_path).",
+)
+@click.option(
+    "--seed",
+    default="0,1234,1234,1234",
+    show_default=True,
+    metavar="N|P,N,T,F",
+    help="lm-eval's seeds (python, numpy, torch, few-shot sampler); one integer sets all four.",
+)
+@click.option("--lm-eval-layout", is_flag=True, hidden=True, help="Set by --output_path: also write lm-eval's files.")
 @click.option("--list-tasks", is_flag=True, help="Show the task aliases (and --include-path tasks) and exit.")
 @click.option("--verbose", "-v", is_flag=True, help="Show lm-eval's own logs and progress bars.")
 def eval_cmd(
@@ -220,22 +257,29 @@ def eval_cmd(
     bootstrap_iters,
     output,
     trust_remote_code,
+    log_samples,
+    seed,
+    lm_eval_layout,
     list_tasks,
     verbose,
 ):
     """Zero-shot evaluation of checkpoints with lm-evaluation-harness.
 
     CKPT is a Hugging Face model folder, a `merit train` run folder (its latest step_N is used) or a
-    hub model name. Aliases: lambada, wikitext, superglue (see --list-tasks).
+    hub model name. Aliases: builtin (offline), lambada, wikitext, superglue (see --list-tasks).
 
     \b
     Examples:
       merit eval runs/gpt2-merit --tasks lambada,wikitext
       merit eval runs/a runs/b --tasks superglue --limit 200 -o results.json
       merit eval runs/a --include-path my_tasks --tasks my_task -o eval-results/
+      merit eval runs/first --tasks builtin            # offline: the built-in corpus's held-out text
+      merit eval --model hf --model_args pretrained=runs/a/step_100 --tasks builtin \\
+          --output_path evals --log_samples           # lm-eval's spellings and its results layout
 
     lm-eval's spellings work too: --model hf, --model_args pretrained=CKPT,dtype=D,
-    --batch_size, --num_fewshot, --include_path, --bootstrap_iters, --output_path.
+    --batch_size, --num_fewshot, --include_path, --bootstrap_iters, --log_samples, --seed;
+    --output_path DIR writes merit's JSON and lm-eval's DIR/<model>/results_<time>.json.
     """
     console = Console()
     if list_tasks:
@@ -245,7 +289,9 @@ def eval_cmd(
     if not checkpoints:
         raise ConfigError("no checkpoint given: merit eval CKPT... --tasks lambada,wikitext")
     if not tasks or not split_task_list(tasks):
-        raise ConfigError("no task given: pass --tasks, e.g. --tasks lambada,wikitext (see --list-tasks)")
+        raise ConfigError(
+            "no task given: pass --tasks, e.g. --tasks builtin (offline) or lambada,wikitext (see --list-tasks)"
+        )
     settings = EvalSettings(
         tasks=split_task_list(tasks),
         include_path=include_path,
@@ -256,7 +302,14 @@ def eval_cmd(
         num_fewshot=num_fewshot,
         bootstrap_iters=bootstrap_iters,
         trust_remote_code=trust_remote_code,
+        log_samples=log_samples,
+        seed=parse_seed(seed),
     ).validated()
+    if log_samples and not lm_eval_layout:
+        raise ConfigError(
+            "--log_samples needs --output_path DIR: the samples go to DIR/<model>/samples_<task>_<time>.jsonl"
+        )
+    lm_eval_dir = output if lm_eval_layout else None
     if output:
         output = output_file(output)
         check_output_path(output)
@@ -281,3 +334,23 @@ def eval_cmd(
     if output:
         path = write_results_json(output, records)
         console.print(f"wrote {path}")
+    if lm_eval_dir:
+        _write_lm_eval_layout(console, lm_eval_dir, records)
+
+
+def _write_lm_eval_layout(console: Console, output_path: str, records: list[CheckpointResult]) -> None:
+    """lm-eval's own files for each checkpoint (merit_core.evaluation.lm_eval_output)."""
+    from merit_core.evaluation.lm_eval_output import write_lm_eval_results
+
+    for record in records:
+        name = record.path
+        if os.path.isabs(name) and not os.path.relpath(name).startswith(".."):
+            name = os.path.relpath(name)  # as the user would have written pretrained= from here
+        used = record.meta.get("eval", {})
+        settings = {
+            "model_args": f"pretrained={name},dtype={used.get('dtype')}",
+            "batch_size": used.get("batch_size"),
+            "device": used.get("device"),
+        }
+        for path in write_lm_eval_results(output_path, name, record.lm_eval or {}, settings):
+            console.print(f"wrote {path}")

@@ -174,6 +174,7 @@ def _summary_table(checkpoints: list):
         ("‖K‖m", "right"),
         ("max ‖Q‖m·‖K‖m (layer)", "right"),
         ("max logit (layer)", "right"),
+        ("logit bound", "right"),
     ]
     with_h = any(c.hessian for c in checkpoints)
     if with_h:
@@ -193,6 +194,7 @@ def _summary_table(checkpoints: list):
             km[i],
             f"{bd[i]} ({s[i].bound_layer})",
             f"{lg[i]} ({s[i].max_attention_logit_layer})" if s[i].max_attention_logit is not None else "-",
+            _fmt(max((l.logit_bound for l in c.layers if l.logit_bound is not None), default=None)),
         ]
         if with_h:
             h = c.hessian or {}
@@ -224,11 +226,32 @@ def render(console, report, per_head: bool, show_weights: bool | None) -> None:
     if len(checkpoints) > 1:
         console.print(_side_by_side(checkpoints))
     console.print(_summary_table(checkpoints))
+    _print_notes(console, checkpoints)
+
+
+def _print_notes(console, checkpoints: list) -> None:
+    """The probe and the notes; what is the same for every checkpoint is said once (the JSON keeps each)."""
+    from merit_core.diagnostics.report import TRAINING_LOGIT_NOTE
+
+    probes = {(c.probe.source, c.probe.n_tokens) for c in checkpoints if c.probe}
+    if len(probes) == 1 and len(checkpoints) > 1 and all(c.probe for c in checkpoints):
+        (source, n_tokens), *_ = probes
+        console.print(f"[dim]probe {source}, {n_tokens} tokens (every checkpoint)[/]")
+        probes = set()
+    logit_notes = []
     for c in checkpoints:
-        if c.probe:
+        if c.probe and probes:
             console.print(f"[dim]{c.label}: probe {c.probe.source}, {c.probe.n_tokens} tokens[/]")
         for note in c.notes + (c.probe.notes if c.probe else []):
-            console.print(f"[yellow]note[/] {c.label}: {note}")
+            if note.startswith(TRAINING_LOGIT_NOTE):
+                logit_notes.append((c.label, note))
+            else:
+                console.print(f"[yellow]note[/] {c.label}: {note}")
+    if logit_notes:  # one per checkpoint of a run, all saying the same: the latest one, once
+        label, note = logit_notes[-1]
+        more = len(logit_notes) - 1
+        also = f" (likewise at {more} other checkpoint{'s' if more != 1 else ''}; --json has each)" if more else ""
+        console.print(f"[yellow]note[/] {label}: {note}{also}")
 
 
 @click.command("inspect")
@@ -309,10 +332,19 @@ def inspect_cmd(
 
     Each PATH is a .safetensors file, a sharded model.safetensors.index.json, a Hugging Face
     checkpoint folder, or a `merit train` run folder (all its step_* checkpoints).
+
+    \b
+    Examples:
+      merit inspect runs/first                      # every checkpoint of a run
+      merit inspect runs/a/step_200 runs/b/step_200 --json stats.json --plot layers.png
+      merit inspect model.safetensors --no-logits --heads 12
+      merit inspect runs/first/step_5 --hessian
     """
     for path in paths:  # before torch and transformers load (seconds): a typo is answered at once
         if not path.expanduser().exists():
-            raise CheckpointError(f"checkpoint not found: {path}")
+            from merit_core.runs import missing_step_hint
+
+            raise CheckpointError(f"checkpoint not found: {path}{missing_step_hint(path.expanduser())}")
     from rich.console import Console
 
     from merit_cli.render import ProgressView

@@ -49,11 +49,13 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 def stopped(message: str, code: int) -> NoReturn:
-    """Print one yellow line (training stopped on a signal, after saving) and exit with `code`."""
+    """Print one yellow line (training stopped on a signal, after saving) and exit with `code`.
+
+    The message says it all ('stopped by SIGINT after step 5: ...'), so no prefix repeats it."""
     from rich.console import Console
     from rich.markup import escape
 
-    Console(stderr=True, highlight=False).print(f"[bold yellow]stopped:[/] {escape(message)}", soft_wrap=True)
+    Console(stderr=True, highlight=False).print(f"[bold yellow]{escape(message)}[/]", soft_wrap=True)
     sys.exit(code)
 
 
@@ -119,7 +121,16 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="merit")
 def cli():
-    """merit: MERIT large-batch optimizer and language-model pretraining tools."""
+    """merit: MERIT large-batch optimizer and language-model pretraining tools.
+
+    \b
+    Examples:
+      merit train --steps 5 --out runs/first
+      merit inspect runs/first
+      merit eval runs/first --tasks builtin
+      merit compare --quick
+    Each command's --help has more.
+    """
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -107,6 +107,13 @@ def prepare(
     """Tokenize SOURCE (a .txt/.jsonl/.json/.parquet file or folder, or a hub dataset name) into --out.
 
     A .txt file holds one document per blank-line-separated block; other formats one per row.
+
+    \b
+    Examples:
+      merit prepare notes.txt -o data/notes         # then: merit train --data data/notes
+      merit prepare corpus/ -o data/corpus --tokenizer gpt2 --val-fraction 0.02
+      merit prepare allenai/c4 --dataset-config en --max-documents 100000 -o data/c4
+      merit prepare --builtin                       # the built-in corpus, into merit's cache
     """
     from merit_core.data import load_meta
 
@@ -158,4 +165,8 @@ def prepare(
         return
     console = Console()
     console.print(_summary(meta, seconds))
+    from merit_core.data.meta import data_notes
+
+    for note in data_notes(meta):
+        console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
     console.print(f"Train on it with: [bold]merit train --data {meta.path}[/]", soft_wrap=True)

@@ -76,9 +76,11 @@ def eval_line(record: dict[str, Any]) -> str:
 def configs_table(configs) -> Table:
     """The shipped configs (merit_core.configs.ShippedConfig): command, name, cost, what it is."""
     table = Table(title="Shipped configs", title_justify="left", box=None, padding=(0, 2), header_style="bold")
-    table.add_column("run with", no_wrap=True)
-    table.add_column("cost", no_wrap=True)
-    table.add_column("what", style="dim")
+    # the command is what a user copies: never cut; the cost and the description wrap instead
+    commands = [f"merit {c.command} {c.name}" for c in configs]
+    table.add_column("run with", no_wrap=True, min_width=max(map(len, commands), default=8))
+    table.add_column("cost", ratio=1)
+    table.add_column("what", style="dim", ratio=1)
     for c in configs:
         table.add_row(f"merit {c.command} {c.name}", c.cost or "-", c.summary)
     return table
@@ -101,6 +103,11 @@ def fmt_count(n: float | None) -> str:
         if abs(n) >= size:
             return f"{n / size:.3g}{unit}"
     return f"{n:.0f}"
+
+
+def plural(n: int, word: str) -> str:
+    """'1 step', '5 steps'."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -259,11 +266,11 @@ class EtaColumn(ProgressColumn):
 def training_progress(out: Console) -> Progress:
     """A compact progress bar (fits 80 columns) whose task fields are loss, lr, tok_s and max_logit."""
     return Progress(
-        BarColumn(bar_width=16),
+        BarColumn(bar_width=12),
         TextColumn("{task.completed:>.0f}/{task.total:.0f}"),
         TextColumn("loss [cyan]{task.fields[loss]}"),
         TextColumn("lr {task.fields[lr]}"),
-        TextColumn("{task.fields[tok_s]} tok/s"),
+        TextColumn("{task.fields[tok_s]} train tok/s"),
         TextColumn("logit [magenta]{task.fields[max_logit]}"),
         EtaColumn(),
         console=out,

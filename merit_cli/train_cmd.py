@@ -21,6 +21,7 @@ from merit_cli.render import (
     fmt_duration,
     fmt_float,
     key_value_table,
+    plural,
     print_command_hints,
     train_log_line,
     training_progress,
@@ -62,7 +63,7 @@ class RichTrainReport(LiveReport, TrainCallbacks):
         self.out.print(
             f"[bold]{verb}[/] {c.model} ({fmt_count(info.n_params)} parameters) with [bold]{c.optimizer}[/], "
             f"lr {c.lr:g}{lr_note}, batch {c.batch_size} x {c.seq_len} = {fmt_count(info.tokens_per_step)} tokens/step "
-            f"(micro-batch {c.micro_batch_size}), {info.total_steps} steps on {info.device}{world}"
+            f"(micro-batch {c.micro_batch_size}), {plural(info.total_steps, 'step')} on {info.device}{world}"
         )
         self.out.print(f"[dim]{device_line(info)}[/]")
         self.out.print(f"[dim]run folder {info.run_dir}[/]")
@@ -72,6 +73,10 @@ class RichTrainReport(LiveReport, TrainCallbacks):
         self.progress = training_progress(self.out)
         self.progress.start()
         self.task = self.progress.add_task("train", total=info.total_steps, completed=info.start_step, **self.fields)
+
+    def on_step(self, step: int) -> None:
+        if self.progress is not None:  # the bar moves every step; its numbers change on log steps
+            self.progress.update(self.task, completed=step)
 
     def on_log(self, record: dict[str, Any]) -> None:
         if self.plain:
@@ -114,7 +119,8 @@ class RichTrainReport(LiveReport, TrainCallbacks):
         rows = [
             ("run folder", summary.run_dir),
             ("steps", f"{summary.steps} ({fmt_count(summary.tokens)} tokens)"),
-            ("time", f"{fmt_duration(summary.elapsed_s)} ({fmt_count(summary.tokens_per_s)} tokens/s)"),
+            ("time", f"{fmt_duration(summary.elapsed_s)}"),
+            ("wall tokens/s", f"{fmt_count(summary.tokens_per_s)} (the whole run: evals and checkpoints included)"),
             ("device", f"{summary.device} ({summary.device_name or '-'}), {summary.compute_dtype}"),
             ("peak memory", peak_memory_text(summary.peak_memory, summary.device)),
             ("MFU", f"{summary.mfu:.1%}" if summary.mfu is not None else "- (not measured on CPU or an unlisted GPU)"),
@@ -131,12 +137,7 @@ class RichTrainReport(LiveReport, TrainCallbacks):
             (f"merit inspect {shlex.quote(str(summary.run_dir))}", "max-norms and attention logits per checkpoint")
         ]
         if summary.last_checkpoint:
-            hints.append(
-                (
-                    f"merit eval {shlex.quote(str(summary.last_checkpoint))} --tasks lambada,wikitext",
-                    "zero-shot LAMBADA / WikiText (datasets downloaded once)",
-                )
-            )
+            hints.append(eval_hint(str(summary.last_checkpoint)))
         print_command_hints(self.out, "Next", hints)
 
 
@@ -161,6 +162,22 @@ def _list_configs(ctx, param, value):
         soft_wrap=not out.is_terminal,
     )
     ctx.exit(0)
+
+
+def eval_hint(checkpoint: str) -> tuple[str, str]:
+    """The Next line for `merit eval`: the hub's LAMBADA / WikiText when the hub answers, else the
+    offline tasks on the built-in corpus (the hub's datasets cannot be fetched then)."""
+    from merit_core.hub import hub_reachable
+
+    if hub_reachable():
+        return (
+            f"merit eval {shlex.quote(checkpoint)} --tasks lambada,wikitext",
+            "zero-shot LAMBADA / WikiText (datasets downloaded once; --tasks builtin works offline)",
+        )
+    return (
+        f"merit eval {shlex.quote(checkpoint)} --tasks builtin",
+        "offline: perplexity and last-word accuracy on the built-in corpus's held-out text",
+    )
 
 
 def micro_batch(ctx, param, value):
@@ -308,6 +325,14 @@ def train(config_file, overrides, **values):
     Under `torchrun --nproc_per_node N -m merit_cli train ...` it trains with DDP, or with FSDP2 given --parallel fsdp.
     SIGTERM / SIGUSR1 (cluster preemption) and Ctrl-C finish the current step, save a checkpoint and
     exit with 143 / 130; continue with --resume.
+
+    \b
+    Examples:
+      merit train --steps 5 --out runs/first        # gpt2-tiny + MERIT on the built-in corpus
+      merit train debug --set lr=3e-3               # a shipped config (--list-configs), one setting changed
+      merit train --model llama-tiny --optimizer sophiag --batch-size 64 --steps 200
+      merit train --data my_corpus/ --tokenizer gpt2 --model gpt2-small
+      merit train --resume --out runs/first         # continue from the latest checkpoint
     """
     from merit_core.hub import prefer_offline
 

@@ -132,6 +132,19 @@ def checkpoints(run_dir: str | Path, level: str = "complete") -> list[tuple[int,
     return [(step, path) for step, path in step_folders(run_dir) if ok(path)]
 
 
+def missing_step_hint(path: str | Path) -> str:
+    """For a `step_N` path that does not exist inside a run folder: '; RUN has step_5, step_10' (the
+    checkpoints with weights it does have), so that a mistyped step is one look away. Else ''."""
+    path = Path(path)
+    if parse_step(path.name) is None or not path.parent.is_dir():
+        return ""
+    found = [p.name for _, p in checkpoints(path.parent, "weights")]
+    if not found:
+        return f"; {path.parent} has no checkpoint yet" if is_run(path.parent) else ""
+    shown = found if len(found) <= 8 else [*found[:3], "...", *found[-4:]]
+    return f"; {path.parent} has {', '.join(shown)}"
+
+
 def latest(run_dir: str | Path, level: str = "complete") -> Path | None:
     """The checkpoint at `level` with the highest step, or None."""
     found = checkpoints(run_dir, level)

@@ -68,6 +68,28 @@ _FIELDS = {f.name: f.type for f in fields(DataMeta) if f.name not in ("path", "e
 _INT_FIELDS = ("vocab_size", "eos_token_id", "train_tokens", "val_tokens", "documents")
 
 
+SMALL_VAL_TOKENS = 4096  # fewer held-out tokens than this: a validation loss over a handful of sequences
+
+
+def data_notes(meta: DataMeta, planned_tokens: int | None = None) -> list[str]:
+    """What a user should know about prepared data before trusting a run on it (one line each): a
+    validation split so small that the validation loss is noisy, and, given the tokens a run will
+    train on, that it repeats the training split several times."""
+    notes = []
+    if meta.val_tokens < SMALL_VAL_TOKENS:
+        notes.append(
+            f"only {meta.val_tokens:,} validation tokens are held out: the validation loss averages a few "
+            f"sequences and is noisy; prepare with a larger --val-fraction for a steadier one"
+        )
+    if planned_tokens and meta.train_tokens and planned_tokens > 1.5 * meta.train_tokens:
+        epochs = planned_tokens / meta.train_tokens
+        notes.append(
+            f"this run trains on {planned_tokens:,} tokens, {epochs:.1f} epochs over the {meta.train_tokens:,} "
+            "training tokens: repeated text is memorised, so watch the validation loss (or use more data)"
+        )
+    return notes
+
+
 def is_prepared(path: str | Path) -> bool:
     """True when `path` is a folder with a meta.json (a prepared-data folder, maybe corrupt)."""
     return Path(path, META_FILE).is_file()

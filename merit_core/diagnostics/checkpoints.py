@@ -256,7 +256,7 @@ def find_checkpoints(path: str | Path) -> list[Checkpoint]:
 
 def _find_checkpoints(path: Path) -> list[Checkpoint]:
     if not path.exists():
-        raise CheckpointError(f"checkpoint not found: {display(path)}")
+        raise CheckpointError(f"checkpoint not found: {display(path)}{runs.missing_step_hint(path)}")
     if path.is_dir():
         found = _from_folder(path)
     elif path.name.endswith(".index.json"):

@@ -65,6 +65,9 @@ class InspectOptions:
     device: str = "cpu"
 
 
+TRAINING_LOGIT_NOTE = "training recorded max attention logit"  # how training_logit_note's notes begin
+
+
 @dataclass
 class Summary:
     """Maxima over layers (and the layer holding each): what a trajectory or a comparison tracks."""
@@ -260,7 +263,7 @@ def training_logit_note(ckpt: Checkpoint, stats: CheckpointReport) -> str | None
         probe.source if probe else "", "the given text"
     )
     return (
-        f"training recorded max attention logit {trained:.4g} (layer {layer}) at step {ckpt.step}, measured on "
+        f"{TRAINING_LOGIT_NOTE} {trained:.4g} (layer {layer}) at step {ckpt.step}, measured on "
         f"the run's first validation batch; this probe is {what} ({probe.n_tokens if probe else '?'} tokens), "
         f"other inputs, hence {peak:.4g} (layer {stats.summary.max_attention_logit_layer})"
     )

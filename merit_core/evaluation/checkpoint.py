@@ -89,7 +89,7 @@ def _resolve_checkpoint(text: str, trust_remote_code: bool) -> CheckpointRef:
     if not path.exists():
         if looks_like_hub_id(text):
             return CheckpointRef(text, text, is_local=False, meta={"source": "hub"})
-        raise CheckpointError(f"checkpoint not found: {text}")
+        raise CheckpointError(f"checkpoint not found: {text}{runs.missing_step_hint(path)}")
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {text} is a file; give the model folder that holds config.json")
     path = path.resolve()

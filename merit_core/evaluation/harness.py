@@ -25,6 +25,7 @@ from merit_core.evaluation.checkpoint import (
     resolve_checkpoint,
     resolve_dtype,
 )
+from merit_core.evaluation.lm_eval_output import DEFAULT_SEED, parse_seed, seed_kwargs
 from merit_core.evaluation.results import CheckpointResult
 from merit_core.evaluation.tasks import load_tasks, resolve_tasks
 from merit_core.progress import Progress, ProgressFn
@@ -46,6 +47,8 @@ class EvalSettings:
     num_fewshot: int = 0
     bootstrap_iters: int = 1000
     trust_remote_code: bool = False  # run code shipped with a checkpoint (auto_map): only on explicit request
+    log_samples: bool = False  # keep lm-eval's per-document records (written by --output_path)
+    seed: tuple[int | None, ...] = DEFAULT_SEED  # lm-eval's python, numpy, torch and few-shot seeds
 
     def validated(self) -> EvalSettings:
         """Raise ConfigError for values lm-eval would reject late or silently misread."""
@@ -59,6 +62,7 @@ class EvalSettings:
             raise ConfigError(f"--bootstrap-iters must be 0 or more, got {self.bootstrap_iters}")
         parse_batch_size(self.batch_size)
         resolve_dtype(self.dtype, "cpu")  # an unknown dtype name fails before anything is loaded
+        parse_seed(self.seed)
         return self
 
 
@@ -247,7 +251,8 @@ def evaluate_checkpoints(
                 num_fewshot=settings.num_fewshot,
                 limit=settings.limit,
                 bootstrap_iters=settings.bootstrap_iters,
-                log_samples=False,
+                log_samples=settings.log_samples,
+                **seed_kwargs(parse_seed(settings.seed)),
             )
         meta = {
             **ref.meta,
@@ -261,6 +266,7 @@ def evaluate_checkpoints(
                 "dtype": dtype,
                 "batch_size": batch_size,
                 "bootstrap_iters": settings.bootstrap_iters,
+                "seed": list(parse_seed(settings.seed)),
                 "lm_eval_version": out.get("lm_eval_version"),
                 "n-shot": out.get("n-shot"),
                 "n-samples": out.get("n-samples"),
@@ -268,7 +274,9 @@ def evaluate_checkpoints(
                 "versions": out.get("versions"),
             },
         }
-        records.append(CheckpointResult(path=ref.location, label=ref.label, results=out["results"], meta=meta))
+        records.append(
+            CheckpointResult(path=ref.location, label=ref.label, results=out["results"], meta=meta, lm_eval=out)
+        )
         run.report("done", index)
         del lm, model, tokenizer
         _release_memory(device)

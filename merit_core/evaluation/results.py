@@ -10,7 +10,7 @@ import json
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ class CheckpointResult:
     label: str
     results: dict[str, dict[str, Any]]
     meta: dict[str, Any]
+    lm_eval: dict[str, Any] | None = field(default=None, repr=False)  # simple_evaluate's whole output
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "results": self.results, "meta": self.meta}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from merit_core.errors import ConfigError, DataError
+from merit_core.evaluation import builtin_tasks
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,11 @@ ALIASES: dict[str, TaskAlias] = {
             "superglue",
             ("boolq", "cb", "copa", "multirc", "record", "sglue_rte", "wic", "wsc"),
             "SuperGLUE, the paper's zero-shot suite: accuracy (plus F1 for cb, F1/EM for record)",
+        ),
+        TaskAlias(
+            builtin_tasks.ALIAS,
+            builtin_tasks.TASK_NAMES,
+            "offline: perplexity and last-word prediction on the built-in corpus's held-out text",
         ),
     )
 }
@@ -140,8 +146,13 @@ def resolve_tasks(tasks: str | Iterable[str], include_path: str | os.PathLike | 
         local = set(manager.all_tasks)
         if not local:
             raise ConfigError(f"--include-path {include_path}: {_why_no_tasks(path)}")
-        if all(n in local for n in names):
-            return ResolvedTasks(names, manager, "include-path")
+    shipped = builtin_tasks.builtin_task_paths(names)
+    if shipped:
+        user_paths += shipped
+        manager = _task_manager(user_paths, include_defaults=False)
+        local = set(manager.all_tasks)
+    if user_paths and all(n in local for n in names):
+        return ResolvedTasks(names, manager, "include-path")
 
     rest = [n for n in names if n not in local]
     builtin_root = _builtin_tasks_dir()

@@ -21,7 +21,13 @@ after that step's ``opt.step()`` (the official script: when ``step % k == k - 1`
     opt.zero_grad()
 
 In `merit train` the refresh is :func:`hessian_refresh`, the ``sophiag`` registry spec's step hook
-(:mod:`merit_core.optim.registry`); the Trainer keeps the cadence.
+(:mod:`merit_core.optim.registry`); the Trainer keeps the cadence. In a loop of your own, either
+call ``update_hessian`` as above or give the optimizer a ``hessian_closure``: a function that
+returns the sampled-label loss of a batch and its label count (what :func:`sampled_label_loss`
+returns), e.g. ``lambda: sampled_label_loss(model(x).logits)``; ``step`` then refreshes the
+Hessian itself after every k-th update, keeping the gradients the loop holds. Without either,
+``h`` stays zero and every step degrades to ``lr * sign(m)``, so a step taken more than k updates
+after the last refresh warns once.
 
 GNB batch-size scaling: ``g_hat`` is the gradient of the *mean* sampled-label loss over the
 ``n`` labels, so ``n * g_hat**2`` estimates the per-label Gauss-Newton diagonal (the cross terms
@@ -35,6 +41,8 @@ default ``rho=4e-4`` is its ``rho=0.04`` re-expressed per token (0.04 * 5120 / 4
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -96,8 +104,12 @@ class SophiaG(Optimizer):
         weight_decay: decoupled (AdamW-style) decay, ``w *= 1 - lr * weight_decay``.
         eps: floor of ``rho * h`` in the denominator.
         hessian_interval: k, how often (in steps) the loop should call ``update_hessian``;
-            read it as ``opt.hessian_interval``. The optimizer itself does not count.
+            read it as ``opt.hessian_interval``.
         maximize: maximize the objective instead of minimizing it.
+        hessian_closure: optional; returns ``(sampled-label loss, number of labels)`` of a batch
+            (see :func:`sampled_label_loss`). When set (also later, as ``opt.hessian_closure``),
+            ``step`` refreshes the Hessian itself after every k-th update. When not set and the
+            loop calls ``update_hessian`` less often than every k steps, ``step`` warns once.
 
     State per parameter: ``step`` (float tensor), ``exp_avg`` (m) and ``hessian`` (h), both of the
     parameter's dtype.
@@ -114,6 +126,7 @@ class SophiaG(Optimizer):
         *,
         hessian_interval: int = 10,
         maximize: bool = False,
+        hessian_closure: Callable[[], tuple[torch.Tensor, int]] | None = None,
     ) -> None:
         if not 0.0 <= lr:
             raise ValueError(f"lr must be >= 0, got {lr}")
@@ -139,6 +152,9 @@ class SophiaG(Optimizer):
         super().__init__(params, defaults)
         if len({g["hessian_interval"] for g in self.param_groups}) != 1:
             raise ValueError("hessian_interval is one cadence for the whole optimizer; do not set it per group")
+        self.hessian_closure = hessian_closure
+        self._since_refresh = 0  # updates since the last update_hessian (not saved: a resumed loop restarts it)
+        self._warned = False
 
     @property
     def hessian_interval(self) -> int:
@@ -162,6 +178,7 @@ class SophiaG(Optimizer):
         """
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+        self._since_refresh = 0
         for group in self.param_groups:
             beta2 = group["betas"][1]
             for p in group["params"]:
@@ -174,8 +191,47 @@ class SophiaG(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        """One Sophia-G step on every parameter that has a gradient; returns the closure's loss."""
+        """One Sophia-G step on every parameter that has a gradient; returns the closure's loss.
+
+        With a ``hessian_closure``, every k-th step is followed by a Hessian refresh; without one, a
+        step more than k updates after the last ``update_hessian`` warns (once per optimizer).
+        """
         loss = closure_loss(closure)
+        if self._since_refresh >= self.hessian_interval and self.hessian_closure is None and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"SophiaG: {self._since_refresh} step{'s' if self._since_refresh != 1 else ''} without a "
+                "Hessian refresh (hessian_interval "
+                f"{self.hessian_interval}); every step is lr * sign(m) until then. Call "
+                "update_hessian every hessian_interval steps or pass hessian_closure= "
+                "(see merit_core.optim.sophia)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        self._update()
+        self._since_refresh += 1
+        if self.hessian_closure is not None and self._since_refresh >= self.hessian_interval:
+            self._refresh_from_closure()
+        return loss
+
+    def _refresh_from_closure(self) -> None:
+        """Backward through the hessian closure's sampled-label loss on fresh gradients, fold them into
+        the Hessian, and give the parameters back the gradients they had."""
+        params = [p for group in self.param_groups for p in group["params"]]
+        saved = [p.grad for p in params]
+        for p in params:
+            p.grad = None
+        try:
+            with torch.enable_grad():
+                sampled, num_samples = self.hessian_closure()
+                sampled.backward()
+            self.update_hessian(int(num_samples))
+        finally:
+            for p, grad in zip(params, saved):
+                p.grad = grad
+
+    @torch.no_grad()
+    def _update(self) -> None:
         for group in self.param_groups:
             lr, (beta1, _), rho = group["lr"], group["betas"], group["rho"]
             for p in group["params"]:
@@ -193,4 +249,3 @@ class SophiaG(Optimizer):
                 # clip(m / d, 1) with d = max(rho * h, eps) > 0, i.e. sign(m) * min(|m| / d, 1)
                 update = exp_avg.div((hess * rho).clamp_(min=group["eps"])).clamp_(-1.0, 1.0)
                 p.add_(update, alpha=-lr)
-        return loss

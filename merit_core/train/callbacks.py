@@ -76,6 +76,10 @@ class TrainCallbacks:
     def on_start(self, info: RunInfo) -> None:
         """Everything is built and checked; training starts at `info.start_step`."""
 
+    def on_step(self, step: int) -> None:
+        """An optimizer update finished; `step` updates are done (no values: reading one would wait
+        for the device, which log steps alone do)."""
+
     def on_log(self, record: dict[str, Any]) -> None:
         """A log line: step, tokens, loss, lr, grad_norm, tokens_per_s."""
 

@@ -236,6 +236,7 @@ class TrainingRun:
         """Everything is checked and built: the run folder's files are written from here on."""
         self.tokenizer_dir = meta.tokenizer_path if meta.tokenizer_path.is_dir() else None
         self.data_info = data_info(meta)
+        self.data_meta = meta
         self.metrics = MetricsLog(self.run_dir)
         if self.parallel.is_main:
             with fileio.disk_full_guard(self.run_dir / CONFIG_FILE, ckpt):
@@ -287,6 +288,10 @@ class TrainingRun:
                 device_memory=hw.total_memory,
             )
         )
+        from merit_core.data.meta import data_notes
+
+        for note in data_notes(self.data_meta, c.steps * c.tokens_per_step):  # once the run is under way
+            self.cb.on_note(note)
         self.last_log, self.last_eval = last_records(self.run_dir, ckpt)
         self.last_ckpt = ckpt
         self.last_saved_step = trainer.step if ckpt is not None else None
@@ -384,6 +389,7 @@ class TrainingRun:
             while trainer.notes:  # the compile time, after the first step
                 self.cb.on_note(trainer.notes.pop(0))
             step, last = trainer.step, trainer.step == c.steps
+            self.cb.on_step(step)
             if step % c.log_every == 0 or last:
                 tick = self._log(out, tick)
             evaluate = (c.eval_every and step % c.eval_every == 0) or last

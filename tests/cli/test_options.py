@@ -135,15 +135,18 @@ def test_eval_reads_lm_eval_spellings(fake_eval, tmp_path):
     ((checkpoints, settings),) = fake_eval
     assert checkpoints == ["runs/a/step_5"] and list(settings.tasks) == ["wikitext"]
     assert (settings.dtype, settings.batch_size, settings.num_fewshot, settings.bootstrap_iters) == ("bf16", "4", 2, 0)
-    (written,) = (tmp_path / "out").iterdir()  # --output_path DIR, as lm-eval takes it: a results file in DIR
-    assert written.name.startswith("results-") and written.suffix == ".json"
+    # --output_path DIR, as lm-eval takes it: merit's results file in DIR, and lm-eval's own DIR/<model>/results_*.json
+    (written,) = (tmp_path / "out").glob("results-*.json")
+    (lm_eval_file,) = (tmp_path / "out" / "runs__a__step_5").glob("results_*.json")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted([written.name, "runs__a__step_5"])
 
 
 @pytest.mark.parametrize(
     ("args", "equivalent"),
     [
         (["--model", "vllm"], "lm-eval's --model hf"),
-        (["--model_args", "pretrained=x,trust_remote_code=True"], "pretrained=CKPT as the CKPT argument"),
+        (["--model_args", "pretrained=x,trust_remote_code=True"], "only when given --trust-remote-code"),
+        (["--model_args", "pretrained=x,revision=main"], "pretrained=CKPT as the CKPT argument"),
     ],
 )
 def test_eval_refuses_lm_eval_flags_it_lacks_in_one_line(fake_eval, args, equivalent):
