@@ -83,6 +83,40 @@ def fsync_file(path: str | Path) -> None:
         os.close(fd)
 
 
+def fsync_tree(folder: str | Path) -> None:
+    """fsync every file and folder under `folder` (itself included), e.g. before it is renamed into
+    place: a rename is durable only when what it names already is."""
+    for dirpath, _dirs, filenames in os.walk(folder):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                fsync_file(path)
+        fsync_dir(dirpath)
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def exchange_paths(a: str | Path, b: str | Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux renameat2 RENAME_EXCHANGE): a reader of
+    either name sees the old entry or the new one, never none. False when this system or file
+    system cannot (the caller then falls back to two renames)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(a), None, os.fspath(b))
+
+
 def _temp_name(path: Path) -> Path:
     return path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
 
