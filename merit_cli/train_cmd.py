@@ -38,10 +38,15 @@ class RichTrainReport(LiveReport, TrainCallbacks):
     """Renders a run: a header, a live progress bar, eval lines, and a summary table."""
 
     def __init__(self, lr_source: Any = None):
-        super().__init__()
+        super().__init__(guard=True)
         self.lr_source = lr_source  # merit_core.optim.registry.LrDefault when no lr was given
         self.task = None
         self.fields = {"loss": "-", "lr": "-", "tok_s": "-", "max_logit": "-"}
+
+    def stop_requested(self) -> str | None:
+        """'SIGPIPE' once stdout is lost (its reader went away): the run checkpoints and stops, as
+        on SIGTERM; the log file and metrics.jsonl are written as before."""
+        return "SIGPIPE" if self.output.lost else None
 
     def on_data(self, meta) -> None:
         if self.stages is not None:
@@ -306,8 +311,9 @@ def train(config_file, overrides, **values):
     CONFIG is a TOML file or the name of a shipped config (merit train --list-configs).
     With no arguments: a tiny GPT-2 trained with MERIT on the built-in corpus (a few minutes on a CPU).
     Under `torchrun --nproc_per_node N -m merit_cli train ...` it trains with DDP, or with FSDP2 given --parallel fsdp.
-    SIGTERM / SIGUSR1 (cluster preemption) and Ctrl-C finish the current step, save a checkpoint and
-    exit with 143 / 130; continue with --resume.
+    SIGTERM / SIGUSR1 (cluster preemption), Ctrl-C, SIGHUP (a closed terminal or ssh session) and a
+    closed stdout (merit train | head) finish the current step, save a checkpoint and exit with
+    143 / 130 / 129 / 141; continue with --resume.
     """
     from merit_core.hub import prefer_offline
 
