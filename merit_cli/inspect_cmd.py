@@ -259,7 +259,7 @@ def render(console, report, per_head: bool, show_weights: bool | None) -> None:
     "--hessian-iters",
     default=20,
     show_default=True,
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=1000),  # Lanczos keeps one parameter-sized vector per step
     help="Lanczos steps (Hessian-vector products) for the top eigenvalue; at least 10 to count as converged.",
 )
 @click.option(

@@ -513,10 +513,11 @@ class TrainingRun:
         self._diverged(f"the parameters became non-finite by step {self.trainer.step} (not saved)")
 
     def _diverged(self, what: str) -> None:
-        """Plot what was logged and raise TrainingDiverged naming `what` and the last good checkpoint."""
+        """Plot what was logged and raise TrainingDiverged naming `what` and the latest checkpoint."""
         if self.parallel.is_main:
             self._plot()
-        kept = f"the last good checkpoint is {self.last_ckpt}" if self.last_ckpt else "no checkpoint was written"
+        # not "good": the checkpoint may be the one this run resumed from, and hold the cause
+        kept = f"the latest checkpoint is {self.last_ckpt}" if self.last_ckpt else "no checkpoint was written"
         raise TrainingDiverged(
             f"training stopped: {what}; {kept}. Try a lower --lr, more warmup, or gradient clipping (grad_clip)."
         )

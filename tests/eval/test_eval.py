@@ -250,6 +250,7 @@ def test_cli_matches_lm_eval_and_writes_json(world, tmp_path):
         ",".join(LOCAL_TASKS),
         "--include-path",
         str(tasks),
+        "--trust-task-code",
         "--batch-size",
         "4",
         "--bootstrap-iters",
@@ -360,7 +361,7 @@ def test_aliases_resolve_from_known_folders(world):
 
 
 def test_list_tasks_shows_aliases_and_local_tasks(world):
-    result = _invoke("--list-tasks", "--include-path", str(world["tasks"]))
+    result = _invoke("--list-tasks", "--include-path", str(world["tasks"]), "--trust-task-code")
     assert result.exit_code == 0, result.output
     for name in (
         "lambada",
@@ -412,7 +413,14 @@ def bad_checkpoints(world):
 
 BAD_INPUTS = {
     "unknown task": (
-        lambda w, b: [str(w["run"]), "--tasks", "harbour_lambda", "--include-path", str(w["tasks"])],
+        lambda w, b: [
+            str(w["run"]),
+            "--tasks",
+            "harbour_lambda",
+            "--include-path",
+            str(w["tasks"]),
+            "--trust-task-code",
+        ],
         ["unknown task 'harbour_lambda'", "did you mean harbour_lambada"],
     ),
     "unknown alias-like task": (lambda w, b: [str(w["run"]), "--tasks", "superglu"], ["did you mean superglue"]),
@@ -435,7 +443,14 @@ BAD_INPUTS = {
     "batch size 0": (lambda w, b: [str(w["run"]), "--tasks", "harbour_wiki", "--batch-size", "0"], ["--batch-size"]),
     "no task": (lambda w, b: [str(w["run"])], ["no task given"]),
     "missing data file": (
-        lambda w, b: [str(w["run"]), "--tasks", "gone_lambada", "--include-path", str(b["missing_data"])],
+        lambda w, b: [
+            str(w["run"]),
+            "--tasks",
+            "gone_lambada",
+            "--include-path",
+            str(b["missing_data"]),
+            "--trust-task-code",
+        ],
         ["gone_lambada", "nowhere.jsonl"],
     ),
 }
@@ -446,7 +461,7 @@ def test_bad_input_is_one_line_and_exit_2(world, bad_checkpoints, case):
     make_args, expected = BAD_INPUTS[case]
     args = make_args(world, bad_checkpoints)
     if "--include-path" not in args and case != "unknown alias-like task":
-        args += ["--include-path", str(world["tasks"])]
+        args += ["--include-path", str(world["tasks"]), "--trust-task-code"]
     result = _invoke(*args)
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
