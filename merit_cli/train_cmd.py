@@ -357,6 +357,8 @@ def _load(config_file, overrides, values):
             raise ConfigError("--resume needs the run folder: merit train --resume --out RUN_DIR")
         saved = Path(values["out"]) / CONFIG_FILE
         refuse_link(saved, "in a run folder")  # a planted link: neither read as the run's config nor replaced
+        if saved.exists() and not saved.is_file():
+            raise ConfigError(f"{saved} is not a file (a folder?); it is not the run's config: move it away to resume")
         if base is None and saved.is_file():
             base = saved
     return load_config(base, overrides, values)

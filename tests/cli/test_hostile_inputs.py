@@ -298,3 +298,36 @@ def test_ascii_output_encoding_and_a_closed_stdout(tmp_path):
         preexec_fn=lambda: os.close(1),
     )
     assert closed.returncode == 0 and closed.stderr == ""
+
+
+# ---------------------------------------------------------------- resume
+def test_resume_refuses_a_config_toml_that_is_a_folder(home, tmp_path):
+    (tmp_path / "run" / "config.toml").mkdir(parents=True)
+    run_cli(["train", "--resume", "--out", tmp_path / "run"], home, 2, "config.toml is not a file")
+    assert (tmp_path / "run" / "config.toml").is_dir()
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        lambda: __import__("torch").zeros(3).expand(4, 3),  # stride 0: every row is one row
+        lambda: __import__("torch").zeros(1, 1).expand(4, 3),
+        lambda: __import__("torch").zeros(6).as_strided((4, 3), (1, 1)),  # interleaved strides
+    ],
+    ids=["expanded rows", "expanded scalar", "interleaved"],
+)
+def test_optimizer_moments_that_share_memory_are_refused_before_resuming(moment):
+    import torch
+
+    from merit_core.errors import CheckpointError
+    from merit_core.train.checkpoint import check_optimizer_state
+
+    param = torch.nn.Parameter(torch.zeros(4, 3))
+    optimizer = torch.optim.AdamW([param])
+    good = {"step": torch.tensor(1.0), "exp_avg": torch.zeros(4, 3), "exp_avg_sq": torch.zeros(4, 3)}
+    state = {"state": {0: good}, "param_groups": [{**optimizer.param_groups[0], "params": [0]}]}
+    check_optimizer_state(optimizer, state, "trainer_state.pt")  # a real state passes
+    state["state"][0] = {**good, "exp_avg": moment()}
+    with pytest.raises(CheckpointError, match="view with strides") as err:
+        check_optimizer_state(optimizer, state, "trainer_state.pt")
+    assert "\n" not in str(err.value)
