@@ -122,8 +122,9 @@ def _task_folder(root: Path) -> Path:
         lambda h, t: ["eval", h["ckpt"], "--include-path", t, "--tasks", "lambada"],
         lambda h, t: ["eval", "--list-tasks", "--include-path", t],
         lambda h, t: ["eval", h["ckpt"], "--tasks", "evil", "--include_path", t, "--trust-remote-code"],
+        lambda h, t: ["compare", "--out", t.parent / "cmp", "--eval", "evil", "--include-path", t],
     ],
-    ids=["eval", "with an alias", "list-tasks", "trust-remote-code is not trust-task-code"],
+    ids=["eval", "with an alias", "list-tasks", "trust-remote-code is not trust-task-code", "compare"],
 )
 def test_a_task_folder_needs_trust_task_code(home, tmp_path, args):
     tasks = _task_folder(tmp_path)
@@ -331,3 +332,64 @@ def test_optimizer_moments_that_share_memory_are_refused_before_resuming(moment)
     with pytest.raises(CheckpointError, match="view with strides") as err:
         check_optimizer_state(optimizer, state, "trainer_state.pt")
     assert "\n" not in str(err.value)
+
+
+def test_more_fewshot_examples_than_the_task_has_documents(home, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": f"the cat sees the ball number {i} today"}) + "\n" for i in range(3)))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "few.yaml").write_text(
+        f"task: tiny_few\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {docs}\ntest_split: test\n"
+        "output_type: loglikelihood_rolling\ndoc_to_text: ''\ndoc_to_target: '{{text}}'\n"
+        "metric_list:\n  - metric: word_perplexity\n"
+    )
+    args = [
+        "eval",
+        home["ckpt"],
+        "--tasks",
+        "tiny_few",
+        "--include-path",
+        tasks,
+        "--trust-task-code",
+        "--device",
+        "cpu",
+    ]
+    run_cli([*args, "--num-fewshot", "5"], home, 2, "only 3 documents", "at most 2")
+
+
+# ---------------------------------------------------------------- words
+@pytest.mark.parametrize(
+    ("raised", "absent", "present"),
+    [
+        (
+            RuntimeError(
+                "You set `ignore_mismatched_sizes` to `False`, thus raising an error. For details look at the above report!"
+            ),
+            "above report",
+            "shape differs",
+        ),
+        (
+            RuntimeError(
+                "We encountered some issues during automatic conversion of the weights. For details look at the `CONVERSION` entries of the above report!"
+            ),
+            "above report",
+            "could not convert",
+        ),
+        (ValueError("plain message"), "report", "plain message"),
+    ],
+)
+def test_no_pointer_to_a_report_merit_silenced(raised, absent, present):
+    from merit_core.evaluation.checkpoint import _load_error
+
+    text = _load_error(raised)
+    assert absent not in text and present in text
+
+
+def test_a_huge_message_is_one_short_line():
+    from merit_core.errors import one_line
+
+    text = one_line("lr must be a number, got '" + "x" * 10_000_000 + "'\nsecond line")
+    assert "\n" not in text and len(text) < 1100 and "left out" in text and text.endswith("second line")
