@@ -413,14 +413,7 @@ def bad_checkpoints(world):
 
 BAD_INPUTS = {
     "unknown task": (
-        lambda w, b: [
-            str(w["run"]),
-            "--tasks",
-            "harbour_lambda",
-            "--include-path",
-            str(w["tasks"]),
-            "--trust-task-code",
-        ],
+        lambda w, b: [str(w["run"]), "--tasks", "harbour_lambda", "--include-path", str(w["tasks"])],
         ["unknown task 'harbour_lambda'", "did you mean harbour_lambada"],
     ),
     "unknown alias-like task": (lambda w, b: [str(w["run"]), "--tasks", "superglu"], ["did you mean superglue"]),
@@ -443,14 +436,7 @@ BAD_INPUTS = {
     "batch size 0": (lambda w, b: [str(w["run"]), "--tasks", "harbour_wiki", "--batch-size", "0"], ["--batch-size"]),
     "no task": (lambda w, b: [str(w["run"])], ["no task given"]),
     "missing data file": (
-        lambda w, b: [
-            str(w["run"]),
-            "--tasks",
-            "gone_lambada",
-            "--include-path",
-            str(b["missing_data"]),
-            "--trust-task-code",
-        ],
+        lambda w, b: [str(w["run"]), "--tasks", "gone_lambada", "--include-path", str(b["missing_data"])],
         ["gone_lambada", "nowhere.jsonl"],
     ),
 }
@@ -461,7 +447,9 @@ def test_bad_input_is_one_line_and_exit_2(world, bad_checkpoints, case):
     make_args, expected = BAD_INPUTS[case]
     args = make_args(world, bad_checkpoints)
     if "--include-path" not in args and case != "unknown alias-like task":
-        args += ["--include-path", str(world["tasks"]), "--trust-task-code"]
+        args += ["--include-path", str(world["tasks"])]
+    if "--include-path" in args:
+        args.append("--trust-task-code")  # a task folder is code: trusted here, it is the test's own
     result = _invoke(*args)
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()

@@ -58,16 +58,20 @@ def test_alias_is_listed_expanded_and_evaluated(harbour, harbour_alias, tmp_path
     assert listed.exit_code == 0 and "harbour" in listed.output and "page perplexity" in listed.output
 
     out = tmp_path / "eval.json"
-    args = [
-        "eval",
-        str(harbour["checkpoint"]),
-        "--tasks",
-        "harbour",
-        "--include-path",
-        str(harbour["tasks"]),
+    args = ["eval", str(harbour["checkpoint"]), "--tasks", "harbour", "--include-path", str(harbour["tasks"])]
+    args += [
         "--trust-task-code",
+        "--limit",
+        "2",
+        "--batch-size",
+        "2",
+        "--bootstrap-iters",
+        "0",
+        "--device",
+        "cpu",
+        "-o",
+        str(out),
     ]
-    args += ["--limit", "2", "--batch-size", "2", "--bootstrap-iters", "0", "--device", "cpu", "-o", str(out)]
     result = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     (checkpoint,) = json.loads(out.read_text())["checkpoints"]
