@@ -270,6 +270,13 @@ def results_table(summary: dict[str, Any]):
     return table
 
 
+def _check_task_trust(spec, trusted: bool) -> None:
+    """A task folder is code (merit eval --trust-task-code): refused before any run trains."""
+    from merit_core.evaluation.tasks import check_task_code_trusted
+
+    check_task_code_trusted(spec.eval.include_path if spec.eval is not None else None, trusted)
+
+
 @click.command("compare", context_settings={"show_default": True})
 @click.argument("config_file", required=False, metavar="[CONFIG]")
 @click.option("--optimizers", help=f"Comma-separated optimizers  [default: {','.join(DEFAULT_OPTIMIZERS)}]")
@@ -316,7 +323,16 @@ def results_table(summary: dict[str, Any]):
     help="ablations: merit, merit-noclip, merit-nobound, max-lamb, l2-merit, lamb-ref at the largest batch.",
 )
 @click.option("--eval", "eval_tasks", metavar="TASKS", help="Zero-shot tasks (merit eval's names) for each best run.")
-@click.option("--include-path", type=click.Path(), help="A folder of local lm-eval task YAMLs for --eval.")
+@click.option(
+    "--include-path",
+    type=click.Path(),
+    help="A folder of local lm-eval task YAMLs for --eval; it is code, so it needs --trust-task-code.",
+)
+@click.option(
+    "--trust-task-code",
+    is_flag=True,
+    help="Read the --include-path task folder (or the spec's eval.include_path), which is code: see merit eval.",
+)
 @click.option("--eval-limit", type=int, help="At most this many documents per --eval task.")
 @click.option(
     "--max-extensions",
@@ -348,6 +364,7 @@ def compare(
     preset,
     eval_tasks,
     include_path,
+    trust_task_code,
     eval_limit,
     max_extensions,
     overrides,
@@ -390,6 +407,7 @@ def compare(
         preset=preset,
         max_extensions=max_extensions,
     )
+    _check_task_trust(spec, trust_task_code)
     spec.command = _command_line(click.get_current_context())
     report = RichCompareReport()
     try:

@@ -23,7 +23,7 @@ from merit_core.evaluation.results import (
     output_file,
     write_results_json,
 )
-from merit_core.evaluation.tasks import ALIASES, list_local_tasks, split_task_list
+from merit_core.evaluation.tasks import ALIASES, check_task_code_trusted, list_local_tasks, split_task_list
 
 _NOISY_LOGGERS = ("lm_eval", "transformers", "datasets", "accelerate", "huggingface_hub")
 
@@ -156,6 +156,8 @@ def _model_args(text: str) -> list[str]:
         key, eq, value = item.partition("=")
         key = key.strip()
         if key == "pretrained" and eq:
+            if not value.strip():  # an empty path would mean the current folder
+                raise ConfigError("--model_args pretrained= is empty; give the checkpoint: pretrained=CKPT")
             out.insert(0, value)
         elif key in MODEL_ARGS and eq:
             out += [MODEL_ARGS[key], value]
@@ -191,7 +193,11 @@ def _display_stream():
 @click.argument("checkpoints", nargs=-1, metavar="CKPT...")
 @click.option("--tasks", "-t", default=None, help="Comma-separated tasks or aliases, e.g. lambada,wikitext,superglue.")
 @click.option(
-    "--include-path", type=str, default=None, metavar="DIR", help="Folder of lm-eval task YAMLs (local data)."
+    "--include-path",
+    type=str,
+    default=None,
+    metavar="DIR",
+    help="Folder of lm-eval task YAMLs (local data); it is code, so it needs --trust-task-code.",
 )
 @device_option()
 @click.option(
@@ -243,6 +249,13 @@ def _display_stream():
     help="lm-eval's seeds (python, numpy, torch, few-shot sampler); one integer sets all four.",
 )
 @click.option("--lm-eval-layout", is_flag=True, hidden=True, help="Set by --output_path: also write lm-eval's files.")
+@click.option(
+    "--trust-task-code",
+    is_flag=True,
+    help="Read the --include-path task folder, which is code: a YAML !function imports its Python and "
+    "lm-eval renders prompts with Jinja, which can run commands. Off by default: only for task folders you "
+    "trust. Separate from --trust-remote-code, which trusts a checkpoint's code, not a task folder's.",
+)
 @click.option("--list-tasks", is_flag=True, help="Show the task aliases (and --include-path tasks) and exit.")
 @click.option("--verbose", "-v", is_flag=True, help="Show lm-eval's own logs and progress bars.")
 def eval_cmd(
@@ -260,6 +273,7 @@ def eval_cmd(
     log_samples,
     seed,
     lm_eval_layout,
+    trust_task_code,
     list_tasks,
     verbose,
 ):
@@ -272,7 +286,7 @@ def eval_cmd(
     Examples:
       merit eval runs/gpt2-merit --tasks lambada,wikitext
       merit eval runs/a runs/b --tasks superglue --limit 200 -o results.json
-      merit eval runs/a --include-path my_tasks --tasks my_task -o eval-results/
+      merit eval runs/a --include-path my_tasks --trust-task-code --tasks my_task -o eval-results/
       merit eval runs/first --tasks builtin            # offline: the built-in corpus's held-out text
       merit eval --model hf --model_args pretrained=runs/a/step_100 --tasks builtin \\
           --output_path evals --log_samples           # lm-eval's spellings and its results layout
@@ -282,6 +296,7 @@ def eval_cmd(
     --output_path DIR writes merit's JSON and lm-eval's DIR/<model>/results_<time>.json.
     """
     console = Console()
+    check_task_code_trusted(include_path, trust_task_code)
     if list_tasks:
         console.print(_aliases_table(include_path))
         return

@@ -282,7 +282,7 @@ def _print_notes(console, checkpoints: list) -> None:
     "--hessian-iters",
     default=20,
     show_default=True,
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=1000),  # Lanczos keeps one parameter-sized vector per step
     help="Lanczos steps (Hessian-vector products) for the top eigenvalue; at least 10 to count as converged.",
 )
 @click.option(

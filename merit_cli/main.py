@@ -14,7 +14,7 @@ from typing import NoReturn
 
 import click
 
-from merit_core.errors import MeritError
+from merit_core.errors import MeritError, one_line, os_error_line
 from merit_core.version import __version__
 
 # name -> "module:attribute"; a command's module (and torch) is imported only when it runs.
@@ -43,7 +43,7 @@ def fail(message: str, code: int = 2) -> NoReturn:
     from rich.console import Console
     from rich.markup import escape
 
-    message = " ".join(str(message).split())  # one line, whatever the message held
+    message = one_line(message)  # one line, whatever the message held, a huge echoed value cut short
     Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     sys.exit(code)
 
@@ -95,6 +95,10 @@ class LazyGroup(click.Group):
             stopped(str(exc), exc.exit_code)
         except KeyboardInterrupt:
             fail("interrupted", EXIT_INTERRUPTED)
+        except OSError as exc:  # a path no earlier check caught: too long, read-only, a file on the way, ...
+            fail(os_error_line(exc))
+        except RecursionError:
+            fail("an input is nested too deeply (a TOML value, a --set value or a JSON file thousands of levels deep)")
 
     def main(self, *args, **kwargs):
         """click's usage errors as one line (the usage block is what --help is for)."""

@@ -42,7 +42,8 @@ def _summary(meta, seconds: float):
     "-o",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Folder to write (train.bin, val.bin, meta.json, tokenizer/). Required with SOURCE.",
+    help="Folder to write (train.bin, val.bin, meta.json, tokenizer/). Required with SOURCE. A non-empty "
+    "folder is refused unless merit prepared it; then merit's files are replaced and the rest kept.",
 )
 @click.option(
     "--builtin",

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
+import os
+import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -278,12 +282,57 @@ def training_progress(out: Console) -> Progress:
     )
 
 
+class GuardedOutput:
+    """A text stream (stdout) whose loss does not fail a long run: the first write or flush that
+    fails (EPIPE: the reader of `merit train | head -1` went away; EIO: the terminal hung up) marks
+    it `lost` and every later write is dropped. The descriptor is pointed at /dev/null, so that
+    Python's own flush at exit cannot fail either."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.lost = False
+
+    def write(self, text: str) -> int:
+        if not self.lost:
+            try:
+                return self.stream.write(text)
+            except (OSError, ValueError):
+                self._lose()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.lost:
+            try:
+                self.stream.flush()
+            except (OSError, ValueError):
+                self._lose()
+
+    def _lose(self) -> None:
+        self.lost = True
+        with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+
+    def isatty(self) -> bool:
+        try:
+            return not self.lost and self.stream.isatty()
+        except (OSError, ValueError):
+            return False
+
+    def __getattr__(self, name: str):  # fileno, encoding, ... of the stream
+        return getattr(self.stream, name)
+
+
 class LiveReport:
     """Base of the commands' rich callbacks: a console, stage bars started on the first
     `on_prepare`, a main progress bar set by the subclass, and `close()` that stops both."""
 
-    def __init__(self):
-        self.out = console()
+    def __init__(self, guard: bool = False):
+        # guard: stdout behind GuardedOutput (a long run outlives its reader; `stop_requested` of
+        # the train report then asks the run to stop)
+        self.output = GuardedOutput(sys.stdout) if guard else None
+        self.out = Console(file=self.output, highlight=False) if guard else console()
         # Not a terminal (a batch system's log file, a pipe): no live bars, one plain line per event.
         self.plain = not self.out.is_terminal
         if self.plain:

@@ -39,10 +39,15 @@ class RichTrainReport(LiveReport, TrainCallbacks):
     """Renders a run: a header, a live progress bar, eval lines, and a summary table."""
 
     def __init__(self, lr_source: Any = None):
-        super().__init__()
+        super().__init__(guard=True)
         self.lr_source = lr_source  # merit_core.optim.registry.LrDefault when no lr was given
         self.task = None
         self.fields = {"loss": "-", "lr": "-", "tok_s": "-", "max_logit": "-"}
+
+    def stop_requested(self) -> str | None:
+        """'SIGPIPE' once stdout is lost (its reader went away): the run checkpoints and stops, as
+        on SIGTERM; the log file and metrics.jsonl are written as before."""
+        return "SIGPIPE" if self.output.lost else None
 
     def on_data(self, meta) -> None:
         if self.stages is not None:
@@ -323,8 +328,9 @@ def train(config_file, overrides, **values):
     CONFIG is a TOML file or the name of a shipped config (merit train --list-configs).
     With no arguments: a tiny GPT-2 trained with MERIT on the built-in corpus (a few minutes on a CPU).
     Under `torchrun --nproc_per_node N -m merit_cli train ...` it trains with DDP, or with FSDP2 given --parallel fsdp.
-    SIGTERM / SIGUSR1 (cluster preemption) and Ctrl-C finish the current step, save a checkpoint and
-    exit with 143 / 130; continue with --resume.
+    SIGTERM / SIGUSR1 (cluster preemption), Ctrl-C, SIGHUP (a closed terminal or ssh session) and a
+    closed stdout (merit train | head) finish the current step, save a checkpoint and exit with
+    143 / 130 / 129 / 141; continue with --resume.
 
     \b
     Examples:
@@ -376,6 +382,8 @@ def _load(config_file, overrides, values):
             raise ConfigError("--resume needs the run folder: merit train --resume --out RUN_DIR")
         saved = Path(values["out"]) / CONFIG_FILE
         refuse_link(saved, "in a run folder")  # a planted link: neither read as the run's config nor replaced
+        if saved.exists() and not saved.is_file():
+            raise ConfigError(f"{saved} is not a file (a folder?); it is not the run's config: move it away to resume")
         if base is None and saved.is_file():
             base = saved
     return load_config(base, overrides, values)

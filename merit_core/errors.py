@@ -71,6 +71,48 @@ class RunInterrupted(Exception):
         self.checkpoint = checkpoint
 
 
+# What an OS error means to someone who gave merit a path, by errno (the rest use the OS's own words).
+_OS_ERROR_WORDS = {
+    "ENAMETOOLONG": "a name in the path is longer than the file system allows (255 bytes a name)",
+    "EROFS": "the file system is read-only",
+    "ENOTDIR": "a part of the path is a file, not a folder",
+    "EISDIR": "it is a folder, not a file",
+    "EACCES": "permission denied",
+    "EPERM": "operation not permitted",
+    "ENOSPC": "no space left on the device",
+    "EDQUOT": "disk quota exceeded",
+    "ELOOP": "too many levels of symbolic links",
+    "ENOENT": "no such file or folder",
+    "EEXIST": "it already exists",
+}
+
+
+def os_error_line(exc: OSError) -> str:
+    """One line for an OS error no earlier check caught: what failed and on which path (shortened)."""
+    import errno
+    import os
+
+    name = errno.errorcode.get(exc.errno or 0, "")
+    why = _OS_ERROR_WORDS.get(name) or exc.strerror or first_line(exc)
+    paths = [p for p in (exc.filename, exc.filename2) if p is not None]
+    shown = " -> ".join(_short(os.fsdecode(p) if isinstance(p, bytes) else str(p)) for p in paths)
+    return f"cannot use {shown}: {why}" if shown else f"{why} ({first_line(exc)})"
+
+
+def _short(text: str, limit: int = 120) -> str:
+    text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return text if len(text) <= limit else f"{text[: limit - 30]}...{text[-27:]}"
+
+
+def one_line(message: str, limit: int = 1000) -> str:
+    """`message` as one line of at most about `limit` characters: a huge value a message echoes (a
+    100 MB TOML string) is cut in the middle."""
+    text = " ".join(str(message).split())
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 200]} ... ({len(text) - limit + 50:,} characters left out) ... {text[-150:]}"
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (its class name when the message is empty)."""
     text = str(exc).strip()

@@ -83,6 +83,40 @@ def fsync_file(path: str | Path) -> None:
         os.close(fd)
 
 
+def fsync_tree(folder: str | Path) -> None:
+    """fsync every file and folder under `folder` (itself included), e.g. before it is renamed into
+    place: a rename is durable only when what it names already is."""
+    for dirpath, _dirs, filenames in os.walk(folder):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                fsync_file(path)
+        fsync_dir(dirpath)
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def exchange_paths(a: str | Path, b: str | Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux renameat2 RENAME_EXCHANGE): a reader of
+    either name sees the old entry or the new one, never none. False when this system or file
+    system cannot (the caller then falls back to two renames)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(a), None, os.fspath(b))
+
+
 def _temp_name(path: Path) -> Path:
     return path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
 
@@ -221,15 +255,25 @@ def check_writable(path: str | Path, what: str) -> Path:
     out = Path(path).expanduser()
     if out.is_dir():
         raise ConfigError(f"{what} {path}: is a folder; give a file name")
+    check_path_names(out, what)
     if out.exists() and not os.access(out, os.W_OK):
         raise ConfigError(f"{what} {path}: the file is not writable")
     _check_creatable(out.parent, path, what)
+    if out.parent.is_dir():  # the file is written as a temp file beside it, then renamed: try that now
+        probe = out.parent / f"{TMP_PREFIX}check.{os.getpid()}"
+        try:
+            os.close(create_new(probe))
+            os.unlink(probe)
+        except (OSError, UnsafePath) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ConfigError(f"{what} {path}: cannot make a file in {out.parent} ({why})") from None
     return out
 
 
 def check_writable_folder(path: str | Path, what: str) -> Path:
     """ConfigError unless `path` is a writable folder or can be created as one."""
     folder = Path(path).expanduser()
+    check_path_names(folder, what)
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"{what} {path}: exists and is not a folder")
     _check_creatable(folder, path, what)
@@ -245,6 +289,40 @@ def refuse_foreign_entries(folder: Path, foreign: list[str], what: str) -> None:
             f"--out {folder} holds files that are not {what} ({shown}); give an empty or new folder "
             "(merit never writes into folders it did not make)"
         )
+
+
+NAME_MAX = 255  # bytes in one file or folder name (Linux, macOS)
+PATH_MAX = 4096  # bytes in a whole path, the final NUL included (Linux)
+
+
+def short(path: str | os.PathLike, limit: int = 80) -> str:
+    """A path for a one-line message: printable (see `display`) and cut to `limit` characters."""
+    text = display(path)
+    return text if len(text) <= limit else f"{text[: limit - 20]}...{text[-17:]}"
+
+
+def check_path_names(path: str | os.PathLike, what: str) -> None:
+    """ConfigError when `path` has a name longer than NAME_MAX bytes or is PATH_MAX bytes or longer:
+    checked before any work, where the OS would otherwise fail at the first write (ENAMETOOLONG)."""
+    raw = os.fsencode(path)
+    if len(raw) >= PATH_MAX:
+        raise ConfigError(f"{what} {short(path)}: the path is {len(raw)} bytes long; the limit is {PATH_MAX - 1}")
+    for part in Path(os.fsdecode(raw)).parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            raise ConfigError(
+                f"{what} {short(path)}: the name {short(part, 40)} is {len(os.fsencode(part))} bytes long; "
+                f"file systems allow {NAME_MAX}"
+            )
+
+
+def refuse_dangling_parents(path: str | os.PathLike, what: str) -> None:
+    """ConfigError when a folder merit would create for `path` is a symbolic link to nothing: making
+    it would fail after the work is done (or, once its target appears, write where the link points)."""
+    for parent in [Path(path), *Path(path).parents]:
+        if parent.exists():
+            return
+        if os.path.islink(parent):
+            raise ConfigError(f"{what} {short(path)}: {short(parent)} is a symbolic link to a missing target")
 
 
 def _check_creatable(folder: Path, given: str | Path, what: str) -> None:

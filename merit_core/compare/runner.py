@@ -38,7 +38,7 @@ from merit_core.runs import CONFIG_FILE
 from merit_core.train.callbacks import TrainCallbacks
 from merit_core.train.config import read_toml
 from merit_core.train.metrics import json_safe, read_metrics
-from merit_core.train.training_run import STOP_SIGNALS
+from merit_core.train.training_run import HANDLED_SIGNALS, STOP_SIGNALS
 
 STATUS_FILE = "compare_status.json"
 EXIT_INTERRUPTED = (130, 143)
@@ -224,7 +224,7 @@ def _forward_signals(active: dict):
                 proc.send_signal(signum)
 
     previous = {}
-    for name in STOP_SIGNALS:
+    for name in HANDLED_SIGNALS:
         sig = getattr(signal, name, None)
         if sig is not None:
             previous[sig] = signal.signal(sig, handler)

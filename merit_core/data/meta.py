@@ -6,6 +6,8 @@ Layout (format "merit-tokens-v1")::
     train.bin      flat token ids, dtype from meta.json, every document followed by EOS
     val.bin        same, for the held-out documents
     tokenizer/     a Hugging Face tokenizer (save_pretrained), with eos/bos/pad set
+    .merit-prepared   merit's mark on a folder it prepared (the merit version and format), so
+                      that re-preparing replaces merit's entries and never a folder of the user's
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ FORMAT = "merit-tokens-v1"
 META_FILE = "meta.json"
 TOKENIZER_DIR = "tokenizer"
 SPLITS = ("train", "val")
+PREPARED_MARKER = ".merit-prepared"
+# The entries `merit prepare` writes into a folder; anything else there is the user's and is kept.
+PREPARED_ENTRIES = frozenset({META_FILE, TOKENIZER_DIR, PREPARED_MARKER, *(f"{split}.bin" for split in SPLITS)})
 
 
 def dtype_for_vocab(vocab_size: int) -> str:
@@ -93,6 +98,27 @@ def data_notes(meta: DataMeta, planned_tokens: int | None = None) -> list[str]:
 def is_prepared(path: str | Path) -> bool:
     """True when `path` is a folder with a meta.json (a prepared-data folder, maybe corrupt)."""
     return Path(path, META_FILE).is_file()
+
+
+def marker_text() -> str:
+    """What `merit prepare` writes into PREPARED_MARKER: the merit version and the data format."""
+    from merit_core.version import __version__
+
+    return json.dumps({"written_by": f"merit {__version__}", "format": FORMAT}) + "\n"
+
+
+def is_merit_prepared(path: str | Path) -> bool:
+    """True when `path` carries merit's own mark (a regular PREPARED_MARKER file naming a merit data
+    format): the only evidence that lets `merit prepare` replace what is there. A meta.json alone
+    is not: a user's folder may hold one."""
+    marker = Path(path, PREPARED_MARKER)
+    if marker.is_symlink() or not marker.is_file():
+        return False
+    try:
+        raw = json.loads(marker.read_bytes()[:4096])
+    except (OSError, ValueError):
+        return False
+    return isinstance(raw, dict) and str(raw.get("format", "")).startswith("merit-tokens-")
 
 
 def load_meta(path: str | Path) -> DataMeta:

@@ -20,8 +20,17 @@ from pathlib import Path
 
 import numpy as np
 
-from merit_core.data.meta import FORMAT, META_FILE, TOKENIZER_DIR, DataMeta, dtype_for_vocab, load_meta
-from merit_core.data.publish import TMP_PREFIX, check_target, lock_path, publish, staging_dir
+from merit_core.data.meta import (
+    FORMAT,
+    META_FILE,
+    PREPARED_MARKER,
+    TOKENIZER_DIR,
+    DataMeta,
+    dtype_for_vocab,
+    load_meta,
+    marker_text,
+)
+from merit_core.data.publish import TMP_PREFIX, check_target, lock_path, publish, recover, staging_dir
 from merit_core.data.sources import resolve_source
 from merit_core.data.tokenizer import (
     MIN_BPE_VOCAB,
@@ -72,8 +81,9 @@ def prepare_corpus(
 
     `tokenizer` None trains a byte-level BPE of `vocab_size` on the corpus; otherwise it names a
     hub tokenizer or a local tokenizer folder (vocab_size is then ignored). `max_documents` caps
-    how many documents are read (useful for large hub datasets). An existing prepared folder at
-    `out_dir` is replaced; any other non-empty folder there is refused.
+    how many documents are read (useful for large hub datasets). In a folder `merit prepare` made
+    (it carries merit's mark) merit's entries are replaced and the user's other files kept; any
+    other non-empty folder there is refused.
     """
     src = resolve_source(source, text_column=text_column, dataset_config=dataset_config, split=split)
     if max_documents is not None and max_documents < 2:
@@ -131,8 +141,8 @@ def prepare_documents(
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     target = Path(out_dir).expanduser().resolve()
+    remove_stale_temp(target)  # first: a killed re-prepare may have left the target mid-swap
     check_target(target)
-    remove_stale_temp(target)
     emit = report_to(progress)
 
     def report(stage: str, done: int, total: int | None) -> None:
@@ -183,8 +193,8 @@ def prepare_documents(
             "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         }
         (tmp / META_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        (tmp / PREPARED_MARKER).write_text(marker_text(), encoding="utf-8")
         report("splitting", int(lengths.sum()), int(lengths.sum()))
-        (tmp / STAGING_MARKER).unlink()
         publish(tmp, target)
     return load_meta(target)
 
@@ -210,24 +220,23 @@ def _check_two_documents(batches: Batches, source: str) -> None:
 def remove_stale_temp(target: Path) -> list[Path]:
     """Delete what an interrupted prepare of `target` left beside it, and only that.
 
-    A temp folder counts as merit's when its name is `.merit-tmp-<target name>-...` and it holds
-    the staging marker (or, for the replaced copy `...-old-<pid>`, a prepared folder) of a
-    process that is gone; a lock file counts as stale when nobody holds it.
+    The new or old copy of a killed publish (`.merit-tmp-<target name>-new-<pid>` / `-old-<pid>`)
+    is finished or undone first (publish.recover: the user's entries go back into the target). A
+    build folder counts as merit's when its name is `.merit-tmp-<target name>-...` and it holds
+    the staging marker of a process that is gone; a lock file counts as stale when nobody holds it.
     """
     removed: list[Path] = []
     if not target.parent.is_dir():
         return removed
+    removed += recover(target)
     prefix = f"{TMP_PREFIX}{target.name}-"
     for child in target.parent.iterdir():
         if not child.name.startswith(prefix) or not child.is_dir() or child.is_symlink():
             continue
         marker = child / STAGING_MARKER
-        if marker.is_file():
-            pid = _read_pid(marker)
-        elif child.name.startswith(prefix + "old-") and (child / META_FILE).is_file():
-            pid = _read_pid_text(child.name.rsplit("-", 1)[-1])
-        else:
+        if not marker.is_file() or child.name.startswith((prefix + "new-", prefix + "old-")):
             continue
+        pid = _read_pid(marker)
         if pid is not None and not pid_alive(pid):
             shutil.rmtree(child, ignore_errors=True)
             removed.append(child)

@@ -1,4 +1,4 @@
-"""Writing a folder atomically (build beside it, then rename) and a lock for one builder at a time."""
+"""Writing a prepared folder durably (build beside it, fsync, swap in) and a lock for one builder at a time."""
 
 from __future__ import annotations
 
@@ -8,9 +8,18 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from merit_core.data.meta import is_prepared
+from merit_core.data.meta import PREPARED_ENTRIES, PREPARED_MARKER, is_merit_prepared
 from merit_core.errors import ConfigError, DataError
-from merit_core.fileio import check_writable_folder, exclusive_lock, folder_mode
+from merit_core.fileio import (
+    check_writable_folder,
+    exchange_paths,
+    exclusive_lock,
+    folder_mode,
+    fsync_dir,
+    fsync_tree,
+    pid_alive,
+)
+from merit_core.runs import STAGING_MARKER
 
 TMP_PREFIX = ".merit-tmp-"
 
@@ -34,8 +43,10 @@ def staging_dir(target: Path):
 
 
 def check_target(target: Path) -> None:
-    """DataError unless `target` is absent, an empty folder, or a prepared-data folder we may replace,
-    in a folder this user can write (a FIFO or file on the way, a read-only folder: refused here)."""
+    """DataError unless `target` is absent, an empty folder, or a folder merit prepared (it carries
+    merit's mark, PREPARED_MARKER), in a folder this user can write (a FIFO or file on the way, a
+    read-only folder: refused here). A folder without the mark is the user's, whatever it holds
+    (a meta.json included): refused before any work, and never touched."""
     try:
         check_writable_folder(target, "output")
     except ConfigError as exc:
@@ -46,24 +57,110 @@ def check_target(target: Path) -> None:
         raise DataError(f"output {target}: cannot write into {target.parent}")
     if not target.is_dir():
         raise DataError(f"output {target} exists and is not a folder")
-    if any(target.iterdir()) and not is_prepared(target):
-        raise DataError(f"refusing to overwrite {target}: it is not empty and not a prepared data folder")
+    entries = sorted(os.listdir(target))
+    if entries and not is_merit_prepared(target):
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise DataError(
+            f"refusing to overwrite {target}: it holds {shown} and not the {PREPARED_MARKER} mark of a folder "
+            "`merit prepare` made; give an empty or new folder"
+        )
+
+
+def user_entries(folder: Path, ours: frozenset[str] = PREPARED_ENTRIES) -> list[str]:
+    """Names in `folder` that merit did not write there (kept across a re-prepare)."""
+    try:
+        return sorted(name for name in os.listdir(folder) if name not in ours)
+    except OSError:
+        return []
+
+
+# What a staging folder holds besides the prepared entries while it is being built.
+_STAGING_ENTRIES = PREPARED_ENTRIES | {STAGING_MARKER, "all.bin"}
+
+
+def side_path(target: Path, kind: str, pid: int | None = None) -> Path:
+    """`.merit-tmp-<name>-<kind>-<pid>` beside `target`: the finished new copy ("new") or the
+    replaced one ("old") while a publish is under way; the PID lets a later prepare finish or undo
+    what a killed one left (`recover`)."""
+    return target.with_name(f"{TMP_PREFIX}{target.name}-{kind}-{os.getpid() if pid is None else pid}")
 
 
 def publish(tmp: Path, target: Path) -> None:
-    """Move the finished folder `tmp` to `target`, replacing an earlier prepared folder there."""
+    """Move the finished folder `tmp` to `target`, replacing merit's entries of an earlier prepared
+    folder there and keeping everything else in it.
+
+    Every file and folder of the new copy is fsynced before any rename. The new copy is first
+    renamed to `side_path(target, "new")`; the user's entries of `target` are moved into it; then
+    the two folders are swapped in one atomic step (`exchange_paths`), so `target` always holds
+    complete data, the old or the new; only then is the old copy removed. Where the file system
+    cannot swap, two renames are used and a kill between them is undone by the next prepare
+    (`recover`), as is a kill while the user's entries are being moved.
+    """
     check_target(target)
-    if target.exists():
-        old = target.with_name(f"{TMP_PREFIX}{target.name}-old-{os.getpid()}")
-        os.replace(target, old)  # a directory rename cannot overwrite a non-empty directory
+    fsync_tree(tmp)
+    new = side_path(target, "new")
+    os.replace(tmp, new)  # from here on, named by PID: `recover` knows what to do with it
+    (new / STAGING_MARKER).unlink(missing_ok=True)
+    fsync_dir(target.parent)
+    if not target.exists():
+        os.replace(new, target)
+        fsync_dir(target.parent)
+        return
+    moved: list[str] = []
+    try:
+        for name in user_entries(target):
+            os.replace(target / name, new / name)
+            moved.append(name)
+        fsync_dir(target)
+        fsync_dir(new)
+        swapped = exchange_paths(new, target)
+    except BaseException:
+        for name in reversed(moved):  # the user's entries go back where they were
+            os.replace(new / name, target / name)
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    if swapped:
+        fsync_dir(target.parent)
+        shutil.rmtree(new)  # the old copy: merit's entries only
+        return
+    old = side_path(target, "old")
+    os.replace(target, old)
+    os.replace(new, target)
+    fsync_dir(target.parent)
+    shutil.rmtree(old)
+
+
+def recover(target: Path) -> list[Path]:
+    """Finish or undo what a killed `publish` of `target` left beside it; returns the folders removed.
+
+    A `-new-<pid>` or `-old-<pid>` folder of a dead process is renamed back to `target` when
+    `target` is missing (the new copy first: it is complete once it has that name), or else has
+    the user's entries it holds moved back into `target` and is removed. A folder still holding
+    an entry it could not move back (the name is taken) is left where it is.
+    """
+    removed: list[Path] = []
+    for kind in ("new", "old"):
+        prefix = f"{TMP_PREFIX}{target.name}-{kind}-"
         try:
-            os.replace(tmp, target)
+            children = sorted(p for p in target.parent.iterdir() if p.name.startswith(prefix))
         except OSError:
-            os.replace(old, target)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, target)
+            return removed
+        for child in children:
+            pid = child.name[len(prefix) :]
+            if not pid.isdigit() or pid_alive(int(pid)) or child.is_symlink() or not child.is_dir():
+                continue
+            if not target.exists() and not target.is_symlink():
+                (child / STAGING_MARKER).unlink(missing_ok=True)
+                os.replace(child, target)
+                fsync_dir(target.parent)
+                continue
+            for name in user_entries(child, _STAGING_ENTRIES):
+                if not os.path.lexists(target / name):
+                    os.replace(child / name, target / name)
+            if not user_entries(child, _STAGING_ENTRIES):
+                shutil.rmtree(child, ignore_errors=True)
+                removed.append(child)
+    return removed
 
 
 @contextlib.contextmanager

@@ -14,39 +14,35 @@ truncated or corrupt file gets a precise one-line `CheckpointError`. Pickle-base
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import stat
-import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from merit_core import runs
+from merit_core.checkpoints import (  # the one safe reader of a checkpoint, shared with eval and resume
+    PICKLE_SUFFIXES,
+    index_files,
+    open_regular,
+    refuse_pickle,
+    refuse_special_files,
+    validate_safetensors,
+)
 from merit_core.errors import CheckpointError
-from merit_core.fileio import display, special_entries, special_file
+from merit_core.fileio import display
 from merit_core.runs import INDEX_NAME, WEIGHTS_NAME
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
-_DTYPE_BYTES = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "I64": 8,
-    "U64": 8,
-    "F64": 8,
-}
-_MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit
+__all__ = [
+    "PICKLE_SUFFIXES",
+    "Checkpoint",
+    "SafetensorsReader",
+    "find_checkpoints",
+    "index_files",
+    "open_regular",
+    "refuse_pickle",
+    "refuse_special_files",
+    "validate_safetensors",
+]
 
 
 @dataclass
@@ -69,124 +65,6 @@ class Checkpoint:
     @property
     def label(self) -> str:
         return display(self.path)  # printable even when the file name is not UTF-8
-
-
-def refuse_pickle(path: Path, why: str) -> CheckpointError:
-    return CheckpointError(
-        f"{path} is {why}; merit never unpickles checkpoints (arbitrary code could run). "
-        "Convert it to safetensors first, e.g. with transformers: "
-        "AutoModelForCausalLM.from_pretrained(folder).save_pretrained(out) in a trusted environment."
-    )
-
-
-def validate_safetensors(path: Path) -> dict[str, dict]:
-    """Check a file is a complete safetensors file; return its header's tensor entries (name -> info).
-
-    Reads only the 8-byte length and the JSON header. Raises CheckpointError naming the problem:
-    missing, a pickle, not safetensors, truncated, corrupt header, or tensor data past the end.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"checkpoint not found: {display(path)}")
-    if path.is_dir():
-        raise CheckpointError(f"{display(path)} is a folder, expected a .safetensors file")
-    if path.suffix.lower() in PICKLE_SUFFIXES:
-        raise refuse_pickle(path, f"a pickle-based checkpoint ({display(path.suffix)})")
-    try:
-        with open_regular(path) as fh:
-            size = os.fstat(fh.fileno()).st_size
-            head = fh.read(8)
-            if head[:4] == b"PK\x03\x04":
-                raise refuse_pickle(path, "a torch.save zip archive (pickle inside)")
-            if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
-                raise refuse_pickle(path, "a pickle file")
-            if len(head) < 8:
-                raise CheckpointError(f"{display(path)} is not a safetensors file: only {size} bytes")
-            (n,) = struct.unpack("<Q", head)
-            if n == 0 or n > _MAX_HEADER:
-                raise CheckpointError(f"{display(path)} is not a safetensors file: implausible header length {n}")
-            if 8 + n > size:
-                raise CheckpointError(
-                    f"{display(path)} is truncated or not safetensors: header of {n} bytes but the file has {size}"
-                )
-            raw = fh.read(n)
-    except OSError as exc:
-        raise CheckpointError(f"cannot read {display(path)}: {exc.strerror or exc}") from None
-    try:
-        header = json.loads(raw.decode("utf-8"))
-        if not isinstance(header, dict):
-            raise ValueError("not a JSON object")
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise CheckpointError(f"{path} has a corrupt safetensors header ({exc})") from None
-    header.pop("__metadata__", None)
-    available = size - 8 - n
-    for name, info in header.items():
-        try:
-            dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
-            nbytes = _DTYPE_BYTES[dtype] * math.prod(shape)
-            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (begin, end, *shape)):
-                raise TypeError("offsets and shape must be integers")
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"{path} has a corrupt safetensors header: bad entry for {name!r}") from None
-        if not (0 <= begin <= end) or end - begin != nbytes:
-            raise CheckpointError(f"{path} has a corrupt safetensors header: offsets of {name!r} do not fit its shape")
-        if end > available:
-            raise CheckpointError(
-                f"{path} is truncated: tensor {name!r} ends at byte {end} of the data but only {available} are there"
-            )
-    if not header:
-        raise CheckpointError(f"{path} holds no tensors")
-    return header
-
-
-def open_regular(path: Path):
-    """`path` opened for binary reading, refused (CheckpointError) unless it is a regular file.
-
-    Opened without blocking and checked on the open descriptor, so a FIFO swapped in after a
-    check cannot hang the read."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            what = special_file(path) or "not a regular file"
-            raise CheckpointError(f"{display(path)} is {what}; merit reads only regular files")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return os.fdopen(fd, "rb")
-
-
-def refuse_special_files(folder: Path) -> None:
-    """CheckpointError when a checkpoint folder holds a FIFO, socket or device: a loader opening it
-    (config.json, a tokenizer file, a weight file) would block forever or read without end."""
-    found = special_entries(folder)
-    if found:
-        name, what = found[0]
-        raise CheckpointError(f"{display(folder / name)} is {what}; merit reads only regular files from a checkpoint")
-
-
-def index_files(index: Path) -> list[Path]:
-    """The shard files a sharded checkpoint's index maps tensors to (each a plain name in its folder)."""
-    try:
-        with open_regular(index) as fh:
-            data = json.loads(fh.read().decode("utf-8"))
-        names = data["weight_map"].values()
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
-        raise CheckpointError(f"{display(index)} is not a valid sharded-checkpoint index (no weight_map)") from None
-    bad = [n for n in names if not isinstance(n, str) or n in ("", ".", "..") or "/" in n or "\\" in n]
-    if bad:
-        raise CheckpointError(
-            f"{display(index)} is not a valid sharded-checkpoint index: weight_map value {bad[0]!r} is not a "
-            "shard file name in its folder"
-        )
-    files = [index.parent / name for name in sorted(set(names))]
-    for f in files:
-        if not f.exists():
-            raise CheckpointError(f"{display(index)} names shard {display(f.name)}, which is missing")
-    if not files:
-        raise CheckpointError(f"{display(index)} lists no shards")
-    return files
 
 
 def _read_step(folder: Path) -> int | None:

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from merit_core import runs
-from merit_core.diagnostics.checkpoints import (
+from merit_core.checkpoints import (
     PICKLE_SUFFIXES,
+    check_model_dims,
+    check_special_tokens,
     index_files,
     refuse_pickle,
     refuse_special_files,
@@ -173,6 +175,9 @@ def check_causal_lm(ref: CheckpointRef, trust_remote_code: bool = False) -> Any:
     except (OSError, ValueError, KeyError) as exc:
         where = "a model folder" if ref.is_local else "a local folder, and the hub (or its cache) does not have it"
         raise CheckpointError(f"cannot read the model config of {ref.given} (not {where}): {first_line(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - transformers' field validation of a crafted config.json (n_head: null)
+        raise CheckpointError(f"config.json of {ref.given} is not a usable model config: {first_line(exc)}") from None
+    check_model_dims(config, f"checkpoint {ref.given}")
     causal_classes = {
         c for v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() for c in ((v,) if isinstance(v, str) else v)
     }
@@ -210,6 +215,28 @@ def resolve_dtype(dtype: str | None, device: str) -> str:
     return _DTYPES[dtype.lower()]
 
 
+def check_tokenizer(ref: CheckpointRef, trust_remote_code: bool = False) -> None:
+    """Load the checkpoint's tokenizer once, before any task or model is loaded, and check that it
+    has an end-of-text token (check_special_tokens): a broken tokenizer fails in seconds."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(ref.location, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types for a broken tokenizer folder
+        raise CheckpointError(f"cannot load the tokenizer of {ref.given}: {first_line(exc)}") from None
+    check_special_tokens(tokenizer, f"checkpoint {ref.given}")
+
+
+def _load_error(exc: BaseException) -> str:
+    """transformers' words for a failed load, without its pointer to a loading report merit silenced."""
+    text = first_line(exc)
+    if "above report" in text:
+        if "mismatched_sizes" in text or "ignore_mismatched" in text:
+            return "a tensor's shape differs from what its config.json describes"
+        return "transformers could not convert its weights to the model its config.json describes"
+    return text
+
+
 def load_model_and_tokenizer(
     ref: CheckpointRef, device: str, dtype: str, trust_remote_code: bool = False
 ) -> tuple[Any, Any]:
@@ -225,11 +252,12 @@ def load_model_and_tokenizer(
         tokenizer = AutoTokenizer.from_pretrained(ref.location, **remote)
     except (OSError, ValueError, KeyError) as exc:
         raise CheckpointError(f"cannot load the tokenizer of {ref.given}: {first_line(exc)}") from None
+    check_special_tokens(tokenizer, f"checkpoint {ref.given}")
     try:
         # use_safetensors: never a pickle, not even one next to the safetensors or on the hub
         model = AutoModelForCausalLM.from_pretrained(
             ref.location, dtype=getattr(torch, dtype), use_safetensors=True, **remote
         )
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise CheckpointError(f"cannot load the model weights of {ref.given}: {first_line(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - a crafted file makes transformers / safetensors raise many types
+        raise CheckpointError(f"cannot load the model weights of {ref.given}: {_load_error(exc)}") from None
     return model.to(device).eval(), tokenizer

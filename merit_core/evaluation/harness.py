@@ -21,13 +21,19 @@ from merit_core.errors import ConfigError
 from merit_core.evaluation.checkpoint import (
     CheckpointRef,
     check_causal_lm,
+    check_tokenizer,
     load_model_and_tokenizer,
     resolve_checkpoint,
     resolve_dtype,
 )
 from merit_core.evaluation.lm_eval_output import DEFAULT_SEED, parse_seed, seed_kwargs
 from merit_core.evaluation.results import CheckpointResult
-from merit_core.evaluation.tasks import load_tasks, resolve_tasks
+from merit_core.evaluation.tasks import (
+    check_counts,
+    check_fewshot_docs,
+    load_tasks,
+    resolve_tasks,
+)
 from merit_core.progress import Progress, ProgressFn
 
 CPU_BATCH_SIZE = 8  # what batch size "auto" means on CPU (lm-eval's search for the largest one is for GPUs)
@@ -52,6 +58,7 @@ class EvalSettings:
 
     def validated(self) -> EvalSettings:
         """Raise ConfigError for values lm-eval would reject late or silently misread."""
+        check_counts(self.limit, self.num_fewshot)
         if self.limit is not None and (
             isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1
         ):
@@ -228,11 +235,14 @@ def evaluate_checkpoints(
     device = str(resolve_device(settings.device))
     dtype = resolve_dtype(settings.dtype, device)
     configs = [check_causal_lm(ref, settings.trust_remote_code) for ref in run.refs]
+    for ref in run.refs:
+        check_tokenizer(ref, settings.trust_remote_code)
 
     run.report("loading tasks and datasets")
     with _silenced(quiet):
         resolved = resolve_tasks(settings.tasks, settings.include_path)
         task_objects = load_tasks(resolved)
+    check_fewshot_docs(task_objects, settings.num_fewshot)
 
     records = []
     for index, (ref, config) in enumerate(zip(run.refs, configs)):

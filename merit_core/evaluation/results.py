@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from merit_core.errors import ConfigError
-from merit_core.fileio import atomic_write
+from merit_core.fileio import atomic_write, check_path_names, refuse_dangling_parents
 
 _NOT_METRICS = {"alias", "name", "sample_len", "samples", " "}
 
@@ -92,6 +92,7 @@ def output_file(path: str | os.PathLike, now: datetime.datetime | None = None) -
     no folder), else a new `results-<date>T<time>.json` inside the folder PATH (as `merit prepare -o`
     and `merit train --out` name folders, and as lm-eval's --output_path takes one), never overwriting."""
     out = Path(path).expanduser()
+    check_path_names(out, "--output")
     if out.suffix and not out.is_dir():
         return out
     stamp = (now or datetime.datetime.now()).strftime("%Y%m%dT%H%M%S")
@@ -103,8 +104,11 @@ def output_file(path: str | os.PathLike, now: datetime.datetime | None = None) -
 
 
 def check_output_path(path: str | os.PathLike) -> Path:
-    """The output path, checked before the evaluation starts: not a folder, and not ending in a folder name."""
+    """The output path, checked before the evaluation starts: not a folder, no name too long, no link
+    to nothing on the way, and a writable folder to make it in."""
     out = Path(path).expanduser()
+    check_path_names(out, "--output")
+    refuse_dangling_parents(out, "--output")
     if out.is_dir():
         raise ConfigError(f"--output {path}: is a folder; give a file name such as results.json")
     parent = out.parent

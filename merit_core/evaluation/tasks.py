@@ -270,6 +270,53 @@ def _why_no_tasks(folder: Path) -> str:
     return f"lm-eval found no task in its {len(files)} YAML file(s); check their 'task:' and dataset keys"
 
 
+def check_task_code_trusted(include_path: str | os.PathLike | None, trusted: bool) -> None:
+    """ConfigError unless `include_path` is None or the user said they trust it (--trust-task-code).
+
+    A task folder is code, not data: a YAML `!function` tag imports the folder's Python, and lm-eval
+    renders prompt templates with Jinja, which can reach os.system from a plain YAML file. Like a
+    checkpoint's auto_map it runs only on request; the shipped aliases need no flag."""
+    if include_path is not None and not trusted:
+        raise ConfigError(
+            f"--include-path {include_path}: a task folder is code (YAML !function imports its Python and Jinja "
+            "templates can run commands); pass --trust-task-code to use it, only for folders you trust"
+        )
+
+
+MAX_LIMIT = 10**9  # documents per task: far beyond any task, far below what overflows lm-eval's arithmetic
+MAX_FEWSHOT = 10_000
+
+
+def check_counts(limit: int | None, num_fewshot: int) -> None:
+    """ConfigError for a --limit or --num-fewshot too large to mean anything (2**63 overflows later)."""
+    if isinstance(limit, int) and limit > MAX_LIMIT:
+        raise ConfigError(f"--limit {limit}: at most {MAX_LIMIT:,} documents per task (leave it out to score all)")
+    if isinstance(num_fewshot, int) and num_fewshot > MAX_FEWSHOT:
+        raise ConfigError(f"--num-fewshot {num_fewshot}: at most {MAX_FEWSHOT:,} examples per prompt")
+
+
+def check_fewshot_docs(task_objects: Sequence[Any], num_fewshot: int) -> None:
+    """ConfigError when a task has fewer documents to draw --num-fewshot examples from than asked
+    (lm-eval would fail mid-run sampling them; one more is needed when they come from the scored split)."""
+    if num_fewshot <= 0:
+        return
+    for task in task_objects:
+        fewshot_docs = getattr(task, "fewshot_docs", None)
+        if not callable(fewshot_docs):
+            continue  # a group: its tasks are checked by lm-eval
+        try:
+            docs = fewshot_docs()
+            available = len(docs) if docs is not None else None
+        except Exception:  # noqa: BLE001 - a task without countable documents is lm-eval's to judge
+            continue
+        if available is not None and available <= num_fewshot:
+            name = getattr(task, "task_name", None) or getattr(getattr(task, "config", None), "task", "?")
+            raise ConfigError(
+                f"--num-fewshot {num_fewshot}: task {name!r} has only {available} documents to draw "
+                f"examples from; use at most {max(available - 1, 0)}"
+            )
+
+
 def list_local_tasks(include_path: str | os.PathLike) -> list[str]:
     """Task names defined by the YAML files under `include_path` (for --list-tasks)."""
     path = Path(include_path).expanduser()

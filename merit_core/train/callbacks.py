@@ -95,6 +95,12 @@ class TrainCallbacks:
     def on_note(self, message: str) -> None:
         """Something the user should know that is not an error (one line), e.g. a resume fallback."""
 
+    def stop_requested(self) -> str | None:
+        """Polled between steps: the name of a stop signal (merit_core.train.training_run.STOP_SIGNALS)
+        when this front end asks the run to stop as that signal would (checkpoint, exit), e.g.
+        'SIGPIPE' when the console it writes to was closed; None to go on."""
+        return None
+
 
 class ClosingCallbacks(TrainCallbacks):
     """Callbacks that hold something open (a tracker's connection): `CallbackList.close` closes them."""
@@ -112,6 +118,10 @@ class CallbackList(TrainCallbacks):
 
     def __init__(self, callbacks: Iterable[TrainCallbacks | None]):
         self.callbacks = [cb for cb in callbacks if cb is not None]
+
+    def stop_requested(self) -> str | None:
+        """The first stop any callback asks for."""
+        return next((name for cb in self.callbacks if (name := cb.stop_requested())), None)
 
     def close(self, failed: bool = False) -> None:
         """Close every ClosingCallbacks (also after an error, so that what was logged is kept)."""

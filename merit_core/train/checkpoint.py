@@ -145,6 +145,17 @@ def load_model_weights(model: torch.nn.Module, checkpoint: str | Path) -> None:
 PARAM_SHAPED_STATE = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "momentum", "hessian")
 
 
+def _overlapping(tensor: torch.Tensor) -> bool:
+    """True when two elements of `tensor` may share memory (a stride of 0, as in an expanded view, or
+    strides that interleave): an in-place optimizer update of such a tensor fails."""
+    reach = 0
+    for stride, size in sorted((st, n) for st, n in zip(tensor.stride(), tensor.shape) if n > 1):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
 def check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, where: str | Path) -> None:
     """CheckpointError unless a saved optimizer state_dict fits `optimizer`: the same parameter groups,
     and every moment of the parameter's shape. torch's load_state_dict checks only the group sizes,
@@ -174,4 +185,9 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, where: s
                     raise CheckpointError(
                         f"{where}: optimizer state {key!r} of parameter {index} has shape {got}, "
                         f"the parameter has {shape}; this checkpoint cannot be resumed"
+                    )
+                if _overlapping(value):  # e.g. an expanded view: elements share memory, in-place updates fail
+                    raise CheckpointError(
+                        f"{where}: optimizer state {key!r} of parameter {index} is a view with strides "
+                        f"{tuple(value.stride())}, not a tensor of its own; this checkpoint cannot be resumed"
                     )

@@ -47,8 +47,12 @@ from merit_core.train.resume import (
 )
 from merit_core.train.trackers import with_trackers
 
-# Signals that stop training gracefully (finish the step, checkpoint, exit) and the exit code each gives.
-STOP_SIGNALS = {"SIGTERM": 143, "SIGUSR1": 143, "SIGINT": 130}
+# Signals that stop training gracefully (finish the step, checkpoint, exit) and the exit code each gives:
+# SIGHUP is a terminal or ssh session that went away; SIGPIPE stands for a console output whose reader
+# went away (`merit train | head -1`), which a front end reports through TrainCallbacks.stop_requested.
+STOP_SIGNALS = {"SIGTERM": 143, "SIGUSR1": 143, "SIGINT": 130, "SIGHUP": 129, "SIGPIPE": 141}
+# The ones a handler catches; SIGPIPE stays ignored (a write to a closed pipe then fails with EPIPE).
+HANDLED_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT", "SIGHUP")
 
 
 def run_training(config: TrainConfig, callbacks: TrainCallbacks | None = None) -> RunSummary:
@@ -333,7 +337,7 @@ class TrainingRun:
 
     @contextlib.contextmanager
     def _stop_signals(self):
-        """While training: SIGTERM / SIGUSR1 / SIGINT ask the loop to stop after the current step and
+        """While training: SIGTERM / SIGUSR1 / SIGINT / SIGHUP ask the loop to stop after the current step and
         checkpoint (`_stop_now`); a second SIGINT interrupts at once. Only the main thread can do this."""
         if threading.current_thread() is not threading.main_thread():
             yield
@@ -346,7 +350,7 @@ class TrainingRun:
                 raise KeyboardInterrupt
             self.stop = self.stop or name
 
-        for name in STOP_SIGNALS:
+        for name in HANDLED_SIGNALS:
             sig = getattr(signal, name, None)
             if sig is not None:
                 previous[sig] = signal.signal(sig, handler)
@@ -358,6 +362,7 @@ class TrainingRun:
 
     def _stop_requested(self) -> str | None:
         """The stop signal, agreed by every process (a process that got none stops with the others)."""
+        self.stop = self.stop or self.cb.stop_requested()
         if self.parallel.world_size == 1:
             return self.stop
         import torch
@@ -373,7 +378,8 @@ class TrainingRun:
             self._save()
         where = f"checkpoint {self.last_ckpt}" if self.last_ckpt else "no checkpoint (nothing trained yet)"
         again = f"; continue with: merit train --resume --out {self.run_dir}" if self.last_ckpt else ""
-        raise RunInterrupted(f"stopped by {name} after step {step}: {where}{again}", STOP_SIGNALS[name], self.last_ckpt)
+        why = f"{name} (the console output was closed)" if name == "SIGPIPE" else name
+        raise RunInterrupted(f"stopped by {why} after step {step}: {where}{again}", STOP_SIGNALS[name], self.last_ckpt)
 
     def train_loop(self) -> None:
         """The cadence: a step; a log line every log_every steps; an eval and a checkpoint on their
@@ -513,10 +519,11 @@ class TrainingRun:
         self._diverged(f"the parameters became non-finite by step {self.trainer.step} (not saved)")
 
     def _diverged(self, what: str) -> None:
-        """Plot what was logged and raise TrainingDiverged naming `what` and the last good checkpoint."""
+        """Plot what was logged and raise TrainingDiverged naming `what` and the latest checkpoint."""
         if self.parallel.is_main:
             self._plot()
-        kept = f"the last good checkpoint is {self.last_ckpt}" if self.last_ckpt else "no checkpoint was written"
+        # not "good": the checkpoint may be the one this run resumed from, and hold the cause
+        kept = f"the latest checkpoint is {self.last_ckpt}" if self.last_ckpt else "no checkpoint was written"
         raise TrainingDiverged(
             f"training stopped: {what}; {kept}. Try a lower --lr, more warmup, or gradient clipping (grad_clip)."
         )

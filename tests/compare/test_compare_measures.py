@@ -56,6 +56,7 @@ def measured(tmp_path_factory, model_cfg, data_dir, tasks_dir):
         "harbour_lambada",
         "--include-path",
         str(tasks_dir),
+        "--trust-task-code",
         "--out",
         str(out),
         *[a for k, v in TRAIN.items() for a in ("--set", f"{k}={v}")],
@@ -164,6 +165,16 @@ def test_rerun_measures_nothing_again(measured, monkeypatch):
 def test_unknown_eval_task_fails_before_training(tmp_path, tasks_dir):
     out = tmp_path / "cmp"
     result = CliRunner().invoke(
-        cli, ["compare", "--out", str(out), "--eval", "harbour_lambda", "--include-path", str(tasks_dir)]
+        cli,
+        [
+            "compare",
+            "--out",
+            str(out),
+            "--eval",
+            "harbour_lambda",
+            "--include-path",
+            str(tasks_dir),
+            "--trust-task-code",
+        ],
     )
     assert result.exit_code == 2 and "harbour_lambda" in result.stderr and not out.exists()

@@ -103,6 +103,7 @@ def test_cli_matches_lm_eval_and_writes_json(world, tmp_path):
         ",".join(LOCAL_TASKS),
         "--include-path",
         str(tasks),
+        "--trust-task-code",
         "--batch-size",
         "4",
         "--bootstrap-iters",
@@ -213,7 +214,7 @@ def test_aliases_resolve_from_known_folders(world):
 
 
 def test_list_tasks_shows_aliases_and_local_tasks(world):
-    result = _invoke("--list-tasks", "--include-path", str(world["tasks"]))
+    result = _invoke("--list-tasks", "--include-path", str(world["tasks"]), "--trust-task-code")
     assert result.exit_code == 0, result.output
     for name in (
         "lambada",
@@ -300,6 +301,8 @@ def test_bad_input_is_one_line_and_exit_2(world, bad_checkpoints, case):
     args = make_args(world, bad_checkpoints)
     if "--include-path" not in args and case != "unknown alias-like task":
         args += ["--include-path", str(world["tasks"])]
+    if "--include-path" in args:
+        args.append("--trust-task-code")  # a task folder is code: trusted here, it is the test's own
     result = _invoke(*args)
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()

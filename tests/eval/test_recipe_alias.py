@@ -51,7 +51,19 @@ def test_alias_is_listed_expanded_and_evaluated(harbour, harbour_alias, tmp_path
 
     out = tmp_path / "eval.json"
     args = ["eval", str(harbour["checkpoint"]), "--tasks", "harbour", "--include-path", str(harbour["tasks"])]
-    args += ["--limit", "2", "--batch-size", "2", "--bootstrap-iters", "0", "--device", "cpu", "-o", str(out)]
+    args += [
+        "--trust-task-code",
+        "--limit",
+        "2",
+        "--batch-size",
+        "2",
+        "--bootstrap-iters",
+        "0",
+        "--device",
+        "cpu",
+        "-o",
+        str(out),
+    ]
     result = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     (checkpoint,) = json.loads(out.read_text())["checkpoints"]
