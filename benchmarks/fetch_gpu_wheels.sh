@@ -11,8 +11,10 @@
 # Run it with the Python of a merit environment (PYTHON=..., default python3, with merit-optim[cli,gpu]
 # installed). Wheels are for CPython on manylinux x86-64; a package published only as a source
 # archive is built here into a wheel, which must be pure Python (py3-none-any). It fails if any
-# package of the set is missing from DEST at the end. Then copy the repository with .gpu-wheels/
-# to the node and run benchmarks/gpu_check.sh or gpu_speed.sh there.
+# package of the set is missing from DEST at the end. Last, the wheels are unpacked for that
+# Python into DEST/site-cpXY (pip install --no-index --no-deps --target, as on the node), so the
+# node's scripts find them installed and spend no time on it. Then copy the repository with
+# .gpu-wheels/ to the node and run benchmarks/gpu_check.sh or gpu_speed.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -31,7 +33,7 @@ case $PYVER in 3.[0-9] | 3.[0-9][0-9]) ;; *) echo "error: --python-version takes
 mkdir -p "$DEST"
 REQS=$DEST/requirements-cp${PYVER/./}.txt
 "$PYTHON" benchmarks/gpu_wheels.py --python-version "$PYVER" >"$REQS"
-rm -f "$DEST"/*.whl
+rm -rf "$DEST"/*.whl "$DEST"/site-cp${PYVER/./}
 PLATFORMS=(--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64
     --platform manylinux_2_34_x86_64)
 BUILT=()
@@ -78,3 +80,11 @@ if bad:
     print("error: the wheel set is incomplete:\n  " + "\n  ".join(bad), file=sys.stderr)
     sys.exit(1)
 EOF
+
+# unpacked for the node's Python, stamped with the wheel set (benchmarks/gpu_kit.sh reads the stamp)
+SITE=$DEST/site-cp${PYVER/./}
+rm -rf "$SITE"
+"$PYTHON" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --only-binary=:all: \
+    --python-version "$PYVER" --implementation cp --target "$SITE" "$DEST"/*.whl
+(cd "$DEST" && ls *.whl | sha256sum | cut -c1-16) >"$SITE/.installed"
+echo "  unpacked for CPython $PYVER into $SITE"

@@ -1,7 +1,9 @@
 """Helpers of the offline GPU scripts (gpu_check.sh, gpu_speed.sh, check_gpu_wheels.sh).
 
     python benchmarks/gpu_kit.py local-tasks DIR                  # two small lm-eval tasks, offline
+    python benchmarks/gpu_kit.py start OUT/results.json --script NAME --mode TEXT --budget SECONDS
     python benchmarks/gpu_kit.py record OUT/results.json STEP STATUS SECONDS LIMIT [--rows FILE] [--summary TEXT]
+    python benchmarks/gpu_kit.py junit REPORT.xml ROWS.json       # pytest's report as rows
     python benchmarks/gpu_kit.py table OUT/results.json           # the final table, from what finished
 
 results.json is rewritten (atomically) after every step, so a script cut off at any point leaves
@@ -46,6 +48,28 @@ def local_tasks(root: Path) -> None:
     print(f"local tasks harbour_lambada, harbour_wiki in {root}")
 
 
+def junit_rows(xml: Path, keep: str = "test_merit_cuda_sizes") -> list[dict]:
+    """Rows of a pytest --junitxml report (test, outcome, seconds, message): every test of the
+    module `keep` (the NaN/Inf table and real shapes on CUDA) and every test that did not pass
+    or skip; the summary line counts the rest."""
+    import xml.etree.ElementTree as ET
+
+    rows = []
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            node = case.find(tag)
+            if node is not None:
+                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
+                message = (node.get("message") or "").splitlines()[0][:140] if node.get("message") else ""
+        module = case.get("classname", "").rsplit(".", 1)[-1]
+        if module != keep and outcome in ("passed", "skipped"):
+            continue
+        test = f"{module}::{case.get('name')}"
+        rows.append({"test": test, "outcome": outcome, "s": float(case.get("time") or 0), "message": message})
+    return rows
+
+
 def _rows(path: Path | None) -> list:
     if path is None or not path.is_file():
         return []
@@ -53,6 +77,8 @@ def _rows(path: Path | None) -> list:
         value = json.loads(path.read_text())
     except ValueError:
         return [{"error": f"{path.name} is not JSON (cut off while writing?)"}]
+    if isinstance(value, dict) and isinstance(value.get("rows"), list):
+        return value["rows"]  # a table with its heading fields (kernel_resources.py)
     return value if isinstance(value, list) else [value]
 
 
@@ -113,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("limit", type=float)
     p.add_argument("--rows", type=Path)
     p.add_argument("--summary", default="")
+    p = sub.add_parser("junit")
+    p.add_argument("xml", type=Path)
+    p.add_argument("json", type=Path)
     p = sub.add_parser("table")
     p.add_argument("results", type=Path)
     args = parser.parse_args(argv)
@@ -122,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.results, {"script": args.script, "mode": args.mode, "budget_s": args.budget, "steps": []})
     elif args.command == "record":
         record(args.results, args.step, args.status, args.seconds, args.limit, args.rows, args.summary)
+    elif args.command == "junit":
+        write_json(args.json, junit_rows(args.xml) if args.xml.is_file() else [])
     else:
         print(table(args.results))
     return 0

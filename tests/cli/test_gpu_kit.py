@@ -8,19 +8,28 @@ from __future__ import annotations
 import importlib.metadata as md
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 
 
-def _gpu_wheels():
-    spec = importlib.util.spec_from_file_location("gpu_wheels", BENCH / "gpu_wheels.py")
+def _bench(name: str):
+    """benchmarks/NAME.py as a module (benchmarks/ is a folder of scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def _gpu_wheels():
+    return _bench("gpu_wheels")
 
 
 CLI_MODULES_AT_START = """
@@ -73,3 +82,53 @@ def test_wheel_set_follows_markers_and_names_an_untested_requirement(tmp_path):
     assert "click" in pins and "tomli" not in pins  # a marker for older Pythons does not apply
     _, missing = gw.wheel_set("3.10", image=set(), pyproject=pyproject)
     assert "no-such-dist-here>=1" in missing and any(m.startswith("tomli") for m in missing)  # applies on 3.10
+
+
+def _step_table(script: Path) -> tuple[dict[str, int], int, int]:
+    text = script.read_text()
+    table = re.search(r"^STEPS=\(\n(.*?)^\)", text, re.M | re.S).group(1)
+    steps = {}
+    for line in table.splitlines():
+        name, seconds = line.split("#")[0].strip().split("=")
+        steps[name] = int(seconds)
+    number = lambda key: int(re.search(rf"^{key}=(\d+)$", text, re.M).group(1))  # noqa: E731
+    return steps, number("BUDGET_DEFAULT"), number("RESERVE")
+
+
+@pytest.mark.parametrize("script", ["gpu_check.sh", "gpu_speed.sh"])
+def test_each_gpu_script_fits_five_minutes_step_by_step(script):
+    steps, budget, reserve = _step_table(BENCH / script)
+    assert budget <= 300  # five minutes on the GPU node, installs and compiles included
+    assert sum(steps.values()) + reserve <= budget, (sum(steps.values()), reserve, budget)
+    assert steps["wheels"] > 0 and reserve >= 10
+    text = (BENCH / script).read_text().split("kit_start", 1)[1]  # the steps, after the table
+    for name in steps:  # every step of the table runs (a step missing from it would stop the script)
+        assert name in text, name
+
+
+def test_results_keep_finished_steps_and_the_table_names_what_was_cut(tmp_path):
+    kit = _bench("gpu_kit")
+    results = tmp_path / "results.json"
+    assert kit.main(["start", str(results), "--script", "gpu_check", "--mode", "test", "--budget", "300"]) == 0
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps([{"loop": "plain compiled (adamw)", "tokens_per_s": 1.5e5}]))
+    kit.record(results, "throughput", "timed out (limit 175 s)", 175.0, 175, rows, "")
+    kit.record(results, "eval-fp32", "skipped (budget spent)", 0, 20, None, "not run")
+    kit.record(results, "eval-bf16", "failed (rc 1)", 3.0, 20, tmp_path / "absent.json", "see logs")
+    data = json.loads(results.read_text())
+    assert [s["step"] for s in data["steps"]] == ["throughput", "eval-fp32", "eval-bf16"]
+    assert data["steps"][0]["rows"] == [{"loop": "plain compiled (adamw)", "tokens_per_s": 1.5e5}]
+    text = kit.table(results)
+    assert "| plain compiled (adamw) | 150,000 |" in text  # rows of a step cut off are kept
+    assert "cut (timed out or skipped): throughput, eval-fp32" in text
+    assert "failed: eval-bf16" in text
+
+
+def test_throughput_loops_are_named_with_their_optimizer():
+    tt = _bench("train_throughput")
+    assert tt.parse_loop("merit default (lamb)") == tt.LoopSpec("merit", "default", "lamb")
+    assert tt.parse_loop("merit eager", merit_optimizer="merit").label == "merit eager (merit)"
+    assert tt.parse_loop("plain compiled").label == "plain compiled (adamw)"
+    for bad in ("plain compiled (merit)", "merit fast (adamw)", "compiled"):
+        with pytest.raises(ValueError):
+            tt.parse_loop(bad)
