@@ -28,20 +28,17 @@
 set -uo pipefail
 
 KIT_NAME=gpu_check
-BUDGET_DEFAULT=300
-RESERVE=15
-DRY_BUDGET=360
-# step=seconds on the GPU node at the default budget (their sum + RESERVE <= BUDGET_DEFAULT)
+# step=seconds on the GPU node:seconds in a dry run on a CPU (each column's sum + RESERVE <= its budget)
 STEPS=(
-    wheels=20
-    pytest-gpu=95
-    kernel-resources=25
-    train-merit=35
-    train-adamw=20
-    train-lamb=20
-    train-liger-llama=30
-    eval-fp32=20
-    eval-bf16=20
+    wheels=20:20
+    pytest-gpu=95:110
+    kernel-resources=25:30
+    train-merit=35:45
+    train-adamw=20:30
+    train-lamb=20:30
+    train-liger-llama=30:30
+    eval-fp32=20:25
+    eval-bf16=20:25
 )
 source "$(dirname "$0")/gpu_kit.sh"
 kit_start "$@"

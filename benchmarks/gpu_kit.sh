@@ -1,14 +1,11 @@
 # Shared by benchmarks/gpu_check.sh and benchmarks/gpu_speed.sh (sourced, not run): their options,
 # environment, wheel install, time-limited steps and final table.
 #
-# The sourcing script sets, before `source`:
-#   KIT_NAME        its name (gpu_check, gpu_speed)
-#   STEPS           its step table: "name=seconds" in the order the steps run, each step's limit on
-#                   the GPU node at the default budget (tests/cli/test_gpu_kit.py checks the sum)
-#   BUDGET_DEFAULT  seconds for the whole script on the GPU node, installs and compiles included
-#   RESERVE         seconds kept out of the steps: start-up before the first and the final table
-#   DRY_BUDGET      the default budget of --dry-run on a CPU
-# and then calls kit_start "$@". Options:
+# The sourcing script sets KIT_NAME (gpu_check, gpu_speed) and STEPS, its step table:
+# "name=GPU:DRY" in the order the steps run, each step's limit in seconds on the GPU node at the
+# default budget and in a dry run on a CPU at the dry-run budget (tests/cli/test_gpu_kit.py checks
+# that each column and RESERVE add up to at most BUDGET_DEFAULT and DRY_BUDGET), then sources this
+# file and calls kit_start "$@". Options:
 #   --out DIR        results folder (default: a new NAME-<UTC time> folder in the working directory);
 #                    it must be new or empty: nothing of the user's is overwritten
 #   --budget SECONDS the whole script's time (default BUDGET_DEFAULT, DRY_BUDGET with --dry-run);
@@ -17,6 +14,10 @@
 # Outputs in the --out folder: results.json (rewritten after every step: what finished survives a cut-off),
 # table.md (the final table, naming the steps cut), NAME.log (the steps' headers and statuses)
 # and logs/STEP.log (each step's own output).
+
+BUDGET_DEFAULT=300 # seconds for a whole script on the GPU node, installs and compiles included
+RESERVE=15         # seconds kept out of the steps: start-up before the first one and the final table
+DRY_BUDGET=360     # the default budget of --dry-run on a CPU
 
 kit_usage() {
     sed -n '2,/^set -/p' "$KIT_SCRIPT" | sed '$d' | sed 's/^# \{0,1\}//'
@@ -84,12 +85,14 @@ EOF
 kit_say() { echo "$*" | tee -a "$LOG"; }
 kit_elapsed() { echo $(($(date +%s) - START)); }
 
-# The step's limit: its STEPS entry scaled by BUDGET / BUDGET_DEFAULT.
+# The step's limit: its STEPS entry (GPU or dry-run column) scaled by the budget over its default.
 kit_limit() {
-    local entry
+    local entry seconds base
     for entry in "${STEPS[@]}"; do
         if [ "${entry%%=*}" = "$1" ]; then
-            echo $(((${entry#*=} * BUDGET + BUDGET_DEFAULT - 1) / BUDGET_DEFAULT))
+            seconds=${entry#*=}
+            if [ $DRY = 1 ]; then seconds=${seconds#*:} base=$DRY_BUDGET; else seconds=${seconds%:*} base=$BUDGET_DEFAULT; fi
+            echo $(((seconds * BUDGET + base - 1) / base))
             return
         fi
     done

@@ -26,15 +26,12 @@
 set -uo pipefail
 
 KIT_NAME=gpu_speed
-BUDGET_DEFAULT=300
-RESERVE=15
-DRY_BUDGET=360
-# step=seconds on the GPU node at the default budget (their sum + RESERVE <= BUDGET_DEFAULT)
+# step=seconds on the GPU node:seconds in a dry run on a CPU (each column's sum + RESERVE <= its budget)
 STEPS=(
-    wheels=20
-    optimizer-step=60
-    throughput-gpt2=175
-    throughput-llama=30
+    wheels=20:20
+    optimizer-step=60:60
+    throughput-gpt2=175:200
+    throughput-llama=30:60
 )
 source "$(dirname "$0")/gpu_kit.sh"
 kit_start "$@"
