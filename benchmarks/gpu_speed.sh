@@ -49,8 +49,13 @@ fi
 
 kit_wheels
 
-optimizer_summary() {
-    grep -E "^ *MERIT\(\) default|^ *MERIT\('triton'\) warps" "$1" | head -2 | tr -s ' ' | paste -sd ';' | cut -c1-220
+optimizer_summary() { # MERIT()'s default and the Triton backend's previous warps, per model and dtype
+    "$PY" - "$WORK/optimizer.json" <<'PYEOF'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+keep = [r for r in rows if r["optimizer"] == "MERIT() default" or r["optimizer"].startswith("MERIT('triton') warps")]
+print("; ".join(f"{r['model']} {r['dtype']} {r['optimizer']} {r['ms']:.2f} ms ({r['x_fused_adamw']:.2f}x fused AdamW)" for r in keep))
+PYEOF
 }
 kit_step optimizer-step "$WORK/optimizer.json" optimizer_summary \
     "$PY" benchmarks/optimizer_step.py "${OPT[@]}" --json "$WORK/optimizer.json"
