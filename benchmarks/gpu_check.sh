@@ -30,13 +30,13 @@ set -uo pipefail
 KIT_NAME=gpu_check
 # step=seconds on the GPU node:seconds in a dry run on a CPU (each column's sum + RESERVE <= its budget)
 STEPS=(
-    wheels=20:20
-    pytest-gpu=95:110
-    kernel-resources=25:30
-    train-merit=35:45
-    train-adamw=20:30
-    train-lamb=20:30
-    train-liger-llama=30:30
+    wheels=20:10
+    pytest-gpu=95:85
+    kernel-resources=25:25
+    train-merit=35:55
+    train-adamw=20:40
+    train-lamb=20:40
+    train-liger-llama=30:40
     eval-fp32=20:25
     eval-bf16=20:25
 )
