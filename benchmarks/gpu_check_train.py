@@ -8,7 +8,9 @@ trained on the Python standard library's docstrings, offline), evaluating and sa
 end, and writes: steady tokens/s (the median over log intervals after the first, which holds
 start-up; evaluation and saving fall outside the intervals), the MFU of that rate, peak memory,
 final train loss, final validation loss, the largest max attention logit over layers, the
-micro-batch chosen and the last checkpoint. Log lines are printed as they come.
+micro-batch chosen, the last checkpoint, how the run compiled (compiled, eager, or eager after
+compile=auto fell back) and torch.compile's counters for the whole run: graphs compiled, graph
+breaks (with their most frequent reasons), frames compiled. Log lines are printed as they come.
 """
 
 from __future__ import annotations
@@ -54,6 +56,21 @@ class PrintLogs(TrainCallbacks):
         print(f"eval step {record['step']}: val loss {record['val_loss']:.4f}", flush=True)
 
 
+def compile_counters() -> dict:
+    """torch.compile's counters of this process: graphs, graph breaks (top reasons), frames compiled
+    (recompilations are in the log under TORCH_LOGS=recompiles: gpu_check.sh counts them)."""
+    from torch._dynamo.utils import counters
+
+    breaks = counters.get("graph_break", {})
+    reasons = sorted(breaks.items(), key=lambda kv: -kv[1])[:3]
+    return {
+        "graphs": counters.get("stats", {}).get("unique_graphs", 0),
+        "graph_breaks": sum(breaks.values()),
+        "graph_break_reasons": [f"{n}x {reason[:120]}" for reason, n in reasons],
+        "frames_compiled": counters.get("frames", {}).get("ok", 0),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--optimizer", default="merit")
@@ -65,6 +82,10 @@ def main() -> None:
     ap.add_argument("--vocab-size", type=int, default=50257)
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--compile", default="auto", choices=["auto", "true", "false"])
+    ap.add_argument("--kernels", default="auto", help="auto, liger or none")
+    ap.add_argument("--data", default=None, help="a text file or prepared folder (default: the built-in corpus)")
     ap.add_argument("--out", required=True, help="run folder (must not hold checkpoints)")
     ap.add_argument("--json", required=True, help="where to write the summary")
     args = ap.parse_args()
@@ -81,6 +102,10 @@ def main() -> None:
             steps=args.steps,
             vocab_size=args.vocab_size,
             device=args.device,
+            dtype=args.dtype,
+            compile={"auto": "auto", "true": True, "false": False}[args.compile],
+            kernels=args.kernels,
+            data=args.data,
             out=args.out,
             eval_every=0,
             save_every=0,
@@ -114,6 +139,9 @@ def main() -> None:
         "max_attention_logit": max(logits) if logits else None,
         "checkpoint": str(summary.last_checkpoint) if summary.last_checkpoint else None,
         "wall_s": time.perf_counter() - start,
+        "compile": summary.compile,
+        "kernels": args.kernels,
+        **compile_counters(),
     }
     Path(args.json).write_text(json.dumps(result, indent=1))
     print(json.dumps(result), flush=True)

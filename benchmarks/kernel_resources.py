@@ -3,6 +3,7 @@
     python benchmarks/kernel_resources.py               # sm_90 (H100/H200), MERIT()'s default step
     python benchmarks/kernel_resources.py --arch 80     # A100
     python benchmarks/kernel_resources.py --json out.json
+    python benchmarks/kernel_resources.py --arch device  # as compiled for the GPU of this machine
 
 Triton's compiler and the ptxas and cuobjdump its wheel bundles need no GPU, so what each kernel
 asks of the hardware can be read on any machine (benchmarks/triton_resources.py):
@@ -44,9 +45,9 @@ COLUMNS = ["warps", "regs", "local", "stack", "smem", "progs/SM", "warps/SM", "s
 COLUMNS += ["ldg128", "ldg64", "ldg32", "stg128", "stg64", "stg32", "mufu", "ld>st"]
 
 
-def variants():
+def variants(chosen_only: bool = False):
     """(label, kernel, constexprs, num_warps) of each launch MERIT()'s default step can make, at
-    the backend's warps and others, and with bias correction."""
+    the backend's warps and others (not with `chosen_only`), and with bias correction."""
     from merit_core.optim.merit.triton import kernels
     from merit_core.optim.merit.triton.plan import DEFAULT_TILING as tiling
 
@@ -60,7 +61,7 @@ def variants():
         options = tiling.launch_options(aligned)
         chosen = options.pop("num_warps")
         layout = "aligned" if aligned else "strided"
-        runs = [(False, warps) for warps in (4, 8, 16, 32)] + [(True, chosen)]
+        runs = [(False, warps) for warps in ((chosen,) if chosen_only else (4, 8, 16, 32))] + [(True, chosen)]
         for bias_correction, warps in runs:
             for name, kernel, flags in passes:
                 label = f"{name}, {layout}, {warps} warps" + ("*" if warps == chosen else "")
@@ -73,7 +74,11 @@ def variants():
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200, 80: A100)")
+    parser.add_argument(
+        "--arch", default="90", help="compute capability x 10 (90: H100/H200, 80: A100), or 'device': this GPU's"
+    )
+    parser.add_argument("--chosen-only", action="store_true", help="only the backend's own warps per program")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N kernels (a quick check)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
@@ -83,19 +88,25 @@ def main() -> None:
         sys.exit("kernel_resources: triton is not installed (pip install triton)")
     import torch
 
+    if args.arch == "device":
+        if not torch.cuda.is_available():
+            sys.exit("kernel_resources: --arch device, but torch sees no CUDA device")
+        major, minor = torch.cuda.get_device_capability()
+        args.arch = 10 * major + minor
+    args.arch = int(args.arch)
     print(f"Triton {triton.__version__} kernels compiled for sm_{args.arch} (no GPU used); torch {torch.__version__}")
     from benchmarks.triton_resources import compile_for, occupancy, resources
 
     print(f"  {'kernel':<40}" + "".join(f"{c:>9}" for c in COLUMNS))
     out = []
-    for label, kernel, consts, warps in variants():
+    for label, kernel, consts, warps in list(variants(args.chosen_only))[: args.limit]:
         r = resources(compile_for(kernel, consts, warps, args.arch))
         progs = occupancy(r["regs"], r["smem"], warps, args.arch)
         r = dict(kernel=label, warps=warps, **r, **{"progs/SM": progs, "warps/SM": progs * warps})
         out.append(r)
         print(f"  {label:<40}" + "".join(f"{r[c]:>9}" for c in COLUMNS), flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(dict(arch=args.arch, triton=triton.__version__, rows=out), indent=1) + "\n")
+        if args.json:  # after each kernel: a run cut off keeps the rows it compiled
+            args.json.write_text(json.dumps(dict(arch=args.arch, triton=triton.__version__, rows=out), indent=1) + "\n")
 
 
 if __name__ == "__main__":

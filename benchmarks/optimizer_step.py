@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import math
 import statistics
 import sys
@@ -215,7 +216,8 @@ def launches(kind, make, shapes, dtype, step=None) -> str:
     return "-"
 
 
-def run(model: str, dtype_name: str, device: torch.device, clock: Clock, bw: float, args) -> None:
+def run(model: str, dtype_name: str, device: torch.device, clock: Clock, bw: float, args) -> list[dict]:
+    """Time every candidate on `model`'s shapes in `dtype_name`; print the table, return its rows."""
     shapes = MODELS[model]()
     dtype = DTYPES[dtype_name]
     numel = sum(math.prod(s) for s in shapes)
@@ -253,11 +255,17 @@ def run(model: str, dtype_name: str, device: torch.device, clock: Clock, bw: flo
         f"  {'optimizer':26} {'ms/step':>9} {'x fused AdamW':>14} {'launches':>9} "
         f"{'floor ms':>9} {'% floor':>8} {'floor1 ms':>10} {'% floor1':>9}"
     )
+    out = []
     for label, seconds, count, (floor_s, floor1_s) in rows:
         print(
             f"  {label:26} {1e3 * seconds:9.2f} {seconds / base:14.2f} {count:>9} "
             f"{1e3 * floor_s:9.2f} {100 * floor_s / seconds:7.0f}% {1e3 * floor1_s:10.2f} {100 * floor1_s / seconds:8.0f}%"
         )
+        out.append(
+            dict(model=model, dtype=dtype_name, optimizer=label, ms=1e3 * seconds, x_fused_adamw=seconds / base)
+            | dict(launches=count, floor_ms=1e3 * floor_s, pct_floor=100 * floor_s / seconds)
+        )
+    return out
 
 
 def main() -> None:
@@ -269,6 +277,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (state, builds, compilation)")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="CPU threads")
     ap.add_argument("--compile", action="store_true", help="also time the opt-in compile backend (compiles first)")
+    ap.add_argument("--json", type=Path, help="also write the rows here (rewritten after each model and dtype)")
     args = ap.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -279,9 +288,12 @@ def main() -> None:
     bw = bandwidth(device, clock)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {args.threads} threads"
     print(f"{name}; torch {torch.__version__}; measured copy bandwidth {bw / 1e9:.0f} GB/s (the floor's bandwidth)")
+    rows = []
     for model in models:
         for dtype_name in args.dtypes.split(","):
-            run(model, dtype_name, device, clock, bw, args)
+            rows += run(model, dtype_name, device, clock, bw, args)
+            if args.json:  # after each table: a run cut off keeps what it measured
+                args.json.write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,21 @@
 """Training throughput: `merit train`'s loop next to a minimal plain loop, in one run.
 
 Side by side (the default): per model, the same model (merit's `build_model`, SDPA attention),
-global batch, dtype (bf16 autocast on CUDA, fp32 on CPU), optimizer (AdamW, fused on CUDA) and
-gradient clipping (1.0) in four loops, each built fresh, warmed up (compilation happens there;
-its wall time is the 'cold s' column), then timed:
-  plain eager     HF model, logits -> F.cross_entropy, micro-batches accumulated, AdamW
-  plain compiled  the same under torch.compile(model)
-  merit eager     merit's Trainer (`build_trainer`, `train_step`) with compile=false
-  merit default   merit's Trainer with the run defaults for the device (compile auto, kernels auto)
-The merit loops read loss and grad norm every `--log-every` steps, as `merit train` logs. The
-plain loops use the micro-batch merit's default loop chose (auto), so all four do the same work.
+global batch, dtype (bf16 autocast on CUDA, fp32 on CPU) and gradient clipping (1.0) in the
+loops `--loops` names, each built fresh, warmed up (compilation happens there; its wall time is
+the 'cold s' column), then timed. A loop is named KIND MODE (OPTIMIZER):
+  plain eager (adamw)     HF model, logits -> F.cross_entropy, micro-batches accumulated, AdamW
+                          (fused on CUDA); the plain loops run AdamW only
+  plain compiled (adamw)  the same under torch.compile(model) (`--compile-backend`, inductor)
+  merit eager (NAME)      merit's Trainer (`build_trainer`, `train_step`) with compile=false,
+                          kernels=none, optimizer NAME from the registry (merit, adamw, lamb, ...)
+  merit default (NAME)    merit's Trainer with the run defaults for the device (compile auto,
+                          kernels auto)
+"(OPTIMIZER)" may be left out: adamw for the plain loops, `--optimizer` for merit's. Adding a
+loop to the comparison is adding its name to `--loops`. The merit loops read loss and grad norm
+every `--log-every` steps, as `merit train` logs. The plain loops use the micro-batch merit's
+first loop chose (auto), so all do the same work. With `--json`, the rows so far are rewritten
+to the file after each loop, so a run cut off keeps what it measured.
 Printed per loop: tokens/s (median over rounds of `--steps` steps), the ratio to the plain
 compiled loop, MFU and peak memory (CUDA: max allocated; CPU: process peak RSS, which only grows).
 
@@ -18,7 +24,7 @@ FLOPs per token = 6 N + 12 L d T (N parameters, L layers, d = heads x head dim, 
 length): 6N for the weights' matrix products (forward 2N, backward 4N) and 12 L d T for attention's
 scores and values (forward 2 x 2 L d T, backward twice that), counted over the full T x T square
 as in the PaLM paper's appendix B (causal masking halves the useful part). The 6N column alone is
-shown too, as issue tables quote it.
+shown too, as many published tables quote it.
 
     python benchmarks/train_throughput.py --device cuda    # gpt2-small 64 x 1024 and llama-1b 16 x 2048
     python benchmarks/train_throughput.py --device cpu     # tiny models, minutes on a CPU
@@ -49,7 +55,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # model, global batch, seq len, vocabulary (None: the named model's), timed steps per round
 CUDA_MODELS = (("gpt2-small", 64, 1024, None, 10), ("llama-1b", 16, 2048, None, 4))
 CPU_MODELS = (("gpt2-tiny", 8, 128, None, 2), ("llama-tiny", 8, 128, None, 2))
-LOOPS = ("merit default", "merit eager", "plain eager", "plain compiled")
+LOOPS = ("plain compiled", "merit default (merit)", "merit default (adamw)", "merit eager (merit)", "plain eager")
+KINDS = {"plain": ("eager", "compiled"), "merit": ("eager", "default")}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSpec:
+    """One loop of the side-by-side comparison: `kind` plain or merit, its `mode`, the optimizer."""
+
+    kind: str
+    mode: str
+    optimizer: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.mode} ({self.optimizer})"
+
+
+def parse_loop(text: str, merit_optimizer: str = "adamw") -> LoopSpec:
+    """'merit default (lamb)' -> LoopSpec('merit', 'default', 'lamb'); see the module docstring."""
+    words = text.strip()
+    optimizer = None
+    if words.endswith(")") and "(" in words:
+        words, optimizer = words[:-1].split("(", 1)
+        words, optimizer = words.strip(), optimizer.strip()
+    kind, _, mode = words.partition(" ")
+    if mode not in KINDS.get(kind, ()):
+        choices = ", ".join(f"{k} {m}" for k, modes in KINDS.items() for m in modes)
+        raise ValueError(f"unknown loop {text!r}: one of {choices}, optionally followed by (optimizer)")
+    optimizer = optimizer or ("adamw" if kind == "plain" else merit_optimizer)
+    if kind == "plain" and optimizer != "adamw":
+        raise ValueError(f"{text!r}: the plain loops run AdamW only")
+    return LoopSpec(kind, mode, optimizer)
 
 
 def build_trainer(optimizer: str, args, train_tokens, val_tokens, model_name=None, **overrides):
@@ -119,7 +156,7 @@ class PlainLoop:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=3e-4, weight_decay=0.1, fused=cuda, foreach=None if cuda else True
         )
-        self.forward = torch.compile(self.model) if compiled else self.model
+        self.forward = torch.compile(self.model, backend=args.compile_backend) if compiled else self.model
         self.batches, self.micro, self.args = batches, micro, args
         self.step = 0
 
@@ -188,38 +225,31 @@ def side_by_side(args) -> list[dict]:
         rng = np.random.default_rng(0)
         tokens = rng.integers(0, args.vocab_size, size=max(2_000_000, 4 * batch * (seq + 1)), dtype=np.int64)
         tokens = tokens.astype(np.uint16 if args.vocab_size < 65536 else np.uint32)
-        loops = [
-            ("merit default", dict(compile=None, kernels="auto")),
-            ("merit eager", dict(compile=False, kernels="none")),
-            ("plain eager", False),
-            ("plain compiled", True),
-        ]
-        loops = [loop for loop in loops if loop[0] in args.loops]
         micro = args.micro_batch_size
-        for label, how in loops:
+        for spec in args.loops:
+            label = spec.label
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             t0 = time.perf_counter()
             try:
-                if label.startswith("merit"):
-                    overrides = {k: v for k, v in how.items() if v is not None}
-                    if "compile" not in overrides:
-                        overrides["compile"] = _default_compile(device)
-                    loop = build_trainer(args.optimizer, args, tokens, tokens[:100_000], name, **overrides)
+                if spec.kind == "merit":
+                    overrides = dict(compile=_default_compile(device)) if spec.mode == "default" else {}
+                    if spec.mode == "eager":
+                        overrides = dict(compile=False, kernels="none")
+                    loop = build_trainer(spec.optimizer, args, tokens, tokens[:100_000], name, **overrides)
                     micro = micro or loop.config.micro_batch_size
-                    log_every = args.log_every
                 else:
                     batches = TrainBatches(tokens, seq, seed=0, pin_memory=device.type == "cuda")
-                    loop = PlainLoop(name, args, batches, micro or batch, compiled=how)
-                    log_every = args.log_every
+                    loop = PlainLoop(name, args, batches, micro or batch, compiled=spec.mode == "compiled")
                 reset_peak_memory(device)  # after merit's micro-batch search, which tries the larger sizes
-                timed_steps(loop, args.warmup, log_every)
+                timed_steps(loop, args.warmup, args.log_every)
                 cold = time.perf_counter() - t0
-                rates = [steps * batch * seq / timed_steps(loop, steps, log_every) for _ in range(args.rounds)]
+                rates = [steps * batch * seq / timed_steps(loop, steps, args.log_every) for _ in range(args.rounds)]
             except Exception as exc:  # a loop that fails is a row that says so, the others still run
                 rows.append({"model": name, "loop": label, "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
                 print(f"{name} {label}: FAILED {exc!r:.300}", flush=True)
+                _write_rows(rows, args.json)
                 continue
             model = loop.model
             n_params = count_parameters(model)
@@ -232,20 +262,46 @@ def side_by_side(args) -> list[dict]:
                 "batch": f"{batch}x{seq}",
                 "micro": micro or batch,
                 "loop": label,
+                "optimizer": spec.optimizer,
                 "tokens_per_s": tps,
+                "vs_plain_compiled": None,
                 "cold_s": cold,
                 "mfu_6n": tps * f6n / hw.peak_flops if hw.peak_flops else None,
                 "mfu": tps * fall / hw.peak_flops if hw.peak_flops else None,
                 "peak_memory_gib": peak_memory(device) / 2**30,
                 "device": hw.name,
             }
-            if label.startswith("merit"):
-                row["compile"] = loop.config.compile
+            if spec.kind == "merit":
+                row["compile"] = getattr(loop, "compile_state", loop.config.compile)
                 row["kernels"] = getattr(loop, "kernels", "none")
+            elif spec.mode == "compiled":
+                row["compile"] = f"torch.compile(model, backend={args.compile_backend!r})"
             rows.append(row)
+            _with_ratios(rows)
+            _write_rows(rows, args.json)
             print(json.dumps(row), flush=True)
             del loop, model
     return rows
+
+
+def _with_ratios(rows: list[dict]) -> None:
+    """Each row's tokens/s over its model's plain compiled loop (when that one was measured)."""
+    for r in rows:
+        base = next((b["tokens_per_s"] for b in rows if b["model"] == r["model"] and _plain_compiled(b)), None)
+        if "tokens_per_s" in r:
+            r["vs_plain_compiled"] = r["tokens_per_s"] / base if base else None
+
+
+def _plain_compiled(row: dict) -> bool:
+    return row["loop"].startswith("plain compiled") and "error" not in row
+
+
+def _write_rows(rows: list[dict], path: str | None) -> None:
+    """The rows so far, to `path` in one rename (a reader never sees half a file)."""
+    if path:
+        tmp = Path(f"{path}.tmp")
+        tmp.write_text(json.dumps(rows, indent=1))
+        os.replace(tmp, path)
 
 
 def _default_compile(device):
@@ -259,9 +315,7 @@ def print_side_by_side(rows: list[dict], args) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(
-        title=f"merit train's loop vs a minimal plain loop, {args.device}, AdamW, median of {args.rounds} rounds"
-    )
+    table = Table(title=f"merit train's loop vs a minimal plain loop, {args.device}, median of {args.rounds} rounds")
     cols = [
         "model",
         "loop",
@@ -279,20 +333,13 @@ def print_side_by_side(rows: list[dict], args) -> None:
         if "error" in r:
             table.add_row(r["model"], r["loop"], r["error"], *[""] * (len(cols) - 3))
             continue
-        base = next(
-            (
-                b["tokens_per_s"]
-                for b in rows
-                if b["model"] == r["model"] and b["loop"] == "plain compiled" and "error" not in b
-            ),
-            None,
-        )
+        ratio = r.get("vs_plain_compiled")
         pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
         table.add_row(
             f"{r['model']} ({r['n_params'] / 1e6:.1f}M, V={r['vocab']}, {r['batch']})",
-            r["loop"] + (f" (compile={r['compile']}, kernels={r['kernels']})" if "compile" in r else ""),
+            r["loop"] + (f" [compile={r['compile']}, kernels={r['kernels']}]" if "kernels" in r else ""),
             f"{r['tokens_per_s']:,.0f}",
-            f"{r['tokens_per_s'] / base:.2f}x" if base else "-",
+            f"{ratio:.2f}x" if ratio else "-",
             pct(r["mfu"]),
             pct(r["mfu_6n"]),
             f"{r['peak_memory_gib']:.1f}",
@@ -374,7 +421,7 @@ def main() -> None:
         "--models", default=None, help="side by side: comma-separated named models (default: per device)"
     )
     parser.add_argument(
-        "--optimizer", default="adamw", help="side by side: merit's optimizer (the plain loops use AdamW)"
+        "--optimizer", default="adamw", help="side by side: the optimizer of a merit loop named without one"
     )
     parser.add_argument("--optimizers", default=None, help="comma-separated: run the optimizer comparison instead")
     parser.add_argument("--model", default="gpt2-tiny", help="the optimizer comparison's model")
@@ -386,7 +433,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="default 3 (side by side), 6 (optimizers)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per round (default: per model)")
     parser.add_argument("--log-every", type=int, default=10)
-    parser.add_argument("--loops", default=",".join(LOOPS), help="side by side: which loops, comma-separated")
+    parser.add_argument(
+        "--loops", default=",".join(LOOPS), help="side by side: the loops in order, comma-separated (see above)"
+    )
+    parser.add_argument("--compile-backend", default="inductor", help="the plain compiled loop's torch.compile backend")
     parser.add_argument("--compile", action="store_true", help="the optimizer comparison: compile=true")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--json", default=None, help="side by side: also write the rows here")
@@ -406,13 +456,14 @@ def main() -> None:
         return
     args.warmup = (3 if cuda else 2) if args.warmup is None else args.warmup
     args.rounds = args.rounds or (3 if cuda else 2)
-    args.loops = [name.strip() for name in args.loops.split(",")]
+    try:
+        args.loops = [parse_loop(name, args.optimizer) for name in args.loops.split(",") if name.strip()]
+    except ValueError as exc:
+        parser.error(str(exc))
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
     rows = side_by_side(args)
     print_side_by_side(rows, args)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

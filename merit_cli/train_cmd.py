@@ -128,6 +128,7 @@ class RichTrainReport(LiveReport, TrainCallbacks):
             ("wall tokens/s", f"{fmt_count(summary.tokens_per_s)} (the whole run: evals and checkpoints included)"),
             ("device", f"{summary.device} ({summary.device_name or '-'}), {summary.compute_dtype}"),
             ("peak memory", peak_memory_text(summary.peak_memory, summary.device)),
+            ("compile", summary.compile or "-"),
             ("MFU", f"{summary.mfu:.1%}" if summary.mfu is not None else "- (not measured on CPU or an unlisted GPU)"),
             ("final train loss", fmt_float(summary.final_loss)),
             ("final val loss", fmt_float(summary.final_val_loss)),

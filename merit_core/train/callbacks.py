@@ -62,6 +62,7 @@ class RunSummary:
     compute_dtype: str = "float32"
     peak_memory: int | None = None  # bytes: GPU memory allocated at peak, or the process's peak RSS on CPU
     mfu: float | None = None  # 6 * n_params * tokens_per_s / the device's bf16 peak (None on CPU)
+    compile: str = ""  # 'compiled', 'eager', or eager after compile=auto fell back (with the compiler's error)
 
 
 class TrainCallbacks:

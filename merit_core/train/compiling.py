@@ -12,8 +12,10 @@ step (merit_core.train.lm_loss). Evaluation and the attention-logit probe run th
 (`eager()`): the probe swaps the attention function, and evaluation would otherwise compile a
 second, no-grad graph for a few batches.
 
-A compilation failure is not papered over with a silent fallback: `compile_errors()` turns it into
-one CompileFailed line naming `--set compile=false`.
+A compilation failure is never silent. Under `compile = true` (the user asked for it)
+`compile_errors()` turns it into one CompileFailed line naming `--set compile=false`. Under
+`compile = auto` ("on where it works") the run warns once with the compiler's first error line
+(`fallback_warning`), redoes the step eagerly and stays eager (`eager()`), and its summary says so.
 """
 
 from __future__ import annotations
@@ -78,18 +80,30 @@ def _is_compile_error(exc: BaseException) -> bool:
     )
 
 
+def compile_failure(exc: BaseException) -> str | None:
+    """'<type>: <first line>' of the compiler's own error under dynamo's wrappers, or None when
+    `exc` is not a torch.compile failure."""
+    if not _is_compile_error(exc):
+        return None
+    root = exc
+    while (inner := getattr(root, "inner_exception", None) or root.__cause__) is not None and inner is not root:
+        root = inner
+    first = (str(root).strip().splitlines() or [""])[0][:200]
+    return f"{type(root).__name__}: {first}"
+
+
+def fallback_warning(failure: str) -> str:
+    """The one line a `compile = auto` run shows when it falls back to eager."""
+    return f"torch.compile failed ({failure}); running eager; --set compile=false to skip this"
+
+
 @contextlib.contextmanager
 def compile_errors(active: bool) -> Iterator[None]:
     """Turn a torch.compile failure inside the block into CompileFailed (when `active`)."""
     try:
         yield
     except Exception as exc:
-        if not active or not _is_compile_error(exc):
+        failure = compile_failure(exc) if active else None
+        if failure is None:
             raise
-        root = exc  # the compiler's own error, under dynamo's wrappers
-        while (inner := getattr(root, "inner_exception", None) or root.__cause__) is not None and inner is not root:
-            root = inner
-        first = (str(root).strip().splitlines() or [""])[0][:200]
-        raise CompileFailed(
-            f"torch.compile failed ({type(root).__name__}: {first}); run with --set compile=false"
-        ) from None
+        raise CompileFailed(f"torch.compile failed ({failure}); run with --set compile=false") from None

@@ -28,7 +28,15 @@ from merit_core.optim import build_optimizer
 from merit_core.optim.registry import step_hook
 from merit_core.train import lm_loss
 from merit_core.train.batches import TrainBatches, to_device, val_batches
-from merit_core.train.compiling import compile_errors, compile_note, eager, resolve_compile, transformer_blocks
+from merit_core.train.compiling import (
+    compile_errors,
+    compile_failure,
+    compile_note,
+    eager,
+    fallback_warning,
+    resolve_compile,
+    transformer_blocks,
+)
 from merit_core.train.config import TrainConfig
 from merit_core.train.distributed import Parallel
 from merit_core.train.schedule import lr_at
@@ -103,6 +111,7 @@ class Trainer:
         self.autocast = lambda: _autocast(self.device, config.dtype)
         self.per_rank = config.batch_size // parallel.world_size
         self.compiled = resolve_compile(config.compile, self.device)
+        self.compile_fallback: str | None = None  # the compiler's error when compile=auto fell back to eager
         self.first_step_s: float | None = None  # wall time of this process's first update (compilation)
         self.notes: list[str] = []  # one-line notes for the user (TrainingRun passes them to on_note)
         # the loss is summed inside the forward: Liger's fused loss (`loss_fn`) or merit's chunk loop,
@@ -223,9 +232,7 @@ class Trainer:
         for group, scale in zip(self.optimizer.param_groups, self.lr_scales):
             group["lr"] = lr * scale
         scale = 1.0 / (self.per_rank * c.seq_len)  # DDP averages over ranks -> global-batch mean
-        loss_sum = torch.zeros((), device=self.device)
-        first = None
-        micro = self.batches.micro_batches(
+        micro = lambda: self.batches.micro_batches(  # noqa: E731  (a fresh iterator for a redone step)
             index,
             batch_size=c.batch_size,
             micro_batch_size=c.micro_batch_size,
@@ -233,14 +240,19 @@ class Trainer:
             world_size=self.parallel.world_size,
         )
         start = time.perf_counter() if self.first_step_s is None else None
-        with compile_errors(self.compiled):
-            for k, (x, y) in enumerate(prefetched(micro, self.device)):
+
+        def accumulate() -> tuple[torch.Tensor, torch.Tensor | None]:
+            loss_sum, first = torch.zeros((), device=self.device), None
+            for k, (x, y) in enumerate(prefetched(micro(), self.device)):
                 first = x if first is None else first
                 sync = k == self.n_micro - 1
                 with contextlib.nullcontext() if sync else self.parallel.no_sync():
                     loss = self._loss(self.forward, x, y, scale)
                     loss.backward()
                 loss_sum += loss.detach()
+            return loss_sum, first
+
+        loss_sum, first = self._compiling(accumulate)
         if start is not None:
             self.first_step_s = time.perf_counter() - start
             if self.compiled:
@@ -265,9 +277,38 @@ class Trainer:
             with self.autocast():
                 return self.forward(input_ids=x, use_cache=False).logits
 
-        with compile_errors(self.compiled):
-            self.hook.run(StepContext(self.optimizer, index, logits, gen, self.parallel.world_size))
+        self._compiling(
+            lambda: self.hook.run(StepContext(self.optimizer, index, logits, gen, self.parallel.world_size))
+        )
         self.optimizer.zero_grad(set_to_none=True)
+
+    def _compiling(self, work: Callable[[], Any]) -> Any:
+        """`work()` (forward and backward passes) under the run's compile setting: a compile failure
+        stops a compile=true run in one line (CompileFailed); under compile=auto it warns once
+        (a note), clears the gradients of the failed attempt and redoes `work` eagerly, and the
+        run stays eager from then on (`compile_fallback`)."""
+        if self.compile_fallback is not None:
+            with eager():
+                return work()
+        try:
+            with compile_errors(self.compiled and self.config.compile is True):
+                return work()
+        except Exception as exc:
+            failure = compile_failure(exc) if self.compiled else None
+            if failure is None:
+                raise
+        self.compiled, self.compile_fallback = False, failure
+        self.notes.append(fallback_warning(failure))
+        self.optimizer.zero_grad(set_to_none=True)
+        with eager():
+            return work()
+
+    @property
+    def compile_state(self) -> str:
+        """How training ran: 'compiled', 'eager', or eager after a compile=auto fallback (with why)."""
+        if self.compile_fallback is not None:
+            return f"eager (compile=auto fell back: {self.compile_fallback})"
+        return "compiled" if self.compiled else "eager"
 
     def first_nonfinite_step(self) -> int | None:
         """The first update (1-based) whose loss or grad norm was not finite on any process (syncs)."""

@@ -331,6 +331,7 @@ class TrainingRun:
             peak_memory=peak_memory(self.parallel.device),
             # tokens/s of all processes over one device's peak times the processes
             mfu=mfu(self.n_params, tokens_per_s / self.parallel.world_size if tokens_per_s else None, hw.peak_flops),
+            compile=trainer.compile_state,
         )
         self.cb.on_end(summary)
         return summary

@@ -567,7 +567,7 @@ add("compare", "--set lr=nan", lambda w, c: [*COMPARE, "--set", "grad_clip=nan",
 add("compare", "unknown option", lambda w, c: ["compare", "--frob"], "No such option")
 
 
-# -- hostile files: code, pickles, FIFOs, absurd sizes (issue 21) -------------------------------------
+# -- hostile files: code, pickles, FIFOs, absurd sizes -----------------------------------------------
 def fifo(path: Path) -> Path:
     os.mkfifo(path)
     return path
@@ -817,7 +817,7 @@ add(
 )
 
 
-# -- a shared run folder someone prepared to hurt its next user (issue 21) -------------------------------
+# -- a shared run folder someone prepared to hurt its next user -----------------------------------------
 def victim_file(c: Path) -> Path:
     victim = c / "victim.txt"
     victim.write_text("precious, and not merit's\n")
@@ -956,7 +956,7 @@ def test_the_table_is_big_enough():
     assert {"train", "prepare", "inspect", "eval", "compare"} <= set(counts)
 
 
-# -- hostile files that are valid: they must work, not hang or fail (issue 21) ----------------------------
+# -- hostile files that are valid: they must work, not hang or fail --------------------------------------
 def _ok(args: list[str]):
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, f"{result.output}{result.exception!r}"

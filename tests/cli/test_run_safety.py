@@ -411,7 +411,7 @@ def test_run_lock_never_follows_a_planted_link(tmp_path):
     assert victim.read_text() == "keep me\n"
 
 
-# -- issue 21: one timeline, a recoverable rewrite, disk full from any writer --------------------------
+# -- one timeline, a recoverable rewrite, disk full from any writer ------------------------------------
 def _weights(ckpt: Path) -> bytes:
     return (ckpt / runs.WEIGHTS_NAME).read_bytes()
 

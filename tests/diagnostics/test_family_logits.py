@@ -53,7 +53,7 @@ def _windows(model):
 
 @pytest.mark.parametrize("model_type", ["gpt2", "llama"])
 def test_probe_is_float32_under_bf16_autocast(model_type, ids):
-    """Issue 11: inside a bf16 autocast region (as the training loop calls it) the probe still
+    """Inside a bf16 autocast region (as the training loop calls it) the probe still
     measures float32 logits: equal to the float32 direct computation to 1e-4 relative."""
     model = scaled(tiny_model(model_type, seed=4))  # llama: 4 query heads on 2 key heads
     expected = direct_max_logits(model, ids)

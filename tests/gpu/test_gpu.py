@@ -163,7 +163,7 @@ def _probe_models():
 @pytest.mark.parametrize("device", DEVICES)
 def test_probe_under_bf16_autocast_matches_fp32_direct(device, family, tf32):
     """As in training: bf16 autocast (and TF32 by default on CUDA) around the probe; it must still
-    give the fp32 logits (issue 11, item 1: 1e-4 relative). The direct reference runs on the
+    give the fp32 logits (1e-4 relative). The direct reference runs on the
     model's device (its masks and positions too); the CPU case runs everywhere (TF32 is a no-op there).
 
     The CPU case runs with "meta" as the default device: a tensor built without an explicit device
@@ -219,7 +219,7 @@ def test_eval_fp32_on_cuda_equals_cpu_and_bf16_is_close(world):  # noqa: F811
     assert fp32.meta["eval"]["dtype"] == "float32" and bf16.meta["eval"]["dtype"] == "bfloat16"
     assert fp32.meta["eval"]["device"].startswith("cuda")
     assert cpu and set(_metrics(fp32)) == set(cpu)
-    for key, value in _metrics(fp32).items():  # issue 11: fp32 on CUDA equals the CPU result to 1e-4
+    for key, value in _metrics(fp32).items():  # fp32 on CUDA equals the CPU result to 1e-4
         assert value == pytest.approx(cpu[key], rel=1e-4), key
     for (task, key), value in _metrics(bf16).items():  # bf16 weights: close (reasoned, not yet measured)
         if key.startswith("acc"):  # an argmax may flip: at most one of the 10 documents

@@ -39,8 +39,8 @@ def hyper(config: str) -> Hyper:
     return Hyper.of(**{**BASE, **CONFIGS[config]})
 
 
-def inputs(case: str, seed: int = 0):
-    """(params, [grads of step 1, grads of step 2]) with the case's non-finite entry placed."""
+def inputs(case: str, seed: int = 0, device: str = "cpu"):
+    """(params, [grads of step 1, grads of step 2]) with the case's non-finite entry placed, on `device`."""
     target, kind, where, value = CASES[case]
     gen = torch.Generator().manual_seed(seed)
     params = [0.2 * torch.randn(s, generator=gen) for s in SHAPES]
@@ -49,17 +49,17 @@ def inputs(case: str, seed: int = 0):
         grads[0][target][where] = value
     else:
         params[target][where] = value
-    return params, grads
+    return [p.to(device) for p in params], [[g.to(device) for g in gs] for gs in grads]
 
 
-def check(step, case: str, config: str) -> None:
+def check(step, case: str, config: str, device: str = "cpu") -> None:
     """Run two steps of ``step(params, grads, exp_avgs, exp_avg_sqs, state_steps, h)`` (a backend
-    with the functional signature; it advances nothing, this does) and assert the rule."""
+    with the functional signature; it advances nothing, this does) on `device` and assert the rule."""
     from merit_core.optim.merit.reference import merit_reference
 
     target, kind, where, _ = CASES[case]
     h = hyper(config)
-    params, grads = inputs(case)
+    params, grads = inputs(case, device=device)
     params = [torch.nn.Parameter(p) for p in params]  # as the optimizer holds them (compiled graphs guard on it)
     ms = [torch.zeros_like(p) for p in params]
     vs = [torch.zeros_like(p) for p in params]
@@ -69,7 +69,7 @@ def check(step, case: str, config: str) -> None:
     clean_m = [torch.zeros_like(p) for p in clean]
     clean_v = [torch.zeros_like(p) for p in clean]
     clean_steps = [torch.tensor(0.0) for _ in clean]
-    expected_moments = torch.zeros(SHAPES[target], dtype=torch.bool)
+    expected_moments = torch.zeros(SHAPES[target], dtype=torch.bool, device=device)
     if kind == "grad":
         expected_moments[where] = True
     for k in range(2):

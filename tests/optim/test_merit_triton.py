@@ -487,6 +487,7 @@ if not _INTERPRETED:
                     assert occupancy(r["regs"], r["smem"], warps) * warps >= 32, where
                 assert got[False]["mufu"] < got[True]["mufu"], got  # two IEEE divisions fewer per element
 
+    @pytest.mark.gpu
     @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton kernels need a CUDA GPU")
     def test_compiled_kernels_on_cuda_match_the_reference_and_lr_never_recompiles():
         from merit_core.optim.merit.triton import kernels as K

@@ -58,6 +58,7 @@ def test_run_folder_layout_and_metrics(finished_run):
     assert evals[-1]["val_loss"] < evals[0]["val_loss"]  # it learns
     text = result.output
     assert "Run summary" in text and f"merit inspect {out}" in text and f"merit eval {out / 'step_4'}" in text
+    assert any(line.split() == ["compile", "eager"] for line in text.splitlines())  # how it ran (CPU: eager)
 
 
 def test_checkpoint_loads_in_transformers_with_the_same_logits(finished_run, data_dir):

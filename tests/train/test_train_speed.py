@@ -75,6 +75,36 @@ def test_a_compile_failure_stops_with_one_line_naming_compile_false(tmp_path, mo
     torch._dynamo.reset()
 
 
+def test_compile_auto_falls_back_to_eager_with_one_warning(tmp_path, monkeypatch):
+    """compile=auto means "on where it works": a compiler that fails makes one warning line with its
+    first error line, the failed step is redone eagerly (same loss as a run that never compiled) and
+    the run stays eager, and says so (compile_state, which the summary shows)."""
+    from merit_core.train import trainer as trainer_module
+
+    compiles = []
+
+    def failing_backend(gm, example_inputs):
+        compiles.append(1)
+        raise RuntimeError("no C++ compiler found\nsecond line")
+
+    real = torch.compile
+    monkeypatch.setattr(compiling.torch, "compile", lambda fn, **kw: real(fn, backend=failing_backend))
+    monkeypatch.setattr(trainer_module, "resolve_compile", lambda setting, device: setting is not False)
+    eager_trainer = _tiny_trainer(tmp_path / "eager", compile=False)
+    expected = [float(eager_trainer.train_step().loss) for _ in range(2)]
+    trainer = _tiny_trainer(tmp_path / "auto", compile="auto")
+    assert trainer.compiled and trainer.compile_state == "compiled"
+    losses = [float(trainer.train_step().loss) for _ in range(2)]
+    torch._dynamo.reset()
+    assert losses == pytest.approx(expected, rel=1e-6)
+    assert len(compiles) == 1  # the second step never tried to compile again
+    assert trainer.notes == [
+        "torch.compile failed (RuntimeError: no C++ compiler found); running eager; --set compile=false to skip this"
+    ]
+    assert not trainer.compiled
+    assert trainer.compile_state == "eager (compile=auto fell back: RuntimeError: no C++ compiler found)"
+
+
 @pytest.mark.parametrize("optimizer, args", [("adamw", {}), ("merit", {"implementation": "foreach"})])
 def test_train_step_reads_nothing_back_to_the_host(tmp_path, monkeypatch, optimizer, args):
     """Loss, grad norm and the non-finite marker stay on the device between log steps: no
