@@ -27,7 +27,7 @@ LONG = "n" * 300  # one name over the 255 bytes file systems allow
 def home(tmp_path_factory):
     """A user's folder: a decoy of theirs, a tiny corpus, a tiny GPT-2 checkpoint with a tokenizer."""
     from tests.data.test_data import make_docs, write_txt
-    from tests.diagnostics.test_weights import tiny_gpt2
+    from tests.diagnostics.planted_models import diag_gpt2
     from tests.prepared_data import write_prepared
 
     root = tmp_path_factory.mktemp("hostile")
@@ -37,7 +37,7 @@ def home(tmp_path_factory):
     (decoy / "sub" / "notes.txt").write_text("keep\n")
     write_txt(root / "corpus.txt", make_docs(60))
     ckpt = root / "ckpt"
-    tiny_gpt2().save_pretrained(ckpt)
+    diag_gpt2().save_pretrained(ckpt)
     data = write_prepared(root / "data", n_sentences=200, vocab_size=256)
     for item in (data / "tokenizer").iterdir():
         shutil.copy(item, ckpt / item.name)

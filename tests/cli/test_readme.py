@@ -32,12 +32,11 @@ def shell_lines(block: str) -> list[str]:
     return [line for line in lines if line and not line.startswith("#") and not line.startswith(_SKIPPED)]
 
 
-def test_readme_is_short_and_speaks_to_users():
+def test_readme_is_short_and_gives_the_setup():
+    """README.md is a user's manual; what it must not say (issue numbers, words of a borrowed machine's
+    service) is checked for every tracked file by tests/cli/test_repository_text.py."""
     text = README.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 200
-    for word in ("$OUT", "carry", "carried", "device tool", "10-minute call", "stays warm", "issue "):
-        assert word not in text, word
-    assert not re.search(r"(?<![\w&])#\d", text)  # no issue numbers
     setup = blocks("bash")[0]
     assert "pip install -e '.[cli]'" in setup and "pip install -e '.[dev]'" in setup
     assert "--index-url https://download.pytorch.org/whl/cpu" in text

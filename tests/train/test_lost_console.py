@@ -15,9 +15,9 @@ import pytest
 
 from merit_core.train.checkpoint import list_checkpoints
 from merit_core.train.metrics import read_metrics
-from tests.cli.test_run_safety import TINY, data_dir, model_cfg, subprocess_env, train_args
+from tests.cli.test_run_safety import TINY, subprocess_env, train_args
 
-__all__ = ["data_dir", "model_cfg"]  # module fixtures shared with test_run_safety
+DATA_SENTENCES = 600  # the data_dir fixture's corpus (tests/conftest.py), as test_run_safety's
 
 ENDLESS = ("--steps", "100000", "--set", "save_every=0", "--set", "eval_every=0")
 
