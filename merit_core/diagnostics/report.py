@@ -24,7 +24,6 @@ from typing import Any
 import torch
 
 from merit_core import runs
-from merit_core.diagnostics.attention import probe_attention
 from merit_core.diagnostics.checkpoints import Checkpoint, SafetensorsReader, find_checkpoints
 from merit_core.diagnostics.hessian import model_hessian
 from merit_core.diagnostics.layout import read_config
@@ -41,6 +40,7 @@ from merit_core.errors import DataError
 from merit_core.fileio import atomic_write_json
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
 from merit_core.models import context_length
+from merit_core.models.attention_probe import probe_attention
 from merit_core.progress import Progress, ProgressFn, report_to
 
 TRAINER_KEYS = ("optimizer", "global_batch_size", "seq_len", "tokens")

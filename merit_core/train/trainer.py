@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from merit_core.devices import available_host_memory
-from merit_core.diagnostics.attention import max_attention_logits
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
+from merit_core.models.attention_probe import max_attention_logits
 from merit_core.optim import build_optimizer
 from merit_core.optim.registry import StepContext, step_hook
 from merit_core.train import lm_loss

@@ -7,7 +7,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from merit_core.diagnostics.attention import chunked_max_logits, max_attention_logits
+from merit_core.models.attention_probe import chunked_max_logits, max_attention_logits
 
 # float results of reductions: CI runs this file again with OMP_NUM_THREADS=1 (see .ci/run)
 pytestmark = pytest.mark.float_compare

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from merit_core.diagnostics.attention import max_attention_logits
+from merit_core.models.attention_probe import max_attention_logits
 
 VOCAB, SEQ = 64, 16
 
