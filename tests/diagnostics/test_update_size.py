@@ -1,13 +1,13 @@
 """Update size from optimizer state: the optimizer's own zero-gradient step equals an independent
-computation here from the same m, v, w (MERIT, AdamW, LAMB); MERIT's ratio shares follow a planted row;
-a `merit train` checkpoint is read back with the run's optimizer and schedule."""
+computation here from the same m, v, w (MERIT, AdamW, LAMB); MERIT's ratio shares follow a planted row
+(a `merit train` checkpoint read back with the run's optimizer and schedule: test_instability_inspect.py)."""
 
 import math
 
 import pytest
 import torch
 
-from merit_core.diagnostics.update_size import checkpoint_update_sizes, update_sizes
+from merit_core.diagnostics.update_size import update_sizes
 from merit_core.optim import build_optimizer
 
 LR, WD, T = 0.01, 0.1, 3
@@ -124,41 +124,3 @@ def test_merit_large_row_shows_its_row_ratio_winning():
     assert planted.share_row >= 1 / 5  # the 6 elements of row 2 (of 5 x 6) at least
     assert planted.percentiles[100] == pytest.approx(row2, rel=1e-9)
     assert planted.percentiles[100] > 1000 * plain.percentiles[100]
-
-
-def test_run_checkpoint_uses_the_run_optimizer_and_schedule(model_cfg, data_dir, tmp_path):
-    from click.testing import CliRunner
-
-    from merit_cli.main import cli
-    from merit_core.diagnostics.checkpoints import SafetensorsReader, find_checkpoints
-    from merit_core.diagnostics.probe import load_model
-    from merit_core.train.checkpoint import load_trainer_state
-    from merit_core.train.config import load_config
-    from merit_core.train.schedule import lr_at
-
-    sets = dict(
-        batch_size=4,
-        micro_batch_size=4,
-        seq_len=16,
-        lr=3e-3,
-        eval_every=2,
-        save_every=2,
-        eval_batches=1,
-        eval_batch_size=2,
-        warmup_steps=2,
-    )
-    args = ["train", "--model", str(model_cfg), "--data", str(data_dir), "--out", str(tmp_path / "run"), "--steps", "4"]
-    args += [a for k, val in sets.items() for a in ("--set", f"{k}={val}")]
-    result = CliRunner().invoke(cli, args)
-    assert result.exit_code == 0, result.output
-    ckpt = find_checkpoints(tmp_path / "run")[0]
-    model = load_model(ckpt, SafetensorsReader(ckpt))
-    report = checkpoint_update_sizes(ckpt, model)
-    assert report.optimizer == "merit" and report.step == ckpt.step == 2
-    config = load_config(tmp_path / "run" / "config.toml")
-    want_lr = lr_at(2, lr=3e-3, min_lr=config.min_lr, warmup_steps=2, total_steps=4)
-    assert report.lr == pytest.approx(want_lr, rel=1e-12)
-    state = load_trainer_state(ckpt.folder)["optimizer"]
-    assert state["state"], "the run saved its optimizer moments"
-    assert report.weights and all(0 < w.ratio < 1 for w in report.weights)
-    assert all(w.merit is not None for w in report.weights)
