@@ -22,7 +22,14 @@ import torch
 import torch.nn.functional as F
 
 from merit_core.devices import available_host_memory
-from merit_core.metric_names import ACTIVATION_RATIO, LOG_Z_MEAN, MAX_ATTENTION_LOGIT, NORMALIZED_ENTROPY_MIN, VAL_LOSS
+from merit_core.metric_names import (
+    ACTIVATION_RATIO,
+    LOG_Z_MEAN,
+    MAX_ATTENTION_LOGIT,
+    NORMALIZED_ENTROPY_MIN,
+    UPDATE_RATIO,
+    VAL_LOSS,
+)
 from merit_core.models.attention_probe import probe_attention
 from merit_core.optim import build_optimizer
 from merit_core.optim.registry import StepContext, step_hook
@@ -299,13 +306,29 @@ class Trainer:
                 probed = probe_attention(self.model, self.val[0][0].to(self.device), instability=True)
         finally:
             self.model.train()
-        return {
+        record = {
             VAL_LOSS: float(val_loss.item()),
             MAX_ATTENTION_LOGIT: probed.max_logits.amax(dim=1).tolist(),
             NORMALIZED_ENTROPY_MIN: probed.entropy["normalized_min"].amin(dim=1).tolist(),
             ACTIVATION_RATIO: [a.ratio for a in probed.activations],
             LOG_Z_MEAN: probed.output.log_z_mean,
         }
+        ratio = self.update_ratio()
+        if ratio is not None:
+            record[UPDATE_RATIO] = ratio
+        return record
+
+    def update_ratio(self) -> float | None:
+        """The largest RMS(next update) / RMS(weight) over 2-D weights, for an optimizer that exposes
+        it from its state (MERIT, not under sharded state), at the lr of the next update; else None."""
+        ratios = getattr(self.optimizer, "update_ratios", None)
+        if ratios is None or self.parallel.sharded_state or self.step == 0:
+            return None
+        lr = self.lr_for(self.step)
+        for group, scale in zip(self.optimizer.param_groups, self.lr_scales):
+            group["lr"] = lr * scale  # what train_step sets for the next update anyway
+        values = [r for p, r in ratios() if p.ndim == 2]
+        return max(values) if values else None
 
     # -- state --------------------------------------------------------------------------------
     def state_dict(self, checkpoint_dir: Path | None = None) -> dict[str, Any]:

@@ -14,12 +14,14 @@ def test_final_eval_record_to_summary_fields():
         "normalized_attention_entropy_min": [0.8, 0.3],
         "activation_ratio": [12.0, 40.0],
         "log_z_mean": 6.25,
+        "update_rms_ratio": 0.002,
     }
     assert instability_record(final) == {
         "max_attention_logit": 7.5,
         "normalized_attention_entropy_min": 0.3,
         "activation_ratio": 40.0,
         "log_z_mean": 6.25,
+        "update_rms_ratio": 0.002,
     }
     assert instability_record({"step": 40, "val_loss": 4.0, "max_attention_logit": [1.0]}) is None  # older runs
     assert instability_record(None) is None
@@ -38,5 +40,5 @@ def test_report_section_one_row_per_best_run():
         }
     )
     lines = instability_lines(summary)
-    assert lines[-1] == f"| {first['optimizer']} | {first['batch_size']} | 3 | 0.25 | 50 | 5.5 |"
+    assert lines[-1] == f"| {first['optimizer']} | {first['batch_size']} | 3 | 0.25 | 50 | 5.5 | - |"
     assert "## Instability precursors" in render_report(summary)

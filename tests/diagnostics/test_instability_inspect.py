@@ -51,6 +51,7 @@ def test_train_records_the_cheap_statistics(run):
         assert all(0 <= v <= 1 for v in r[NORMALIZED_ENTROPY_MIN])
         assert all(v >= 1 for v in r[ACTIVATION_RATIO])
         assert isinstance(r[LOG_Z_MEAN], float)
+    assert UPDATE_RATIO not in evals[0] and all(r[UPDATE_RATIO] > 0 for r in evals[1:])  # MERIT, once it has state
     tracked = scalars(evals[-1])
     assert tracked[f"eval/{NORMALIZED_ENTROPY_MIN}"] == min(evals[-1][NORMALIZED_ENTROPY_MIN])
     assert tracked[f"eval/{ACTIVATION_RATIO}"] == max(evals[-1][ACTIVATION_RATIO])
@@ -76,6 +77,13 @@ def test_inspect_run_tables_json_and_trajectory(run, tmp_path):
         assert c["summary"][NORMALIZED_ENTROPY_MIN] == layer_min
         head_min = min(h[NORMALIZED_ENTROPY_MIN] for l in c["layers"] for h in l["heads"])
         assert head_min == layer_min
+    # training measured the same update ratio live (float32, MERIT's update_ratios) as inspect from the
+    # checkpoint (float64, a zero-gradient step of a rebuilt optimizer)
+    from merit_core.train.metrics import read_metrics
+
+    live = {r["step"]: r[UPDATE_RATIO] for r in read_metrics(run) if UPDATE_RATIO in r}
+    for c in report["checkpoints"]:
+        assert live[c["step"]] == pytest.approx(c["summary"][UPDATE_RATIO], rel=1e-4)
 
 
 def test_inspect_one_checkpoint_shows_layer_columns_and_updates(run, tmp_path):

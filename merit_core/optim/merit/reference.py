@@ -77,6 +77,19 @@ def reference_step(p: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
 
 
 @torch.no_grad()
+def zero_gradient_update(p: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: Tensor | float, h: Hyper) -> Tensor:
+    """What :func:`reference_step` would subtract from p with a zero gradient (lr included), leaving p,
+    the moments and ``step`` (p's step counter before that step) unchanged: the moments decay to
+    ``beta1 * m`` and ``beta2 * v`` and the counter advances by one."""
+    w = p.to(exp_avg.dtype)
+    u = direction(w, exp_avg * h.beta1, exp_avg_sq * h.beta2, float(step) + 1, h)
+    d = trust_ratios(w, u, h).s * u
+    if h.clip is not None:
+        d = d.clamp(-h.clip, h.clip)
+    return d * h.lr
+
+
+@torch.no_grad()
 def merit_reference(params, grads, exp_avgs, exp_avg_sqs, state_steps, h: Hyper) -> None:
     """The reference backend: :func:`reference_step` on each parameter (the signature:
     :class:`~merit_core.optim.merit.common.BackendStep`)."""
