@@ -76,7 +76,8 @@ def _figure(n_panels: int, width: float):
     return plt, fig, list(axes.flat[:n_panels])
 
 
-def _save(plt, fig, path: Path) -> None:
+def save_figure(plt, fig, path: Path) -> None:
+    """Write `fig` to `path` atomically (format from the suffix) and close it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with atomic_path(path) as tmp:
@@ -120,7 +121,7 @@ def plot_layers(checkpoints: list, path: str | Path) -> None:
         fontsize="small",
     )
     fig.suptitle("Query/key max-norms, attention and activations per layer")
-    _save(plt, fig, Path(path))
+    save_figure(plt, fig, Path(path))
 
 
 def plot_trajectory(checkpoints: list, path: str | Path) -> None:
@@ -200,7 +201,7 @@ def plot_trajectory(checkpoints: list, path: str | Path) -> None:
         ax.set_xlabel("training step")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    _save(plt, fig, Path(path))
+    save_figure(plt, fig, Path(path))
 
 
 def plot_report(report, path: str | Path) -> str:

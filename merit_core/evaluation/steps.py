@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from merit_core import runs
+from merit_core.diagnostics.plots import save_figure
 from merit_core.errors import CheckpointError, ConfigError
-from merit_core.fileio import atomic_path, display
+from merit_core.fileio import display
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, STEP
 
 RECORDED_LOGIT = "recorded_max_attention_logit"  # the key added to each result's meta
@@ -102,10 +103,4 @@ def plot_steps(steps: list[int], series: dict[str, list[float | None]], logits: 
         twin.legend(loc="upper right", fontsize="small")
     ax.legend(loc="upper left", fontsize="small")
     ax.set_title("zero-shot scores over training steps")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".").lower() or "png")
-    finally:
-        plt.close(fig)
+    save_figure(plt, fig, Path(path))

@@ -48,10 +48,13 @@ def test_all_steps_prints_one_row_per_step_with_recorded_logit(world, tmp_path):
         cells = [cell.strip() for cell in row.split("│")[3:-1]]
         assert cells == [format_value(c["results"][TASK][k]) for k in ("perplexity,none", "acc,none")]
 
-    res = _eval(str(run), "--steps", "12", *common, "--limit", "2")
-    assert res.exit_code == 0, res.output
-    table = res.output[res.output.index("scores over training steps") :]
-    assert [line.split("│")[1].strip() for line in table.splitlines() if line.startswith("│")] == ["12"]
+
+def test_steps_choose_those_checkpoints(world):  # noqa: F811
+    from merit_core.evaluation.steps import parse_steps, step_checkpoints
+
+    assert parse_steps("12, 5,12") == [5, 12]
+    assert step_checkpoints(str(world["run"]), [12]) == [(12, world["run"] / "step_12")]
+    assert [s for s, _ in step_checkpoints(str(world["run"]))] == [5, 12]  # step_20.tmp is no checkpoint
 
 
 def test_steps_input_errors_are_one_line(world, tmp_path):  # noqa: F811
