@@ -154,6 +154,18 @@ def _median_seconds(fn, repeats: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def _paired_medians(a, b, repeats: int) -> tuple[float, float]:
+    """Median seconds of `a` and of `b`, timed in alternation so that a change of load hits both."""
+    a(), b()  # warm-up
+    ta, tb = [], []
+    for _ in range(repeats):
+        for fn, times in ((a, ta), (b, tb)):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return sorted(ta)[repeats // 2], sorted(tb)[repeats // 2]
+
+
 PROBE_CASES = (("gpt2-small", 1, 256), ("llama-130m", 1, 256), ("gpt2-tiny", 16, 128))
 
 
@@ -168,8 +180,9 @@ def _probe_row(name: str, batch: int, seq: int, repeats: int) -> tuple:
     config = model_config(name)
     model = build_model(config, seed=0).eval()
     ids = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
-    old = _median_seconds(lambda: probe_attention(model, ids), repeats)
-    new = _median_seconds(lambda: probe_attention(model, ids, instability=True), repeats)
+    old, new = _paired_medians(
+        lambda: probe_attention(model, ids), lambda: probe_attention(model, ids, instability=True), repeats
+    )
     if name != "gpt2-tiny":
         return name, batch, seq, old, new, None
     model.train()  # `merit train`'s default model, batch and optimizer
@@ -213,6 +226,9 @@ def main() -> None:
     parser.add_argument("--probe", action="store_true", help="time the probe pass with and without the new statistics")
     args = parser.parse_args()
     if args.probe:
+        import torch
+
+        torch.set_num_threads(args.threads)
         probe_cost(args.repeats)
         return
     tmp = None if args.keep else tempfile.TemporaryDirectory(prefix="merit-inspect-bench-")

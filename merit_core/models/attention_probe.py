@@ -187,13 +187,12 @@ def _logit_chunks(query, key, attention_mask, scaling, query_chunk, query_valid=
             yield logits, allowed & rows[:, None, :, None], rows
 
 
-def _entropy_chunk(logits, allowed, rows, softcap, acc: EntropyAccumulator) -> None:
-    """Entropy of softmax over allowed keys of (soft-capped) logits, per (b, h, query)."""
-    z = logits if not softcap else softcap * torch.tanh(logits / softcap)
-    z = z.masked_fill(~allowed, float("-inf"))
-    lse = torch.logsumexp(z, dim=-1, keepdim=True)  # -inf for a row with no key
-    log_p = (z - lse).masked_fill(~allowed, 0.0)  # not lse - sum(p z): no cancellation when one key dominates
-    entropy = -(log_p.exp().masked_fill(~allowed, 0.0) * log_p).sum(dim=-1)  # [B, H, C]
+def _entropy_chunk(masked, logits, allowed, rows, softcap, acc: EntropyAccumulator) -> None:
+    """Entropy -sum p log p (torch.special.entr: no cancellation when one key takes all) of the
+    softmax over allowed keys of the (soft-capped) logits, per (b, h, query). `masked` is `logits`
+    with disallowed pairs at -inf (shared with the max)."""
+    z = masked if not softcap else (softcap * torch.tanh(logits / softcap)).masked_fill(~allowed, float("-inf"))
+    entropy = torch.special.entr(torch.softmax(z, dim=-1)).sum(dim=-1)  # [B, H, C]; NaN for a row with no key
     n_keys = allowed.sum(dim=-1)
     b, h, c = entropy.shape
     valid = (n_keys >= 2).expand(b, h, c) & rows[:, None, :].expand(b, h, c)
@@ -216,9 +215,10 @@ def _record(module, query, key, attention_mask, scaling, softcap=None) -> None:
         if recorder.entropy and layer not in recorder.entropies:
             recorder.entropies[layer] = EntropyAccumulator(q.shape[1], q.device)
         for logits, allowed, rows in _logit_chunks(q, k, attention_mask, scale, recorder.query_chunk, valid):
-            head_max = torch.maximum(head_max, logits.masked_fill(~allowed, float("-inf")).amax(dim=(0, 2, 3)))
+            masked = logits.masked_fill(~allowed, float("-inf"))
+            head_max = torch.maximum(head_max, masked.amax(dim=(0, 2, 3)))
             if recorder.entropy:
-                _entropy_chunk(logits, allowed, rows, softcap, recorder.entropies[layer])
+                _entropy_chunk(masked, logits, allowed, rows, softcap, recorder.entropies[layer])
     recorder.update(layer, head_max)
     recorder.scaling[layer] = float(scale)
 
@@ -312,9 +312,8 @@ def output_logit_stats(logits: torch.Tensor, valid: torch.Tensor | None = None) 
     x = logits.detach().float()
     x = x[valid] if valid is not None else x.reshape(-1, x.shape[-1])
     log_z = torch.logsumexp(x, dim=-1)
-    return OutputLogitStats(
-        float(x.abs().max()), float(log_z.mean()), float(log_z.std(unbiased=False)), float(log_z.max())
-    )
+    max_abs = max(float(x.amax()), -float(x.amin()))  # without an |x| copy of the logits
+    return OutputLogitStats(max_abs, float(log_z.mean()), float(log_z.std(unbiased=False)), float(log_z.max()))
 
 
 @dataclass
