@@ -7,8 +7,9 @@ at the learning rate the run's schedule gives the next update. Its moment update
 g = 0 (first moment times beta1, second times beta2, step counter + 1), and the update is
 computed from those moments and the saved weights by the optimizer's own step code, trust
 ratios, clipping and weight decay included. The reported number per weight is
-RMS(w_before - w_after) / RMS(w_before), computed in float64 (weights and moments converted), so the
-difference of two nearby weights loses no digits.
+RMS(w_before - w_after) / RMS(w_before), computed in float64 (weights and moments converted, so the
+difference of two nearby weights loses no digits) when weights, moments and a copy of the weights
+fit in half the free host memory, else in float32 (about 1e-4 relative); the report says which.
 
 For MERIT (and its ablations), the element-wise ratio s_ij of that same step is recomputed with
 MERIT's reference step code (`merit_core.optim.merit.reference`: `direction`, `trust_ratios`) from
@@ -87,6 +88,7 @@ class UpdateReport:
     lr: float | None
     optimizer: str
     weights: list[UpdateSize] = field(default_factory=list)
+    dtype: str = ""  # the precision the step was taken in
 
     @property
     def max_ratio(self) -> float | None:
@@ -97,6 +99,7 @@ class UpdateReport:
             "step": self.step,
             "lr": self.lr,
             "optimizer": self.optimizer,
+            "dtype": self.dtype,
             f"max_{UPDATE_RATIO}": self.max_ratio,
             "weights": [w.to_dict() for w in self.weights],
         }
@@ -122,7 +125,7 @@ def merit_ratios(w: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) 
     w = w.to(m.dtype)
     u = direction(w, m, v, state["step"], h)
     r = trust_ratios(w, u, h)
-    s = r.s.expand_as(w) if r.s.dim() else r.s.expand(w.shape)
+    s = r.s.expand(w.shape)
     n = w.numel()
     if r.row is None:  # one weight-wise ratio for the whole tensor
         shares = (0.0, 0.0, 1.0, 0.0)
@@ -164,6 +167,7 @@ def update_sizes(
     group_of = {id(p): group for group in optimizer.param_groups for p in group["params"]}
     merit = _is_merit(optimizer)
     report = UpdateReport(step, float(optimizer.param_groups[0]["lr"]), name or type(optimizer).__name__)
+    report.dtype = str(params[0].dtype).removeprefix("torch.") if params else ""
     seen = set()
     for pname, p in model.named_parameters():
         if p.ndim != 2 or id(p) in seen or id(p) not in before:
@@ -177,6 +181,17 @@ def update_sizes(
     for p in params:
         p.grad = None
     return report
+
+
+def _step_dtype(model: torch.nn.Module) -> torch.dtype:
+    """float64 when weights, two moments and a copy of the weights (4 x 8 bytes a parameter) fit in
+    half the free host memory, on the CPU; else float32."""
+    from merit_core.devices import available_host_memory
+
+    n = sum(p.numel() for p in model.parameters())
+    free = available_host_memory()
+    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+    return torch.float64 if on_cpu and free is not None and 32 * n < free / 2 else torch.float32
 
 
 def checkpoint_update_sizes(checkpoint, model: torch.nn.Module) -> UpdateReport | None:
@@ -202,7 +217,7 @@ def checkpoint_update_sizes(checkpoint, model: torch.nn.Module) -> UpdateReport 
     optimizer_state = state.get("optimizer") if isinstance(state, dict) else None
     if not isinstance(optimizer_state, dict) or "param_groups" not in optimizer_state:
         return None  # a sharded (fsdp) run keeps its optimizer state in shards
-    model = model.double().train()  # w_before - w_after without float32 cancellation; moments load as float64
+    model = model.to(_step_dtype(model)).train()  # the moments load in the weights' dtype
     optimizer = build_optimizer(c.optimizer, model, lr=c.lr, weight_decay=c.weight_decay, **c.optimizer_args)
     scales = [group["lr"] / c.lr for group in optimizer.param_groups]
     check_optimizer_state(optimizer, optimizer_state, folder / runs.STATE_PT)

@@ -92,7 +92,7 @@ def test_update_size_uses_the_run_optimizer_and_schedule(run):
 
     ckpt = find_checkpoints(run)[0]
     report = checkpoint_update_sizes(ckpt, load_model(ckpt, SafetensorsReader(ckpt)))
-    assert report.optimizer == "merit" and report.step == ckpt.step == 2
+    assert report.optimizer == "merit" and report.step == ckpt.step == 2 and report.dtype == "float64"
     c = load_config(run / "config.toml")
     want_lr = lr_at(2, lr=c.lr, min_lr=c.min_lr, warmup_steps=c.warmup_steps, total_steps=c.steps)
     assert report.lr == pytest.approx(want_lr, rel=1e-12) and want_lr > 0
