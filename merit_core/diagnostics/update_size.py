@@ -195,13 +195,16 @@ def _step_dtype(model: torch.nn.Module) -> torch.dtype:
 
 
 def checkpoint_update_sizes(checkpoint, model: torch.nn.Module) -> UpdateReport | None:
-    """Update sizes from a `merit train` checkpoint folder with trainer_state.pt, None without one.
+    """Update sizes from a `merit train` checkpoint folder with trainer_state.pt, None without one
+    (a CheckpointError for optimizer state it cannot use: sharded, or not the run's optimizer's).
 
     `model` holds the checkpoint's weights (it is changed). The optimizer is built as the run
     built it (its config.toml: name, lr, weight decay, optimizer arguments), its state loaded, and
     the lr set to the schedule's value for the next update.
     """
     from merit_core import runs
+    from merit_core.errors import CheckpointError
+    from merit_core.fileio import display
     from merit_core.optim import build_optimizer
     from merit_core.train.checkpoint import check_optimizer_state, load_trainer_state
     from merit_core.train.config import load_config
@@ -216,7 +219,9 @@ def checkpoint_update_sizes(checkpoint, model: torch.nn.Module) -> UpdateReport 
     state = load_trainer_state(folder)
     optimizer_state = state.get("optimizer") if isinstance(state, dict) else None
     if not isinstance(optimizer_state, dict) or "param_groups" not in optimizer_state:
-        return None  # a sharded (fsdp) run keeps its optimizer state in shards
+        raise CheckpointError(
+            f"{display(folder)} keeps its optimizer state in shards (fsdp), which inspect does not read"
+        )
     model = model.to(_step_dtype(model)).train()  # the moments load in the weights' dtype
     optimizer = build_optimizer(c.optimizer, model, lr=c.lr, weight_decay=c.weight_decay, **c.optimizer_args)
     scales = [group["lr"] / c.lr for group in optimizer.param_groups]
