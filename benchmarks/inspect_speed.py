@@ -7,7 +7,15 @@ is built), then measures, each in a fresh process so peak RSS is its own:
 - cli: `merit inspect PATH --no-logits` end to end (imports and rendering included).
 The files were just written, so they are in the page cache (a warm read).
 
+With `--probe`: the probe forward pass alone (no files), max attention logits only (`probe_attention`
+as before) against the same pass measuring attention entropy, residual-stream activations and log Z
+too (`instability=True`), on GPT-2 small and Llama-130M at inspect's default 256 tokens and on
+gpt2-tiny at `merit train`'s default eval batch (16 x 128); for the latter also a training step
+(forward, backward, MERIT step, batch 16 x 128) so that the overhead at the default eval cadence
+(one probe per 50 steps) is a fraction of training time.
+
     /work/venv/bin/python benchmarks/inspect_speed.py [--keep DIR]
+    /work/venv/bin/python benchmarks/inspect_speed.py --probe [--repeats 5]
 """
 
 from __future__ import annotations
@@ -136,12 +144,93 @@ def run_cli(path: Path) -> float:
     return time.perf_counter() - t0
 
 
+def _median_seconds(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def _paired_medians(a, b, repeats: int) -> tuple[float, float]:
+    """Median seconds of `a` and of `b`, timed in alternation so that a change of load hits both."""
+    a(), b()  # warm-up
+    ta, tb = [], []
+    for _ in range(repeats):
+        for fn, times in ((a, ta), (b, tb)):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return sorted(ta)[repeats // 2], sorted(tb)[repeats // 2]
+
+
+PROBE_CASES = (("gpt2-small", 1, 256), ("llama-130m", 1, 256), ("gpt2-tiny", 16, 128))
+
+
+def _probe_row(name: str, batch: int, seq: int, repeats: int) -> tuple:
+    """(name, batch, seq, probe s, probe + instability s, training step s or None)."""
+    import torch
+
+    from merit_core.models import build_model, model_config
+    from merit_core.models.attention_probe import probe_attention
+    from merit_core.optim import build_optimizer
+
+    config = model_config(name)
+    model = build_model(config, seed=0).eval()
+    ids = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
+    old, new = _paired_medians(
+        lambda: probe_attention(model, ids), lambda: probe_attention(model, ids, instability=True), repeats
+    )
+    if name != "gpt2-tiny":
+        return name, batch, seq, old, new, None
+    model.train()  # `merit train`'s default model, batch and optimizer
+    opt = build_optimizer("merit", model)
+
+    def train_step():
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return name, batch, seq, old, new, _median_seconds(train_step, repeats)
+
+
+def probe_cost(repeats: int, eval_every: int = 50) -> None:
+    """The probe with and without the instability statistics, and a training step for scale."""
+    import torch
+
+    rows = [_probe_row(name, batch, seq, repeats) for name, batch, seq in PROBE_CASES]
+    print(
+        f"{'model':<12} {'tokens':>8} {'probe s':>8} {'+ instability s':>16} {'extra':>7}  training (1 probe / {eval_every} steps)"
+    )
+    for name, batch, seq, old, new, step in rows:
+        extra = f"{100 * (new - old) / old:>6.0f}%"
+        line = f"{name:<12} {f'{batch}x{seq}':>8} {old:>8.3f} {new:>16.3f} {extra}"
+        if step is not None:
+            window = eval_every * step
+            line += (
+                f"  step {step:.3f} s; the probe {100 * new / window:.2f}% of {eval_every} steps, "
+                f"the new statistics {100 * (new - old) / window:.2f}%"
+            )
+        print(line)
+    print(f"median of {repeats} runs; {torch.get_num_threads()} threads; load average {os.getloadavg()[0]:.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", type=Path, help="write the checkpoints here and keep them")
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement (the median is shown)")
     parser.add_argument("--threads", type=int, default=torch_threads(), help="intra-op threads [default: cores]")
+    parser.add_argument("--probe", action="store_true", help="time the probe pass with and without the new statistics")
     args = parser.parse_args()
+    if args.probe:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        probe_cost(args.repeats)
+        return
     tmp = None if args.keep else tempfile.TemporaryDirectory(prefix="merit-inspect-bench-")
     root = args.keep or Path(tmp.name)
     rows = []

@@ -174,6 +174,60 @@ def _model_args(text: str) -> list[str]:
     return out
 
 
+def _expand_steps(checkpoints: tuple, all_steps: bool, steps: str | None, plot: str | None) -> list[int] | None:
+    """With --all-steps / --steps: the one run folder given, as its chosen step_N folders (in place
+    in `checkpoints`' stead, returned by `_step_paths`); None without them."""
+    from merit_core.evaluation.steps import parse_steps
+
+    if not all_steps and steps is None:
+        if plot is not None:
+            raise ConfigError("--plot draws scores over steps: give it with --all-steps or --steps")
+        return None
+    if all_steps and steps is not None:
+        raise ConfigError("give --all-steps or --steps, not both")
+    if len(checkpoints) != 1:
+        raise ConfigError("--all-steps / --steps take one `merit train` run folder")
+    if plot is not None:
+        from merit_core.fileio import check_writable
+
+        if not plot.lower().endswith((".png", ".pdf", ".svg")):
+            raise ConfigError(f"--plot {plot}: use a .png, .pdf or .svg file name")
+        check_writable(plot, "--plot")
+    return parse_steps(steps) if steps is not None else []
+
+
+def _steps_table(steps: list[int], records: list[CheckpointResult], logits: dict[int, float]) -> Table:
+    """One row per step: the recorded max attention logit and each task metric's value."""
+    rows = metric_rows(records)
+    table = Table(title="scores over training steps", title_justify="left")
+    table.add_column("step", justify="right")
+    table.add_column("max logit (recorded)", justify="right")
+    for row in rows:
+        arrow = {True: " ↑", False: " ↓"}.get(row.higher_is_better, "")
+        table.add_column(f"{row.task} {row.metric}{arrow}", justify="right")
+    for i, step in enumerate(steps):
+        logit = logits.get(step)
+        table.add_row(str(step), format_value(logit), *(format_value(row.values[i]) for row in rows))
+    return table
+
+
+def _show_steps(console, run: str, steps: list[int], records: list[CheckpointResult], plot: str | None) -> None:
+    """The steps table, the recorded max logit in each record's meta and, with --plot, the figure."""
+    from pathlib import Path
+
+    from merit_core.evaluation.steps import RECORDED_LOGIT, plot_steps, recorded_max_logits
+
+    logits = recorded_max_logits(Path(run).expanduser())
+    for step, record in zip(steps, records):
+        record.meta[RECORDED_LOGIT] = logits.get(step)
+    console.print(_steps_table(steps, records, logits))
+    if plot is not None:
+        rows = metric_rows(records)
+        series = {f"{r.task} {r.metric}": list(r.values) for r in rows}
+        plot_steps(steps, series, [logits.get(s) for s in steps], plot)
+        console.print(f"wrote {plot}")
+
+
 class EvalCommand(click.Command):
     """`merit eval`, which also reads lm-eval's spellings of its options (see `_lm_eval_args`)."""
 
@@ -256,6 +310,16 @@ def _display_stream():
     "lm-eval renders prompts with Jinja, which can run commands. Off by default: only for task folders you "
     "trust. Separate from --trust-remote-code, which trusts a checkpoint's code, not a task folder's.",
 )
+@click.option("--all-steps", is_flag=True, help="Score every step_N checkpoint of the run folder given.")
+@click.option(
+    "--steps", default=None, metavar="N,N,...", help="Score these step_N checkpoints of the run folder given."
+)
+@click.option(
+    "--plot",
+    default=None,
+    metavar="PATH",
+    help="With --all-steps / --steps: scores over steps beside the recorded max logit (.png/.pdf/.svg).",
+)
 @click.option("--list-tasks", is_flag=True, help="Show the task aliases (and --include-path tasks) and exit.")
 @click.option("--verbose", "-v", is_flag=True, help="Show lm-eval's own logs and progress bars.")
 def eval_cmd(
@@ -274,6 +338,9 @@ def eval_cmd(
     seed,
     lm_eval_layout,
     trust_task_code,
+    all_steps,
+    steps,
+    plot,
     list_tasks,
     verbose,
 ):
@@ -290,6 +357,7 @@ def eval_cmd(
       merit eval runs/first --tasks builtin            # offline: the built-in corpus's held-out text
       merit eval --model hf --model_args pretrained=runs/a/step_100 --tasks builtin \\
           --output_path evals --log_samples           # lm-eval's spellings and its results layout
+      merit eval runs/a --all-steps --tasks builtin --plot scores.png -o steps.json
 
     lm-eval's spellings work too: --model hf, --model_args pretrained=CKPT,dtype=D,
     --batch_size, --num_fewshot, --include_path, --bootstrap_iters, --log_samples, --seed;
@@ -303,6 +371,14 @@ def eval_cmd(
 
     if not checkpoints:
         raise ConfigError("no checkpoint given: merit eval CKPT... --tasks lambada,wikitext")
+    chosen = _expand_steps(checkpoints, all_steps, steps, plot)
+    step_run = checkpoints[0] if chosen is not None else None
+    if chosen is not None:
+        from merit_core.evaluation.steps import step_checkpoints
+
+        picked = step_checkpoints(step_run, chosen or None)
+        chosen = [step for step, _ in picked]
+        checkpoints = tuple(str(folder) for _, folder in picked)
     if not tasks or not split_task_list(tasks):
         raise ConfigError(
             "no task given: pass --tasks, e.g. --tasks builtin (offline) or lambada,wikitext (see --list-tasks)"
@@ -346,6 +422,8 @@ def eval_cmd(
             own.close()
 
     console.print(results_table(records, settings.num_fewshot))
+    if step_run is not None:
+        _show_steps(console, step_run, chosen, records, plot)
     if output:
         path = write_results_json(output, records)
         console.print(f"wrote {path}")

@@ -84,22 +84,89 @@ def _layer_tables(ckpt):
         title_justify="left",
         header_style="bold",
     )
-    right = ("layer", "max logit", "logit bound")
-    for name in ("layer", "max logit", "logit bound", "top head", f"top W_Q {axis}", f"top W_K {axis}"):
+    right = ("layer", "max logit", "logit bound", "min H/log n", "mean H (nats)", "act max/median")
+    names = ("layer", "max logit", "logit bound", "top head", f"top W_Q {axis}", f"top W_K {axis}")
+    measured = any(l.activation_ratio is not None for l in layers)
+    if measured:
+        names += ("min H/log n", "mean H (nats)", "act max/median", "act max at")
+    for name in names:
         probe.add_column(name, justify="right" if name in right else "left")
     logit_cells = _highlighted([l.max_attention_logit for l in layers])
+    entropy_cells = _lowest([l.normalized_attention_entropy_min for l in layers])
+    ratio_cells = _highlighted([l.activation_ratio for l in layers])
     for i, layer in enumerate(layers):
         heads = [h for h in layer.heads if h.max_attention_logit is not None]
         top = max(heads, key=lambda h: h.max_attention_logit) if heads else None
-        probe.add_row(
+        row = [
             str(layer.layer),
             logit_cells[i],
             _fmt(layer.logit_bound),
             f"h{top.head} ({_fmt(top.max_attention_logit)})" if top else "-",
             _outlier_text(getattr(layer, f"q_{out_key}"), axis),
             _outlier_text(getattr(layer, f"k_{out_key}"), axis),
-        )
+        ]
+        if measured:
+            where = f"pos {layer.activation_max_position}, dim {layer.activation_max_dim}"
+            row += [entropy_cells[i], _fmt(layer.attention_entropy_mean), ratio_cells[i], where]
+        probe.add_row(*row)
     return norms, probe
+
+
+def _lowest(values: list, digits: int = 4) -> list[str]:
+    """Cells for a column where small is alarming (entropy): the smallest bold red."""
+    present = [v for v in values if v is not None and v == v]
+    low = min(present) if present else None
+    return [
+        f"[bold red]{_fmt(v, digits)}[/]" if v is not None and v == low and len(values) > 1 else _fmt(v, digits)
+        for v in values
+    ]
+
+
+def _entropy_head_table(ckpt):
+    """Normalised attention entropy (min over positions) per layer and head: 1 uniform, 0 one-hot."""
+    from rich.table import Table
+
+    table = Table(
+        title=f"{ckpt.label}: attention entropy / log n per head, min over positions (mean)",
+        title_justify="left",
+        header_style="bold",
+    )
+    table.add_column("layer", justify="right")
+    for h in range(max(len(l.heads) for l in ckpt.layers)):
+        table.add_column(f"h{h}", justify="right")
+    for layer in ckpt.layers:
+        lows = _lowest([h.normalized_attention_entropy_min for h in layer.heads], 3)
+        cells = [f"{c} ({_fmt(h.normalized_attention_entropy_mean, 3)})" for c, h in zip(lows, layer.heads)]
+        table.add_row(str(layer.layer), *cells)
+    return table
+
+
+def _updates_table(ckpt):
+    """RMS(next update) / RMS(weight) per 2-D weight, and MERIT's ratio s where the optimizer is MERIT."""
+    from rich.table import Table
+
+    up = ckpt.updates
+    merit = any(w.merit is not None for w in up.weights)
+    table = Table(
+        title=f"{ckpt.label}: next update / weight ({up.optimizer}, step {up.step}, lr {_fmt(up.lr, 3)}; zero-gradient step)",
+        title_justify="left",
+        header_style="bold",
+    )
+    cols = ["weight", "RMS(Δw)/RMS(w)"]
+    if merit:
+        cols += ["s p50", "s p99", "s max", "row wins", "col wins", "weight wins", "clipped"]
+    for name in cols:
+        table.add_column(name, justify="left" if name == "weight" else "right")
+    ratios = _highlighted([w.ratio for w in up.weights], 3)
+    for w, r in zip(up.weights, ratios):
+        row = [w.name, r]
+        if merit and w.merit is not None:
+            m = w.merit
+            pct = lambda x: f"{100 * x:.0f}%"  # noqa: E731
+            row += [_fmt(m.percentiles[50], 3), _fmt(m.percentiles[99], 3), _fmt(m.percentiles[100], 3)]
+            row += [pct(m.share_row), pct(m.share_col), pct(m.share_weight), pct(m.clipped)]
+        table.add_row(*row)
+    return table
 
 
 def _head_table(ckpt):
@@ -165,7 +232,7 @@ def _side_by_side(checkpoints: list):
 def _summary_table(checkpoints: list):
     from rich.table import Table
 
-    table = Table(title="per checkpoint (max over layers)", title_justify="left", header_style="bold")
+    table = Table(title="per checkpoint (max over layers; entropy: min)", title_justify="left", header_style="bold")
     cols = [
         ("checkpoint", "left"),
         ("step", "right"),
@@ -176,6 +243,12 @@ def _summary_table(checkpoints: list):
         ("max logit (layer)", "right"),
         ("logit bound", "right"),
     ]
+    with_probe = any(c.summary.activation_ratio is not None for c in checkpoints)
+    if with_probe:
+        cols += [("min H/log n (layer)", "right"), ("max act ratio (layer)", "right"), ("mean log Z", "right")]
+    with_updates = any(c.summary.update_rms_ratio is not None for c in checkpoints)
+    if with_updates:
+        cols += [("max Δw/w", "right")]
     with_h = any(c.hessian for c in checkpoints)
     if with_h:
         cols += [("top Hessian eig", "right"), ("Hessian trace ± se", "right")]
@@ -185,6 +258,9 @@ def _summary_table(checkpoints: list):
     qm, km = _highlighted([x.q_max_norm for x in s]), _highlighted([x.k_max_norm for x in s])
     bd, lg = _highlighted([x.bound for x in s]), _highlighted([x.max_attention_logit for x in s])
     labels = short_labels([c.label for c in checkpoints])
+    ent = _lowest([x.normalized_attention_entropy_min for x in s])
+    act, logz = _highlighted([x.activation_ratio for x in s]), _highlighted([x.log_z_mean for x in s])
+    upd = _highlighted([x.update_rms_ratio for x in s])
     for i, c in enumerate(checkpoints):
         row = [
             labels[i],
@@ -196,6 +272,12 @@ def _summary_table(checkpoints: list):
             f"{lg[i]} ({s[i].max_attention_logit_layer})" if s[i].max_attention_logit is not None else "-",
             _fmt(max((l.logit_bound for l in c.layers if l.logit_bound is not None), default=None)),
         ]
+        if with_probe:
+            row.append(f"{ent[i]} ({s[i].normalized_attention_entropy_min_layer})" if s[i].activation_ratio else "-")
+            row.append(f"{act[i]} ({s[i].activation_ratio_layer})" if s[i].activation_ratio else "-")
+            row.append(logz[i])
+        if with_updates:
+            row.append(upd[i])
         if with_h:
             h = c.hessian or {}
             conv = "" if h.get("eigen_converged", True) else " (not converged)"
@@ -221,6 +303,10 @@ def render(console, report, per_head: bool, show_weights: bool | None) -> None:
                 console.print(table)
             if per_head and c.layers[0].heads:
                 console.print(_head_table(c))
+                if any(h.normalized_attention_entropy_min is not None for l in c.layers for h in l.heads):
+                    console.print(_entropy_head_table(c))
+            if c.updates is not None and c.updates.weights:
+                console.print(_updates_table(c))
             if show_weights if show_weights is not None else len(checkpoints) == 1:
                 console.print(_weights_table(c))
     if len(checkpoints) > 1:
@@ -277,6 +363,12 @@ def _print_notes(console, checkpoints: list) -> None:
     show_default=True,
     help="Build the model and measure max attention logits (needs config.json).",
 )
+@click.option(
+    "--updates/--no-updates",
+    default=True,
+    show_default=True,
+    help="Update size per weight from a `merit train` checkpoint's optimizer state (zero-gradient step).",
+)
 @click.option("--hessian", is_flag=True, help="Also estimate the top Hessian eigenvalue and trace on the probe batch.")
 @click.option(
     "--hessian-iters",
@@ -318,6 +410,7 @@ def inspect_cmd(
     n_heads,
     top_k,
     logits,
+    updates,
     hessian,
     hessian_iters,
     hutchinson_samples,
@@ -328,7 +421,8 @@ def inspect_cmd(
     json_path,
     plot_path,
 ):
-    """Max-norms of W_Q / W_K, max attention logits and Hessian estimates of checkpoints.
+    """Max-norms of W_Q / W_K, max attention logits, attention entropy, massive activations, output
+    log Z, update size and Hessian estimates of checkpoints (docs/DIAGNOSTICS.md).
 
     Each PATH is a .safetensors file, a sharded model.safetensors.index.json, a Hugging Face
     checkpoint folder, or a `merit train` run folder (all its step_* checkpoints).
@@ -387,6 +481,7 @@ def inspect_cmd(
         hutchinson_samples=hutchinson_samples,
         seed=seed,
         device=device,
+        updates=updates,
     )
     console = Console()
     if not console.is_terminal:  # piped / redirected: no terminal width to respect

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from merit_core.compare.instability import instability_lines
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
 
 
@@ -560,6 +561,7 @@ def render_report(summary: dict[str, Any]) -> str:
         *_section("Each seed", seeds_table(summary)),
         *_section("Learning-rate sensitivity", sensitivity_lines(summary)),
         *_section("Sharpness (Hessian)", hessian_lines(summary)),
+        *_section("Instability precursors", instability_lines(summary)),
         *_section("Ablations (largest batch)", [f"- {line}" for line in ablation_lines(summary)]),
         *_section("Zero-shot evaluation", zero_shot_lines(summary)),
         "## Caveats",

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from merit_core.compare.grid import PlannedRun
+from merit_core.compare.instability import KEY as INSTABILITY
+from merit_core.compare.instability import instability_record
 from merit_core.compare.runner import read_status
 from merit_core.errors import MeritError
 from merit_core.fileio import atomic_write_json
@@ -57,6 +59,7 @@ def run_record(run: PlannedRun, state: str) -> dict[str, Any]:
         "max_attention_logit_by_layer": by_layer if status == "finished" else None,
         "final_train_loss": logs[-1]["loss"] if logs and status == "finished" else None,
         "qk_bound_by_layer": _qk_bounds(run) if status == "finished" else None,
+        INSTABILITY: instability_record(final) if status == "finished" else None,
         "last_step": records[-1]["step"] if records else 0,
         "run_dir": str(run.run_dir),
         "curve": {

@@ -2,7 +2,10 @@
 
 Both figures have one panel per quantity: ||W_Q||_m, ||W_K||_m, their product
 ||W_Q||_m·||W_K||_m (the report's "bound" field: the weight term of MERIT's bound, not a bound on
-the logit by itself), and the max attention logit when it was measured. They read the typed
+the logit by itself), and, when the probe ran, the max attention logit, the smallest normalised
+attention entropy and the residual stream's max / median |h| per layer, the output layer's mean
+log Z, and the largest update / weight ratio when the checkpoint had optimizer state (one value
+per checkpoint for the last two). They read the typed
 report of `merit_core.diagnostics.report`. Written with the Agg backend, to a temp file then
 renamed.
 """
@@ -12,13 +15,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from merit_core.fileio import atomic_path
-from merit_core.metric_names import MAX_ATTENTION_LOGIT
+from merit_core.metric_names import (
+    ACTIVATION_RATIO,
+    LOG_Z_MEAN,
+    MAX_ATTENTION_LOGIT,
+    NORMALIZED_ENTROPY_MIN,
+    UPDATE_RATIO,
+)
 
 PANELS = (
     ("q_max_norm", "max-norm of $W_Q$", r"$\|W_Q\|_m$"),
     ("k_max_norm", "max-norm of $W_K$", r"$\|W_K\|_m$"),
     ("bound", r"max-norm product $\|W_Q\|_m \cdot \|W_K\|_m$", r"$\|W_Q\|_m \|W_K\|_m$"),
     (MAX_ATTENTION_LOGIT, "max attention logit (probe batch)", "max logit"),
+    (NORMALIZED_ENTROPY_MIN, "min attention entropy / log(keys seen)", "H / log n"),
+    (ACTIVATION_RATIO, "residual stream max |h| / median |h|", "max / median"),
+)
+# one value per checkpoint (the report's summary), shown over steps or as one bar per checkpoint
+CHECKPOINT_PANELS = (
+    (LOG_Z_MEAN, "output log Z, mean over positions", "log Z"),
+    (UPDATE_RATIO, "largest RMS(update) / RMS(weight)", "update / weight"),
 )
 
 
@@ -32,8 +48,18 @@ def short_labels(labels: list[str]) -> list[str]:
 
 
 def _panels(checkpoints: list) -> list[tuple[str, str, str]]:
-    have_logits = any(l.max_attention_logit is not None for c in checkpoints for l in c.layers)
-    return [p for p in PANELS if p[0] != MAX_ATTENTION_LOGIT or have_logits]
+    """The per-layer panels with a value in some checkpoint (the weight norms always)."""
+    return [p for p in PANELS[:3]] + [
+        p for p in PANELS[3:] if any(getattr(l, p[0]) is not None for c in checkpoints for l in c.layers)
+    ]
+
+
+def _checkpoint_panels(checkpoints: list) -> list[tuple[str, str, str]]:
+    return [p for p in CHECKPOINT_PANELS if any(getattr(c.summary, p[0]) is not None for c in checkpoints)]
+
+
+def _nan(y) -> float:
+    return float("nan") if y is None else y
 
 
 def _figure(n_panels: int, width: float):
@@ -50,7 +76,8 @@ def _figure(n_panels: int, width: float):
     return plt, fig, list(axes.flat[:n_panels])
 
 
-def _save(plt, fig, path: Path) -> None:
+def save_figure(plt, fig, path: Path) -> None:
+    """Write `fig` to `path` atomically (format from the suffix) and close it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with atomic_path(path) as tmp:
@@ -61,9 +88,9 @@ def _save(plt, fig, path: Path) -> None:
 
 def plot_layers(checkpoints: list, path: str | Path) -> None:
     """Grouped bars: x = layer, one bar colour per checkpoint, one panel per quantity."""
-    panels = _panels(checkpoints)
+    panels, extra = _panels(checkpoints), _checkpoint_panels(checkpoints)
     n_layers = max(c.n_layers for c in checkpoints)
-    plt, fig, axes = _figure(len(panels), max(9.0, 0.45 * n_layers * max(1, len(checkpoints)) + 3))
+    plt, fig, axes = _figure(len(panels) + len(extra), max(9.0, 0.45 * n_layers * max(1, len(checkpoints)) + 3))
     width = 0.8 / len(checkpoints)
     cmap = plt.get_cmap("tab10")
     labels = short_labels([c.label for c in checkpoints])
@@ -77,14 +104,24 @@ def plot_layers(checkpoints: list, path: str | Path) -> None:
         ax.set_ylabel(ylabel)
         ax.set_xticks(range(n_layers))
         ax.grid(axis="y", alpha=0.3)
+    for ax, (key, title, ylabel) in zip(axes[len(panels) :], extra):
+        ax.bar(
+            labels,
+            [_nan(getattr(c.summary, key)) for c in checkpoints],
+            color=[cmap(i % 10) for i in range(len(labels))],
+        )
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
+        ax.tick_params(axis="x", labelrotation=20, labelsize="small")
+        ax.grid(axis="y", alpha=0.3)
     fig.legend(
         *axes[0].get_legend_handles_labels(),
         loc="outside lower center",
         ncols=min(4, len(checkpoints)),
         fontsize="small",
     )
-    fig.suptitle("Query/key max-norms and attention logits per layer")
-    _save(plt, fig, Path(path))
+    fig.suptitle("Query/key max-norms, attention and activations per layer")
+    save_figure(plt, fig, Path(path))
 
 
 def plot_trajectory(checkpoints: list, path: str | Path) -> None:
@@ -94,8 +131,21 @@ def plot_trajectory(checkpoints: list, path: str | Path) -> None:
         runs.setdefault(c.run or c.path, []).append(c)
     for cks in runs.values():
         cks.sort(key=lambda c: c.step or 0)
-    panels = _panels(checkpoints)
-    plt, fig, axes = _figure(len(panels), 11.0)
+    panels, extra = _panels(checkpoints), _checkpoint_panels(checkpoints)
+    plt, fig, axes = _figure(len(panels) + len(extra), 11.0)
+    for ax, (key, title, _) in zip(axes[len(panels) :], extra):
+        names = short_labels(list(runs))
+        for i, cks in enumerate(runs.values()):
+            ys = [_nan(getattr(c.summary, key)) for c in cks]
+            ax.plot(
+                [c.step or 0 for c in cks],
+                ys,
+                marker="o",
+                markersize=3,
+                color="black" if len(runs) == 1 else None,
+                label=names[i],
+            )
+        ax.set_title(title)
     if len(runs) == 1:
         (cks,) = runs.values()
         n_layers = cks[0].n_layers
@@ -147,11 +197,11 @@ def plot_trajectory(checkpoints: list, path: str | Path) -> None:
             *axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=min(4, len(runs)), fontsize="small"
         )
         fig.suptitle("Trajectories over training steps")
-    for ax, (_, _, ylabel) in zip(axes, panels):
+    for ax, (_, _, ylabel) in zip(axes, panels + extra):
         ax.set_xlabel("training step")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    _save(plt, fig, Path(path))
+    save_figure(plt, fig, Path(path))
 
 
 def plot_report(report, path: str | Path) -> str:

@@ -7,8 +7,9 @@
 `InspectReport.to_dict()` is the JSON shape (stable: fields are added, never renamed):
 {"checkpoints": [{"path", "label", "step", "run", "architecture", "n_layers", "n_heads",
 "n_kv_heads", "head_dim", "layers": [{"layer", "q_max_norm", "k_max_norm", "q_l2_norm",
-"k_l2_norm", "bound", "max_attention_logit", "heads": [...], "q_rows", ...}], "weights": [...],
-"summary": {...}, "probe": {...} | null, "hessian": {...} | null, "notes": [...]}],
+"k_l2_norm", "bound", "max_attention_logit", attention entropy and activation fields, "heads": [...],
+"q_rows", ...}], "weights": [...], "summary": {...}, "probe": {...} | null, "hessian": {...} | null,
+"notes": [...], "output": {...} | null, "updates": {...} | null}],
 "inputs": [{"path", "kind": "run" | "checkpoint", "n_checkpoints"}]}.
 """
 
@@ -24,11 +25,11 @@ from typing import Any
 import torch
 
 from merit_core import runs
-from merit_core.diagnostics.attention import probe_attention
 from merit_core.diagnostics.checkpoints import Checkpoint, SafetensorsReader, find_checkpoints
 from merit_core.diagnostics.hessian import model_hessian
 from merit_core.diagnostics.layout import read_config
 from merit_core.diagnostics.probe import ProbeInfo, load_model, make_probe_batch
+from merit_core.diagnostics.update_size import UpdateReport, checkpoint_update_sizes
 from merit_core.diagnostics.weights import (
     HeadStats,
     LayerStats,
@@ -37,14 +38,25 @@ from merit_core.diagnostics.weights import (
     checkpoint_context,
     logit_bounds,
 )
-from merit_core.errors import DataError
+from merit_core.errors import DataError, MeritError
 from merit_core.fileio import atomic_write_json
-from merit_core.metric_names import MAX_ATTENTION_LOGIT
+from merit_core.metric_names import (
+    ACTIVATION_RATIO,
+    LOG_Z_MAX,
+    LOG_Z_MEAN,
+    LOG_Z_STD,
+    MAX_ATTENTION_LOGIT,
+    NORMALIZED_ENTROPY_MIN,
+    OUTPUT_LOGIT_MAX,
+    UPDATE_RATIO,
+)
 from merit_core.models import context_length
+from merit_core.models.attention_probe import ProbeResult, probe_attention
 from merit_core.progress import Progress, ProgressFn, report_to
 
 TRAINER_KEYS = ("optimizer", "global_batch_size", "seq_len", "tokens")
-SUMMARY_KEYS = ("q_max_norm", "k_max_norm", "bound", MAX_ATTENTION_LOGIT)
+SUMMARY_KEYS = ("q_max_norm", "k_max_norm", "bound", MAX_ATTENTION_LOGIT, ACTIVATION_RATIO)
+MIN_SUMMARY_KEYS = (NORMALIZED_ENTROPY_MIN,)  # where the smallest over layers is the alarming one
 
 
 @dataclass
@@ -63,6 +75,7 @@ class InspectOptions:
     hutchinson_samples: int = 10
     seed: int = 0
     device: str = "cpu"
+    updates: bool = True  # update size from a `merit train` checkpoint's optimizer state
 
 
 TRAINING_LOGIT_NOTE = "training recorded max attention logit"  # how training_logit_note's notes begin
@@ -80,9 +93,21 @@ class Summary:
     bound_layer: int | None = None
     max_attention_logit: float | None = None
     max_attention_logit_layer: int | None = None
+    activation_ratio: float | None = None  # the largest max |h| / median |h| of the residual stream
+    activation_ratio_layer: int | None = None
+    normalized_attention_entropy_min: float | None = None  # the smallest, over layers and heads
+    normalized_attention_entropy_min_layer: int | None = None
+    log_z_mean: float | None = None  # the output layer's (one per checkpoint)
+    update_rms_ratio: float | None = None  # the largest RMS(update) / RMS(weight) over 2-D weights
+    update_rms_ratio_weight: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for key in SUMMARY_KEYS for k in (key, f"{key}_layer")}
+        return {
+            **{k: getattr(self, k) for key in SUMMARY_KEYS + MIN_SUMMARY_KEYS for k in (key, f"{key}_layer")},
+            LOG_Z_MEAN: self.log_z_mean,
+            UPDATE_RATIO: self.update_rms_ratio,
+            f"{UPDATE_RATIO}_weight": self.update_rms_ratio_weight,
+        }
 
 
 @dataclass
@@ -96,6 +121,8 @@ class CheckpointReport(WeightStats):
     probe: ProbeInfo | None = None
     hessian: dict[str, Any] | None = None
     summary: Summary = field(default_factory=Summary)
+    output: dict[str, float] | None = None  # the output layer's max |logit| and log Z statistics
+    updates: UpdateReport | None = None  # update size from the checkpoint's optimizer state
 
     @property
     def optimizer(self) -> str | None:
@@ -127,6 +154,8 @@ class CheckpointReport(WeightStats):
             "probe": self.probe.to_dict() if self.probe else None,
             "hessian": self.hessian,
             "summary": self.summary.to_dict(),
+            "output": self.output,
+            "updates": self.updates.to_dict() if self.updates else None,
         }
 
 
@@ -158,16 +187,62 @@ def _trainer_state(ckpt: Checkpoint) -> dict:
     return {k: state[k] for k in TRAINER_KEYS if k in state}
 
 
-def summarize(layers: list[LayerStats]) -> Summary:
-    """Maxima over layers: the numbers a trajectory or a side-by-side comparison tracks."""
+def summarize(layers: list[LayerStats], output: dict | None = None, updates: UpdateReport | None = None) -> Summary:
+    """Maxima over layers (minima for entropy), the output layer's mean log Z and the largest update
+    ratio: the numbers a trajectory or a side-by-side comparison tracks."""
     out = Summary()
-    for key in SUMMARY_KEYS:
-        vals = [(getattr(l, key), l.layer) for l in layers if getattr(l, key) is not None]
-        if vals:
-            value, layer = max(vals)
-            setattr(out, key, value)
-            setattr(out, f"{key}_layer", layer)
+    for keys, pick in ((SUMMARY_KEYS, max), (MIN_SUMMARY_KEYS, min)):
+        for key in keys:
+            vals = [(getattr(l, key), l.layer) for l in layers if _number(getattr(l, key))]
+            if vals:
+                value, layer = pick(vals)
+                setattr(out, key, value)
+                setattr(out, f"{key}_layer", layer)
+    if output:
+        out.log_z_mean = output[LOG_Z_MEAN]
+    if updates and updates.weights:
+        top = max(updates.weights, key=lambda w: w.ratio)
+        out.update_rms_ratio, out.update_rms_ratio_weight = top.ratio, top.name
     return out
+
+
+def _number(x) -> bool:
+    return x is not None and not (isinstance(x, float) and math.isnan(x))
+
+
+def fill_probe(stats: CheckpointReport, probed: ProbeResult) -> None:
+    """Copy one probe pass's measurements into the report's layer and head records."""
+    entropy = {k: v.tolist() for k, v in (probed.entropy or {}).items()}
+    for i, (layer, row) in enumerate(zip(stats.layers, probed.max_logits.tolist())):
+        layer.max_attention_logit = max(row)
+        if not layer.heads:
+            layer.heads = [HeadStats(h) for h in range(len(row))]
+        for head, value in zip(layer.heads, row):
+            head.max_attention_logit = value
+        if entropy:
+            for key, agg in (("mean", _mean), ("min", min)):
+                for prefix in ("", "normalized_"):
+                    values = entropy[prefix + key][i]
+                    name = f"{prefix}attention_entropy_{key}"
+                    setattr(layer, name, agg(values))
+                    for head, value in zip(layer.heads, values):
+                        setattr(head, name, value)
+        if probed.activations:
+            a = probed.activations[i]
+            layer.activation_max, layer.activation_median, layer.activation_ratio = a.max_abs, a.median_abs, a.ratio
+            layer.activation_max_position, layer.activation_max_dim = a.position, a.dim
+    if probed.output is not None:
+        o = probed.output
+        stats.output = {
+            OUTPUT_LOGIT_MAX: o.max_abs_logit,
+            LOG_Z_MEAN: o.log_z_mean,
+            LOG_Z_STD: o.log_z_std,
+            LOG_Z_MAX: o.log_z_max,
+        }
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
 
 
 def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOptions, progress: ProgressFn) -> None:
@@ -185,13 +260,8 @@ def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOpt
     stats.probe = batch.describe()
     if opts.logits:
         progress(Progress(f"max attention logits on {stats.probe.n_tokens} tokens", item=ckpt.label))
-        probed = probe_attention(model, ids, query_chunk=opts.query_chunk, inputs=True)
-        for layer, row in zip(stats.layers, probed.max_logits.tolist()):
-            layer.max_attention_logit = max(row)
-            if not layer.heads:
-                layer.heads = [HeadStats(h) for h in range(len(row))]
-            for head, value in zip(layer.heads, row):
-                head.max_attention_logit = value
+        probed = probe_attention(model, ids, query_chunk=opts.query_chunk, inputs=True, instability=True)
+        fill_probe(stats, probed)
         logit_bounds(reader, stats.layout, stats.layers, probed.input_max_l1, probed.scaling)
     if opts.hessian:
         progress(
@@ -202,6 +272,12 @@ def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOpt
         )
         est = model_hessian(model, ids, opts.hessian_iters, opts.hutchinson_samples, opts.seed)
         stats.hessian = {**est.to_dict(), "seq_len": stats.probe.n_tokens, "seed": opts.seed}
+    if opts.updates:  # last: it steps the optimizer on the model's weights
+        progress(Progress("update size from the optimizer state", item=ckpt.label))
+        try:
+            stats.updates = checkpoint_update_sizes(ckpt, model)
+        except MeritError as exc:  # an optimizer whose package is missing, a state that does not fit
+            stats.notes.append(f"update size not measured: {exc}")
     del model
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -231,7 +307,7 @@ def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: Progre
             )
         else:
             _measure(ckpt, reader, stats, opts, progress)
-    stats.summary = summarize(stats.layers)
+    stats.summary = summarize(stats.layers, stats.output, stats.updates)
     note = training_logit_note(ckpt, stats)
     if note is not None:
         stats.notes.append(note)

@@ -36,7 +36,18 @@ from merit_core.diagnostics.layout import (
     tensor_shape,
 )
 from merit_core.errors import CheckpointError, MeritError
-from merit_core.metric_names import MAX_ATTENTION_LOGIT
+from merit_core.metric_names import (
+    ACTIVATION_MAX,
+    ACTIVATION_MAX_DIM,
+    ACTIVATION_MAX_POSITION,
+    ACTIVATION_MEDIAN,
+    ACTIVATION_RATIO,
+    ATTENTION_ENTROPY_MEAN,
+    ATTENTION_ENTROPY_MIN,
+    MAX_ATTENTION_LOGIT,
+    NORMALIZED_ENTROPY_MEAN,
+    NORMALIZED_ENTROPY_MIN,
+)
 from merit_core.models.family import FamilySpec
 
 PERCENTILES = (50, 90, 99)
@@ -61,6 +72,11 @@ class Outlier:
 
 # The four norms every head and layer record carries, in their JSON order.
 NORM_FIELDS = ("q_max_norm", "k_max_norm", "q_l2_norm", "k_l2_norm")
+# The probe's attention entropy (nats; mean / min over positions, plain and normalised), per head and
+# per layer (mean over heads of the means, min over heads of the minima), and the residual stream
+# after each layer: attribute names are the JSON names (docs/DIAGNOSTICS.md).
+ENTROPY_FIELDS = (ATTENTION_ENTROPY_MEAN, ATTENTION_ENTROPY_MIN, NORMALIZED_ENTROPY_MEAN, NORMALIZED_ENTROPY_MIN)
+ACTIVATION_FIELDS = (ACTIVATION_MAX, ACTIVATION_MEDIAN, ACTIVATION_RATIO, ACTIVATION_MAX_POSITION, ACTIVATION_MAX_DIM)
 
 
 def _fields(record: Any, *names: str) -> dict[str, Any]:
@@ -99,11 +115,17 @@ class HeadStats:
     bound: float | None = None  # q_max_norm * k_max_norm of this head (the name is kept for the JSON)
     max_attention_logit: float | None = None
     logit_bound: float | None = None  # a true upper bound on the logit, see `logit_bounds`
+    attention_entropy_mean: float | None = None
+    attention_entropy_min: float | None = None
+    normalized_attention_entropy_mean: float | None = None
+    normalized_attention_entropy_min: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         if self.kv_head is None:
-            return {"head": self.head, MAX_ATTENTION_LOGIT: self.max_attention_logit}
-        return _fields(self, "head", "kv_head", *NORM_FIELDS, "bound", MAX_ATTENTION_LOGIT, "logit_bound")
+            return {"head": self.head, MAX_ATTENTION_LOGIT: self.max_attention_logit, **_fields(self, *ENTROPY_FIELDS)}
+        return _fields(
+            self, "head", "kv_head", *NORM_FIELDS, "bound", MAX_ATTENTION_LOGIT, "logit_bound", *ENTROPY_FIELDS
+        )
 
 
 @dataclass
@@ -131,6 +153,15 @@ class LayerStats:
     k_cols: Distribution
     input_max_l1: float | None = None  # largest l1 norm of an attention input token on the probe batch
     logit_bound: float | None = None
+    attention_entropy_mean: float | None = None
+    attention_entropy_min: float | None = None
+    normalized_attention_entropy_mean: float | None = None
+    normalized_attention_entropy_min: float | None = None
+    activation_max: float | None = None
+    activation_median: float | None = None
+    activation_ratio: float | None = None
+    activation_max_position: int | None = None
+    activation_max_dim: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -142,6 +173,7 @@ class LayerStats:
             "k_cols": self.k_cols.to_dict(),
             "input_max_l1": self.input_max_l1,
             "logit_bound": self.logit_bound,
+            **_fields(self, *ENTROPY_FIELDS, *ACTIVATION_FIELDS),
         }
 
 

@@ -5,7 +5,7 @@
 
 Both measure, every N optimizer steps, the max attention logit (max over heads and positions of
 q.k / sqrt(d_head)) per layer and overall on one fixed probe batch, with the probe of
-:mod:`merit_core.diagnostics.attention`, and hand the numbers to the trainer's own logging, so
+:mod:`merit_core.models.attention_probe`, and hand the numbers to the trainer's own logging, so
 that whatever trackers it reports to receive them. Importing this package imports neither
 transformers nor lightning.
 """
@@ -26,7 +26,7 @@ def logit_metrics(model: Any, input_ids: Any, attention_mask: Any = None, prefix
     """
     import torch
 
-    from merit_core.diagnostics.attention import max_attention_logits
+    from merit_core.models.attention_probe import max_attention_logits
 
     device = next(model.parameters()).device
     ids = torch.as_tensor(input_ids, device=device)

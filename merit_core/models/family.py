@@ -63,6 +63,12 @@ class AttentionWeights:
         return re.compile(rf"^(.*?){block}\.{re.escape(self.qkv or self.q)}\.weight$")
 
     @property
+    def layer_block(self) -> str:
+        """The decoder layer holding the attention module (its parent path), with `{i}`: its output is
+        the residual stream after layer i."""
+        return self.block.rsplit(".", 1)[0]
+
+    @property
     def out_axis(self) -> int:
         """The axis of a stored W_Q / W_K that indexes output features (0 for Linear, 1 for Conv1D)."""
         return 1 if self.orientation == CONV1D else 0

@@ -85,7 +85,8 @@ class TrainCallbacks:
         """A log line: step, tokens, loss, lr, grad_norm, tokens_per_s."""
 
     def on_eval(self, record: dict[str, Any]) -> None:
-        """An eval line: step, tokens, val_loss, max_attention_logit (per layer)."""
+        """An eval line: step, tokens, val_loss and, per layer, max_attention_logit,
+        normalized_attention_entropy_min and activation_ratio, and log_z_mean (metric_names.py)."""
 
     def on_checkpoint(self, step: int, path: Path) -> None:
         """A checkpoint was written."""

@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from merit_core.extras import is_installed, require
-from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
+from merit_core.metric_names import ACTIVATION_RATIO, MAX_ATTENTION_LOGIT, NORMALIZED_ENTROPY_MIN, VAL_LOSS
 from merit_core.train.callbacks import CallbackList, ClosingCallbacks, RunInfo, RunSummary, TrainCallbacks
 from merit_core.train.config import parse_report_to
 
+# per-layer lists of an eval record, and how a tracker's one overall scalar is taken from them
+PER_LAYER = {MAX_ATTENTION_LOGIT: max, ACTIVATION_RATIO: max, NORMALIZED_ENTROPY_MIN: min}
 TENSORBOARD_DIR = "tensorboard"
 # what `pip install` brings each tracker (the import name of each is the tracker's name)
 _INSTALL = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
@@ -54,18 +56,19 @@ def with_trackers(report_to: str | Iterable[str] | None, callbacks: TrainCallbac
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
     """A log or eval record as tracker scalars: 'train/loss', 'eval/val_loss', 'eval/max_attention_logit',
-    'eval/max_attention_logit/layer_3', ... (step and tokens are the x axis, not scalars)."""
+    'eval/max_attention_logit/layer_3', ... (step and tokens are the x axis, not scalars). A per-layer
+    list gives its overall max (min for entropy) and one scalar per layer."""
     out: dict[str, float] = {}
     section = "eval" if VAL_LOSS in record or MAX_ATTENTION_LOGIT in record else "train"
     for key, value in record.items():
         if key in ("step", "tokens") or value is None:
             continue
-        if key == MAX_ATTENTION_LOGIT and isinstance(value, (list, tuple)):
+        if key in PER_LAYER and isinstance(value, (list, tuple)):
             layers = [(i, float(v)) for i, v in enumerate(value) if v is not None]
             if layers:
-                out[f"{section}/{MAX_ATTENTION_LOGIT}"] = max(v for _, v in layers)
+                out[f"{section}/{key}"] = PER_LAYER[key](v for _, v in layers)
             for i, v in layers:
-                out[f"{section}/{MAX_ATTENTION_LOGIT}/layer_{i}"] = v
+                out[f"{section}/{key}/layer_{i}"] = v
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             out[f"{section}/{key}"] = float(value)
     return out

@@ -22,8 +22,15 @@ import torch
 import torch.nn.functional as F
 
 from merit_core.devices import available_host_memory
-from merit_core.diagnostics.attention import max_attention_logits
-from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
+from merit_core.metric_names import (
+    ACTIVATION_RATIO,
+    LOG_Z_MEAN,
+    MAX_ATTENTION_LOGIT,
+    NORMALIZED_ENTROPY_MIN,
+    UPDATE_RATIO,
+    VAL_LOSS,
+)
+from merit_core.models.attention_probe import probe_attention
 from merit_core.optim import build_optimizer
 from merit_core.optim.registry import step_hook
 from merit_core.train import lm_loss
@@ -320,8 +327,10 @@ class Trainer:
     @torch.no_grad()
     @eager()
     def evaluate(self) -> dict[str, Any]:
-        """Validation loss over the fixed val batches, and the max attention logit per layer
-        (max over heads) on the first val batch. Compiled blocks run eagerly here (see
+        """Validation loss over the fixed val batches and, from one probe pass on the first val batch,
+        per layer the max attention logit (max over heads), the smallest normalised attention entropy
+        (min over heads and positions) and the residual stream's max / median |h|, and the output
+        layer's mean log Z (docs/DIAGNOSTICS.md). Compiled blocks run eagerly here (see
         merit_core.train.compiling)."""
         self.model.eval()
         try:
@@ -335,11 +344,33 @@ class Trainer:
                 total += self._loss(self.model, x.to(self.device), y.to(self.device), weight)
             n_tokens = sum(y.numel() for _, y in self.val)
             val_loss = self.parallel.all_reduce(total, op="sum") / n_tokens
-            with self.autocast():
-                per_head = max_attention_logits(self.model, self.val[0][0].to(self.device))
+            with self.autocast():  # the probe turns autocast off: float32 numbers on every device
+                probed = probe_attention(self.model, self.val[0][0].to(self.device), instability=True)
         finally:
             self.model.train()
-        return {VAL_LOSS: float(val_loss.item()), MAX_ATTENTION_LOGIT: per_head.amax(dim=1).tolist()}
+        record = {
+            VAL_LOSS: float(val_loss.item()),
+            MAX_ATTENTION_LOGIT: probed.max_logits.amax(dim=1).tolist(),
+            NORMALIZED_ENTROPY_MIN: probed.entropy["normalized_min"].amin(dim=1).tolist(),
+            ACTIVATION_RATIO: [a.ratio for a in probed.activations],
+            LOG_Z_MEAN: probed.output.log_z_mean,
+        }
+        ratio = self.update_ratio()
+        if ratio is not None:
+            record[UPDATE_RATIO] = ratio
+        return record
+
+    def update_ratio(self) -> float | None:
+        """The largest RMS(next update) / RMS(weight) over 2-D weights, for an optimizer that exposes
+        it from its state (MERIT, not under sharded state), at the lr of the next update; else None."""
+        ratios = getattr(self.optimizer, "update_ratios", None)
+        if ratios is None or self.parallel.sharded_state or self.step == 0:
+            return None
+        lr = self.lr_for(self.step)
+        for group, scale in zip(self.optimizer.param_groups, self.lr_scales):
+            group["lr"] = lr * scale  # what train_step sets for the next update anyway
+        values = [r for p, r in ratios() if p.ndim == 2]
+        return max(values) if values else None
 
     # -- state --------------------------------------------------------------------------------
     def state_dict(self, checkpoint_dir: Path | None = None) -> dict[str, Any]:

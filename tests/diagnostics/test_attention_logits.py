@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from merit_core.diagnostics.attention import chunked_max_logits, max_attention_logits
+from merit_core.models.attention_probe import chunked_max_logits, max_attention_logits
 from tests.diagnostics.direct_attention import gpt2_direct, llama_direct, scaled
 
 # float results of reductions: CI runs this file again with OMP_NUM_THREADS=1 (see .ci/run)

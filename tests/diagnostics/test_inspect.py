@@ -79,16 +79,24 @@ def test_typed_report_to_dict_is_the_json(ckpts, tmp_path):
     assert list(c) == [
         "path", "label", "step", "run", "architecture", "n_layers", "n_heads", "n_kv_heads", "head_dim",
         "d_model", "row_axis", "layers", "weights", "notes", "probe", "hessian", "summary",
+        "output", "updates",  # additions
     ]  # fmt: skip
     assert list(c["layers"][0]) == [
         "layer", "q_max_norm", "k_max_norm", "q_l2_norm", "k_l2_norm", "q_max_over_l2", "k_max_over_l2",
         "bound", "max_attention_logit", "heads", "q_rows", "q_cols", "k_rows", "k_cols",
         "input_max_l1", "logit_bound",  # additions
+        "attention_entropy_mean", "attention_entropy_min", "normalized_attention_entropy_mean",
+        "normalized_attention_entropy_min", "activation_max", "activation_median", "activation_ratio",
+        "activation_max_position", "activation_max_dim",
     ]  # fmt: skip
     assert list(c["layers"][0]["heads"][0]) == [
         "head", "kv_head", "q_max_norm", "k_max_norm", "q_l2_norm", "k_l2_norm", "bound", "max_attention_logit",
         "logit_bound",  # addition
+        "attention_entropy_mean", "attention_entropy_min", "normalized_attention_entropy_mean",
+        "normalized_attention_entropy_min",
     ]  # fmt: skip
+    assert list(c["output"]) == ["output_logit_max_abs", "log_z_mean", "log_z_std", "log_z_max"]
+    assert c["updates"] is None  # a bare checkpoint: no optimizer state
     typed = report.checkpoints[0]
     assert c["summary"]["bound"] == typed.summary.bound == max(l.q_max_norm * l.k_max_norm for l in typed.layers)
 

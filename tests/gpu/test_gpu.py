@@ -169,7 +169,7 @@ def test_probe_under_bf16_autocast_matches_fp32_direct(device, family, tf32):
     The CPU case runs with "meta" as the default device: a tensor built without an explicit device
     (the bug class of a CPU mask next to a CUDA model) lands on meta and mixing it with the model's
     CPU tensors raises, so CI catches what would fail on a GPU."""
-    from merit_core.diagnostics.attention import max_attention_logits
+    from merit_core.models.attention_probe import max_attention_logits
 
     model, direct = _probe_models()[family]
     model = model.to(device)

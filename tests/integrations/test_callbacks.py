@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from merit_core.diagnostics.attention import max_attention_logits
+from merit_core.models.attention_probe import max_attention_logits
 from tests.tiny_models import tiny_gpt2
 
 VOCAB, SEQ = 64, 16

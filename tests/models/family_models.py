@@ -102,6 +102,15 @@ def _window(cfg, layer: int) -> int | None:
 
 def direct_max_logits(model, ids: torch.Tensor, ignore_window: bool = False) -> torch.Tensor:
     """[layers, heads] max over batch and allowed (query, key) pairs of scaled q.k, in float32.
+    Logits before any soft-capping (see `direct_logits`)."""
+    out = []
+    for logits, allowed in direct_logits(model, ids, ignore_window):
+        out.append(logits.masked_fill(~allowed, float("-inf")).amax(dim=(0, 2, 3)))
+    return torch.stack(out)
+
+
+def direct_logits(model, ids: torch.Tensor, ignore_window: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer: scaled q.k [B, H, T, T] in float32 and the allowed (query, key) pairs [T, T].
 
     Each attention module's input (and rotary cos / sin) is captured with a forward pre-hook; q and
     k are then computed here: projection, QK-norm where the family has one (Qwen3 and Gemma 3 per
@@ -150,8 +159,8 @@ def direct_max_logits(model, ids: torch.Tensor, ignore_window: bool = False) -> 
             window = None if ignore_window else _window(cfg, i)
             if window:
                 allowed &= ki > qi - window
-            out.append(logits.masked_fill(~allowed, float("-inf")).amax(dim=(0, 2, 3)))
-    return torch.stack(out)
+            out.append((logits, allowed))
+    return out
 
 
 def scaled(model, factor: float = 6.0):

@@ -11,10 +11,10 @@ import torch
 from click.testing import CliRunner
 
 from merit_cli.main import cli
-from merit_core.diagnostics.attention import max_attention_logits
 from merit_core.diagnostics.weights import weight_stats
 from merit_core.errors import ConfigError
 from merit_core.models import NAMED_MODELS, FamilySpec, ModelSpec, build_model, get_family, model_config
+from merit_core.models.attention_probe import max_attention_logits
 from merit_core.models.families import _decoder
 from merit_core.models.family import AttentionWeights, register_family
 from tests.models.family_models import check_planted, direct_max_logits, plant_heads, scaled

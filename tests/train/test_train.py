@@ -102,7 +102,7 @@ def test_logged_max_attention_logit_matches_direct_computation(finished_run, dat
     from transformers import AutoModelForCausalLM
 
     from merit_core.data import open_tokens
-    from merit_core.diagnostics.attention import max_attention_logits
+    from merit_core.models.attention_probe import max_attention_logits
     from merit_core.train.batches import val_batches
 
     out, _ = finished_run

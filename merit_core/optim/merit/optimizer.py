@@ -13,8 +13,9 @@ import torch
 from torch.optim import Optimizer
 
 from merit_core.optim.merit import cpu
-from merit_core.optim.merit.common import LOW_PRECISION, state_dtype
+from merit_core.optim.merit.common import LOW_PRECISION, Hyper, is_plain, state_dtype
 from merit_core.optim.merit.functional import IMPLEMENTATIONS, merit
+from merit_core.optim.merit.reference import zero_gradient_update
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -218,6 +219,27 @@ class MERIT(Optimizer):
                 backend=group["implementation"],
             )
         return loss
+
+    @torch.no_grad()
+    def update_ratios(self) -> list[tuple[torch.Tensor, float]]:
+        """(parameter, RMS(update) / RMS(weight)) of the next step with a zero gradient, at the groups'
+        current lr, for each parameter with state (plain tensors only; a DTensor shard is skipped).
+
+        The update is the reference step's (``zero_gradient_update``), computed one parameter at a
+        time on temporaries: nothing in the parameters or the state changes. It is the quantity
+        ``merit inspect`` reports from a checkpoint (docs/DIAGNOSTICS.md), measured live."""
+        out = []
+        for group in self.param_groups:
+            h = Hyper.of_group(group)
+            for p in group["params"]:
+                state = self.state.get(p)
+                if not state or not is_plain(p):
+                    continue
+                update = zero_gradient_update(p, state["exp_avg"], state["exp_avg_sq"], state["step"], h)
+                w = p.to(update.dtype)
+                w_rms = float(w.double().pow(2).mean().sqrt())
+                out.append((p, float(update.double().pow(2).mean().sqrt()) / w_rms if w_rms > 0 else math.inf))
+        return out
 
 
 def _is_number(x) -> bool:

@@ -1,0 +1,63 @@
+"""The instability precursors `merit train` records at each eval (docs/DIAGNOSTICS.md), carried
+from a run's final eval record into compare's summary.json and rendered in REPORT.md for each best
+run: max attention logit, smallest normalised attention entropy, largest residual-stream
+activation ratio, mean output log Z and (MERIT) largest update / weight ratio."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from merit_core.metric_names import (
+    ACTIVATION_RATIO,
+    LOG_Z_MEAN,
+    MAX_ATTENTION_LOGIT,
+    NORMALIZED_ENTROPY_MIN,
+    UPDATE_RATIO,
+)
+
+KEY = "instability"  # the run record's (and best entry's) field
+
+
+def _numbers(value: Any) -> list[float]:
+    values = value if isinstance(value, list) else [value]
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def instability_record(final: dict[str, Any] | None) -> dict[str, float | None] | None:
+    """From a run's final eval record: the max logit and activation ratio over layers, the min
+    normalised entropy over layers, and the mean log Z; None when the run recorded none of them."""
+    if not final:
+        return None
+    out: dict[str, float | None] = {}
+    for key, pick in ((MAX_ATTENTION_LOGIT, max), (NORMALIZED_ENTROPY_MIN, min), (ACTIVATION_RATIO, max)):
+        values = _numbers(final.get(key))
+        out[key] = pick(values) if values else None
+    for key in (LOG_Z_MEAN, UPDATE_RATIO):
+        value = _numbers(final.get(key))
+        out[key] = value[0] if value else None
+    return out if any(out[k] is not None for k in (NORMALIZED_ENTROPY_MIN, ACTIVATION_RATIO, LOG_Z_MEAN)) else None
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def instability_lines(summary: dict[str, Any]) -> list[str]:
+    """Markdown: one row per best run (its first seed) with the precursors at the end of training."""
+    entries = [b for b in summary.get("best", []) if b.get(KEY)]
+    if not entries:
+        return []
+    lines = [
+        "At the end of training, on the run's first validation batch (the best lr's first seed; "
+        "definitions and healthy values in docs/DIAGNOSTICS.md):",
+        "",
+        "| optimizer | batch | max attention logit | min entropy / log n | max activation ratio | mean log Z "
+        "| max update / weight |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for b in entries:
+        x = b[KEY]
+        keys = (MAX_ATTENTION_LOGIT, NORMALIZED_ENTROPY_MIN, ACTIVATION_RATIO, LOG_Z_MEAN, UPDATE_RATIO)
+        cells = [_cell(x.get(k)) for k in keys]
+        lines.append(f"| {b['optimizer']} | {b['batch_size']} | " + " | ".join(cells) + " |")
+    return lines

@@ -1,0 +1,72 @@
+"""`merit eval RUN --all-steps` / `--steps`: one row per step beside the recorded max logit, a
+figure, and each step's result with its recorded logit in the JSON."""
+
+import json
+import shutil
+
+from click.testing import CliRunner
+
+from merit_cli.main import cli
+from merit_core.evaluation.results import format_value
+from tests.eval.test_eval import world  # noqa: F401  (the module fixture: a run folder and local tasks)
+
+TASK = "harbour_lambada"
+
+
+def _run_with_logits(world, tmp_path):  # noqa: F811
+    run = tmp_path / "run"
+    shutil.copytree(world["run"], run)
+    (run / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps(r) + "\n" for r in ({"step": 5, "max_attention_logit": [1.5, 2.5]}, {"step": 12, "loss": 3.0})
+        )
+    )
+    state = json.loads((run / "step_12" / "trainer_state.json").read_text())
+    (run / "step_12" / "trainer_state.json").write_text(json.dumps({**state, "max_attention_logit": [4.0, 3.0]}))
+    return run
+
+
+def _eval(*args):
+    return CliRunner().invoke(cli, ["eval", *args], catch_exceptions=False)
+
+
+def test_all_steps_prints_one_row_per_step_with_recorded_logit(world, tmp_path):  # noqa: F811
+    run = _run_with_logits(world, tmp_path)
+    out, fig = tmp_path / "steps.json", tmp_path / "steps.png"
+    common = ["--tasks", TASK, "--include-path", str(world["tasks"]), "--batch-size", "4", "--bootstrap-iters", "0"]
+    res = _eval(str(run), "--all-steps", *common, "--limit", "4", "-o", str(out), "--plot", str(fig))
+    assert res.exit_code == 0, res.output
+    table = res.output[res.output.index("scores over training steps") :]
+    rows = [line for line in table.splitlines() if line.startswith("│")]
+    assert [r.split("│")[1].strip() for r in rows] == ["5", "12"]
+    assert [float(r.split("│")[2]) for r in rows] == [2.5, 4.0]  # metrics.jsonl at 5, trainer_state.json at 12
+    assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = json.loads(out.read_text())["checkpoints"]
+    assert [c["meta"]["step"] for c in saved] == [5, 12]
+    assert [c["meta"]["recorded_max_attention_logit"] for c in saved] == [2.5, 4.0]
+    for row, c in zip(rows, saved):  # the table's scores are the JSON's
+        cells = [cell.strip() for cell in row.split("│")[3:-1]]
+        assert cells == [format_value(c["results"][TASK][k]) for k in ("perplexity,none", "acc,none")]
+
+
+def test_steps_choose_those_checkpoints(world):  # noqa: F811
+    from merit_core.evaluation.steps import parse_steps, step_checkpoints
+
+    assert parse_steps("12, 5,12") == [5, 12]
+    assert step_checkpoints(str(world["run"]), [12]) == [(12, world["run"] / "step_12")]
+    assert [s for s, _ in step_checkpoints(str(world["run"]))] == [5, 12]  # step_20.tmp is no checkpoint
+
+
+def test_steps_input_errors_are_one_line(world, tmp_path):  # noqa: F811
+    run = world["run"]
+    common = ["--tasks", TASK, "--include-path", str(world["tasks"])]
+    for args, words in (
+        ([str(run), "--steps", "7"], "has no checkpoint at step 7; it has 5, 12"),
+        ([str(run), "--steps", "x"], "give step numbers"),
+        ([str(run / "step_5"), "--all-steps"], "run folder"),
+        ([str(run), str(run), "--all-steps"], "one `merit train` run folder"),
+        ([str(run), "--plot", str(tmp_path / "a.png")], "with --all-steps or --steps"),
+    ):
+        res = CliRunner().invoke(cli, ["eval", *args, *common])
+        assert res.exit_code == 2, (args, res.output)
+        assert words in res.output, (args, res.output)
