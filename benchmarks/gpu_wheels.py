@@ -115,11 +115,35 @@ def wheel_set(
     return dict(sorted(pins.items())), missing
 
 
+VENV_OWN = {"pip", "setuptools", "wheel"}
+
+
+def _with_requirements(names: set[str]) -> set[str]:
+    """`names` and what their versions installed here require, transitively: on the node pip installed
+    each image package with its own requirements (which this environment's versions may name
+    differently: huggingface-hub 2 needs httpx2, the image's 1.x httpx)."""
+    out, todo = set(), list(names)
+    while todo:
+        name = normalize(todo.pop())
+        if name in out:
+            continue
+        out.add(name)
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            continue
+        env = {**_environment(f"{sys.version_info[0]}.{sys.version_info[1]}"), "extra": ""}
+        todo.extend(r.name for r in map(Requirement, dist.requires or ()) if r.marker is None or r.marker.evaluate(env))
+    return out
+
+
 def link_image(site: Path, image: set[str] | None = None) -> list[str]:
     """Mimic the image in `site` (a venv's site-packages): link there every file of each image
-    distribution installed in this environment; return the image names not installed here."""
+    distribution installed in this environment; return the image names not installed here. The
+    installers (pip, setuptools, wheel) are the venv's own: linking this environment's pip over
+    them would mix two pips' files."""
     absent = []
-    for name in sorted(image_packages() if image is None else image):
+    for name in sorted(_with_requirements(image_packages() if image is None else image) - VENV_OWN):
         try:
             dist = md.distribution(name)
         except md.PackageNotFoundError:

@@ -15,13 +15,13 @@ from merit_core.metric_names import (
     NORMALIZED_ENTROPY_MIN,
     UPDATE_RATIO,
 )
-from tests.train.test_train import tiny_args
+from tests.cli_runs import train_args
 
 
 @pytest.fixture(scope="module")
 def run(model_cfg, data_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "run"
-    result = CliRunner().invoke(cli, tiny_args(model_cfg, data_dir, out, "--steps", "4", "--set", "warmup_steps=2"))
+    result = CliRunner().invoke(cli, train_args(model_cfg, data_dir, out, "--steps", "4", "--set", "warmup_steps=2"))
     assert result.exit_code == 0, result.output
     return out
 
