@@ -40,6 +40,7 @@ from merit_core.diagnostics.weights import (
 from merit_core.errors import DataError
 from merit_core.fileio import atomic_write_json
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
+from merit_core.metrics import read_metrics
 from merit_core.models import context_length
 from merit_core.progress import Progress, ProgressFn, report_to
 
@@ -245,8 +246,6 @@ def training_logit_note(ckpt: Checkpoint, stats: CheckpointReport) -> str | None
     run = ckpt.run or ckpt.folder.parent
     if peak is None or ckpt.step is None or not runs.is_run(run):
         return None
-    from merit_core.train.metrics import read_metrics
-
     recorded = [
         r["max_attention_logit"]
         for r in read_metrics(run)

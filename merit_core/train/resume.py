@@ -23,9 +23,9 @@ from typing import Any
 from merit_core import runs
 from merit_core.errors import CheckpointError, ResumeMismatch, first_line
 from merit_core.metric_names import LOSS, VAL_LOSS
+from merit_core.metrics import read_metrics
 from merit_core.runs import METRICS_FILE
 from merit_core.train.config import TrainConfig
-from merit_core.train.metrics import read_metrics
 
 
 @dataclass
