@@ -24,15 +24,18 @@ DATA_SENTENCES = 400
 VOLATILE = re.compile(r"(^|_)(time|times|elapsed|elapsed_s|seconds|date|started|finished_at|version|host|device_name)$")
 
 
-def _stable(value, tmp: str):
-    """`value` with volatile keys dropped, paths under the test's temp folder made relative and
-    floats rounded to 6 significant digits (CPU float sums may differ in the last bits across builds)."""
+def _stable(value, paths: dict[str, str]):
+    """`value` with volatile keys dropped, the given paths replaced by their names (the fixtures'
+    folders are numbered by the order tests ran in) and floats rounded to 6 significant digits (CPU
+    float sums may differ in the last bits across builds)."""
     if isinstance(value, dict):
-        return {k: _stable(v, tmp) for k, v in value.items() if not VOLATILE.search(k)}
+        return {k: _stable(v, paths) for k, v in value.items() if not VOLATILE.search(k)}
     if isinstance(value, list):
-        return [_stable(v, tmp) for v in value]
+        return [_stable(v, paths) for v in value]
     if isinstance(value, str):
-        return value.replace(tmp, "<tmp>")
+        for path, name in paths.items():
+            value = value.replace(path, name)
+        return value
     if isinstance(value, float) and math.isfinite(value):
         return float(f"{value:.6g}")
     return value
@@ -65,7 +68,7 @@ def _close(expected, actual, where: str) -> None:
 
 def test_stable_drops_volatile_keys_and_relativises_paths():
     raw = {"elapsed_s": 1.5, "path": "/t/x/run", "loss": 1.23456789, "merit_version": "1", "n": [2, "/t/x"]}
-    assert _stable(raw, "/t/x") == {"path": "<tmp>/run", "loss": 1.23457, "n": [2, "<tmp>"]}
+    assert _stable(raw, {"/t/x": "<tmp>"}) == {"path": "<tmp>/run", "loss": 1.23457, "n": [2, "<tmp>"]}
 
 
 def test_close_reports_a_changed_value():
@@ -74,17 +77,21 @@ def test_close_reports_a_changed_value():
     _close({"a": [1.0, 2.0]}, {"a": [1.0, 2.00001]}, "x")
 
 
-def test_inspect_json_is_unchanged(tmp_path_factory, tmp_path, model_cfg, data_dir):
+def _paths(tmp_path, model_cfg, data_dir) -> dict[str, str]:
+    return {str(model_cfg.parent): "<model>", str(data_dir): "<data>", str(tmp_path): "<tmp>"}
+
+
+def test_inspect_json_is_unchanged(tmp_path, model_cfg, data_dir):
     run = tmp_path / "run"
     assert invoke(train_args(model_cfg, data_dir, run, "--steps", "2")).exit_code == 0
     out = tmp_path / "inspect.json"
     args = ["inspect", str(run), "--json", str(out), "--device", "cpu", "--hessian", "--hessian-iters", "3"]
     result = invoke([*args, "--hutchinson-samples", "2"])
     assert result.exit_code == 0, result.output
-    _check("inspect.json", _stable(json.loads(out.read_text()), str(tmp_path_factory.getbasetemp())))
+    _check("inspect.json", _stable(json.loads(out.read_text()), _paths(tmp_path, model_cfg, data_dir)))
 
 
-def test_compare_summary_is_unchanged(tmp_path_factory, tmp_path, model_cfg, data_dir):
+def test_compare_summary_is_unchanged(tmp_path, model_cfg, data_dir):
     out = tmp_path / "cmp"
     sets = [a for k, v in dict(eval_batches=1, eval_batch_size=4, log_every=1).items() for a in ("--set", f"{k}={v}")]
     args = ["compare", "--quick", "--optimizers", "adamw,merit", "--batch-sizes", "2", "--tokens", "256"]
@@ -92,4 +99,4 @@ def test_compare_summary_is_unchanged(tmp_path_factory, tmp_path, model_cfg, dat
     result = invoke([*args, *sets])
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
-    _check("compare_summary.json", _stable(summary, str(tmp_path_factory.getbasetemp())))
+    _check("compare_summary.json", _stable(summary, _paths(tmp_path, model_cfg, data_dir)))
