@@ -31,8 +31,6 @@ from merit_core.fileio import refuse_link
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
 from merit_core.runs import CONFIG_FILE
 from merit_core.train.callbacks import RunInfo, RunSummary, TrainCallbacks
-from merit_core.train.config import load_config
-from merit_core.train.training_run import run_training
 
 
 class RichTrainReport(LiveReport, TrainCallbacks):
@@ -342,6 +340,7 @@ def train(config_file, overrides, **values):
       merit train --resume --out runs/first         # continue from the latest checkpoint
     """
     from merit_core.hub import prefer_offline
+    from merit_core.train.training_run import run_training
 
     prefer_offline()
     main = int(os.environ.get("RANK", "0")) == 0
@@ -376,6 +375,7 @@ def _lr_source(config):
 def _load(config_file, overrides, values):
     """Defaults < CONFIG.toml (or the resumed run's config.toml) < --set < options."""
     from merit_core.configs import find_config
+    from merit_core.train.config import load_config
 
     base = find_config(config_file, "train") if config_file is not None else None
     if values.get("resume") or values.get("resume_from"):

@@ -15,13 +15,9 @@ __all__ = [
 
 
 def __getattr__(name):
-    # torch is imported only when the optimizer is asked for, so `merit --help` stays fast.
-    if name == "MERIT":
-        from merit_core.optim.merit import MERIT
+    if name in ("MERIT", "build_optimizer"):
+        # here, not at the top: the optimizers import torch, and `merit --help` imports this package
+        from merit_core import optim
 
-        return MERIT
-    if name == "build_optimizer":
-        from merit_core.optim.registry import build_optimizer
-
-        return build_optimizer
+        return getattr(optim, name)
     raise AttributeError(f"module 'merit_core' has no attribute {name!r}")

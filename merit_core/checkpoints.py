@@ -19,8 +19,9 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from merit_core.errors import CheckpointError
+from merit_core.errors import CheckpointError, ConfigError
 from merit_core.fileio import display, special_entries, special_file
+from merit_core.models.limits import check_model_config
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 _DTYPE_BYTES = {
@@ -193,8 +194,6 @@ def check_model_dims(config: Any, where: str) -> None:
     is null, zero, negative or not an integer, heads that do not divide the width, ... (the rules are
     merit_core.models.limits.check_model_config's, which inspect's probe applies too): a config.json
     with n_head = 0 or null would otherwise fail inside the model's constructor."""
-    from merit_core.errors import ConfigError
-    from merit_core.models.limits import check_model_config
 
     raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     nulls = [key for key in _REQUIRED_SIZES if key in raw and raw[key] is None]

@@ -7,6 +7,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from merit_core.errors import ConfigError
+
 
 def cache_dir(*parts: str) -> Path:
     """$MERIT_CACHE_DIR, else $XDG_CACHE_HOME/merit, else ~/.cache/merit; joined with `parts`, created.
@@ -31,8 +33,6 @@ def cache_dir(*parts: str) -> Path:
 def _fallback(wanted: Path, problem: str, parts: tuple[str, ...]) -> Path:
     """`<tmp>/merit-cache-<uid>/<parts>`: made private (0700) by this user; a folder there that is a
     link or another user's is refused (someone could have planted it), as is one that cannot be made."""
-    from merit_core.errors import ConfigError
-
     base = Path(tempfile.gettempdir(), f"merit-cache-{os.getuid()}")
     try:
         base.mkdir(mode=0o700, exist_ok=True)

@@ -44,7 +44,10 @@ from merit_core.compare.runner import CompareCallbacks, default_jobs, execute, r
 from merit_core.compare.spec import CompareSpec, load_spec
 from merit_core.compare.summary import SUMMARY_FILE, build_summary, select_best, write_json
 from merit_core.devices import measurement_device
+from merit_core.evaluation.tasks import resolve_tasks
 from merit_core.fileio import TMP_PREFIX, check_writable_folder, refuse_foreign_entries, refuse_link, refuse_special
+from merit_core.runs import latest as latest_checkpoint  # the newest complete checkpoint
+from merit_core.runs import read_trainer_state as read_trainer_info
 
 REPORT_FILE = "REPORT.md"
 
@@ -141,7 +144,6 @@ def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) ->
     runs (--hessian, --eval) and write the outputs."""
     callbacks = callbacks or CompareCallbacks()
     start = time.perf_counter()
-    from merit_core.evaluation.tasks import resolve_tasks
 
     if spec.eval is not None:
         resolve_tasks(list(spec.eval.tasks), spec.eval.include_path)  # a bad task name fails before training
@@ -211,7 +213,7 @@ def _measure(spec: CompareSpec, summary: dict[str, Any], data_dir: Path, callbac
 
 def _prepare_data(spec: CompareSpec, callbacks: CompareCallbacks):
     """Prepare the shared data once, before any run (the runs then find it in the cache)."""
-    from merit_core.data import load_meta, resolve_data
+    from merit_core.data import load_meta, resolve_data  # numpy: not at `merit compare --help`
 
     path = resolve_data(
         spec.train.get("data"),
@@ -223,8 +225,6 @@ def _prepare_data(spec: CompareSpec, callbacks: CompareCallbacks):
 
 
 def _settings(spec: CompareSpec, runs: list[PlannedRun], meta, extra=None) -> dict[str, Any]:
-    from merit_core.train.checkpoint import latest_checkpoint, read_trainer_info
-
     first = runs[0].config
     n_params = None
     for run in runs:

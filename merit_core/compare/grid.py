@@ -119,14 +119,14 @@ def model_width(model: str) -> int:
 
 def auto_centre(optimizer: str, batch_size: int, smallest_batch: int, model: str, seq_len: int) -> float:
     """The auto grid's centre for `optimizer` at `batch_size` (see the module docstring)."""
-    from merit_core.optim.registry import lr_centre, measured_lr
+    from merit_core.optim.registry import lr_centre, measured_lr  # torch: not at `merit compare --help`
 
     measured = measured_lr(optimizer, model, batch_size, seq_len)
     if measured is not None:
         return measured.lr
     centre = lr_centre(optimizer)
     if centre is None:  # measured lrs, but none that reaches this model (its width is unknown)
-        from merit_core.optim.registry import default_lr
+        from merit_core.optim.registry import default_lr  # torch: not at `merit compare --help`
 
         return default_lr(optimizer, model, batch_size, seq_len).lr
     scale = "small" if model_width(model) < SMALL_WIDTH else "gpt2"
@@ -221,7 +221,7 @@ def annotate_extensions(spec: CompareSpec, best: list[dict[str, Any]]) -> None:
 
 def plan_runs(spec: CompareSpec, extra: dict[tuple[str, int], list[float]] | None = None) -> list[PlannedRun]:
     """Every run of the comparison with its resolved train config; ConfigError on bad settings."""
-    from merit_core.optim import default_hparams
+    from merit_core.optim import default_hparams  # torch: not at `merit compare --help`
 
     model = str(spec.train["model"])
     context = context_length(model_config(model))

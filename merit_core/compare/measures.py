@@ -23,9 +23,13 @@ from typing import Any
 
 from merit_core.compare.spec import EvalRequest
 from merit_core.compare.summary import spread
+from merit_core.diagnostics.checkpoints import SafetensorsReader, find_checkpoints
 from merit_core.errors import CheckpointError
+from merit_core.evaluation import EvalSettings, evaluate_checkpoints
+from merit_core.evaluation.results import CheckpointResult, metric_rows
 from merit_core.fileio import atomic_write_json
 from merit_core.runs import CONFIG_FILE
+from merit_core.runs import checkpoints as list_checkpoints  # complete ones, oldest first
 from merit_core.train.config import read_toml
 from merit_core.train.metrics import json_safe
 
@@ -64,8 +68,6 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 
 
 def _final_checkpoint(run_dir: Path) -> tuple[int, Path]:
-    from merit_core.train.checkpoint import list_checkpoints
-
     found = list_checkpoints(run_dir)
     if not found:
         raise CheckpointError(f"{run_dir} has no checkpoint to measure")
@@ -80,8 +82,8 @@ def run_hessian(run_dir: str | Path, data_dir: str | Path, device: str = "cpu") 
     when already measured)."""
     import torch
 
+    # numpy, torch, transformers: not at `merit compare --help`, which imports this package
     from merit_core.data import open_tokens
-    from merit_core.diagnostics.checkpoints import SafetensorsReader, find_checkpoints
     from merit_core.diagnostics.hessian import model_hessian
     from merit_core.diagnostics.probe import load_model
     from merit_core.train.batches import val_batches
@@ -147,8 +149,6 @@ def run_eval(run_dirs: list[Path], request: EvalRequest, device: str = "auto") -
         else:
             todo.append((run_dir, step, ckpt))
     if todo:
-        from merit_core.evaluation import EvalSettings, evaluate_checkpoints
-
         settings = EvalSettings(
             tasks=list(request.tasks), include_path=request.include_path, device=device, limit=request.limit
         )
@@ -163,8 +163,6 @@ def run_eval(run_dirs: list[Path], request: EvalRequest, device: str = "auto") -
 def eval_cell(measured: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A best cell's zero-shot scores over its seeds: one row per (task, metric) with the mean,
     std and each seed's value, and whether higher is better (as lm-eval says)."""
-    from merit_core.evaluation.results import CheckpointResult, metric_rows
-
     records = [CheckpointResult(path="", label="", results=m["results"], meta=m.get("meta", {})) for m in measured]
     rows = []
     for row in metric_rows(records):

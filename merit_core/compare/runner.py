@@ -35,10 +35,11 @@ from merit_core.errors import ConfigError, MeritError, RunFailed, RunInterrupted
 from merit_core.fileio import atomic_write_json, open_truncated, refuse_link
 from merit_core.progress import Progress
 from merit_core.runs import CONFIG_FILE
-from merit_core.train.callbacks import TrainCallbacks
+from merit_core.runs import latest as latest_checkpoint  # the newest complete checkpoint
+from merit_core.runs import read_trainer_state as read_trainer_info
+from merit_core.train.callbacks import HANDLED_SIGNALS, STOP_SIGNALS, TrainCallbacks
 from merit_core.train.config import read_toml
 from merit_core.train.metrics import json_safe, read_metrics
-from merit_core.train.training_run import HANDLED_SIGNALS, STOP_SIGNALS
 
 STATUS_FILE = "compare_status.json"
 EXIT_INTERRUPTED = (130, 143)
@@ -78,8 +79,6 @@ def run_state(run: PlannedRun) -> str:
 
     ConfigError when the folder holds a run with other settings (another comparison's run).
     """
-    from merit_core.train.checkpoint import latest_checkpoint, read_trainer_info
-
     status = read_status(run.run_dir)
     config_path = run.run_dir / CONFIG_FILE
     saved = status.get("config") if status.get("state") == "diverged" else None
@@ -151,7 +150,7 @@ def execute(
 
 
 def _run_here(run: PlannedRun, resume: bool, callbacks: CompareCallbacks) -> str:
-    from merit_core.train.training_run import run_training  # looked up per call: tests stand in for it
+    from merit_core.train.training_run import run_training  # torch; looked up per call: tests stand in for it
 
     callbacks.on_run_start(run, resume)
     try:

@@ -294,7 +294,7 @@ def parse_lrs(text: str) -> list[float] | str:
 
 # -- checks ---------------------------------------------------------------------------------
 def _canonical(name: Any) -> str:
-    from merit_core.optim import canonical_name
+    from merit_core.optim import canonical_name  # torch: not at `merit compare --help`
 
     return canonical_name(name)
 
@@ -346,7 +346,7 @@ def _positive_int(value: Any, what: str) -> int:
 
 
 def _optimizer_args(name: str, args: Any) -> dict[str, Any]:
-    from merit_core.optim import resolve_hparams
+    from merit_core.optim import resolve_hparams  # torch: not at `merit compare --help`
 
     if not isinstance(args, dict):
         raise ConfigError(f"per_optimizer.{name}.optimizer_args must be a table")

@@ -23,6 +23,7 @@ from merit_core.compare.runner import read_status
 from merit_core.errors import MeritError
 from merit_core.fileio import atomic_write_json
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
+from merit_core.runs import latest as latest_checkpoint  # the newest complete checkpoint
 from merit_core.train.metrics import json_safe, read_metrics
 
 SUMMARY_FILE = "summary.json"
@@ -73,8 +74,7 @@ def run_record(run: PlannedRun, state: str) -> dict[str, Any]:
 def _qk_bounds(run: PlannedRun) -> list[float] | None:
     """||W_Q||_m * ||W_K||_m per layer at the final checkpoint (the paper's bound on the max logit,
     up to input-norm constants), via merit inspect's weight statistics; None if unreadable."""
-    from merit_core.diagnostics.weights import weight_stats
-    from merit_core.train.checkpoint import latest_checkpoint
+    from merit_core.diagnostics.weights import weight_stats  # torch: not at `merit compare --help`
 
     ckpt = latest_checkpoint(run.run_dir)
     if ckpt is None:

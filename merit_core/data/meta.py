@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from merit_core.errors import DataError
+from merit_core.version import __version__
 
 FORMAT = "merit-tokens-v1"
 META_FILE = "meta.json"
@@ -102,8 +103,6 @@ def is_prepared(path: str | Path) -> bool:
 
 def marker_text() -> str:
     """What `merit prepare` writes into PREPARED_MARKER: the merit version and the data format."""
-    from merit_core.version import __version__
-
     return json.dumps({"written_by": f"merit {__version__}", "format": FORMAT}) + "\n"
 
 

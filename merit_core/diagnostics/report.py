@@ -50,6 +50,7 @@ from merit_core.metric_names import (
     OUTPUT_LOGIT_MAX,
     UPDATE_RATIO,
 )
+from merit_core.metrics import read_metrics
 from merit_core.models import context_length
 from merit_core.models.attention_probe import ProbeResult, probe_attention
 from merit_core.progress import Progress, ProgressFn, report_to
@@ -321,8 +322,6 @@ def training_logit_note(ckpt: Checkpoint, stats: CheckpointReport) -> str | None
     run = ckpt.run or ckpt.folder.parent
     if peak is None or ckpt.step is None or not runs.is_run(run):
         return None
-    from merit_core.train.metrics import read_metrics
-
     recorded = [
         r["max_attention_logit"]
         for r in read_metrics(run)

@@ -26,7 +26,18 @@ from typing import Any
 
 import torch
 
+from merit_core import runs
+from merit_core.devices import available_host_memory
+from merit_core.errors import CheckpointError
+from merit_core.fileio import display
 from merit_core.metric_names import UPDATE_RATIO
+from merit_core.optim import build_optimizer
+from merit_core.optim.merit import MERIT
+from merit_core.optim.merit.common import Hyper
+from merit_core.optim.merit.reference import direction, trust_ratios
+from merit_core.train.checkpoint import check_optimizer_state, load_trainer_state
+from merit_core.train.config import load_config
+from merit_core.train.schedule import lr_at
 
 PERCENTILES = (0, 1, 10, 50, 90, 99, 100)
 
@@ -117,8 +128,6 @@ def _percentiles(x: torch.Tensor) -> dict[int, float]:
 
 def merit_ratios(w: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> MeritRatios:
     """MERIT's ratios of weight `w` (before the step) from its optimizer `state` after the step."""
-    from merit_core.optim.merit.common import Hyper
-    from merit_core.optim.merit.reference import direction, trust_ratios
 
     h = Hyper.of_group(group)
     m, v = state["exp_avg"], state["exp_avg_sq"]
@@ -142,7 +151,6 @@ def merit_ratios(w: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) 
 
 
 def _is_merit(optimizer: torch.optim.Optimizer) -> bool:
-    from merit_core.optim.merit import MERIT
 
     return isinstance(optimizer, MERIT)
 
@@ -186,7 +194,6 @@ def update_sizes(
 def _step_dtype(model: torch.nn.Module) -> torch.dtype:
     """float64 when weights, two moments and a copy of the weights (4 x 8 bytes a parameter) fit in
     half the free host memory, on the CPU; else float32."""
-    from merit_core.devices import available_host_memory
 
     n = sum(p.numel() for p in model.parameters())
     free = available_host_memory()
@@ -202,13 +209,6 @@ def checkpoint_update_sizes(checkpoint, model: torch.nn.Module) -> UpdateReport 
     built it (its config.toml: name, lr, weight decay, optimizer arguments), its state loaded, and
     the lr set to the schedule's value for the next update.
     """
-    from merit_core import runs
-    from merit_core.errors import CheckpointError
-    from merit_core.fileio import display
-    from merit_core.optim import build_optimizer
-    from merit_core.train.checkpoint import check_optimizer_state, load_trainer_state
-    from merit_core.train.config import load_config
-    from merit_core.train.schedule import lr_at
 
     folder = checkpoint.folder
     run = checkpoint.run or folder.parent

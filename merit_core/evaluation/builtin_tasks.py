@@ -45,7 +45,7 @@ def held_out_documents(seed: int = 0) -> list[str]:
     """The held-out documents of the built-in corpus the tasks score, in a fixed order."""
     import numpy as np
 
-    from merit_core.data.builtin import BUILTIN_VAL_FRACTION, builtin_corpus_documents
+    from merit_core.data.builtin import BUILTIN_VAL_FRACTION, builtin_corpus_documents  # numpy: not at eval --help
 
     docs = builtin_corpus_documents()
     order = np.random.default_rng(seed).permutation(len(docs))

@@ -16,6 +16,7 @@ from merit_core.diagnostics.plots import save_figure
 from merit_core.errors import CheckpointError, ConfigError
 from merit_core.fileio import display
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, STEP
+from merit_core.metrics import read_metrics
 
 RECORDED_LOGIT = "recorded_max_attention_logit"  # the key added to each result's meta
 
@@ -60,7 +61,6 @@ def step_checkpoints(given: str, steps: list[int] | None = None) -> list[tuple[i
 
 def recorded_max_logits(run: Path) -> dict[int, float]:
     """step -> the max attention logit (max over layers) training recorded at that step."""
-    from merit_core.train.metrics import read_metrics
 
     out: dict[int, float] = {}
     for step, folder in runs.checkpoints(run, "model"):

@@ -26,7 +26,7 @@ def logit_metrics(model: Any, input_ids: Any, attention_mask: Any = None, prefix
     """
     import torch
 
-    from merit_core.models.attention_probe import max_attention_logits
+    from merit_core.models.attention_probe import max_attention_logits  # transformers: see the docstring
 
     device = next(model.parameters()).device
     ids = torch.as_tensor(input_ids, device=device)

@@ -17,6 +17,13 @@ from typing import Any
 from merit_core.progress import Progress
 from merit_core.train.config import TrainConfig
 
+# Signals that stop training gracefully (finish the step, checkpoint, exit) and the exit code each gives:
+# SIGHUP is a terminal or ssh session that went away; SIGPIPE stands for a console output whose reader
+# went away (`merit train | head -1`), which a front end reports through TrainCallbacks.stop_requested.
+STOP_SIGNALS = {"SIGTERM": 143, "SIGUSR1": 143, "SIGINT": 130, "SIGHUP": 129, "SIGPIPE": 141}
+# The ones a handler catches; SIGPIPE stays ignored (a write to a closed pipe then fails with EPIPE).
+HANDLED_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT", "SIGHUP")
+
 
 @dataclass
 class RunInfo:
@@ -98,7 +105,7 @@ class TrainCallbacks:
         """Something the user should know that is not an error (one line), e.g. a resume fallback."""
 
     def stop_requested(self) -> str | None:
-        """Polled between steps: the name of a stop signal (merit_core.train.training_run.STOP_SIGNALS)
+        """Polled between steps: the name of a stop signal (STOP_SIGNALS)
         when this front end asks the run to stop as that signal would (checkpoint, exit), e.g.
         'SIGPIPE' when the console it writes to was closed; None to go on."""
         return None

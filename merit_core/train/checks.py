@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from merit_core.data import open_tokens
 from merit_core.errors import ConfigError, DataError, MeritError, first_line
 from merit_core.models import context_length, model_config
 from merit_core.models.limits import check_model_config, check_model_size
+from merit_core.train.batches import check_split_length
 from merit_core.train.config import TrainConfig
 
 MAX_BATCH_BYTES = 8 << 30  # token windows held at once (a micro-batch, the validation set)
@@ -42,8 +44,6 @@ def check_model_and_batches(config: TrainConfig, world_size: int) -> None:
 
 def check_data(path: Path, meta, seq_len: int) -> None:
     """DataError when a split is shorter than one window, or token ids reach the vocabulary size."""
-    from merit_core.train.batches import check_split_length
-
     check_split_length(meta.train_tokens, seq_len, f"train split of {path}")
     check_split_length(meta.val_tokens, seq_len, f"validation split of {path}")
     check_token_ids(path, meta)
@@ -52,8 +52,6 @@ def check_data(path: Path, meta, seq_len: int) -> None:
 def check_token_ids(path: Path, meta, sample: int = 1 << 22) -> None:
     """DataError when token ids reach the vocabulary size (all of val, the first `sample` train tokens)."""
     import numpy as np
-
-    from merit_core.data import open_tokens
 
     for split, limit in (("val", None), ("train", sample)):
         tokens = open_tokens(path, split)

@@ -18,6 +18,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from merit_core import runs
 from merit_core.errors import CheckpointError
+from merit_core.train.checkpoint import check_optimizer_state
+from merit_core.train.compiling import compile_blocks
 
 # What a sharded scheme keeps in trainer_state.pt in place of the optimizer state: a marker naming
 # the format of the shards it wrote into the checkpoint folder (see merit_core.train.fsdp).
@@ -54,8 +56,6 @@ class Parallel:
         evaluation and saving. `compile`: compile each transformer block in place (regional
         compilation, merit_core.train.compiling), which `model` then runs too."""
         if compile:
-            from merit_core.train.compiling import compile_blocks
-
             compile_blocks(model)
         return model
 
@@ -95,7 +95,6 @@ class Parallel:
                 f"{checkpoint_dir} was written under --parallel fsdp (sharded optimizer state); "
                 "resume it with --parallel fsdp under torchrun"
             )
-        from merit_core.train.checkpoint import check_optimizer_state
 
         check_optimizer_state(optimizer, state, checkpoint_dir / runs.STATE_PT if checkpoint_dir else "trainer state")
         optimizer.load_state_dict(state)

@@ -23,9 +23,10 @@ from typing import Any
 from merit_core import runs
 from merit_core.errors import CheckpointError, ResumeMismatch, first_line
 from merit_core.metric_names import LOSS, VAL_LOSS
+from merit_core.metrics import read_metrics
 from merit_core.runs import METRICS_FILE
+from merit_core.train.checkpoint import load_model_weights, load_trainer_state, read_trainer_info
 from merit_core.train.config import TrainConfig
-from merit_core.train.metrics import read_metrics
 
 
 @dataclass
@@ -119,8 +120,6 @@ def check_same_data(plan: ResumePlan, config: TrainConfig, meta) -> None:
 def load_resumable(plan: ResumePlan, model, run_dir: Path, note: Callable[[str], None]) -> tuple[Path, dict[str, Any]]:
     """Load the newest candidate that loads into `model` and its trainer state (on the CPU); say in
     one line (`note`) when that is not the newest."""
-    from merit_core.train.checkpoint import load_model_weights, load_trainer_state, read_trainer_info
-
     failures: list[str] = []
     for ckpt in plan.candidates:
         try:

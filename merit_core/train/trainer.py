@@ -46,6 +46,7 @@ from merit_core.train.compiling import (
 )
 from merit_core.train.config import TrainConfig
 from merit_core.train.distributed import Parallel
+from merit_core.train.kernels import apply_liger, choose_kernels, mask_free_attention
 from merit_core.train.schedule import lr_at
 from merit_core.train.step_hooks import StepContext
 
@@ -74,8 +75,6 @@ def build_trainer(
     config: TrainConfig, model: torch.nn.Module, parallel: Parallel, train_tokens: np.ndarray, val_tokens: np.ndarray
 ) -> Trainer:
     """Wrap `model` (on its device) for `parallel`, build the configured optimizer, return the Trainer."""
-    from merit_core.train.kernels import apply_liger, choose_kernels, mask_free_attention
-
     mask_free_attention(model)  # no per-forward mask building (and its host sync)
     loss_fn = None
     if choose_kernels(config.kernels, model.config, parallel.device) == "liger":

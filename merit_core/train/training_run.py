@@ -19,7 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from merit_core import fileio, runs
+from merit_core.data import load_meta, open_tokens, resolve_data
+from merit_core.data.meta import data_notes
 from merit_core.errors import (
     CheckpointError,
     ConfigError,
@@ -29,12 +33,16 @@ from merit_core.errors import (
 )
 from merit_core.metric_names import LOSS, MAX_ATTENTION_LOGIT, STEP, TOKENS, VAL_LOSS
 from merit_core.models import build_model, count_parameters, model_config
+from merit_core.optim import canonical_name, default_hparams, resolve_hparams
 from merit_core.runs import CONFIG_FILE
-from merit_core.train.callbacks import RunInfo, RunSummary, TrainCallbacks
+from merit_core.train.callbacks import HANDLED_SIGNALS, STOP_SIGNALS, RunInfo, RunSummary, TrainCallbacks
+from merit_core.train.checkpoint import prune_checkpoints, save_checkpoint
 from merit_core.train.checks import check_data, check_model_and_batches
 from merit_core.train.config import TrainConfig, resolve, save_config
+from merit_core.train.fsdp import check_fsdp_optimizer
 from merit_core.train.hardware import device_info, mfu, peak_memory, reset_peak_memory
 from merit_core.train.metrics import MetricsLog
+from merit_core.train.parallel import setup_parallel
 from merit_core.train.plots import plot_curves
 from merit_core.train.resume import (
     ResumePlan,
@@ -46,19 +54,11 @@ from merit_core.train.resume import (
     to_device,
 )
 from merit_core.train.trackers import with_trackers
-
-# Signals that stop training gracefully (finish the step, checkpoint, exit) and the exit code each gives:
-# SIGHUP is a terminal or ssh session that went away; SIGPIPE stands for a console output whose reader
-# went away (`merit train | head -1`), which a front end reports through TrainCallbacks.stop_requested.
-STOP_SIGNALS = {"SIGTERM": 143, "SIGUSR1": 143, "SIGINT": 130, "SIGHUP": 129, "SIGPIPE": 141}
-# The ones a handler catches; SIGPIPE stays ignored (a write to a closed pipe then fails with EPIPE).
-HANDLED_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT", "SIGHUP")
+from merit_core.train.trainer import build_trainer, compute_dtype
 
 
 def run_training(config: TrainConfig, callbacks: TrainCallbacks | None = None) -> RunSummary:
     """Train as `config` says; return the summary. Raises MeritError subclasses on bad input."""
-    from merit_core.train.parallel import setup_parallel
-
     tracked = with_trackers(config.report_to, callbacks)  # a missing tracker package fails here, before any work
     parallel = setup_parallel(config.parallel, config.device, config.dtype)
     failed = True
@@ -100,13 +100,10 @@ class TrainingRun:
             config = dataclasses.replace(config, resume=True)
         if config.resume and config.out is None:
             raise ConfigError("resume needs the run folder: give --out RUN_DIR")
-        from merit_core.optim import canonical_name, default_hparams, resolve_hparams
 
         config = dataclasses.replace(config, optimizer=canonical_name(config.optimizer))
         resolve_hparams(config.optimizer, **config.optimizer_args)  # unknown hyperparameters fail here, early
         if config.parallel == "fsdp":
-            from merit_core.train.fsdp import check_fsdp_optimizer
-
             check_fsdp_optimizer(config.optimizer)
         self.config = resolve(config, parallel.world_size, default_hparams(config.optimizer), auto_micro_batch=True)
         self.config.out = parallel.broadcast_object(self.config.out)
@@ -169,8 +166,6 @@ class TrainingRun:
         self.created = []
 
     def _data(self):
-        from merit_core.data import load_meta, resolve_data
-
         c = self.config
 
         def prepare():
@@ -193,11 +188,6 @@ class TrainingRun:
         return _shared(self.parallel, prepare)
 
     def _build(self, data_dir: Path, meta):
-        import torch
-
-        from merit_core.data import open_tokens
-        from merit_core.train.trainer import build_trainer
-
         c, device = self.config, self.parallel.device
         eos = meta.eos_token_id
         mconf = model_config(c.model, vocab_size=meta.vocab_size, special_ids={"bos": eos, "eos": eos})
@@ -267,8 +257,6 @@ class TrainingRun:
             )
 
     def _train(self, ckpt: Path | None, data_dir: Path) -> RunSummary:
-        from merit_core.train.trainer import compute_dtype
-
         trainer, c = self.trainer, self.config
         self.n_params = count_parameters(trainer.model)
         hw = device_info(self.parallel.device)
@@ -292,7 +280,6 @@ class TrainingRun:
                 device_memory=hw.total_memory,
             )
         )
-        from merit_core.data.meta import data_notes
 
         for note in data_notes(self.data_meta, c.steps * c.tokens_per_step):  # once the run is under way
             self.cb.on_note(note)
@@ -366,7 +353,6 @@ class TrainingRun:
         self.stop = self.stop or self.cb.stop_requested()
         if self.parallel.world_size == 1:
             return self.stop
-        import torch
 
         code = list(STOP_SIGNALS).index(self.stop) + 1 if self.stop else 0
         agreed = int(self.parallel.all_reduce(torch.tensor(code, device=self.parallel.device), op="max").item())
@@ -431,8 +417,6 @@ class TrainingRun:
             return False
         due = time.monotonic() - self.saved_at >= minutes * 60
         if self.parallel.world_size > 1:
-            import torch
-
             due = bool(self.parallel.all_reduce(torch.tensor(int(due), device=self.parallel.device), op="max").item())
         return due
 
@@ -455,8 +439,6 @@ class TrainingRun:
         self._diverged(f"the loss or gradient norm became non-finite at step {bad}")
 
     def _save(self) -> None:
-        from merit_core.train.checkpoint import prune_checkpoints, save_checkpoint
-
         trainer, c = self.trainer, self.config
         self._check_parameters_finite()
         staging = None
@@ -511,8 +493,6 @@ class TrainingRun:
 
     def _check_parameters_finite(self) -> None:
         """TrainingDiverged when an update left a non-finite parameter: such weights never become a checkpoint."""
-        import torch
-
         flags = [torch.isfinite(_local(p)).all() for p in self.trainer.model.parameters()]
         ok = torch.stack(flags).all().to(torch.int64) if flags else torch.ones((), dtype=torch.int64)
         if int(self.parallel.all_reduce(ok.to(self.parallel.device), op="min").item()):

@@ -43,7 +43,7 @@ def test_data_notes_name_a_small_validation_split_and_repeated_epochs(data_dir):
 
 def test_train_bar_moves_every_step_and_labels_its_tokens_per_s(model_cfg, data_dir, tmp_path, monkeypatch):
     from merit_cli.train_cmd import RichTrainReport
-    from merit_core.data import meta as data_meta
+    from merit_core.train import training_run
     from merit_core.train.config import load_config
     from merit_core.train.training_run import run_training
 
@@ -61,7 +61,7 @@ def test_train_bar_moves_every_step_and_labels_its_tokens_per_s(model_cfg, data_
         def on_note(self, message):
             seen.append(("note", message))
 
-    monkeypatch.setattr(data_meta, "data_notes", lambda meta, planned: [f"data note: {planned} tokens planned"])
+    monkeypatch.setattr(training_run, "data_notes", lambda meta, planned: [f"data note: {planned} tokens planned"])
     report = Report()
     report.out = Console(file=io.StringIO(), width=100, force_terminal=True)
     report.plain = False

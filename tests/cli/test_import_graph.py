@@ -1,5 +1,6 @@
 """Import hygiene: no import cycles in the packages (at module level, and counting the imports made
-inside functions), and every command's --help stays light."""
+inside functions), no loop between merit_core's folders, imports of merit's own modules inside
+functions of merit_core only where listed with a reason, and every command's --help stays light."""
 
 import ast
 import subprocess
@@ -127,16 +128,16 @@ def test_cycle_finder_finds_a_planted_cycle():
 
 def test_no_module_level_import_cycles():
     graph = _graph()
-    assert "merit_core.train.training_run" in graph["merit_core.train"]  # the graph sees the real imports
+    assert "merit_core.train.config" in graph["merit_core.train"]  # the graph sees the real imports
     assert _cycles(graph) == []
 
 
 def test_no_import_cycles_counting_imports_inside_functions():
     """A function-level import only postpones a cycle: the modules still need each other."""
     graph = _graph(function_level=True)
-    # the graph sees imports inside functions: run_training imports the parallel setup when it runs
-    assert "merit_core.train.parallel" in graph["merit_core.train.training_run"]
-    assert "merit_core.train.parallel" not in _graph()["merit_core.train.training_run"]
+    # the graph sees imports inside functions: a comparison imports the training loop when a run starts
+    assert "merit_core.train.training_run" in graph["merit_core.compare.runner"]
+    assert "merit_core.train.training_run" not in _graph()["merit_core.compare.runner"]
     assert _cycles(graph) == []
 
 
@@ -148,7 +149,7 @@ def test_every_command_help_stays_light():
         for args in ([], *([name] for name in COMMANDS)):
             result = CliRunner().invoke(cli, [*args, "--help"])
             assert result.exit_code == 0, (args, result.output)
-        heavy = ("torch", "transformers", "lm_eval", "datasets", "matplotlib", "safetensors")
+        heavy = ("torch", "transformers", "lm_eval", "datasets", "matplotlib", "safetensors", "numpy")
         print(sorted(m for m in heavy if m in sys.modules))
     """)
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -183,3 +184,119 @@ def test_optim_imports_merits_modules_at_the_top_of_its_modules():
     top, everywhere = _graph(), _graph(function_level=True)
     hidden = {m: sorted(everywhere[m] - top[m]) for m in _optim_modules(everywhere) if everywhere[m] - top[m]}
     assert hidden == {}
+
+
+def _folder(module: str, modules: dict[str, Path]) -> str:
+    """The folder (package) a module lives in: merit_core.compare.grid -> merit_core.compare; a
+    module directly in merit_core (runs.py, fileio.py, ...) is a node of its own."""
+    parts = module.split(".")
+    package = parts if modules[module].name == "__init__.py" else parts[:-1]
+    return module if len(package) == 1 else ".".join(package)
+
+
+def _folder_graph(graph: dict[str, set[str]], depth: int | None = None) -> dict[str, set[str]]:
+    """folder -> the folders its modules import (function-level imports included): merit_core's own
+    folders only, cut at `depth` dotted parts (2: merit_core.optim for merit_core.optim.merit.triton)."""
+    modules = _modules()
+    own = [m for m in graph if m.startswith("merit_core.")]
+
+    def node(module: str) -> str:
+        folder = _folder(module, modules)
+        return ".".join(folder.split(".")[:depth]) if depth and folder.count(".") >= depth else folder
+
+    folders: dict[str, set[str]] = {node(m): set() for m in own}
+    for module in own:
+        for target in graph[module]:
+            if target.startswith("merit_core.") and node(target) != node(module):
+                folders[node(module)].add(node(target))
+    return folders
+
+
+def test_no_loop_between_merit_core_folders():
+    """A folder that imports another that imports it back (diagnostics reading train/'s metrics
+    while train/ probes attention with diagnostics/) has no layer of its own: neither can be read,
+    moved or installed without the other. Imports inside functions count."""
+    graph = _graph(function_level=True)
+    for depth in (2, None):  # merit_core's top folders, then every sub-folder
+        folders = _folder_graph(graph, depth)
+        assert "merit_core.optim" in folders["merit_core.train"]  # the graph sees the folders' imports
+        assert _cycles(folders) == [], depth
+    planted = {**graph, "merit_core.runs": graph["merit_core.runs"] | {"merit_core.train.config"}}
+    assert _cycles(_folder_graph(planted, 2))  # train/ imports runs.py: runs.py importing train/ is a loop
+
+
+# The imports of merit's own modules that stay inside functions of merit_core: where the importing
+# module is imported on a light path (`merit --help` and every command's --help must not import torch,
+# transformers or numpy; see test_every_command_help_stays_light), and the imported one would pull
+# that in. Keys: (module, the merit module its function imports). Each import has its reason in a
+# comment beside it too. lr_table.py is left out (see OPTIM_EXEMPT below).
+DEFERRED = {
+    ("merit_core", "merit_core.optim"): "torch: `merit --help` imports merit_core; MERIT loads when asked for",
+    ("merit_core.train", "merit_core.train.training_run"): "torch: run_training loads when asked for; "
+    "merit_core.train's config and callbacks are read at `merit compare --help`",
+    ("merit_core.train.config", "merit_core.optim.registry"): "torch: the config is read at `merit compare --help`",
+    ("merit_core.evaluation.builtin_tasks", "merit_core.data.builtin"): "numpy: at `merit eval --help`",
+    ("merit_core.integrations", "merit_core.models.attention_probe"): "transformers: importing the integrations "
+    "package (the Lightning callback) imports neither transformers nor lightning",
+    # `merit compare --help` imports the whole compare package: merit_cli/compare_cmd.py subclasses
+    # CompareCallbacks and shows the spec's defaults in its options at module level.
+    ("merit_core.compare", "merit_core.data"): "numpy",
+    ("merit_core.compare.measures", "merit_core.data"): "numpy",
+    ("merit_core.compare.measures", "merit_core.diagnostics.hessian"): "torch",
+    ("merit_core.compare.measures", "merit_core.diagnostics.probe"): "torch, transformers",
+    ("merit_core.compare.measures", "merit_core.train.batches"): "torch",
+    ("merit_core.compare.spec", "merit_core.optim"): "torch",
+    ("merit_core.compare.grid", "merit_core.optim"): "torch",
+    ("merit_core.compare.grid", "merit_core.optim.registry"): "torch",
+    ("merit_core.compare.runner", "merit_core.train.training_run"): "torch; looked up per run (tests stand in for it)",
+    ("merit_core.compare.summary", "merit_core.diagnostics.weights"): "torch",
+}
+# At most this many such import statements (a ratchet: lower it as imports move to the top).
+MAX_DEFERRED = 17
+
+
+def _deferred() -> list[tuple[str, str, Path, int]]:
+    """(module, imported merit module, file, line) of every import of merit's own modules made inside
+    a function (or any other block below the module's top level) of merit_core."""
+    modules = _modules()
+    found = []
+    for module, path in modules.items():
+        if not module.startswith("merit_core") or module in OPTIM_EXEMPT:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top = {id(n) for n in _statements(tree, function_level=False)}
+        for statement in _statements(tree, function_level=True):
+            if id(statement) in top:
+                continue
+            for target in _imported(statement, module, modules):
+                if target.split(".")[0] in PACKAGES and target != module:
+                    found.append((module, target, path, statement.lineno))
+    return found
+
+
+def _has_reason(lines: list[str], lineno: int) -> bool:
+    """A comment on the import's line, or above the run of import lines it belongs to."""
+    if "#" in lines[lineno - 1]:
+        return True
+    above = lineno - 2
+    while above >= 0 and lines[above].strip().startswith(("from ", "import ")):
+        if "#" in lines[above]:
+            return True
+        above -= 1
+    return above >= 0 and lines[above].strip().startswith("#")
+
+
+def test_imports_inside_functions_of_merit_core_are_listed_with_a_reason():
+    deferred = _deferred()
+    assert ("merit_core.compare.runner", "merit_core.train.training_run") in {(m, t) for m, t, _, _ in deferred}
+    unlisted = sorted({(m, t) for m, t, _, _ in deferred} - set(DEFERRED))
+    assert unlisted == [], "move these imports to the top of their module, or list them with why they wait"
+    stale = sorted(set(DEFERRED) - {(m, t) for m, t, _, _ in deferred})
+    assert stale == [], "listed but no longer inside a function: drop them from DEFERRED"
+    statements = {(path, line) for _, _, path, line in deferred}
+    assert len(statements) <= MAX_DEFERRED, len(statements)
+    texts = {path: path.read_text(encoding="utf-8").splitlines() for path, _ in statements}
+    silent = sorted(
+        f"{path.relative_to(ROOT)}:{line}" for path, line in statements if not _has_reason(texts[path], line)
+    )
+    assert silent == [], "say beside each why it waits"

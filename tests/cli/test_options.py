@@ -62,10 +62,10 @@ def test_inspect_accepts_cuda_n():
 
 def test_train_dtype_accepts_short_names(monkeypatch):
     """--dtype bf16 / fp32 reach the config as bfloat16 / float32; fp16 is refused with the reason."""
-    from merit_cli import train_cmd
+    from merit_core.train import training_run
 
     seen = []
-    monkeypatch.setattr(train_cmd, "run_training", lambda config, report: seen.append(config.dtype))
+    monkeypatch.setattr(training_run, "run_training", lambda config, report: seen.append(config.dtype))
     for given, want in (("bf16", "bfloat16"), ("BFloat16", "bfloat16"), ("fp32", "float32"), ("auto", "auto")):
         result = CliRunner().invoke(cli, ["train", "--dtype", given, "--steps", "1"])
         assert result.exit_code == 0, result.output
