@@ -44,7 +44,7 @@ step "merit inspect"
 step "merit eval on a local task"
 "$IMAGE_PY" "$ROOT/benchmarks/gpu_kit.py" local-tasks "$WORK/tasks"
 CKPT=$(ls -d "$WORK"/run/step_* | tail -1)
-"$IMAGE_PY" -m merit_cli eval "$CKPT" --tasks harbour_lambada,harbour_wiki --include-path "$WORK/tasks" \
+"$IMAGE_PY" -m merit_cli eval "$CKPT" --tasks harbour_lambada,harbour_wiki --include-path "$WORK/tasks" --trust-task-code \
     --device cpu --limit 3 --bootstrap-iters 0 -o "$WORK/eval.json"
 echo
 echo "check_gpu_wheels: OK (CPython $PYVER, $(ls "$WORK/wheels"/*.whl | wc -l) wheels on the image's packages)"

@@ -122,7 +122,7 @@ for pair in eval-fp32:float32 eval-bf16:bfloat16; do
         continue
     fi
     kit_step "$step" - eval_summary "$PY" -m merit_cli eval "$CKPT" --tasks harbour_lambada,harbour_wiki \
-        --include-path "$WORK/tasks" --device $DEVICE --dtype $dtype --bootstrap-iters 0 "${EVAL_LIMIT[@]}" \
+        --include-path "$WORK/tasks" --trust-task-code --device $DEVICE --dtype $dtype --bootstrap-iters 0 "${EVAL_LIMIT[@]}" \
         -o "$WORK/eval-$dtype.json"
 done
 

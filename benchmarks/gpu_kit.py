@@ -38,7 +38,7 @@ def write_json(path: Path, value) -> None:
 def local_tasks(root: Path) -> None:
     """The two local lm-eval tasks of the test suite (a LAMBADA-like and a wikitext-like one)."""
     sys.path.insert(0, str(ROOT))
-    from tests.eval.test_eval import LAMBADA_LINES, WIKI_PAGES, lambada_yaml, wiki_yaml
+    from tests.eval.local_tasks import LAMBADA_LINES, WIKI_PAGES, lambada_yaml, wiki_yaml
 
     root.mkdir(parents=True, exist_ok=True)
     (root / "harbour_lambada.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in LAMBADA_LINES))

@@ -33,7 +33,17 @@ def _eval(*args):
 def test_all_steps_prints_one_row_per_step_with_recorded_logit(world, tmp_path):  # noqa: F811
     run = _run_with_logits(world, tmp_path)
     out, fig = tmp_path / "steps.json", tmp_path / "steps.png"
-    common = ["--tasks", TASK, "--include-path", str(world["tasks"]), "--batch-size", "4", "--bootstrap-iters", "0"]
+    common = [
+        "--tasks",
+        TASK,
+        "--include-path",
+        str(world["tasks"]),
+        "--trust-task-code",
+        "--batch-size",
+        "4",
+        "--bootstrap-iters",
+        "0",
+    ]
     res = _eval(str(run), "--all-steps", *common, "--limit", "4", "-o", str(out), "--plot", str(fig))
     assert res.exit_code == 0, res.output
     table = res.output[res.output.index("scores over training steps") :]
@@ -59,7 +69,7 @@ def test_steps_choose_those_checkpoints(world):  # noqa: F811
 
 def test_steps_input_errors_are_one_line(world, tmp_path):  # noqa: F811
     run = world["run"]
-    common = ["--tasks", TASK, "--include-path", str(world["tasks"])]
+    common = ["--tasks", TASK, "--include-path", str(world["tasks"]), "--trust-task-code"]
     for args, words in (
         ([str(run), "--steps", "7"], "has no checkpoint at step 7; it has 5, 12"),
         ([str(run), "--steps", "x"], "give step numbers"),
