@@ -177,7 +177,12 @@ def _summary_table(checkpoints: list):
     ]
     with_h = any(c.hessian for c in checkpoints)
     if with_h:
-        cols += [("top Hessian eig", "right"), ("Hessian trace ± se", "right")]
+        cols += [
+            ("largest alg. Hessian eig", "right"),
+            ("smallest alg. eig", "right"),
+            ("largest |eig|", "right"),
+            ("Hessian trace ± se", "right"),
+        ]
     for name, justify in cols:
         table.add_column(name, justify=justify)
     s = [c.summary for c in checkpoints]
@@ -197,7 +202,9 @@ def _summary_table(checkpoints: list):
         if with_h:
             h = c.hessian or {}
             conv = "" if h.get("eigen_converged", True) else " (not converged)"
-            row.append(_fmt(h.get("top_eigenvalue")) + conv if h else "-")
+            row.append(_fmt(h.get("largest_algebraic_eigenvalue")) + conv if h else "-")
+            row.append(_fmt(h.get("smallest_algebraic_eigenvalue")) if h else "-")
+            row.append(_fmt(h.get("largest_magnitude_eigenvalue")) if h else "-")
             se = f" ± {_fmt(h['trace_stderr'], 2)}" if h.get("trace_stderr") is not None else ""
             row.append(_fmt(h.get("trace")) + se if h else "-")
         table.add_row(*row)
@@ -254,13 +261,21 @@ def render(console, report, per_head: bool, show_weights: bool | None) -> None:
     show_default=True,
     help="Build the model and measure max attention logits (needs config.json).",
 )
-@click.option("--hessian", is_flag=True, help="Also estimate the top Hessian eigenvalue and trace on the probe batch.")
+@click.option(
+    "--hessian",
+    is_flag=True,
+    help="Also estimate Hessian eigenvalues and trace on the probe batch: the largest algebraic eigenvalue "
+    "(largest_algebraic_eigenvalue, the most positive curvature), the smallest algebraic "
+    "(smallest_algebraic_eigenvalue) and the one of largest magnitude, sign kept "
+    "(largest_magnitude_eigenvalue: what power iteration, e.g. PyHessian, reports as 'top').",
+)
 @click.option(
     "--hessian-iters",
     default=20,
     show_default=True,
     type=click.IntRange(min=1),
-    help="Lanczos steps (Hessian-vector products) for the top eigenvalue; at least 10 to count as converged.",
+    help="Lanczos steps (Hessian-vector products) for the eigenvalues; at least 10 for the largest algebraic "
+    "one to count as converged.",
 )
 @click.option(
     "--hutchinson-samples",
