@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from merit_core import models
 from merit_core.compare.spec import CompareSpec
 from merit_core.errors import ConfigError
 from merit_core.models import context_length, model_config
@@ -139,24 +140,28 @@ def round_lr(value: float) -> float:
 
 
 def model_width(model: str) -> int:
-    """d_model of a named model or config.json (ConfigError for an unknown model)."""
-    config = model_config(model)
-    return int(getattr(config, "n_embd", None) or config.hidden_size)
+    """d_model of a named model or config.json (ConfigError for an unknown or unreadable model)."""
+    width = models.model_width(model)
+    if width is None:
+        model_config(model)  # raises the model's own error (unknown name, unreadable file)
+        raise ConfigError(f"{model}: its config has neither n_embd nor hidden_size")
+    return width
 
 
 def auto_centre(optimizer: str, batch_size: int, smallest_batch: int, model: str, seq_len: int) -> float:
     """The auto grid's centre for `optimizer` at `batch_size` (see the module docstring)."""
     from merit_core.optim.registry import lr_centre, measured_lr
 
-    measured = measured_lr(optimizer, model, batch_size, seq_len)
+    width = model_width(model)
+    measured = measured_lr(optimizer, model, batch_size, seq_len, width)
     if measured is not None:
         return measured.lr
     centre = lr_centre(optimizer)
-    if centre is None:  # measured lrs, but none that reaches this model (its width is unknown)
+    if centre is None:  # measured lrs, but none that reaches this model
         from merit_core.optim.registry import default_lr
 
-        return default_lr(optimizer, model, batch_size, seq_len).lr
-    scale = "small" if model_width(model) < SMALL_WIDTH else "gpt2"
+        return default_lr(optimizer, model, batch_size, seq_len, width).lr
+    scale = "small" if width < SMALL_WIDTH else "gpt2"
     return centre.at(scale) * math.sqrt(batch_size / smallest_batch)
 
 

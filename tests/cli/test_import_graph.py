@@ -153,3 +153,18 @@ def test_every_command_help_stays_light():
     """)
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_optim_imports_neither_models_nor_training():
+    """merit_core.optim knows nothing of models or training: the lr table takes the model's name and
+    width from its caller (merit_core.train.config.lr_default)."""
+    graph = _graph(function_level=True)
+    forbidden = ("merit_core.models", "merit_core.train", "merit_core.compare", "merit_core.diagnostics")
+    outside = {
+        (module, target)
+        for module, targets in graph.items()
+        if module.startswith("merit_core.optim")
+        for target in targets
+        if target.startswith(forbidden)
+    }
+    assert outside == set()

@@ -127,7 +127,9 @@ def test_auto_grid_rule():
     assert auto_lr_grid("lamb", 16, 2, "gpt2-tiny", 128, quick=True) == [2.83e-2]  # measured at 16, not scaled from 2
     assert auto_lr_grid("merit", 64, 64, "gpt2-small", 1024, quick=True) == [2e-3]
     # between entries: the nearest one x sqrt(tokens per step ratio), as merit train's default
-    assert auto_lr_grid("merit", 32, 2, "gpt2-tiny", 128, quick=True) == [default_lr("merit", "gpt2-tiny", 32, 128).lr]
+    assert auto_lr_grid("merit", 32, 2, "gpt2-tiny", 128, quick=True) == [
+        default_lr("merit", "gpt2-tiny", 32, 128, 128).lr
+    ]
     assert auto_lr_grid("merit", 32, 2, "gpt2-tiny", 128, quick=True) == [round_lr(2.83e-2 * 2**0.5)]
     # ablations follow MERIT; unmeasured optimizers their registry default (x 5/3 on small models)
     # at the smallest batch, x sqrt(batch / smallest batch) above it
@@ -233,7 +235,7 @@ def test_the_h200_spec_grids_around_the_measured_defaults_of_each_batch():
     for r in runs:
         c = r.config
         assert (c.model, c.seq_len, c.compile, c.micro_batch_size, c.data) == ("gpt2-small", 1024, True, 16, None)
-        centre = default_lr(r.optimizer, "gpt2-small", r.batch_size, 1024).lr
+        centre = default_lr(r.optimizer, "gpt2-small", r.batch_size, 1024, 768).lr
         assert r.grid == tuple(sorted(round_lr(centre * f) for f in AUTO_FACTORS))
     assert {r.batch_size: r.steps for r in runs} == {16: 320, 128: 40}
 
