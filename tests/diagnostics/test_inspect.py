@@ -164,7 +164,8 @@ def test_hessian_option_and_no_logits(ckpts, tmp_path):
     assert abs(h["largest_magnitude_eigenvalue"]) == max(
         abs(h["largest_algebraic_eigenvalue"]), abs(h["smallest_algebraic_eigenvalue"])
     )
-    assert "largest alg. Hessian eig" in res.output and "largest |eig|" in res.output
+    for header in ("largest alg.", "smallest alg.", "largest |eig|"):  # rich may wrap the rest of a header
+        assert header in res.output
 
 
 def _png_ok(path):
