@@ -17,7 +17,8 @@ The default comparison (no arguments) is adamw, lamb and merit on gpt2-tiny (1.3
 with the built-in corpus, sequence length 128, batch sizes 2 and 16 (8x apart, as the paper's
 GPT-2 medium 480 -> 4k) at 131,072 tokens per run (512 and 64 optimizer steps), a three-point
 lr grid each (extended past an edge holding the best lr, at most twice per side): 18 runs or
-more, one per core at a time on CPU. `--quick` runs the auto grid's centre only, at 65,536
+more, one per core at a time on CPU; then two more seeds for each of the 6 best cells (12 runs)
+and an environment re-run of each (6 runs): 36 runs or more, twice the grid's cost. `--quick` runs the auto grid's centre only, at 65,536
 tokens: 6 runs, a smoke run; with one lr per cell its report states no verdict on the paper's
 claims (report).
 """
