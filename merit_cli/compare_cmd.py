@@ -316,7 +316,7 @@ def results_table(summary: dict[str, Any]):
 @click.option(
     "--best-seeds",
     type=int,
-    help="Seeds of each best lr, topped up after the grids (at least --seeds; 1 with --quick)  [default: 3]",
+    help="Seeds of each best lr, topped up after the grids (at least --seeds; --seeds with --quick)  [default: 3]",
 )
 @click.option(
     "--environment-check/--no-environment-check",
@@ -328,7 +328,8 @@ def results_table(summary: dict[str, Any]):
     "--hessian",
     is_flag=True,
     default=None,
-    help="Top Hessian eigenvalue and trace of each best run's final weights on a fixed validation batch.",
+    help="Hessian eigenvalues (largest and smallest algebraic, largest magnitude) and trace of each best "
+    "run's final weights on a fixed validation batch.",
 )
 @click.option(
     "--preset",

@@ -94,10 +94,10 @@ class CompareSpec:
     lrs: per optimizer, a list of learning rates or "auto" (see merit_core.compare.grid).
     train: `merit train` settings shared by every run (a TrainConfig mapping, no owned keys).
     seeds: runs per (optimizer, batch, lr) cell, with train seeds seed, seed + 1, ...
-    hessian: estimate the top Hessian eigenvalue and trace of each best run's final weights.
+    hessian: estimate the extreme Hessian eigenvalues and trace of each best run's final weights.
     eval: zero-shot tasks for each best run's final checkpoint, or None.
     max_extensions: how many x3 steps an auto grid may grow past an edge holding the best lr.
-    best_seeds: seeds of each best cell (topped up after the grids; at least `seeds`; 1 with --quick).
+    best_seeds: seeds of each best cell (topped up after the grids; at least `seeds`; `seeds` with --quick).
     environment_check: re-run each best cell's first seed under another thread count, to measure how
         far the floating-point environment alone moves its numbers (off with --quick).
     """
