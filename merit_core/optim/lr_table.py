@@ -84,8 +84,8 @@ EXTRAPOLATION_LIMIT = 4.0
 
 
 # Measured lrs (read by lr_from_table; the losses behind each entry are in benchmarks/README.md,
-# "Measured learning rates"). COMPARE_CPU: the best lr by mean final validation loss over 2 seeds
-# in x3 grids (results/compare-cpu/REPORT.md). H200: GPT-2 small shape on the built-in corpus,
+# "Measured learning rates"). COMPARE_CPU: the best lr by mean final validation loss in x3 grids
+# (results/compare-cpu/REPORT.md; the 2026-12-01 re-run, 3 seeds at each best lr, kept every entry). H200: GPT-2 small shape on the built-in corpus,
 # 100 steps, one seed, four lrs for MERIT and two for AdamW: a first GPU data point, not a sweep.
 # NANOGPT: AdamW's lr in the GPT-2 small recipe everyone starts from, at its batch.
 COMPARE_CPU = "results/compare-cpu"
@@ -111,13 +111,21 @@ LAMB_LRS = (
     MeasuredLr("gpt2-small", 64, 1024, 2e-3, "MERIT's lr in " + H200_FIRST + "; LAMB itself not measured there", SMALL),
 )
 # The largest lr each optimizer's grids trained without diverging, per model (the cap of an
-# extrapolated lr). results/compare-cpu: every lr of the gpt2-tiny grids at batch 2 and 16 (MERIT
-# finished 0.09 at batch 2 and diverged at 0.255 at batch 16); H200: the GPT-2 small sweep above.
+# extrapolated lr). gpt2-tiny: the extended grids of the first results/compare-cpu run (commit
+# 5d540e599d; MERIT finished 0.09 at batch 2 and diverged at 0.255 at batch 16); H200: the GPT-2
+# small sweep above.
+COMPARE_CPU_FIRST = "results/compare-cpu at commit 5d540e599d (its extended grids)"
 STABLE_LRS: dict[str, tuple[StableLr, ...]] = {
-    "merit": (StableLr("gpt2-tiny", 9e-2, COMPARE_CPU, TINY), StableLr("gpt2-small", 2e-2, H200_FIRST, SMALL)),
-    "adamw": (StableLr("gpt2-tiny", 8.49e-3, COMPARE_CPU, TINY), StableLr("gpt2-small", 2e-3, H200_FIRST, SMALL)),
+    "merit": (
+        StableLr("gpt2-tiny", 9e-2, COMPARE_CPU_FIRST, TINY),
+        StableLr("gpt2-small", 2e-2, H200_FIRST, SMALL),
+    ),
+    "adamw": (
+        StableLr("gpt2-tiny", 8.49e-3, COMPARE_CPU_FIRST, TINY),
+        StableLr("gpt2-small", 2e-3, H200_FIRST, SMALL),
+    ),
     "lamb": (
-        StableLr("gpt2-tiny", 2.55e-1, COMPARE_CPU, TINY),
+        StableLr("gpt2-tiny", 2.55e-1, COMPARE_CPU_FIRST, TINY),
         StableLr("gpt2-small", 2e-2, "MERIT's in " + H200_FIRST + "; LAMB itself not measured there", SMALL),
     ),
 }
