@@ -13,6 +13,7 @@ from rich.table import Table
 
 from merit_cli.render import EtaColumn, LiveReport, fmt_duration, fmt_float, plain_line, plural
 from merit_core.compare import load_spec, run_compare
+from merit_core.compare.report import SMOKE, no_verdict
 from merit_core.compare.runner import CompareCallbacks
 from merit_core.compare.spec import DEFAULT_BATCH_SIZES, DEFAULT_OPTIMIZERS, DEFAULT_TOKENS, DEFAULT_TRAIN, QUICK_TOKENS
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
@@ -79,23 +80,34 @@ class RichCompareReport(LiveReport, CompareCallbacks):
         self.overall = self.progress.add_task("all runs", total=len(runs), completed=done, info="")
 
     def on_extend(self, runs, states, jobs) -> None:
+        self._added(runs, states, "grid edge", "the best lr sat on an edge; adding")
+
+    def on_add(self, runs, states, jobs, why: str) -> None:
+        if why == "seeds":
+            self._added(runs, states, "best seeds", "topping the best cells up with seeds:")
+        else:
+            self._added(
+                runs, states, "environment check", "re-running each best cell's first seed at another thread count:"
+            )
+
+    def _added(self, runs, states, label: str, text: str) -> None:
+        if not runs:
+            return
         todo = [r for r in runs if states[r.name] in ("new", "partial")]
         cells = sorted({(r.optimizer, r.batch_size, r.lr) for r in runs})
         added = ", ".join(f"{o} b{b} lr {_lr(lr)}" for o, b, lr in cells)
         self.total += len(runs)
         self.done += len(runs) - len(todo)
         if self.plain:
-            self.say(f"grid edge: the best lr sat on an edge; adding {added} ({len(todo)} run(s) to train)")
+            self.say(f"{label}: {text} {added} ({len(todo)} run(s) to train)")
             return
-        self.out.print(
-            f"[yellow]grid edge:[/] the best lr sat on an edge; adding {added} ({len(todo)} run(s) to train)"
-        )
+        self.out.print(f"[yellow]{label}:[/] {text} {added} ({len(todo)} run(s) to train)")
         overall = next(t for t in self.progress.tasks if t.id == self.overall)
         self.progress.update(self.overall, total=(overall.total or 0) + len(runs))
         self.progress.advance(self.overall, len(runs) - len(todo))
 
     def on_measure(self, what: str, run_name: str) -> None:
-        label = {"hessian": "Hessian (top eigenvalue, trace)", "eval": "zero-shot evaluation"}.get(what, what)
+        label = {"hessian": "Hessian (eigenvalues, trace)", "eval": "zero-shot evaluation"}.get(what, what)
         if self.plain:
             self.say(plain_line("measure", [("what", what), ("run", run_name)]))
             return
@@ -181,7 +193,7 @@ def _grid_table(runs):
 
 
 def measures_table(summary: dict[str, Any]):
-    """Each best run's top Hessian eigenvalue and trace (--hessian) and zero-shot scores (--eval), or None."""
+    """Each best run's Hessian eigenvalues and trace (--hessian) and zero-shot scores (--eval), or None."""
     entries = [b for b in summary["best"] if b.get("hessian") or b.get("zero_shot")]
     if not entries:
         return None
@@ -189,14 +201,14 @@ def measures_table(summary: dict[str, Any]):
         title="Best runs' final weights (mean ± std over seeds)",
         title_justify="left",
         header_style="bold",
-        caption="paper, GPT-2 Small: top eigenvalue AdamW 37.2, MERIT 12.3; trace 12,995 vs 3,445",
+        caption="paper, GPT-2 Small: top (largest-magnitude) eigenvalue AdamW 37.2, MERIT 12.3; trace 12,995 vs 3,445",
         caption_justify="left",
     )
     for name in ("optimizer", "batch", "lr"):
         table.add_column(name, justify="left" if name == "optimizer" else "right")
     with_h = any(b.get("hessian") for b in entries)
     if with_h:
-        table.add_column("top Hessian eig", justify="right")
+        table.add_column("largest alg. eig", justify="right")
         table.add_column("Hessian trace", justify="right")
     keys = list(dict.fromkeys((r["task"], r["metric"]) for b in entries for r in b.get("zero_shot") or []))
     for task, metric in keys:
@@ -212,7 +224,10 @@ def measures_table(summary: dict[str, Any]):
         cells = [b["optimizer"], str(b["batch_size"]), _lr(b["lr"])]
         h = b.get("hessian") or {}
         if with_h:
-            cells += [ms(h, "top_eigenvalue", 4), ms(h, "trace", 4)]
+            cells += [
+                ms(h, "largest_algebraic_eigenvalue", 4),
+                ms(h, "trace", 4),
+            ]
         rows = {(r["task"], r["metric"]): r for r in b.get("zero_shot") or []}
         cells += [ms(rows[k], "value", 4) if k in rows else "-" for k in keys]
         table.add_row(*cells)
@@ -226,9 +241,10 @@ def results_table(summary: dict[str, Any]):
     The lowest loss and the lowest max logit at each batch size are bold."""
     settings = summary["settings"]
     best = {(b["optimizer"], b["batch_size"]): b for b in summary["best"]}
+    smoke = no_verdict(summary) is not None
     table = Table(
-        title=f"{settings['model']}, {settings['tokens_per_run']:,} tokens per run, best lr per "
-        "optimizer and batch size b",
+        title=f"{settings['model']}, {settings['tokens_per_run']:,} tokens per run, "
+        + (f"one lr per optimizer and batch size b ({SMOKE})" if smoke else "best lr per optimizer and batch size b"),
         caption="loss: final validation loss; logit: max attention logit at the end (max over layers)",
         title_justify="left",
         caption_justify="left",
@@ -247,7 +263,7 @@ def results_table(summary: dict[str, Any]):
                 for (o, bb), e in best.items()
                 if bb == b and e["status"] == "finished" and e[key] is not None and math.isfinite(e[key])
             ]
-            lowest[b, key] = min(values) if len(values) > 1 else None
+            lowest[b, key] = min(values) if len(values) > 1 and not smoke else None
     for name in settings["optimizers"]:
         cells = [name]
         for b in settings["batch_sizes"]:
@@ -312,10 +328,22 @@ def _check_task_trust(spec, trusted: bool) -> None:
     help="Runs per learning rate, with train seeds seed, seed+1, ...; best lr on the mean  [default: 1]",
 )
 @click.option(
+    "--best-seeds",
+    type=int,
+    help="Seeds of each best lr, topped up after the grids (at least --seeds; --seeds with --quick)  [default: 3]",
+)
+@click.option(
+    "--environment-check/--no-environment-check",
+    default=None,
+    help="Re-run each best cell's first seed at another thread count to measure the environment spread "
+    "verdicts must exceed (off with --quick)  [default: on]",
+)
+@click.option(
     "--hessian",
     is_flag=True,
     default=None,
-    help="Top Hessian eigenvalue and trace of each best run's final weights on a fixed validation batch.",
+    help="Hessian eigenvalues (largest and smallest algebraic, largest magnitude) and trace of each best "
+    "run's final weights on a fixed validation batch.",
 )
 @click.option(
     "--preset",
@@ -368,6 +396,8 @@ def compare(
     eval_limit,
     max_extensions,
     overrides,
+    best_seeds,
+    environment_check,
 ):
     """Compare optimizers at a small and a large batch, same token budget, each at its best lr.
 
@@ -406,6 +436,8 @@ def compare(
         eval_limit=eval_limit,
         preset=preset,
         max_extensions=max_extensions,
+        best_seeds=best_seeds,
+        environment_check=environment_check,
     )
     _check_task_trust(spec, trust_task_code)
     spec.command = _command_line(click.get_current_context())
@@ -418,6 +450,9 @@ def compare(
     summary = result.summary.to_dict()
     out_console.print()
     out_console.print(results_table(summary))
+    reason = no_verdict(summary)
+    if reason is not None:
+        out_console.print(f"[yellow]{SMOKE}:[/] {reason}")
     measures = measures_table(summary)
     if measures is not None:
         out_console.print(measures)

@@ -251,7 +251,12 @@ def _summary_table(checkpoints: list):
         cols += [("max Δw/w", "right")]
     with_h = any(c.hessian for c in checkpoints)
     if with_h:
-        cols += [("top Hessian eig", "right"), ("Hessian trace ± se", "right")]
+        cols += [
+            ("largest alg. Hessian eig", "right"),
+            ("smallest alg. eig", "right"),
+            ("largest |eig|", "right"),
+            ("Hessian trace ± se", "right"),
+        ]
     for name, justify in cols:
         table.add_column(name, justify=justify)
     s = [c.summary for c in checkpoints]
@@ -281,7 +286,9 @@ def _summary_table(checkpoints: list):
         if with_h:
             h = c.hessian or {}
             conv = "" if h.get("eigen_converged", True) else " (not converged)"
-            row.append(_fmt(h.get("top_eigenvalue")) + conv if h else "-")
+            row.append(_fmt(h.get("largest_algebraic_eigenvalue")) + conv if h else "-")
+            row.append(_fmt(h.get("smallest_algebraic_eigenvalue")) if h else "-")
+            row.append(_fmt(h.get("largest_magnitude_eigenvalue")) if h else "-")
             se = f" ± {_fmt(h['trace_stderr'], 2)}" if h.get("trace_stderr") is not None else ""
             row.append(_fmt(h.get("trace")) + se if h else "-")
         table.add_row(*row)
@@ -369,13 +376,21 @@ def _print_notes(console, checkpoints: list) -> None:
     show_default=True,
     help="Update size per weight from a `merit train` checkpoint's optimizer state (zero-gradient step).",
 )
-@click.option("--hessian", is_flag=True, help="Also estimate the top Hessian eigenvalue and trace on the probe batch.")
+@click.option(
+    "--hessian",
+    is_flag=True,
+    help="Also estimate Hessian eigenvalues and trace on the probe batch: the largest algebraic eigenvalue "
+    "(largest_algebraic_eigenvalue, the most positive curvature), the smallest algebraic "
+    "(smallest_algebraic_eigenvalue) and the one of largest magnitude, sign kept "
+    "(largest_magnitude_eigenvalue: what power iteration, e.g. PyHessian, reports as 'top').",
+)
 @click.option(
     "--hessian-iters",
     default=20,
     show_default=True,
     type=click.IntRange(min=1, max=1000),  # Lanczos keeps one parameter-sized vector per step
-    help="Lanczos steps (Hessian-vector products) for the top eigenvalue; at least 10 to count as converged.",
+    help="Lanczos steps (Hessian-vector products) for the eigenvalues; at least 10 for the largest algebraic "
+    "one to count as converged.",
 )
 @click.option(
     "--hutchinson-samples",

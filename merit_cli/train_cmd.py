@@ -225,7 +225,10 @@ CONFIG_OPTIONS = (
         "--lr",
         callback=number(float),
         help="Peak learning rate (default: the measured lr for the model and batch, see "
-        "merit_core.optim.registry.default_lr; the start line says which and from which run).",
+        "merit_core.optim.lr_table; the start line says which and from which run, and 'extrapolated' with "
+        "the cap when the batch or model is far from every measurement). For MERIT and LAMB the lr is "
+        "relative: each step moves a weight by at most about lr x max|W| of its tensor (max-norm ratios; "
+        "docs/MERIT.md), not by lr.",
     ),
     click.option("--batch-size", callback=number(int), help="Global batch size in sequences (default 16)."),
     click.option(
@@ -360,14 +363,12 @@ def train(config_file, overrides, **values):
 
 
 def _lr_source(config):
-    """Where the lr of a run without one comes from (registry.default_lr), for the start line; None
-    when the config or the command line gives an lr."""
-    if config.lr is not None:
-        return None
-    from merit_core.optim.registry import default_lr
+    """Where the lr of a run without one comes from (train.config.lr_default, which resolve applies),
+    for the start line; None when the config or the command line gives an lr."""
+    from merit_core.train.config import lr_default
 
     try:
-        return default_lr(config.optimizer, config.model, config.batch_size, config.seq_len)
+        return lr_default(config)
     except MeritError:
         return None  # an unknown optimizer: the run itself says so
 

@@ -6,8 +6,10 @@ those folders. Modules: spec (settings), grid (lr grids and run configs), runner
 execution), worker (one run in a subprocess), summary, report, plots.
 
 Rounds: train the planned runs; while an auto grid's best lr sits on its edge, train the next
-lr beyond it (grid); then measure the best runs (--hessian, --eval: measures) and write the
-outputs. `--seeds N` trains every lr N times and ranks on the mean (summary); `--preset
+lr beyond it (grid); top each best cell up to `best_seeds` seeds (3 by default) until the best
+cells stand; re-run each best cell's first seed under another thread count (the environment
+check, grid); then measure the best runs (--hessian, --eval: measures) and write the outputs.
+Every run but the environment re-runs uses one intra-op thread count (runner.compare_threads). `--seeds N` trains every lr N times and ranks on the mean (summary); `--preset
 ablations` compares MERIT with its registry ablations at the largest batch (spec, report).
 `run_compare` returns a typed `CompareSummary` (results) whose `to_dict()` is summary.json.
 
@@ -15,7 +17,8 @@ The default comparison (no arguments) is adamw, lamb and merit on gpt2-tiny (1.3
 with the built-in corpus, sequence length 128, batch sizes 2 and 16 (8x apart, as the paper's
 GPT-2 medium 480 -> 4k) at 131,072 tokens per run (512 and 64 optimizer steps), a three-point
 lr grid each (extended past an edge holding the best lr, at most twice per side): 18 runs or
-more, one per core at a time on CPU. `--quick` runs the auto grid's centre only, at 65,536
+more, one per core at a time on CPU; then two more seeds for each of the 6 best cells (12 runs)
+and an environment re-run of each (6 runs): 36 runs or more, twice the grid's cost. `--quick` runs the auto grid's centre only, at 65,536
 tokens: 6 runs, a smoke run; with one lr per cell its report states no verdict on the paper's
 claims (report).
 """
@@ -33,14 +36,23 @@ from merit_core.compare.grid import (
     annotate_extensions,
     lr_grids,
     next_extensions,
+    next_top_ups,
     plan_runs,
     seed_list,
 )
-from merit_core.compare.measures import PAPER, eval_cell, hessian_cell, run_eval, run_hessian
+from merit_core.compare.measures import PAPER, eval_cell, hessian_cell, hessian_spread, run_eval, run_hessian
 from merit_core.compare.plots import PLOT_FILE, plot_compare
 from merit_core.compare.report import render_report
 from merit_core.compare.results import BestResult, CompareSummary, RunResult
-from merit_core.compare.runner import CompareCallbacks, default_jobs, execute, run_state
+from merit_core.compare.runner import (
+    CompareCallbacks,
+    compare_threads,
+    default_jobs,
+    execute,
+    other_threads,
+    run_state,
+    usable_cores,
+)
 from merit_core.compare.spec import CompareSpec, load_spec
 from merit_core.compare.summary import SUMMARY_FILE, build_summary, select_best, write_json
 from merit_core.devices import measurement_device
@@ -91,12 +103,18 @@ class CompareResult:
     elapsed_s: float = 0.0
 
 
-def plan_compare(spec: CompareSpec, extra: dict[tuple[str, int], list[float]] | None = None) -> ComparePlan:
+def plan_compare(
+    spec: CompareSpec,
+    extra: dict[tuple[str, int], list[float]] | None = None,
+    top_ups: dict | None = None,
+    env_runs: dict | None = None,
+) -> ComparePlan:
     """Validate the comparison and find each run's state; writes nothing (ConfigError on bad input).
 
-    `extra`: lrs added past grid edges (see merit_core.compare.grid.next_extensions)."""
+    `extra`: lrs added past grid edges; `top_ups`, `env_runs`: best cells' extra seeds and
+    environment re-runs (see merit_core.compare.grid)."""
     check_compare_out(spec.out)
-    runs = plan_runs(spec, extra)
+    runs = plan_runs(spec, extra, top_ups, env_runs)
     states = {run.name: run_state(run) for run in runs}
     device = str(spec.train.get("device", "auto"))
     todo = sum(state in ("new", "partial") for state in states.values())
@@ -148,23 +166,49 @@ def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) ->
     if spec.eval is not None:
         resolve_tasks(list(spec.eval.tasks), spec.eval.include_path)  # a bad task name fails before training
     plan = plan_compare(spec)
+    threads = compare_threads(str(spec.train.get("device", "auto")), spec.jobs)
     data_dir, meta = _prepare_data(spec, callbacks)
     callbacks.on_plan(plan.runs, plan.states, plan.jobs)
-    states = execute(plan.runs, plan.states, plan.jobs, spec.out / "logs", callbacks)
+    states = execute(plan.runs, plan.states, plan.jobs, spec.out / "logs", callbacks, threads)
     before = dict(plan.states)
     extra: dict[tuple[str, int], list[float]] = {}
+    top_ups: dict = {}
+    env_runs: dict = {}
+
+    def train_new(why: str | None, jobs: int | None = None) -> None:
+        nonlocal plan
+        plan = plan_compare(spec, extra, top_ups, env_runs)
+        new = [run for run in plan.runs if run.name not in states]
+        before.update({run.name: plan.states[run.name] for run in new})
+        jobs = min(plan.jobs, jobs or plan.jobs)
+        if why is None:
+            callbacks.on_extend(new, plan.states, jobs)
+        else:
+            callbacks.on_add(new, plan.states, jobs, why)
+        states.update(execute(new, plan.states, jobs, spec.out / "logs", callbacks, threads))
+
     while True:
         summary = build_summary({}, plan.runs, states)
         grown = next_extensions(spec, summary["best"], extra)
         if not grown:
             break
         extra = grown
-        plan = plan_compare(spec, extra)
-        new = [run for run in plan.runs if run.name not in states]
-        before.update({run.name: plan.states[run.name] for run in new})
-        callbacks.on_extend(new, plan.states, plan.jobs)
-        states.update(execute(new, plan.states, plan.jobs, spec.out / "logs", callbacks))
-    summary = build_summary(_settings(spec, plan.runs, meta, extra), plan.runs, states)
+        train_new(None)
+    while True:  # top the best cells up; a best cell the new seeds displace is topped up in turn
+        more = next_top_ups(spec, build_summary({}, plan.runs, states)["best"], top_ups)
+        if not more:
+            break
+        top_ups = more
+        train_new("seeds")
+    if spec.environment_check:
+        alternative = other_threads(threads or _torch_threads())
+        best = build_summary({}, plan.runs, states)["best"]
+        env_runs = {(b["optimizer"], b["batch_size"], b["lr"]): alternative for b in best if b["status"] == "finished"}
+        if env_runs:  # as many at once as the cores hold at their thread count
+            train_new("environment", max(1, usable_cores() // alternative) if threads is not None else None)
+    settings = _settings(spec, plan.runs, meta, extra)
+    settings["environment"] = _environment(threads, env_runs)
+    summary = build_summary(settings, plan.runs, states)
     annotate_extensions(spec, summary["best"])
     _measure(spec, summary, data_dir, callbacks)
     typed = CompareSummary.from_dict(summary)
@@ -194,12 +238,19 @@ def _measure(spec: CompareSpec, summary: dict[str, Any], data_dir: Path, callbac
     run_dirs = {r["name"]: Path(r["run_dir"]) for r in summary["runs"]}
     finished = [b for b in summary["best"] if b["status"] == "finished"]
     if spec.hessian:
+        device = measurement_device(spec.train.get("device"))
+        largest = max(spec.all_batch_sizes)
         for entry in finished:
             measured = []
             for name in entry["run_names"]:
                 callbacks.on_measure("hessian", name)
-                measured.append(run_hessian(run_dirs[name], data_dir, measurement_device(spec.train.get("device"))))
+                measured.append(run_hessian(run_dirs[name], data_dir, device))
             entry["hessian"] = hessian_cell(measured)
+            env = entry.get("environment")
+            if env and env["status"] == "finished" and entry["batch_size"] == largest:
+                # the claims are judged at the largest batch: their Hessian gets an environment spread too
+                callbacks.on_measure("hessian", env["run"])
+                env["hessian"] = hessian_spread(measured[0], run_hessian(run_dirs[env["run"]], data_dir, device))
     if spec.eval is not None and finished:
         names = [name for entry in finished for name in entry["run_names"]]
         for name in names:
@@ -209,6 +260,24 @@ def _measure(spec: CompareSpec, summary: dict[str, Any], data_dir: Path, callbac
         )
         for entry in finished:
             entry["zero_shot"] = eval_cell([results[name] for name in entry["run_names"]])
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _environment(threads: int | None, env_runs: dict) -> dict[str, Any]:
+    """summary.json settings.environment: the floating-point environment of the runs (hardware.
+    float_environment at the runs' thread count) and the environment check's thread count."""
+    from merit_core.train.hardware import float_environment
+
+    return {
+        **float_environment(threads),
+        "check": "each best cell's first seed re-trained at another intra-op thread count" if env_runs else "not run",
+        "check_threads": next(iter(env_runs.values()), None),
+    }
 
 
 def _prepare_data(spec: CompareSpec, callbacks: CompareCallbacks):
@@ -277,6 +346,7 @@ def _settings(spec: CompareSpec, runs: list[PlannedRun], meta, extra=None) -> di
         "grad_clip": float(first.grad_clip),
         "seed": int(first.seed),
         "seeds": seed_list(spec),
+        "best_seeds": spec.best_seeds,
         "hessian": spec.hessian,
         "eval": None
         if spec.eval is None

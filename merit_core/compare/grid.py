@@ -21,6 +21,11 @@ side (`next_extensions`). Given lists (--lrs 1e-3,...) are never extended.
 
 With `spec.seeds` > 1 every lr is trained with train seeds seed, seed + 1, ...; the first keeps
 the plain run name, the others add '-s<seed>' (so a one-seed comparison's runs are reused).
+After the grids, each best cell is topped up to `spec.best_seeds` seeds (`top_ups`: the same
+names, more seeds), and with `spec.environment_check` its first seed is trained once more
+under another intra-op thread count (`env_runs`: '-env<threads>t'): the same computation in a
+perturbed floating-point environment, whose difference from the original is the environment
+spread the report weighs verdicts against (merit_core.compare.report).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from merit_core import models
 from merit_core.compare.spec import CompareSpec
 from merit_core.errors import ConfigError
 from merit_core.models import context_length, model_config
@@ -74,6 +80,7 @@ class PlannedRun:
     grid: tuple[float, ...]
     config: Any  # merit_core.train.config.TrainConfig
     seed_index: int = 0  # 0 for the comparison's first seed
+    threads: int | None = None  # an environment re-run's intra-op thread count; None for every other run
 
     @property
     def seed(self) -> int:
@@ -81,7 +88,9 @@ class PlannedRun:
 
     @property
     def name(self) -> str:
-        return run_name(self.optimizer, self.batch_size, self.lr, self.seed if self.seed_index else None)
+        return run_name(self.optimizer, self.batch_size, self.lr, self.seed if self.seed_index else None) + (
+            "" if self.threads is None else env_suffix(self.threads)
+        )
 
     @property
     def run_dir(self) -> Path:
@@ -101,10 +110,29 @@ def run_name(optimizer: str, batch_size: int, lr: float, seed: int | None = None
     return f"{optimizer}-b{batch_size}-lr{lr:.3g}" + ("" if seed is None else f"-s{seed}")
 
 
-def seed_list(spec: CompareSpec) -> list[int]:
-    """The train seeds of every cell: the [train] seed (default 0) and the next spec.seeds - 1."""
+def env_suffix(threads: int) -> str:
+    """The run-name suffix of an environment re-run at `threads` intra-op threads."""
+    return f"-env{threads}t"
+
+
+def seed_list(spec: CompareSpec, n: int | None = None) -> list[int]:
+    """The train seeds of a cell: the [train] seed (default 0) and the next n - 1 (n: spec.seeds)."""
     base = int(spec.train.get("seed", 0))
-    return [base + k for k in range(spec.seeds)]
+    return [base + k for k in range(spec.seeds if n is None else n)]
+
+
+Cell = tuple[str, int, float]  # (optimizer, batch size, lr)
+
+
+def next_top_ups(spec: CompareSpec, best: list[dict[str, Any]], top_ups: dict[Cell, int]) -> dict[Cell, int]:
+    """`top_ups` with every finished best cell short of spec.best_seeds seeds added, or {} when
+    none is (a best cell changed by the new seeds is topped up in the next round)."""
+    grown = dict(top_ups)
+    for entry in best:
+        cell = (entry["optimizer"], entry["batch_size"], entry["lr"])
+        if entry["status"] == "finished" and len(entry.get("seeds") or [0]) < spec.best_seeds and cell not in grown:
+            grown[cell] = spec.best_seeds
+    return grown if grown != top_ups else {}
 
 
 def round_lr(value: float) -> float:
@@ -112,24 +140,28 @@ def round_lr(value: float) -> float:
 
 
 def model_width(model: str) -> int:
-    """d_model of a named model or config.json (ConfigError for an unknown model)."""
-    config = model_config(model)
-    return int(getattr(config, "n_embd", None) or config.hidden_size)
+    """d_model of a named model or config.json (ConfigError for an unknown or unreadable model)."""
+    width = models.model_width(model)
+    if width is None:
+        model_config(model)  # raises the model's own error (unknown name, unreadable file)
+        raise ConfigError(f"{model}: its config has neither n_embd nor hidden_size")
+    return width
 
 
 def auto_centre(optimizer: str, batch_size: int, smallest_batch: int, model: str, seq_len: int) -> float:
     """The auto grid's centre for `optimizer` at `batch_size` (see the module docstring)."""
     from merit_core.optim.registry import lr_centre, measured_lr  # torch: not at `merit compare --help`
 
-    measured = measured_lr(optimizer, model, batch_size, seq_len)
+    width = model_width(model)
+    measured = measured_lr(optimizer, model, batch_size, seq_len, width)
     if measured is not None:
         return measured.lr
     centre = lr_centre(optimizer)
-    if centre is None:  # measured lrs, but none that reaches this model (its width is unknown)
+    if centre is None:  # measured lrs, but none that reaches this model
         from merit_core.optim.registry import default_lr  # torch: not at `merit compare --help`
 
-        return default_lr(optimizer, model, batch_size, seq_len).lr
-    scale = "small" if model_width(model) < SMALL_WIDTH else "gpt2"
+        return default_lr(optimizer, model, batch_size, seq_len, width).lr
+    scale = "small" if width < SMALL_WIDTH else "gpt2"
     return centre[scale] * math.sqrt(batch_size / smallest_batch)
 
 
@@ -219,8 +251,16 @@ def annotate_extensions(spec: CompareSpec, best: list[dict[str, Any]]) -> None:
             entry["edge_reason"] = "limit"
 
 
-def plan_runs(spec: CompareSpec, extra: dict[tuple[str, int], list[float]] | None = None) -> list[PlannedRun]:
-    """Every run of the comparison with its resolved train config; ConfigError on bad settings."""
+def plan_runs(
+    spec: CompareSpec,
+    extra: dict[tuple[str, int], list[float]] | None = None,
+    top_ups: dict[Cell, int] | None = None,
+    env_runs: dict[Cell, int] | None = None,
+) -> list[PlannedRun]:
+    """Every run of the comparison with its resolved train config; ConfigError on bad settings.
+
+    `top_ups`: cells trained with more seeds than spec.seeds; `env_runs`: cells whose first
+    seed is trained again at the given thread count (see the module docstring)."""
     from merit_core.optim import default_hparams  # torch: not at `merit compare --help`
 
     model = str(spec.train["model"])
@@ -234,7 +274,15 @@ def plan_runs(spec: CompareSpec, extra: dict[tuple[str, int], list[float]] | Non
     for (optimizer, batch), grid in lr_grids(spec, extra).items():
         steps = max(1, math.ceil(spec.tokens / (batch * seq_len)))
         for lr in grid:
-            for index, seed in enumerate(seed_list(spec)):
+            cell = (optimizer, batch, lr)
+            n_seeds = max(spec.seeds, (top_ups or {}).get(cell, 0))
+            plans = [(index, seed, None) for index, seed in enumerate(seed_list(spec, n_seeds))]
+            if cell in (env_runs or {}):
+                plans.append((0, seed_list(spec)[0], env_runs[cell]))
+            for index, seed, threads in plans:
+                name = run_name(optimizer, batch, lr, seed if index else None)
+                if threads is not None:
+                    name += env_suffix(threads)
                 values = {
                     **spec.train,
                     "optimizer": optimizer,
@@ -243,13 +291,13 @@ def plan_runs(spec: CompareSpec, extra: dict[tuple[str, int], list[float]] | Non
                     "steps": steps,
                     "seed": seed,
                     "optimizer_args": dict(spec.optimizer_args.get(optimizer, {})),
-                    "out": str(spec.out / RUNS_DIR / run_name(optimizer, batch, lr, seed if index else None)),
+                    "out": str(spec.out / RUNS_DIR / name),
                 }
                 values.setdefault("eval_every", max(1, steps // EVAL_POINTS))
                 values.setdefault("save_every", max(1, math.ceil(steps / 4)))
                 values.setdefault("keep_checkpoints", 1)
                 config = resolve(from_dict(values), 1, default_hparams(optimizer))
-                runs.append(PlannedRun(optimizer, batch, lr, tuple(grid), config, index))
+                runs.append(PlannedRun(optimizer, batch, lr, tuple(grid), config, index, threads))
     return runs
 
 

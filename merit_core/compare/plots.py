@@ -1,10 +1,16 @@
 """compare.png: validation loss against batch size per optimizer (best lr each), the max
 attention logit and validation loss against step at the largest batch size, (with --hessian)
-the top Hessian eigenvalue of each best run, and, below, the lr sensitivity: final validation
-loss and max attention logit against lr for each optimizer (colour) and batch size (line style).
+the largest algebraic Hessian eigenvalue of each best run, and, below, the lr sensitivity: one
+panel per optimizer for the final validation loss and one for the max attention logit against
+lr, each batch size in its own colour and marker.
 
-With several seeds a point is the mean over seeds with a bar of ± one standard deviation and
-each seed's value as a small dot; a curve is the mean over seeds with the seeds' range shaded.
+With several seeds a point is the mean over seeds; in the lr-sensitivity panels its bar spans
+the seeds' minimum to maximum (it stays on a log axis, where mean ± std can go below zero), on
+the batch-size panel it is ± one standard deviation, with each seed's value as a small dot; a
+curve is the mean over seeds with the seeds' range shaded. A diverged lr is a triangle at the top
+edge of its panel (labelled "diverged, drawn at the top edge": it has no value to plot); the
+best lr of each batch is a dotted vertical line and its good band (lrs within GOOD_LR_TOLERANCE
+of the best loss) shaded, except in a smoke run, which has no best lr.
 """
 
 from __future__ import annotations
@@ -12,11 +18,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from merit_core.compare.report import GOOD_LR_TOLERANCE, no_verdict
 from merit_core.fileio import atomic_path
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 
 PLOT_FILE = "compare.png"
 COLORS = {"adamw": "tab:blue", "lamb": "tab:orange", "merit": "tab:green"}
+# lr-sensitivity panels: batch sizes in order of size
+BATCH_COLORS = ("tab:purple", "tab:red", "tab:cyan", "tab:olive", "tab:brown", "tab:pink")
+BATCH_MARKERS = ("o", "s", "D", "v", "P", "*")
+DIVERGED_LABEL = "diverged (drawn at the top edge)"
+BEST_LABEL = "best lr"
+BAND_LABEL = f"good lrs (within {100 * GOOD_LR_TOLERANCE:g}% of the best)"
 
 
 def _color(name: str, index: int) -> str:
@@ -25,6 +38,21 @@ def _color(name: str, index: int) -> str:
 
 def plot_compare(summary: dict[str, Any], out_dir: str | Path) -> Path:
     """Draw <out_dir>/compare.png from a summary (see merit_core.compare.summary) and return its path."""
+    import matplotlib.pyplot as plt
+
+    fig = compare_figure(summary)
+    out = Path(out_dir) / PLOT_FILE
+    try:
+        with atomic_path(out) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
+    return out
+
+
+def compare_figure(summary: dict[str, Any]):
+    """The matplotlib Figure of compare.png (see the module docstring): a top row of summary
+    panels, then a row of loss-vs-lr and a row of max-logit-vs-lr panels, one per optimizer."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -36,12 +64,13 @@ def plot_compare(summary: dict[str, Any], out_dir: str | Path) -> Path:
     largest = batches[-1]
     with_hessian = any(b.get("hessian") for b in summary["best"])
     panels = 4 if with_hessian else 3
-    fig, grid = plt.subplots(2, panels, figsize=(5.7 * panels, 9.6), constrained_layout=True, squeeze=False)
-    axes = list(grid[0])
+    width = 5.7 * max(panels, len(optimizers))
+    fig = plt.figure(figsize=(width, 14.4), layout="constrained")
+    top, lr_loss_row, lr_logit_row = fig.subfigures(3, 1)
+    axes = list(top.subplots(1, panels))
     ax_b, ax_logit, ax_val = axes[:3]
-    ax_lr_loss, ax_lr_logit = grid[1][0], grid[1][1]
-    for ax in grid[1][2:]:
-        ax.set_axis_off()
+    lr_loss = list(lr_loss_row.subplots(1, len(optimizers), squeeze=False)[0])
+    lr_logit = list(lr_logit_row.subplots(1, len(optimizers), squeeze=False)[0])
 
     for i, name in enumerate(optimizers):
         points = [
@@ -112,65 +141,94 @@ def plot_compare(summary: dict[str, Any], out_dir: str | Path) -> Path:
     ax_val.set(title=f"Validation loss vs step, batch {largest}", xlabel="step", ylabel="validation loss (nats/token)")
     if with_hessian:
         _plot_hessian(axes[3], summary, optimizers, batches)
-    _plot_sensitivity(ax_lr_loss, ax_lr_logit, summary, optimizers, batches)
-    for ax in (*axes, ax_lr_loss, ax_lr_logit):
+    smoke = no_verdict(summary) is not None
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in summary.get("cells") or summary["runs"]:
+        groups.setdefault((r["optimizer"], r["batch_size"]), []).append(r)
+    for name, ax_loss, ax_lr_logit in zip(optimizers, lr_loss, lr_logit):
+        _plot_sensitivity(ax_loss, ax_lr_logit, name, groups, batches, mark_best=not smoke)
+    for ax in (*axes, *lr_loss, *lr_logit):
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small")
     fig.suptitle(
         f"{settings['model']}: {' vs '.join(optimizers)}, {settings['tokens_per_run']:,} tokens per run, "
-        f"seq len {settings['seq_len']}"
+        f"seq len {settings['seq_len']}" + (" (smoke run: one untuned lr each)" if smoke else "")
     )
-    out = Path(out_dir) / PLOT_FILE
-    try:
-        with atomic_path(out) as tmp:
-            fig.savefig(tmp, dpi=110, format="png")
-    finally:
-        plt.close(fig)
-    return out
-
-
-LINESTYLES = ("-", "--", ":", "-.")
+    return fig
 
 
 def _plot_sensitivity(
-    ax_loss: Any, ax_logit: Any, summary: dict[str, Any], optimizers: list[str], batches: list[int]
+    ax_loss: Any,
+    ax_logit: Any,
+    name: str,
+    groups: dict[tuple[str, int], list[dict[str, Any]]],
+    batches: list[int],
+    mark_best: bool = True,
 ) -> None:
-    """Final validation loss and max attention logit against lr, one line per optimizer and batch
-    (mean over seeds, ± one std as bars); diverged cells are left out of the line, marked x."""
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for r in summary.get("cells") or summary["runs"]:
-        groups.setdefault((r["optimizer"], r["batch_size"]), []).append(r)
-    for i, name in enumerate(optimizers):
-        for j, b in enumerate(batches):
-            cells = sorted(groups.get((name, b), []), key=lambda r: r["lr"])
-            if not cells:
-                continue
-            style = dict(color=_color(name, i), linestyle=LINESTYLES[j % len(LINESTYLES)], marker="o", capsize=3)
-            label = f"{name} b{b}"
-            for ax, key in ((ax_loss, "final_val_loss"), (ax_logit, "max_attention_logit")):
-                done = [r for r in cells if r["status"] == "finished" and r.get(key) is not None]
-                if done:
-                    ax.errorbar(
-                        [r["lr"] for r in done],
-                        [r[key] for r in done],
-                        yerr=[r.get(f"{key}_std") or 0.0 for r in done],
-                        label=label,
-                        **style,
-                    )
-                failed = [r["lr"] for r in cells if r["status"] != "finished"]
-                if failed and done:
-                    ax.plot(failed, [max(r[key] for r in done)] * len(failed), "x", color=style["color"])
-    ax_loss.set_xscale("log")
-    ax_loss.set(
-        title="lr sensitivity: final validation loss vs lr (x: diverged)",
-        xlabel="peak learning rate",
-        ylabel="validation loss (nats/token)",
-    )
-    ax_logit.set_xscale("log")
-    ax_logit.set(title="lr sensitivity: max attention logit at the end vs lr", xlabel="peak learning rate")
+    """One optimizer's final validation loss and max attention logit against lr, each batch in its
+    own colour and marker: the mean over seeds with a min-max bar, a diverged lr as a triangle at
+    the top edge, and (`mark_best`) each batch's best lr and good band (see the module docstring)."""
+    from matplotlib.transforms import blended_transform_factory
+
+    for j, b in enumerate(batches):
+        cells = sorted(groups.get((name, b), []), key=lambda r: r["lr"])
+        if not cells:
+            continue
+        color, marker = BATCH_COLORS[j % len(BATCH_COLORS)], BATCH_MARKERS[j % len(BATCH_MARKERS)]
+        done_loss = [r for r in cells if r["status"] == "finished" and r.get("final_val_loss") is not None]
+        band = None
+        if mark_best and done_loss:
+            top = min(r["final_val_loss"] for r in done_loss)
+            winner = min(done_loss, key=lambda r: (r["final_val_loss"], r["lr"]))
+            good = [r["lr"] for r in done_loss if r["final_val_loss"] <= top * (1 + GOOD_LR_TOLERANCE)]
+            band = (min(good), max(good), winner["lr"])
+        for ax, key in ((ax_loss, "final_val_loss"), (ax_logit, MAX_ATTENTION_LOGIT)):
+            done = [r for r in cells if r["status"] == "finished" and r.get(key) is not None]
+            if done:
+                low, high = zip(*(_seed_range(r, key) for r in done))
+                ys = [r[key] for r in done]
+                ax.errorbar(
+                    [r["lr"] for r in done],
+                    ys,
+                    yerr=[[y - lo for y, lo in zip(ys, low)], [hi - y for y, hi in zip(ys, high)]],
+                    color=color,
+                    marker=marker,
+                    capsize=3,
+                    label=f"batch {b}",
+                )
+            failed = [r["lr"] for r in cells if r["status"] != "finished"]
+            if failed:
+                edge = blended_transform_factory(ax.transData, ax.transAxes)  # x: lr, y: the top edge
+                ax.plot(
+                    failed,
+                    [1.0] * len(failed),
+                    linestyle="",
+                    marker="^",
+                    markersize=9,
+                    markerfacecolor="none",
+                    markeredgewidth=1.8,
+                    color=color,
+                    transform=edge,
+                    clip_on=False,
+                    label=f"batch {b}: {DIVERGED_LABEL}",
+                )
+            if band is not None:
+                ax.axvspan(band[0], band[1], color=color, alpha=0.12, label=f"batch {b}: {BAND_LABEL}")
+                ax.axvline(band[2], color=color, linestyle=":", linewidth=1.4, label=f"batch {b}: {BEST_LABEL}")
+    for ax in (ax_loss, ax_logit):
+        ax.set_xscale("log")
+        ax.set_xlabel("peak learning rate (log scale)")
+    ax_loss.set(title=f"{name}: final validation loss vs lr", ylabel="validation loss (nats/token)")
+    ax_logit.set_title(f"{name}: max attention logit at the end vs lr")
     ax_logit.set_yscale("log")  # a good lr's logit is O(10), a too-large one's up to 1e7
     ax_logit.set_ylabel("max over layers and heads of q·k/√d_head (log scale)")
+
+
+def _seed_range(cell: dict[str, Any], key: str) -> tuple[float, float]:
+    """The smallest and largest seed value of a cell (its mean when the seeds are not listed)."""
+    values = [v for v in cell.get(f"{key}_values") or [] if v is not None]
+    return (min(values), max(values)) if values else (cell[key], cell[key])
 
 
 def _log_if_spread(ax: Any, ratio: float = 20.0) -> None:
@@ -192,20 +250,26 @@ def _plot_seeds(ax: Any, steps: list[int], series: list[list[float | None]], lab
 
 
 def _plot_hessian(ax: Any, summary: dict[str, Any], optimizers: list[str], batches: list[int]) -> None:
-    """Bars: the top Hessian eigenvalue of each best run (± std over seeds, seed values as dots)."""
+    """Bars: the largest algebraic Hessian eigenvalue of each best run (± std over seeds, seed values as dots)."""
     labels, x = [], 0
     for i, name in enumerate(optimizers):
         for b in batches:
             entry = next((e for e in summary["best"] if (e["optimizer"], e["batch_size"]) == (name, b)), None)
             h = (entry or {}).get("hessian") or {}
-            if h.get("top_eigenvalue") is None:
+            if h.get("largest_algebraic_eigenvalue") is None:
                 continue
-            ax.bar(x, h["top_eigenvalue"], yerr=h.get("top_eigenvalue_std") or 0.0, color=_color(name, i), capsize=3)
-            seeds = [v for v in h.get("top_eigenvalue_values") or [] if v is not None]
+            ax.bar(
+                x,
+                h["largest_algebraic_eigenvalue"],
+                yerr=h.get("largest_algebraic_eigenvalue_std") or 0.0,
+                color=_color(name, i),
+                capsize=3,
+            )
+            seeds = [v for v in h.get("largest_algebraic_eigenvalue_values") or [] if v is not None]
             if len(seeds) > 1:
                 ax.plot([x] * len(seeds), seeds, linestyle="", marker=".", color="black", alpha=0.6)
             if h.get("trace") is not None:
-                top = h["top_eigenvalue"] + (h.get("top_eigenvalue_std") or 0.0)
+                top = h["largest_algebraic_eigenvalue"] + (h.get("largest_algebraic_eigenvalue_std") or 0.0)
                 ax.annotate(
                     f"tr {h['trace']:.3g}",
                     (x, top),
@@ -222,9 +286,11 @@ def _plot_hessian(ax: Any, summary: dict[str, Any], optimizers: list[str], batch
     paper = (summary["settings"].get("paper") or {}).get("hessian") or {}
     ref = ", ".join(f"{o} {v:g}" for o, v in (paper.get("top_eigenvalue") or {}).items())
     ax.set(
-        title="Top Hessian eigenvalue of the final weights (tr: trace)",
-        ylabel="top eigenvalue (validation batch)",
-        xlabel=f"paper, {paper.get('model', 'GPT-2 Small')}: {ref}" if ref else "",
+        title="Largest algebraic Hessian eigenvalue of the final weights (tr: trace)",
+        ylabel="largest algebraic eigenvalue (validation batch)",
+        xlabel=f"optimizer and batch; paper, {paper.get('model', 'GPT-2 Small')} (top by power iteration): {ref}"
+        if ref
+        else "optimizer and batch",
     )
 
 

@@ -9,6 +9,7 @@ whichever way the numbers fall. It ends with the grids, the setup and the caveat
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from merit_core.compare.instability import instability_lines
@@ -43,22 +44,55 @@ def _values(entry: dict[str, Any], key: str) -> list[float]:
     return [v for v in values if v is not None and math.isfinite(v)]
 
 
-def resolved(a: dict[str, Any], b: dict[str, Any], key: str = "final_val_loss") -> bool | None:
-    """Whether the seeds resolve the difference between two cells: True when every seed value of
-    one lies below every seed value of the other (their seed ranges do not overlap), False when
-    the ranges overlap (the difference is within the seed spread), None with one seed each."""
+def env_spread(entry: dict[str, Any], key: str) -> float | None:
+    """How far the floating-point environment alone moved this cell's `key`: |re-run - original| of
+    its first seed under another thread count (summary.environment_check), None when not measured."""
+    env = entry.get("environment") or {}
+    value = env.get(f"{key}_spread")
+    return value if value is not None and math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """Whether a difference between two cells is resolved, and why (the text the report prints)."""
+
+    resolved: bool | None  # None: one seed, the spread was not measured
+    text: str
+
+
+def resolution(a: dict[str, Any], b: dict[str, Any], key: str = "final_val_loss") -> Resolution:
+    """A difference is resolved only when (1) the seeds resolve it: every seed value of one cell lies
+    below every seed value of the other, and (2) the gap between the means exceeds the environment
+    spread: the sum of both cells' environment spreads (`env_spread`; each cell may move that far
+    under a change of thread count, in opposite directions). Without a measured environment spread
+    (no environment check, or a key it does not cover) nothing is resolved."""
     va, vb = _values(a, key), _values(b, key)
     if len(va) < 2 or len(vb) < 2:
-        return None
-    return max(va) < min(vb) or max(vb) < min(va)
+        return Resolution(None, "not resolved: one seed, spread not measured")
+    n = min(len(va), len(vb))
+    if not (max(va) < min(vb) or max(vb) < min(va)):
+        return Resolution(False, f"not resolved: within the spread of {n} seeds")
+    ea, eb = env_spread(a, key), env_spread(b, key)
+    if ea is None or eb is None:
+        return Resolution(False, f"not resolved: apart over {n} seeds, but the environment spread was not measured")
+    gap = abs(sum(va) / len(va) - sum(vb) / len(vb))
+    digits = 2 if key == MAX_ATTENTION_LOGIT else 4
+    if gap <= ea + eb:
+        return Resolution(
+            False,
+            f"not resolved: apart over {n} seeds, but the gap {_f(gap, digits)} is within the environment "
+            f"spread {_f(ea + eb, digits)}",
+        )
+    return Resolution(True, f"resolved by {n} seeds and beyond the environment spread {_f(ea + eb, digits)}")
+
+
+def resolved(a: dict[str, Any], b: dict[str, Any], key: str = "final_val_loss") -> bool | None:
+    """`resolution(a, b, key).resolved`: True, False, or None with one seed each."""
+    return resolution(a, b, key).resolved
 
 
 def _resolution(a: dict[str, Any], b: dict[str, Any], key: str = "final_val_loss") -> str:
-    verdict = resolved(a, b, key)
-    if verdict is None:
-        return "not resolved: one seed, spread not measured"
-    n = min(len(_values(a, key)), len(_values(b, key)))
-    return f"resolved by {n} seeds" if verdict else "not resolved: within the seed spread"
+    return resolution(a, b, key).text
 
 
 def best_table(summary: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
@@ -70,6 +104,9 @@ def findings(summary: dict[str, Any]) -> list[str]:
     best = best_table(summary)
     optimizers = summary["settings"]["optimizers"]
     batches = summary["settings"]["batch_sizes"]
+    reason = no_verdict(summary)
+    if reason:
+        return [f"**{SMOKE}**: {reason}", *_smoke_lines(best, optimizers, batches)]
     lines = []
     for batch in batches:
         lines.append(_loss_line(batch, [best.get((o, batch)) for o in optimizers]))
@@ -82,15 +119,32 @@ def findings(summary: dict[str, Any]) -> list[str]:
     bound = _bound_line(batches[-1], [best.get((o, batches[-1])) for o in optimizers])
     if bound:
         lines.append(bound)
-    reason = _no_verdict(summary)
-    if reason:
-        lines.append(f"Paper claims: **no verdict**: {reason}")
-    else:
-        lines.extend(_claim_lines(best, optimizers, batches))
+    lines.extend(_claim_lines(best, optimizers, batches))
     return lines
 
 
-def _no_verdict(summary: dict[str, Any]) -> str | None:
+# What a comparison without lr grids says instead of a verdict, in REPORT.md and on the terminal.
+SMOKE = "no verdict: smoke run"
+
+
+def _smoke_lines(best, optimizers, batches) -> list[str]:
+    """A smoke run's numbers, in the optimizers' order: no ranking, no best lr, no ratios."""
+    lines = []
+    for batch in batches:
+        parts = []
+        for name in optimizers:
+            e = best.get((name, batch))
+            if e is None:
+                continue
+            value = (
+                f"loss {_ms(e, 'final_val_loss')}, max logit {_ms(e, MAX_ATTENTION_LOGIT, 2)}" if _ok(e) else "diverged"
+            )
+            parts.append(f"{name} at lr {_lr(e['lr'])}: {value}")
+        lines.append(f"Batch {batch} (one lr each, in the order given): " + "; ".join(parts) + ".")
+    return lines
+
+
+def no_verdict(summary: dict[str, Any]) -> str | None:
     """Why the paper's claims get no verdict from this comparison, or None when they may.
 
     A verdict compares optimizers at their best lr, which needs an lr grid: a smoke run (--quick)
@@ -98,13 +152,13 @@ def _no_verdict(summary: dict[str, Any]) -> str | None:
     if summary["settings"].get("quick"):
         return (
             "this is a smoke run (--quick: one lr per optimizer and batch, half the tokens); no optimizer "
-            "is at its best lr, so nothing here bears on the paper's claims. Run `merit compare` without "
+            "was tuned, so nothing here bears on the paper's claims. Run `merit compare` without "
             "--quick for them."
         )
     single = [f"{b['optimizer']} b{b['batch_size']}" for b in summary["best"] if len(b.get("grid") or []) < 2]
     if single:
         return (
-            f"one lr only for {', '.join(single)}: a cell without an lr grid is not at its best lr, so the "
+            f"one lr only for {', '.join(single)}: a cell without an lr grid is not tuned, so the "
             "claims are not checked (give several lrs, or lrs = 'auto')."
         )
     return None
@@ -160,10 +214,13 @@ def _degradation_lines(best, optimizers, small: int, large: int) -> list[str]:
 
 
 def _seed_deltas(small: dict[str, Any], large: dict[str, Any]) -> dict[str, Any]:
-    """The loss change from the small to the large batch, seed by seed (same seeds, paired)."""
+    """The loss change from the small to the large batch, seed by seed (same seeds, paired), with the
+    environment spread of a change: the sum of both cells' (None when either is not measured)."""
     a, b = _values(small, "final_val_loss"), _values(large, "final_val_loss")
     values = [y - x for x, y in zip(a, b)] if len(a) == len(b) else []
-    return {"change": None, "change_values": values}
+    ea, eb = env_spread(small, "final_val_loss"), env_spread(large, "final_val_loss")
+    env = None if ea is None or eb is None else {"change_spread": ea + eb}  # each end may move that far
+    return {"change": None, "change_values": values, "environment": env}
 
 
 def _logit_line(batch: int, entries: list[dict[str, Any] | None]) -> str | None:
@@ -209,7 +266,10 @@ def _argmax(entry: dict[str, Any]) -> str:
 
 
 def _claim_lines(best, optimizers, batches) -> list[str]:
-    """The paper's two claims, checked against these numbers (only when MERIT and a baseline ran)."""
+    """The paper's claims, checked against these numbers (only when MERIT and a baseline ran): each
+    holds only when MERIT is better than every other optimizer *and* each difference is resolved
+    (`resolution`), does not hold when another optimizer is better by a resolved difference, and is
+    otherwise not resolved (the means are given)."""
     if "merit" not in optimizers or len(optimizers) < 2:
         return []
     large = batches[-1]
@@ -218,28 +278,32 @@ def _claim_lines(best, optimizers, batches) -> list[str]:
     others = {o: e for o, e in entries.items() if o != "merit" and _ok(e)}
     if not _ok(merit) or not others:
         return []
-    lines = []
-    lowest = all(merit["final_val_loss"] < e["final_val_loss"] for e in others.values())
-    gap = min(e["final_val_loss"] for e in others.values()) - merit["final_val_loss"]
-    closest = min(others.values(), key=lambda e: e["final_val_loss"])
-    lines.append(
-        f"Paper claim 1 (MERIT has the lowest loss at large batch): at batch {large}, "
-        + ("**holds here**" if lowest else "**does not hold here**")
-        + f": MERIT's loss minus the best other optimizer's ({closest['optimizer']}) is {-gap:+.4f} "
-        + f"({_resolution(merit, closest)})."
-    )
+    lines = [_claim("1 (MERIT has the lowest loss at large batch)", large, merit, others, "final_val_loss", 4)]
     with_logit = {o: e for o, e in others.items() if e.get(MAX_ATTENTION_LOGIT) is not None}
     if merit.get(MAX_ATTENTION_LOGIT) is not None and with_logit:
         lines.append(
             _claim("2 (MERIT keeps the max attention logit lower)", large, merit, with_logit, MAX_ATTENTION_LOGIT, 2)
         )
-    sharp = {o: e["hessian"] for o, e in others.items() if (e.get("hessian") or {}).get("top_eigenvalue") is not None}
-    mh = merit.get("hessian") or {}
-    if mh.get("top_eigenvalue") is not None and sharp:
-        claim = "3 (MERIT finds a flatter minimum: a lower top Hessian eigenvalue)"
-        paper = " (paper, GPT-2 Small: MERIT 12.3 vs AdamW 37.2)"
-        lines.append(_claim(claim, large, mh, sharp, "top_eigenvalue", 3, paper))
+    sharp = {o: _hessian_entry(e) for o, e in others.items() if (e.get("hessian") or {}).get(SHARPNESS) is not None}
+    mh = _hessian_entry(merit)
+    if mh.get(SHARPNESS) is not None and sharp:
+        for key, what in ((SHARPNESS, "largest algebraic"), (PAPER_SHARPNESS, "largest-magnitude")):
+            claim = f"3 (MERIT finds a flatter minimum: a lower {what} Hessian eigenvalue)"
+            paper = " (paper, GPT-2 Small, top eigenvalue by power iteration: MERIT 12.3 vs AdamW 37.2)"
+            lines.append(_claim(claim, large, mh, sharp, key, 3, paper if key == PAPER_SHARPNESS else ""))
     return lines
+
+
+# Claim 3 is judged on the largest algebraic eigenvalue (the most positive curvature) and, as the
+# paper's PyHessian reports "top", on the largest-magnitude one (merit_core.diagnostics.hessian).
+SHARPNESS = "largest_algebraic_eigenvalue"
+PAPER_SHARPNESS = "largest_magnitude_eigenvalue"
+
+
+def _hessian_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """A best cell's Hessian numbers with its environment check's Hessian spreads beside them."""
+    env = (entry.get("environment") or {}).get("hessian") or {}
+    return {**(entry.get("hessian") or {}), "environment": env}
 
 
 def _claim(
@@ -252,11 +316,17 @@ def _claim(
     note: str = "",
 ) -> str:
     """'Paper claim N (...): at batch B, **holds here**: MERIT x vs adamw y (resolution), ...' for a
-    claim that MERIT's `key` is below every other optimizer's."""
-    holds = all(merit[key] < e[key] for e in others.values())
+    claim that MERIT's `key` is below every other optimizer's (see `_claim_lines` for the rule)."""
+    checks = {o: (merit[key] < e[key], resolution(merit, e, key).resolved) for o, e in others.items()}
+    if all(better and ok for better, ok in checks.values()):
+        verdict = "**holds here**"
+    elif any(not better and ok for better, ok in checks.values()):
+        verdict = "**does not hold here**"
+    else:
+        verdict = "**not resolved**"
     return (
         f"Paper claim {claim}: at batch {batch}, "
-        + ("**holds here**" if holds else "**does not hold here**")
+        + verdict
         + f": MERIT {_ms(merit, key, digits)} vs "
         + ", ".join(f"{o} {_ms(e, key, digits)} ({_resolution(merit, e, key)})" for o, e in others.items())
         + note
@@ -265,7 +335,8 @@ def _claim(
 
 
 def results_table(summary: dict[str, Any]) -> list[str]:
-    """Markdown: optimizers x batch sizes, best-lr validation loss and max attention logit."""
+    """Markdown: optimizers x batch sizes, best-lr validation loss and max attention logit (a smoke
+    run's one lr per cell: the same columns, no best lr)."""
     best = best_table(summary)
     batches = summary["settings"]["batch_sizes"]
     head = "| optimizer | " + " | ".join(f"b{b} val loss | b{b} lr | b{b} max logit" for b in batches) + " |"
@@ -287,7 +358,7 @@ def results_table(summary: dict[str, Any]) -> list[str]:
 
 def seeds_table(summary: dict[str, Any]) -> list[str]:
     """Markdown: each seed's final validation loss and max logit of every best cell (several seeds only)."""
-    if len(summary["settings"].get("seeds") or [0]) < 2:
+    if all(len(b.get("seeds") or []) < 2 for b in summary["best"]):
         return []
     rows = ["| optimizer | batch | lr | seed: final val loss | seed: max logit |", "|---|---:|---:|---|---|"]
     for b in summary["best"]:
@@ -299,7 +370,7 @@ def seeds_table(summary: dict[str, Any]) -> list[str]:
 
 
 def hessian_lines(summary: dict[str, Any]) -> list[str]:
-    """Markdown: top Hessian eigenvalue and trace of each best run, beside the paper's figures."""
+    """Markdown: the extreme Hessian eigenvalues and trace of each best run, beside the paper's figures."""
     entries = [b for b in summary["best"] if b.get("hessian")]
     if not entries:
         return []
@@ -307,15 +378,18 @@ def hessian_lines(summary: dict[str, Any]) -> list[str]:
     batch, est = first.get("batch") or {}, first.get("estimator") or {}
     paper = (summary["settings"].get("paper") or {}).get("hessian") or {}
     rows = [
-        f"Final weights, on a fixed validation batch (the first {batch.get('sequences')} windows of "
-        f"{batch.get('seq_len')} tokens of the training's first validation batch, on which the max attention "
-        "logit is measured; the same for every run); top (largest) and bottom (smallest) eigenvalue by "
-        f"Lanczos with full reorthogonalisation (at most {est.get('iters')} Hessian-vector products), trace "
-        f"by Hutchinson ({est.get('samples')} Rademacher samples); mean ± std over seeds.",
+        f"Final weights of this comparison's own best runs, on a fixed validation batch (the first "
+        f"{batch.get('sequences')} windows of {batch.get('seq_len')} tokens of the training's first validation "
+        "batch, on which the max attention logit is measured; the same for every run). Three conventions, named "
+        "apart: the *largest algebraic* eigenvalue (the most positive curvature), the *smallest algebraic* one "
+        "and the one of *largest magnitude* (sign kept: what power iteration, as in the paper's PyHessian, calls "
+        f"the top eigenvalue). Lanczos with full reorthogonalisation (at most {est.get('iters')} Hessian-vector "
+        "products; 'converged' tests the largest algebraic one), trace by Hutchinson "
+        f"({est.get('samples')} Rademacher samples); mean ± std over seeds.",
         "",
-        "| optimizer | batch | lr | top eigenvalue | bottom eigenvalue | trace | converged | paper top eigenvalue "
-        "| paper trace |",
-        "|---|---:|---:|---:|---:|---:|---|---:|---:|",
+        "| optimizer | batch | lr | largest algebraic | smallest algebraic | largest magnitude | trace | converged "
+        "| paper top eigenvalue | paper trace |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for b in entries:
         h = b["hessian"]
@@ -323,9 +397,9 @@ def hessian_lines(summary: dict[str, Any]) -> list[str]:
         top = (paper.get("top_eigenvalue") or {}).get(b["optimizer"])
         trace = (paper.get("trace") or {}).get(b["optimizer"])
         rows.append(
-            f"| {b['optimizer']} | {b['batch_size']} | {_lr(b['lr'])} | {_ms(h, 'top_eigenvalue', 3)} | "
-            f"{_ms(h, 'bottom_eigenvalue', 3)} | {_ms(h, 'trace', 1)} | {conv} | {'-' if top is None else f'{top:g}'} | "
-            f"{'-' if trace is None else f'{trace:,.0f}'} |"
+            f"| {b['optimizer']} | {b['batch_size']} | {_lr(b['lr'])} | {_ms(h, SHARPNESS, 3)} | "
+            f"{_ms(h, 'smallest_algebraic_eigenvalue', 3)} | {_ms(h, PAPER_SHARPNESS, 3)} | {_ms(h, 'trace', 1)} | "
+            f"{conv} | {'-' if top is None else f'{top:g}'} | {'-' if trace is None else f'{trace:,.0f}'} |"
         )
     rows += [
         "",
@@ -333,6 +407,88 @@ def hessian_lines(summary: dict[str, Any]) -> list[str]:
         "compare the ordering between optimizers, not the magnitudes.",
     ]
     return rows
+
+
+def environment_lines(summary: dict[str, Any]) -> list[str]:
+    """Markdown: the floating-point environment of the runs and, per best cell, how far its first seed
+    moved when trained again under another thread count (the environment spread verdicts weigh)."""
+    env = summary["settings"].get("environment") or {}
+    checked = [b for b in summary["best"] if b.get("environment")]
+    if not env and not checked:
+        return []
+    rows = []
+    if env:
+        rows.append(
+            f"Runs computed with torch {env.get('torch')}, BLAS {env.get('blas')}, {env.get('threads')} intra-op "
+            f"thread(s), CPU {env.get('cpu')} (torch dispatch {env.get('cpu_capability')}; ISA flags "
+            f"{', '.join(env.get('isa_flags') or []) or '-'}). Runs are bit-reproducible only in the same "
+            "environment: another thread count, BLAS or ISA reorders sums, and an optimizer can amplify that "
+            "rounding difference over hundreds of steps."
+        )
+    if not checked:
+        rows += ["", "The environment spread was not measured (no environment check): no difference is resolved."]
+        return rows
+    rows += [
+        "",
+        "Each best cell's first seed, trained again with everything equal but the thread count: |difference| is "
+        "the cell's environment spread. A difference between two cells is resolved only when the seeds resolve it "
+        "and it exceeds the sum of their environment spreads.",
+        "",
+        "| optimizer | batch | lr | threads | val loss | re-run | spread | max logit | re-run | spread |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for b in checked:
+        e = b["environment"]
+        rows.append(
+            f"| {b['optimizer']} | {b['batch_size']} | {_lr(b['lr'])} | {env.get('threads', '-')} -> {e.get('threads', '-')} | "
+            f"{_f(e.get('final_val_loss_original'))} | {_f(e.get('final_val_loss_rerun'))} | "
+            f"{_f(e.get('final_val_loss_spread'))} | {_f(e.get('max_attention_logit_original'), 2)} | "
+            f"{_f(e.get('max_attention_logit_rerun'), 2)} | {_f(e.get('max_attention_logit_spread'), 2)} |"
+        )
+    sharp = [b for b in checked if (b["environment"].get("hessian") or {}).get(f"{SHARPNESS}_spread") is not None]
+    if sharp:
+        rows += [
+            "",
+            "Hessian of the re-run (largest batch): "
+            + "; ".join(
+                f"{b['optimizer']} largest algebraic spread {_f(b['environment']['hessian'][f'{SHARPNESS}_spread'], 3)}, "
+                f"largest magnitude spread {_f(b['environment']['hessian'].get(f'{PAPER_SHARPNESS}_spread'), 3)}"
+                for b in sharp
+            )
+            + ".",
+        ]
+    return rows
+
+
+def speed_lines(summary: dict[str, Any]) -> list[str]:
+    """Markdown: training tokens/s of each best cell (median of each run's log lines, mean over seeds)
+    and each optimizer's speed relative to LAMB at the same batch."""
+    best = best_table(summary)
+    batches = summary["settings"]["batch_sizes"]
+    rows = []
+    for batch in batches:
+        speeds = {
+            o: best[o, batch]["tokens_per_s"]
+            for o in summary["settings"]["optimizers"]
+            if (o, batch) in best and best[o, batch].get("tokens_per_s")
+        }
+        if not speeds:
+            continue
+        ref = speeds.get("lamb")
+        parts = [
+            f"{o} {v:,.0f}" + (f" ({v / ref:.3f}x LAMB)" if ref and o != "lamb" else "") for o, v in speeds.items()
+        ]
+        rows.append(f"- Batch {batch}: " + ", ".join(parts) + " tokens/s.")
+    if not rows:
+        return []
+    return [
+        "Training tokens/s of the best runs (median over each run's log lines, mean over seeds). The runs "
+        "shared the machine with the comparison's other runs, so these are rough; benchmarks/train_throughput.py "
+        "measures the optimizers side by side in one process (benchmarks/README.md). The paper puts MERIT's "
+        "cost at about 1% over LAMB.",
+        "",
+        *rows,
+    ]
 
 
 ABLATION_COMPONENTS = {
@@ -362,6 +518,13 @@ def ablation_lines(summary: dict[str, Any]) -> list[str]:
         if not _ok(e):
             lines.append(f"Without {what} ({name}): diverged at every lr tried, where MERIT did not.")
             continue
+        if name == "merit-noclip" and _same_runs(summary, merit, name):
+            lines.append(
+                f"Without {what} ({name}): the clip never bound: at MERIT's lr every seed's loss and max logit "
+                "equal MERIT's exactly. With max-norm ratios |s_ij u_ij| <= max|W| (docs/MERIT.md), so the clip at 1 "
+                "only acts on a tensor holding an entry above 1 in magnitude; nothing here tests it."
+            )
+            continue
         delta = e["final_val_loss"] - merit["final_val_loss"]
         verdict = "hurt" if delta > 0 else "did not hurt"
         lines.append(
@@ -371,6 +534,23 @@ def ablation_lines(summary: dict[str, Any]) -> list[str]:
             f"{_ms(merit, MAX_ATTENTION_LOGIT, 2)}."
         )
     return lines
+
+
+def _same_runs(summary: dict[str, Any], merit: dict[str, Any], name: str) -> bool:
+    """Whether `name`'s cell at MERIT's best lr gave exactly MERIT's numbers on every seed."""
+    cell = next(
+        (
+            c
+            for c in summary.get("cells") or []
+            if (c["optimizer"], c["batch_size"], c["lr"]) == (name, merit["batch_size"], merit["lr"])
+        ),
+        None,
+    )
+    if cell is None or cell["status"] != "finished" or cell.get("seeds") != merit.get("seeds"):
+        return False
+    return all(
+        cell.get(f"{key}_values") == merit.get(f"{key}_values") for key in ("final_val_loss", MAX_ATTENTION_LOGIT)
+    )
 
 
 def zero_shot_lines(summary: dict[str, Any]) -> list[str]:
@@ -404,8 +584,9 @@ def zero_shot_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def grid_table(summary: dict[str, Any]) -> list[str]:
-    """Markdown: every lr tried, its final validation loss (mean ± std over seeds, or 'diverged'), the best in bold."""
-    best = {(b["optimizer"], b["batch_size"]): b["lr"] for b in summary["best"]}
+    """Markdown: every lr tried, its final validation loss (mean ± std over seeds, or 'diverged'), the best in
+    bold (none in a smoke run)."""
+    best = {} if no_verdict(summary) else {(b["optimizer"], b["batch_size"]): b["lr"] for b in summary["best"]}
     rows = ["| optimizer | batch | steps | lr: final val loss |", "|---|---:|---:|---|"]
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in summary.get("cells") or summary["runs"]:
@@ -477,14 +658,16 @@ def caveats(summary: dict[str, Any]) -> list[str]:
         "reports) need not appear, or may look different, at this scale.",
     ]
     seeds = s.get("seeds") or [s.get("seed", 0)]
-    if len(seeds) < 2:
+    if max(len(seeds), s.get("best_seeds") or 0) < 2:
         lines.append("One seed per run: the run-to-run spread was not measured, so small gaps may be noise.")
     else:
         lines.append(
-            f"{len(seeds)} seeds per learning rate (train seeds {', '.join(map(str, seeds))}): numbers are the mean "
-            "± the sample standard deviation over seeds, and the best lr is chosen on the mean. A difference is "
-            "called resolved only when every seed of one lies below every seed of the other; otherwise it is "
-            "within the seed spread and called not resolved."
+            f"{len(seeds)} seed(s) per learning rate (train seeds {', '.join(map(str, seeds))})"
+            + (f", {s['best_seeds']} at each best lr" if (s.get("best_seeds") or 0) > len(seeds) else "")
+            + ": numbers are the mean ± the sample standard deviation over seeds, and the best lr is chosen on the "
+            "mean. A difference is called resolved only when every seed of one lies below every seed of the other "
+            "and the gap between the means exceeds the two cells' environment spreads (see Environment spread); "
+            "otherwise it is not resolved, and a claim holds only when resolved against every other optimizer."
         )
     for b in summary["best"]:
         if b.get("lr_extended"):
@@ -531,7 +714,12 @@ def setup_lines(summary: dict[str, Any]) -> list[str]:
         f"- Schedule: linear warmup ({warmup}), then cosine decay to {s['min_lr_ratio']:g} x lr; "
         f"gradient clipping at {s['grad_clip']:g}; "
         + (f"seeds {', '.join(map(str, s['seeds']))}" if len(s.get("seeds") or []) > 1 else f"seed {s['seed']}"),
-        f"- Learning rates: {s['lr_rule']}; the best per optimizer and batch size by (mean) final validation loss",
+        f"- Learning rates: {s['lr_rule']}; "
+        + (
+            "one per optimizer and batch size, untuned (smoke run)"
+            if no_verdict(summary)
+            else "the best per optimizer and batch size by (mean) final validation loss"
+        ),
         f"- Validation: {s['eval_tokens']:,} held-out tokens; max attention logit on the first validation batch",
     ] + ([f"- Command: `{s['command']}`"] if s.get("command") else [])
 
@@ -544,11 +732,17 @@ def render_report(summary: dict[str, Any]) -> str:
     """The whole REPORT.md."""
     s = summary["settings"]
     title = " vs ".join(s["optimizers"])
+    intro = (
+        f"**{SMOKE}.** One learning rate per optimizer and batch size (no grid, so no optimizer was tuned); "
+        "the numbers check that everything runs. Generated from `summary.json`."
+        if no_verdict(summary)
+        else "Each optimizer at its best learning rate (by final validation loss, the mean over seeds) for each "
+        "batch size, all at the same token budget. Generated from `summary.json`."
+    )
     parts = [
         f"# merit compare: {title} on {s['model']}",
         "",
-        "Each optimizer at its best learning rate (by final validation loss, the mean over seeds) for each "
-        "batch size, all at the same token budget. Generated from `summary.json`.",
+        intro,
         "",
         "## Results",
         "",
@@ -562,6 +756,8 @@ def render_report(summary: dict[str, Any]) -> str:
         *_section("Learning-rate sensitivity", sensitivity_lines(summary)),
         *_section("Sharpness (Hessian)", hessian_lines(summary)),
         *_section("Instability precursors", instability_lines(summary)),
+        *_section("Environment spread", environment_lines(summary)),
+        *_section("Training speed", speed_lines(summary)),
         *_section("Ablations (largest batch)", [f"- {line}" for line in ablation_lines(summary)]),
         *_section("Zero-shot evaluation", zero_shot_lines(summary)),
         "## Caveats",

@@ -73,6 +73,7 @@ class BestResult(_Record):
     edge_reason: str | None = None
     hessian: dict[str, Any] | None = None
     zero_shot: list[dict[str, Any]] | None = None
+    environment: dict[str, Any] | None = None  # the environment re-run of the first seed (summary.environment_check)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

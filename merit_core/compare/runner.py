@@ -69,6 +69,10 @@ class CompareCallbacks:
     def on_extend(self, runs: list[PlannedRun], states: dict[str, str], jobs: int) -> None:
         """Runs added past a grid edge holding the best lr (see grid.next_extensions), before they train."""
 
+    def on_add(self, runs: list[PlannedRun], states: dict[str, str], jobs: int, why: str) -> None:
+        """Runs added after the grids, before they train: `why` is 'seeds' (a best cell topped up
+        to spec.best_seeds) or 'environment' (a best cell's first seed under another thread count)."""
+
     def on_measure(self, what: str, run_name: str) -> None:
         """A best run's final checkpoint is measured: what is 'hessian' or 'eval'."""
 
@@ -136,25 +140,63 @@ def default_jobs(device: str = "auto", n_runs: int | None = None) -> int:
 
 
 def execute(
-    runs: list[PlannedRun], states: dict[str, str], jobs: int, log_dir: Path, callbacks: CompareCallbacks
+    runs: list[PlannedRun],
+    states: dict[str, str],
+    jobs: int,
+    log_dir: Path,
+    callbacks: CompareCallbacks,
+    threads: int | None = None,
 ) -> dict[str, str]:
-    """Train every 'new' or 'partial' run; return the state of every run afterwards."""
+    """Train every 'new' or 'partial' run; return the state of every run afterwards.
+
+    `threads`: the intra-op thread count of every run but an environment re-run (which has its
+    own), whatever the number of runs left; None leaves it to the worker's share of the cores."""
     todo = [run for run in runs if states[run.name] in ("new", "partial")]
     final = dict(states)
     if jobs <= 1:
         for run in todo:
-            final[run.name] = _run_here(run, states[run.name] == "partial", callbacks)
+            final[run.name] = _run_here(run, states[run.name] == "partial", callbacks, threads)
     else:
-        final.update(_run_parallel(todo, states, jobs, log_dir, callbacks))
+        final.update(_run_parallel(todo, states, jobs, log_dir, callbacks, threads))
     return final
 
 
-def _run_here(run: PlannedRun, resume: bool, callbacks: CompareCallbacks) -> str:
+def compare_threads(device: str, jobs: int | None) -> int | None:
+    """The one intra-op thread count of a CPU comparison's runs: each job's share of the cores at
+    the comparison's job count (`jobs`, else default_jobs), however many runs are left to train, so
+    every run of the grid computes in the same floating-point environment. None on GPUs."""
+    import torch
+
+    if device != "cpu" and torch.cuda.is_available():
+        return None
+    return max(1, usable_cores() // (jobs or default_jobs("cpu")))
+
+
+def other_threads(threads: int) -> int:
+    """The thread count of an environment re-run: 2 after 1, else 1 (a different summation order)."""
+    return 2 if threads == 1 else 1
+
+
+@contextlib.contextmanager
+def _intra_op_threads(threads: int | None):
+    import torch
+
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run_here(run: PlannedRun, resume: bool, callbacks: CompareCallbacks, threads: int | None = None) -> str:
     from merit_core.train.training_run import run_training  # torch; looked up per call: tests stand in for it
 
     callbacks.on_run_start(run, resume)
     try:
-        run_training(dataclasses.replace(run.config, resume=resume), _Forward(run, callbacks))
+        with _intra_op_threads(run.threads or threads):
+            run_training(dataclasses.replace(run.config, resume=resume), _Forward(run, callbacks))
     except TrainingDiverged as exc:
         mark_diverged(run, str(exc))
         callbacks.on_run_end(run, "diverged", str(exc))
@@ -176,15 +218,16 @@ class _Forward(TrainCallbacks):
         self.cb.on_run_progress(self.run, record)
 
 
-def worker_env(slot: int, jobs: int, n_gpus: int) -> dict[str, str]:
-    """Environment of the worker in `slot`: its GPU, or its share of the CPU cores."""
+def worker_env(slot: int, jobs: int, n_gpus: int, threads: int | None = None) -> dict[str, str]:
+    """Environment of the worker in `slot`: its GPU, or its share of the CPU cores (`threads`:
+    an environment re-run's own thread count instead)."""
     env = dict(os.environ)
     if n_gpus:
         visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
         env["CUDA_VISIBLE_DEVICES"] = visible[slot % n_gpus] if len(visible) >= n_gpus else str(slot % n_gpus)
-    else:
-        threads = str(max(1, usable_cores() // jobs))
-        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    if not n_gpus or threads is not None:
+        count = str(threads if threads is not None else max(1, usable_cores() // jobs))
+        env.update(OMP_NUM_THREADS=count, MKL_NUM_THREADS=count)
     return env
 
 
@@ -235,7 +278,12 @@ def _forward_signals(active: dict):
 
 
 def _run_parallel(
-    todo: list[PlannedRun], states: dict[str, str], jobs: int, log_dir: Path, callbacks: CompareCallbacks
+    todo: list[PlannedRun],
+    states: dict[str, str],
+    jobs: int,
+    log_dir: Path,
+    callbacks: CompareCallbacks,
+    threads: int | None = None,
 ) -> dict[str, str]:
     n_gpus = _gpu_count(todo)
     jobs = min(jobs, len(todo))
@@ -258,7 +306,7 @@ def _run_parallel(
                             [sys.executable, "-m", "merit_core.compare.worker", json.dumps(config)],
                             stdout=fh,
                             stderr=subprocess.STDOUT,
-                            env=worker_env(slot, jobs, n_gpus),
+                            env=worker_env(slot, jobs, n_gpus, run.threads or threads),
                             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
                             start_new_session=True,  # Ctrl-C reaches the comparison, which forwards it once
                         )

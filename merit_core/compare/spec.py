@@ -43,6 +43,9 @@ QUICK_TOKENS = 65_536
 # `--preset ablations`: MERIT and its registry ablations (each removes or changes one component)
 # with the LAMB reference, at the comparison's largest batch only.
 PRESETS = {"ablations": ("merit", "merit-noclip", "merit-nobound", "max-lamb", "l2-merit", "lamb-ref")}
+# Seeds of each best cell: after the grids, every best (optimizer, batch) cell is trained with at
+# least this many seeds (the grid's other lrs keep `seeds`), so each verdict rests on >= 3 values.
+DEFAULT_BEST_SEEDS = 3
 # How many x3 steps an auto grid may grow beyond each of its edges while its best lr sits there.
 DEFAULT_MAX_EXTENSIONS = 2
 
@@ -60,6 +63,8 @@ COMPARE_KEYS = (
     "eval",
     "preset",
     "max_extensions",
+    "best_seeds",
+    "environment_check",
 )
 PER_OPTIMIZER_KEYS = ("lrs", "batch_sizes", "optimizer_args")
 OWNED_TRAIN_KEYS = {
@@ -89,9 +94,12 @@ class CompareSpec:
     lrs: per optimizer, a list of learning rates or "auto" (see merit_core.compare.grid).
     train: `merit train` settings shared by every run (a TrainConfig mapping, no owned keys).
     seeds: runs per (optimizer, batch, lr) cell, with train seeds seed, seed + 1, ...
-    hessian: estimate the top Hessian eigenvalue and trace of each best run's final weights.
+    hessian: estimate the extreme Hessian eigenvalues and trace of each best run's final weights.
     eval: zero-shot tasks for each best run's final checkpoint, or None.
     max_extensions: how many x3 steps an auto grid may grow past an edge holding the best lr.
+    best_seeds: seeds of each best cell (topped up after the grids; at least `seeds`; `seeds` with --quick).
+    environment_check: re-run each best cell's first seed under another thread count, to measure how
+        far the floating-point environment alone moves its numbers (off with --quick).
     """
 
     optimizers: list[str]
@@ -108,6 +116,8 @@ class CompareSpec:
     eval: EvalRequest | None = None
     preset: str | None = None
     max_extensions: int = DEFAULT_MAX_EXTENSIONS
+    best_seeds: int = 1
+    environment_check: bool = False
     command: str | None = None  # the command line that made it, recorded in summary.json and REPORT.md
 
     @property
@@ -134,12 +144,15 @@ def load_spec(
     eval_limit: int | None = None,
     preset: str | None = None,
     max_extensions: int | None = None,
+    best_seeds: int | None = None,
+    environment_check: bool | None = None,
 ) -> CompareSpec:
     """The comparison from defaults < `path` (a compare TOML) < the given values.
 
     String values are the command-line forms: comma-separated optimizers and batch sizes, and
     lrs as 'auto' or comma-separated numbers. `train_values` (None entries ignored) and the
-    `key=value` `overrides` set [train] keys. `preset` ('ablations') sets the optimizers and keeps
+    `key=value` `overrides` set [train] keys. `best_seeds` defaults to DEFAULT_BEST_SEEDS and
+    `environment_check` to true; `quick` turns both off. `preset` ('ablations') sets the optimizers and keeps
     only the largest batch size. Raises ConfigError on any bad value.
     """
     raw = read_toml(path) if path is not None else {}
@@ -215,6 +228,13 @@ def load_spec(
     extensions = max_extensions if max_extensions is not None else raw.get("max_extensions", DEFAULT_MAX_EXTENSIONS)
     if isinstance(extensions, bool) or not isinstance(extensions, int) or extensions < 0:
         raise ConfigError(f"max_extensions must be 0 or a positive integer, got {extensions!r}")
+    n_best = best_seeds if best_seeds is not None else raw.get("best_seeds", DEFAULT_BEST_SEEDS)
+    n_best = max(_positive_int(n_best, "best_seeds"), n_seeds)
+    env = environment_check if environment_check is not None else raw.get("environment_check", True)
+    if not isinstance(env, bool):
+        raise ConfigError(f"environment_check must be true or false, got {env!r}")
+    if quick:  # a smoke run: no best cell to top up, no verdict to weigh against the environment
+        n_best, env = n_seeds, False
     return CompareSpec(
         optimizers=opt_list,
         batch_sizes=batches,
@@ -230,6 +250,8 @@ def load_spec(
         eval=_eval_request(raw.get("eval"), eval_tasks, include_path, eval_limit),
         preset=preset_name,
         max_extensions=extensions,
+        best_seeds=n_best,
+        environment_check=env,
     )
 
 

@@ -27,7 +27,7 @@ from merit_core.runs import latest as latest_checkpoint  # the newest complete c
 from merit_core.train.metrics import json_safe, read_metrics
 
 SUMMARY_FILE = "summary.json"
-CELL_KEYS = ("final_val_loss", MAX_ATTENTION_LOGIT, "final_train_loss")
+CELL_KEYS = ("final_val_loss", MAX_ATTENTION_LOGIT, "final_train_loss", "tokens_per_s")
 
 
 def run_record(run: PlannedRun, state: str) -> dict[str, Any]:
@@ -50,6 +50,7 @@ def run_record(run: PlannedRun, state: str) -> dict[str, Any]:
         "batch_size": run.batch_size,
         "lr": run.lr,
         "seed": run.seed,
+        "threads": run.threads,
         "tokens": run.tokens,
         "steps": run.steps,
         "seq_len": int(run.config.seq_len),
@@ -59,6 +60,7 @@ def run_record(run: PlannedRun, state: str) -> dict[str, Any]:
         MAX_ATTENTION_LOGIT: max(logits) if status == "finished" and logits else None,
         "max_attention_logit_by_layer": by_layer if status == "finished" else None,
         "final_train_loss": logs[-1]["loss"] if logs and status == "finished" else None,
+        "tokens_per_s": _median([r.get("tokens_per_s") for r in logs]),
         "qk_bound_by_layer": _qk_bounds(run) if status == "finished" else None,
         INSTABILITY: instability_record(final) if status == "finished" else None,
         "last_step": records[-1]["step"] if records else 0,
@@ -83,6 +85,12 @@ def _qk_bounds(run: PlannedRun) -> list[float] | None:
         return [layer.bound for layer in weight_stats(ckpt, include_other=False).layers]
     except MeritError:
         return None
+
+
+def _median(values: list[float | None]) -> float | None:
+    """The median of the finite values (a run's training speed over its log lines), None without any."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.median(finite) if finite else None
 
 
 def _peak(values: list[float | None] | None) -> float | None:
@@ -162,13 +170,38 @@ def select_best(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return best
 
 
+ENV_KEYS = ("final_val_loss", MAX_ATTENTION_LOGIT)
+
+
+def environment_check(entry: dict[str, Any], rerun: dict[str, Any]) -> dict[str, Any]:
+    """A best cell's environment spread: its first seed's run against the same run re-trained
+    under another thread count (`rerun`), per key: both values and |difference| (`<key>_spread`;
+    None when either did not finish)."""
+    out: dict[str, Any] = {"run": rerun["name"], "seed": rerun["seed"], "threads": rerun["threads"]}
+    out["status"] = rerun["status"]
+    for key in ENV_KEYS:
+        original = (entry.get(f"{key}_values") or [entry.get(key)])[0]
+        again = rerun.get(key) if rerun["status"] == "finished" else None
+        out[f"{key}_original"], out[f"{key}_rerun"] = original, again
+        ok = original is not None and again is not None and math.isfinite(original) and math.isfinite(again)
+        out[f"{key}_spread"] = abs(again - original) if ok else None
+    return out
+
+
 def build_summary(settings: dict[str, Any], runs: list[PlannedRun], states: dict[str, str]) -> dict[str, Any]:
     """{"settings", "runs", "cells", "best"}: `runs` and `cells` drop their curves (they stay on
-    the best entries)."""
+    the best entries). Environment re-runs (a PlannedRun with `threads`) stay out of the cells
+    and the ranking: they are listed in `runs` and each best entry's `environment` compares one
+    with its original (`environment_check`; None without one)."""
     records = [run_record(run, states[run.name]) for run in runs]
-    best = select_best(records)
+    grid = [r for r in records if r.get("threads") is None]
+    reruns = {(r["optimizer"], r["batch_size"], r["lr"]): r for r in records if r.get("threads") is not None}
+    best = select_best(grid)
+    for entry in best:
+        rerun = reruns.get((entry["optimizer"], entry["batch_size"], entry["lr"]))
+        entry["environment"] = None if rerun is None else environment_check(entry, rerun)
     plain = [{k: v for k, v in r.items() if k != "curve"} for r in records]
-    table = [{k: v for k, v in c.items() if k not in ("curve", "seed_curves")} for c in cells(records)]
+    table = [{k: v for k, v in c.items() if k not in ("curve", "seed_curves")} for c in cells(grid)]
     return {"settings": settings, "runs": plain, "cells": table, "best": best}
 
 

@@ -1,4 +1,12 @@
-"""Loss-landscape curvature: top Hessian eigenvalue (Lanczos) and trace (Hutchinson).
+"""Loss-landscape curvature: extreme Hessian eigenvalues (Lanczos) and trace (Hutchinson).
+
+Three eigenvalue conventions, each under its own name (papers say "top eigenvalue" for either of
+the first and third): `largest_algebraic_eigenvalue` (the largest, most positive curvature),
+`smallest_algebraic_eigenvalue` (the most negative one, or the smallest positive one) and
+`largest_magnitude_eigenvalue` (whichever of the two is larger in absolute value, sign kept:
+what power iteration, e.g. PyHessian's, converges to). Away from a minimum they differ: a
+negative eigenvalue can dominate in magnitude. `eigen_converged` is the Lanczos convergence test
+of the largest algebraic one; the smallest comes from the same Krylov space, unchecked.
 
 Both use Hessian-vector products by double backward: with g = dL/dθ built with
 `create_graph=True`, H·v = d(g·v)/dθ. The gradient graph is built once and reused for every
@@ -18,19 +26,25 @@ import torch
 
 @dataclass
 class HessianEstimate:
-    """Top (largest) eigenvalue and Hutchinson trace, with how they were obtained (the bottom
-    eigenvalue comes free with Lanczos)."""
+    """Largest and smallest algebraic eigenvalue (one Lanczos run) and Hutchinson trace, with how
+    they were obtained; `largest_magnitude_eigenvalue` is derived (see the module docstring)."""
 
-    top_eigenvalue: float | None
+    largest_algebraic_eigenvalue: float | None
     eigen_iters: int  # Lanczos steps (Hessian-vector products) actually run
     eigen_converged: bool
     trace: float | None
     trace_stderr: float | None  # standard error of the Hutchinson mean
     trace_samples: int
-    bottom_eigenvalue: float | None = None  # smallest Ritz value of the same Lanczos run
+    smallest_algebraic_eigenvalue: float | None = None  # smallest Ritz value of the same Lanczos run
+
+    @property
+    def largest_magnitude_eigenvalue(self) -> float | None:
+        """The eigenvalue of largest absolute value (sign kept) of the two extremes."""
+        ends = [v for v in (self.largest_algebraic_eigenvalue, self.smallest_algebraic_eigenvalue) if v is not None]
+        return max(ends, key=abs) if ends else None
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        return {**self.__dict__, "largest_magnitude_eigenvalue": self.largest_magnitude_eigenvalue}
 
 
 class HessianVectorProduct:

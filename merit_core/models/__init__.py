@@ -36,6 +36,7 @@ __all__ = [
     "family_spec",
     "get_family",
     "model_config",
+    "model_width",
     "register_family",
     "set_context_length",
 ]
@@ -121,6 +122,20 @@ def model_config(
     raise ConfigError(
         f"unknown model {name_or_path!r}: use one of {', '.join(NAMED_MODELS)} or a path to a config.json.{hint}"
     )
+
+
+def model_width(name_or_path: str) -> int | None:
+    """d_model of a named model or config.json (n_embd or hidden_size), or None when it cannot be read."""
+    from merit_core.errors import MeritError
+
+    if name_or_path in NAMED_MODELS:
+        return NAMED_MODELS[name_or_path].d_model
+    try:
+        config = model_config(name_or_path)
+    except (MeritError, OSError, ValueError):
+        return None
+    width = getattr(config, "n_embd", None) or getattr(config, "hidden_size", None)
+    return int(width) if width else None
 
 
 def config_from_dict(raw: dict[str, Any], where: str = "config.json"):

@@ -435,25 +435,28 @@ def measured_lrs(name: str) -> tuple[MeasuredLr, ...]:
     return spec.measured_lrs if spec.lr_family is None else get_spec(spec.lr_family).measured_lrs
 
 
-def measured_lr(name: str, model: str, batch_size: int, seq_len: int) -> LrDefault | None:
-    """The lr the measured table gives optimizer ``name`` for ``model`` at ``batch_size`` sequences
-    of ``seq_len`` tokens (the rule: :func:`merit_core.optim.lr_table.lr_from_table`), or None when
-    ``name`` has no table (or ``model``'s width cannot be read and the table has no entry for it)."""
+def measured_lr(name: str, model: str, batch_size: int, seq_len: int, width: int | None) -> LrDefault | None:
+    """The lr the measured table gives optimizer ``name`` for ``model`` (``width`` = its d_model, None
+    when its config cannot be read) at ``batch_size`` sequences of ``seq_len`` tokens (the rule:
+    :func:`merit_core.optim.lr_table.lr_from_table`), or None when ``name`` has no table (or no
+    entry applies: an unknown width and no entry of that model)."""
     table = measured_lrs(name)
     if not table:
         return None
     head = canonical_name(name) if get_spec(name).lr_family is None else get_spec(name).lr_family
     shared = "" if head == canonical_name(name) else f" ({canonical_name(name)} shares {head}'s lrs)"
-    return lr_from_table(table, head, model, batch_size, seq_len, shared)
+    return lr_from_table(table, head, model, width, batch_size, seq_len, shared)
 
 
-def default_lr(name: str, model: str, batch_size: int, seq_len: int) -> LrDefault:
-    """The lr `merit train` uses for a run without one: :func:`measured_lr`, else the registry default."""
-    found = measured_lr(name, model, batch_size, seq_len)
+def default_lr(name: str, model: str, batch_size: int, seq_len: int, width: int | None) -> LrDefault:
+    """The lr `merit train` uses for a run without one: :func:`measured_lr`, else the registry default
+    (its source says why: no table for the optimizer, or ``model``'s width unknown)."""
+    found = measured_lr(name, model, batch_size, seq_len, width)
     if found is not None:
         return found
     spec = get_spec(name)
-    return LrDefault(float(spec.defaults["lr"]), f"{spec.name}'s registry default (no measured lr for it)")
+    why = "no measured lr for it" if not measured_lrs(name) else f"{model}'s config could not be read for its width"
+    return LrDefault(float(spec.defaults["lr"]), f"{spec.name}'s registry default ({why})")
 
 
 def step_hook(name: str) -> StepHook | None:

@@ -266,6 +266,21 @@ def validate(config: TrainConfig) -> None:
     parse_report_to(config.report_to)
 
 
+def lr_default(config: TrainConfig):
+    """The lr of a run without one, with where it comes from (merit_core.optim.lr_table.LrDefault:
+    value, source text, extrapolated flag, cap), or None when the config gives an lr. The one place
+    the default lr is decided: `resolve` applies it and `merit train`'s start line prints its source.
+
+    The model's name and width (None when its config cannot be read: then the registry default,
+    said so in the source) go to the registry's lr table, which never reads model configs."""
+    if config.lr is not None:
+        return None
+    from merit_core.models import model_width  # here, not at the top: this module stays torch-free
+    from merit_core.optim.registry import default_lr
+
+    return default_lr(config.optimizer, config.model, config.batch_size, config.seq_len, model_width(config.model))
+
+
 def resolve(
     config: TrainConfig,
     world_size: int = 1,
@@ -283,11 +298,9 @@ def resolve(
     """
     c = dataclasses.replace(config, optimizer_args=dict(config.optimizer_args))
     defaults = dict(optimizer_defaults or {})
-    from merit_core.optim.registry import measured_lr  # here, not at the top: this module stays torch-free
-
-    measured = measured_lr(c.optimizer, c.model, c.batch_size, c.seq_len) if c.lr is None else None
-    if measured is not None:
-        defaults["lr"] = measured.lr
+    chosen = lr_default(c)
+    if chosen is not None and chosen.entry is not None:
+        defaults["lr"] = chosen.lr
     for key in ("lr", "weight_decay"):
         if getattr(c, key) is None:
             if key not in defaults:

@@ -109,3 +109,45 @@ def peak_memory(device) -> int:
         return int(torch.cuda.max_memory_allocated(device))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)  # Linux reports KiB, macOS bytes
+
+
+# CPU flags that change which vector kernels (and so which summation orders) torch and BLAS use.
+ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile")
+
+
+def cpu_isa_flags() -> list[str]:
+    """The ISA_FLAGS this CPU reports in /proc/cpuinfo (Linux; [] elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    present = set(line.split(":", 1)[1].split())
+                    return [flag for flag in ISA_FLAGS if flag in present]
+    except OSError:
+        pass
+    return []
+
+
+def float_environment(threads: int | None = None) -> dict[str, object]:
+    """What decides a CPU run's floating-point results beside its code, seed and data: torch's
+    version, the BLAS it was built with, the intra-op thread count (`threads`, else torch's
+    current one), the vector ISA torch dispatches to and the CPU's ISA flags.
+
+    Two runs agree bit for bit only when all of these agree; a change in any of them reorders
+    sums and moves the numbers by as much as the optimizer amplifies a rounding difference."""
+    import re
+
+    import torch
+
+    config = torch.__config__.show()
+    blas = re.search(r"BLAS_INFO=(\S+)", config)
+    capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+    return {
+        "torch": torch.__version__,
+        "blas": blas.group(1).rstrip(",") if blas else "unknown",
+        "threads": int(threads if threads is not None else torch.get_num_threads()),
+        "cpu": cpu_name(),
+        "cpu_capability": capability() if capability else None,
+        "isa_flags": cpu_isa_flags(),
+        "python": platform.python_version(),
+    }

@@ -157,20 +157,18 @@ def test_every_command_help_stays_light():
 
 
 # What merit_core/optim (the slim install: torch alone) may import from the rest of merit_core: leaf
-# modules that import nothing of merit's but errors. lr_table.py is left out of both checks below:
-# it reads a model's width through merit_core.models when it runs, until its callers pass the
-# width in.
+# modules that import nothing of merit's but errors. The lr table takes a model's name and width from
+# its caller (merit_core.train.config.lr_default), so nothing of optim reads models or training.
 OPTIM_MAY_IMPORT = {"merit_core", "merit_core.errors", "merit_core.extras", "merit_core.paths"}
-OPTIM_EXEMPT = {"merit_core.optim.lr_table"}
 
 
 def _optim_modules(graph: dict[str, set[str]]) -> list[str]:
-    return [m for m in graph if m.split(".")[:2] == ["merit_core", "optim"] and m not in OPTIM_EXEMPT]
+    return [m for m in graph if m.split(".")[:2] == ["merit_core", "optim"]]
 
 
 def test_optim_imports_nothing_of_merit_but_itself_and_leaf_modules():
     graph = _graph(function_level=True)
-    assert "merit_core.models" in graph["merit_core.optim.lr_table"]  # the graph sees function-level imports
+    assert "merit_core.train.training_run" in graph["merit_core.train"]  # the graph sees function-level imports
     for module in _optim_modules(graph):
         outside = {t for t in graph[module] if t.split(".")[:2] != ["merit_core", "optim"]}
         assert outside <= OPTIM_MAY_IMPORT, (module, sorted(outside - OPTIM_MAY_IMPORT))
@@ -229,7 +227,7 @@ def test_no_loop_between_merit_core_folders():
 # module is imported on a light path (`merit --help` and every command's --help must not import torch,
 # transformers or numpy; see test_every_command_help_stays_light), and the imported one would pull
 # that in. Keys: (module, the merit module its function imports). Each import has its reason in a
-# comment beside it too. lr_table.py is left out (see OPTIM_EXEMPT below).
+# comment beside it too.
 DEFERRED = {
     ("merit_core", "merit_core.optim"): "torch: `merit --help` imports merit_core; MERIT loads when asked for",
     ("merit_core.train", "merit_core.train.training_run"): "torch: run_training loads when asked for; "
@@ -261,7 +259,7 @@ def _deferred() -> list[tuple[str, str, Path, int]]:
     modules = _modules()
     found = []
     for module, path in modules.items():
-        if not module.startswith("merit_core") or module in OPTIM_EXEMPT:
+        if not module.startswith("merit_core"):
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         top = {id(n) for n in _statements(tree, function_level=False)}

@@ -35,6 +35,7 @@ class Counting(CompareCallbacks):
 
 def tiny_spec(model_cfg, data_dir, out, **kwargs):
     values = dict(optimizers="adamw,merit", batch_sizes="2,4", lrs="1e-3,1e-2", tokens=512, out=str(out), jobs=1)
+    values.update(best_seeds=1, environment_check=False)  # the grid only (top-ups and the check: test_compare_plans)
     values.update(kwargs)
     sets = [f"{k}={v}" for k, v in TRAIN.items()]
     return load_spec(

@@ -51,6 +51,8 @@ def measured(tmp_path_factory, model_cfg, data_dir, tasks_dir):
         "cpu",
         "--seeds",
         "2",
+        "--best-seeds",
+        "2",
         "--hessian",
         "--eval",
         "harbour_lambada",
@@ -77,13 +79,26 @@ def measured(tmp_path_factory, model_cfg, data_dir, tasks_dir):
 def test_seeds_are_separate_runs(measured):
     out, summary, _, _, _ = measured
     names = [r["name"] for r in summary["runs"]]
-    assert names == ["merit-b4-lr0.01", "merit-b4-lr0.01-s1"] and [r["seed"] for r in summary["runs"]] == [0, 1]
+    alt = summary["settings"]["environment"]["check_threads"]
+    # the two seeds, and seed 0 once more at another thread count (the environment check)
+    assert names == ["merit-b4-lr0.01", "merit-b4-lr0.01-s1", f"merit-b4-lr0.01-env{alt}t"]
+    assert [r["seed"] for r in summary["runs"]] == [0, 1, 0]
     (best,) = summary["best"]
-    losses = [r["final_val_loss"] for r in summary["runs"]]
+    losses = [r["final_val_loss"] for r in summary["runs"][:2]]
     assert losses[0] != losses[1]  # another seed, another run
     assert best["final_val_loss"] == pytest.approx(statistics.fmean(losses))
     assert best["final_val_loss_values"] == losses and best["seeds"] == [0, 1]
     assert summary["settings"]["seeds"] == [0, 1] and summary["settings"]["steps"] == {"4": 3}
+    env, rerun = best["environment"], summary["runs"][2]
+    assert env["threads"] == alt != summary["settings"]["environment"]["threads"]
+    assert env["final_val_loss_rerun"] == rerun["final_val_loss"] and env["final_val_loss_original"] == losses[0]
+    assert env["final_val_loss_spread"] == pytest.approx(abs(rerun["final_val_loss"] - losses[0]))
+    assert {"torch", "blas", "threads", "isa_flags", "cpu_capability"} <= set(summary["settings"]["environment"])
+    # the largest batch's Hessian gets an environment spread too
+    assert (
+        env["hessian"]["largest_algebraic_eigenvalue_original"]
+        == best["hessian"]["largest_algebraic_eigenvalue_values"][0]
+    )
 
 
 def test_hessian_fields_match_inspects_estimators(measured, data_dir):
@@ -98,15 +113,25 @@ def test_hessian_fields_match_inspects_estimators(measured, data_dir):
     out, summary, output, _, _ = measured
     (best,) = summary["best"]
     h = best["hessian"]
-    assert set(h) >= {"top_eigenvalue", "top_eigenvalue_std", "top_eigenvalue_values", "trace", "trace_std"}
+    assert set(h) >= {
+        "largest_algebraic_eigenvalue",
+        "largest_algebraic_eigenvalue_std",
+        "largest_algebraic_eigenvalue_values",
+        "smallest_algebraic_eigenvalue_values",
+        "largest_magnitude_eigenvalue_values",
+        "trace",
+        "trace_std",
+    }
     assert h["batch"] == {"sequences": 4, "seq_len": 32, "step": 3}
     cached = [json.loads((out / "runs" / name / HESSIAN_FILE).read_text()) for name in best["run_names"]]
-    assert h["top_eigenvalue_values"] == [c["top_eigenvalue"] for c in cached]
+    assert h["largest_algebraic_eigenvalue_values"] == [c["largest_algebraic_eigenvalue"] for c in cached]
     assert h["trace_values"] == [c["trace"] for c in cached]
-    assert h["top_eigenvalue"] == pytest.approx(statistics.fmean(h["top_eigenvalue_values"]))
-    assert h["top_eigenvalue_values"][0] != h["top_eigenvalue_values"][1]
-    assert h["bottom_eigenvalue_values"] == [c["bottom_eigenvalue"] for c in cached]
-    assert all(c["bottom_eigenvalue"] <= c["top_eigenvalue"] for c in cached)
+    assert h["largest_algebraic_eigenvalue"] == pytest.approx(
+        statistics.fmean(h["largest_algebraic_eigenvalue_values"])
+    )
+    assert h["largest_algebraic_eigenvalue_values"][0] != h["largest_algebraic_eigenvalue_values"][1]
+    assert h["smallest_algebraic_eigenvalue_values"] == [c["smallest_algebraic_eigenvalue"] for c in cached]
+    assert all(c["smallest_algebraic_eigenvalue"] <= c["largest_algebraic_eigenvalue"] for c in cached)
     # the first seed's numbers are inspect's estimators on the final weights and the training's
     # first validation batch (built with the run's eval_batches, as the trainer builds it)
     from merit_core.train.config import read_toml
@@ -119,7 +144,7 @@ def test_hessian_fields_match_inspects_estimators(measured, data_dir):
     ids = batches[0][0][:4]
     torch.manual_seed(0)
     est = model_hessian(model, ids, cached[0]["iters"], cached[0]["samples"], 0)
-    assert h["top_eigenvalue_values"][0] == pytest.approx(est.top_eigenvalue, rel=1e-5)
+    assert h["largest_algebraic_eigenvalue_values"][0] == pytest.approx(est.largest_algebraic_eigenvalue, rel=1e-5)
     assert h["trace_values"][0] == pytest.approx(est.trace, rel=1e-5)
     report = (out / "REPORT.md").read_text()
     assert "## Sharpness (Hessian)" in report and "| merit | 4 | 0.01 |" in report and "| 12.3 | 3,445 |" in report

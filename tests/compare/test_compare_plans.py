@@ -12,6 +12,7 @@ import merit_core.compare as compare
 from merit_core.compare import load_spec, run_compare
 from merit_core.compare.grid import next_extensions, plan_runs
 from merit_core.compare.report import ablation_lines, render_report, resolved
+from merit_core.compare.runner import compare_threads, other_threads
 from merit_core.compare.spec import PRESETS
 from merit_core.compare.summary import cells, select_best
 from merit_core.errors import ConfigError
@@ -56,10 +57,20 @@ def test_seeds_aggregate_and_the_best_lr_is_chosen_on_the_mean():
     assert single["final_val_loss"] == 3.3 and single["final_val_loss_std"] is None
 
 
+def with_env(entries, loss_spread=0.01, logit_spread=0.5):
+    """Give best entries a measured environment spread (as summary.environment_check writes it)."""
+    for e in entries:
+        e["environment"] = {"final_val_loss_spread": loss_spread, "max_attention_logit_spread": logit_spread}
+    return entries
+
+
 def test_report_calls_a_difference_within_the_seed_spread_not_resolved():
     a = {"final_val_loss": 4.0, "final_val_loss_values": [3.9, 4.1]}
     b = {"final_val_loss": 4.05, "final_val_loss_values": [4.0, 4.1]}
     c = {"final_val_loss": 4.5, "final_val_loss_values": [4.4, 4.6]}
+    # seeds apart but no environment spread measured: not resolved
+    assert resolved(a, c) is False
+    with_env([a, b, c])
     assert resolved(a, b) is False and resolved(a, c) is True and resolved({"final_val_loss": 4.0}, c) is None
 
     records = [*seeded("adamw", 8, 1e-3, [4.0, 4.2]), *seeded("merit", 8, 1e-3, [4.05, 4.1])]
@@ -68,15 +79,21 @@ def test_report_calls_a_difference_within_the_seed_spread_not_resolved():
     records += [r for o in ("adamw", "merit") for b in (8, 64) for r in seeded(o, b, 3e-3, [5.0, 5.1])]
     summary = synthetic_summary()
     summary["settings"].update(seeds=[0, 1])
-    summary["runs"], summary["best"] = records, select_best(records)
+    summary["runs"], summary["best"] = records, with_env(select_best(records))
     text = render_report(summary)
     assert "**Batch 8:** merit had the lowest final validation loss, 4.0750 ± 0.0354" in text
-    assert "not resolved: within the seed spread" in text
-    assert "Paper claim 1 (MERIT has the lowest loss at large batch): at batch 64, **holds here**" in text
-    assert "(adamw) is -0.3250 (resolved by 2 seeds)" in text
-    # the loss change from batch 8 to 64 is compared seed by seed (paired seeds)
-    assert "The smallest change: merit (+0.2500); the largest: adamw (+0.5500) (resolved by 2 seeds)." in text
-    assert "2 seeds per learning rate" in text and "One seed" not in text
+    assert "not resolved: within the spread of 2 seeds" in text
+    assert (
+        "Paper claim 1 (MERIT has the lowest loss at large batch): at batch 64, **holds here**: MERIT 4.3250 ± "
+        "0.0354 vs adamw 4.6500 ± 0.0707 (resolved by 2 seeds and beyond the environment spread 0.0200)" in text
+    )
+    # the loss change from batch 8 to 64 is compared seed by seed (paired seeds); its environment
+    # spread is the sum of both ends' (0.01 + 0.01 per change)
+    assert (
+        "The smallest change: merit (+0.2500); the largest: adamw (+0.5500) (resolved by 2 seeds and beyond the "
+        "environment spread 0.0400)." in text
+    )
+    assert "2 seed(s) per learning rate" in text and "One seed" not in text
     assert "| merit | 8 | 0.001 | 0: 4.0500, 1: 4.1000 |" in text  # each seed's value
 
 
@@ -84,7 +101,7 @@ def fake_training(monkeypatch, target):
     """Every run 'finishes' at once with a loss that is lowest at lr target[optimizer]."""
     trained = []
 
-    def execute(runs, states, jobs, log_dir, callbacks):
+    def execute(runs, states, jobs, log_dir, callbacks, threads=None):
         trained.append(sorted(run.name for run in runs if states[run.name] in ("new", "partial")))
         return {**states, **{run.name: "finished" for run in runs}}
 
@@ -92,6 +109,7 @@ def fake_training(monkeypatch, target):
         loss = 3.0 + (math.log10(run.lr) - math.log10(target[run.optimizer])) ** 2
         r = record(run.optimizer, run.batch_size, run.lr, loss)
         r.update(name=run.name, seed=run.seed, steps=run.steps, tokens=run.tokens, qk_bound_by_layer=None)
+        r.update(threads=run.threads)
         return r
 
     monkeypatch.setattr(compare, "execute", execute)
@@ -112,12 +130,21 @@ def test_grid_extends_past_an_edge_until_interior_or_the_limit(tmp_path, model_c
         train_values=dict(model=str(model_cfg), data=str(data_dir), seq_len=32),
     )
     result = run_compare(spec)
+    alt = other_threads(compare_threads("auto", None))
     assert trained == [
         [f"adamw-b8-lr{lr}" for lr in ("0.000333", "0.001", "0.003")]
         + [f"merit-b8-lr{lr}" for lr in ("0.00333", "0.01", "0.03")],
         ["adamw-b8-lr0.009", "merit-b8-lr0.00111"],  # one x3 step past each edge holding the best
         ["adamw-b8-lr0.027"],  # adamw still on its top edge; merit's best (0.00333) is now interior
+        # the best cells topped up to 3 seeds (the default best_seeds)
+        ["adamw-b8-lr0.027-s1", "adamw-b8-lr0.027-s2", "merit-b8-lr0.00333-s1", "merit-b8-lr0.00333-s2"],
+        # each best cell's first seed again, at the other thread count (the environment check)
+        [f"adamw-b8-lr0.027-env{alt}t", f"merit-b8-lr0.00333-env{alt}t"],
     ]
+    assert result.summary.best_for("adamw", 8).seeds == [0, 1, 2]
+    env = result.summary.best_for("adamw", 8).environment
+    assert env["threads"] == alt and env["final_val_loss_spread"] == 0.0
+    assert result.summary.settings["environment"]["check_threads"] == alt
     adamw = result.summary.best_for("adamw", 8)
     merit = result.summary.best_for("merit", 8)
     assert adamw.lr == 0.027 and adamw.lr_extended == [0.009, 0.027]
@@ -174,12 +201,12 @@ def test_ablation_report_states_each_component():
     summary = {
         "settings": {"optimizers": ["merit", "merit-noclip", "merit-nobound", "max-lamb"], "batch_sizes": [64]},
         "runs": records,
-        "best": select_best(records),
+        "best": with_env(select_best(records)),
     }
     lines = ablation_lines(summary)
     assert lines[0].startswith("Without element-wise clipping of the update ratios (merit-noclip): hurt: loss 4.3250")
-    assert "(+0.3150, +7.86%; resolved by 2 seeds)" in lines[0]
-    assert "(merit-nobound): hurt" in lines[1] and "not resolved: within the seed spread" in lines[1]
+    assert "(+0.3150, +7.86%; resolved by 2 seeds and beyond the environment spread 0.0200)" in lines[0]
+    assert "(merit-nobound): hurt" in lines[1] and "not resolved: within the spread of 2 seeds" in lines[1]
     assert lines[2] == (
         "Without element-wise ratios (one max-norm ratio per tensor instead) (max-lamb): "
         "diverged at every lr tried, where MERIT did not."
@@ -206,6 +233,7 @@ def test_shipped_cpu_reproduction_spec():
     spec = load_spec(path)
     runs = plan_runs(spec)
     assert spec.seeds >= 2 and spec.hessian and spec.max_extensions == 2
+    assert spec.best_seeds == 3 and spec.environment_check
     assert min(r.steps for r in runs if r.batch_size == max(spec.all_batch_sizes)) >= 100
     assert len(runs) == 3 * 2 * 3 * 2 and {r.seed for r in runs} == {0, 1}
     assert {r.tokens for r in runs} == {212_992}

@@ -37,7 +37,7 @@ def test_top_eigenvalue_and_trace_of_a_quadratic():
     a = _symmetric(eigs)
     loss_fn, params = _quadratic(a)
     est = hessian_estimate(loss_fn, params, iters=200, samples=400, seed=3, tol=1e-10)
-    assert est.top_eigenvalue == pytest.approx(9.0, rel=1e-6)
+    assert est.largest_algebraic_eigenvalue == pytest.approx(9.0, rel=1e-6)
     assert est.eigen_iters < 200 and est.eigen_converged
     true_trace = sum(eigs)
     assert abs(est.trace - true_trace) < 4 * est.trace_stderr
@@ -150,8 +150,8 @@ def test_top_eigenvalue_against_a_small_mlps_exact_hessian():
         lambda: torch.nn.functional.cross_entropy(net(inputs), targets), params, iters=60, samples=0, tol=1e-8
     )
     assert est.eigen_converged
-    assert est.top_eigenvalue == pytest.approx(float(exact[-1]), rel=1e-6)
-    assert est.bottom_eigenvalue >= float(exact[0]) - 1e-9
+    assert est.largest_algebraic_eigenvalue == pytest.approx(float(exact[-1]), rel=1e-6)
+    assert est.smallest_algebraic_eigenvalue >= float(exact[0]) - 1e-9
 
 
 def test_several_parameter_tensors_with_coupling():
@@ -223,6 +223,16 @@ def test_model_hessian_restores_the_model():
     model.train()
     ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(0))
     est = model_hessian(model, ids, iters=4, samples=2, seed=0)
-    assert math.isfinite(est.top_eigenvalue) and math.isfinite(est.trace) and est.trace_samples == 2
+    assert math.isfinite(est.largest_algebraic_eigenvalue) and math.isfinite(est.trace) and est.trace_samples == 2
     assert model.config._attn_implementation == "sdpa" and model.training
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_the_three_eigenvalue_conventions_are_named_apart():
+    """Largest algebraic 2, smallest algebraic -6, largest magnitude -6 (sign kept), each under its name."""
+    loss_fn, params = _quadratic(_symmetric([-6.0, 2.0, 1.0]))
+    est = hessian_estimate(loss_fn, params, iters=3, samples=0, tol=1e-12)
+    d = est.to_dict()
+    assert d["largest_algebraic_eigenvalue"] == pytest.approx(2.0, rel=1e-6)
+    assert d["smallest_algebraic_eigenvalue"] == pytest.approx(-6.0, rel=1e-6)
+    assert d["largest_magnitude_eigenvalue"] == pytest.approx(-6.0, rel=1e-6)

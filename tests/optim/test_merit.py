@@ -297,3 +297,40 @@ def test_tensor_learning_rate_equals_the_float_one(impl):
         p.grad = g.clone()
     opt.step()
     assert all(torch.equal(p, q) for p, q in zip(opt.param_groups[0]["params"], before))
+
+
+# ---- the clip bound (docs/MERIT.md): |s_ij u_ij| <= max|W| with max-norm ratios -------------------
+def _clipped_and_not(scale: float, impl: str, seed: int = 5):
+    """Five steps of MERIT with and without the clip from the same weights (max|W| ~ `scale`) and gradients."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(24, 12), (12,), (3, 4, 5)]
+    start = []
+    for shape in shapes:
+        w = torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1  # entries in (-1, 1)
+        start.append(w * scale / w.abs().max())
+    grads = [[torch.randn(s, generator=gen, dtype=torch.float64) * 10 for s in shapes] for _ in range(5)]
+    out = []
+    for clip in (1.0, None):
+        params = [torch.nn.Parameter(w.clone()) for w in start]
+        opt = MERIT(params, lr=0.05, weight_decay=0.1, clip=clip, implementation=impl)
+        for step in grads:
+            for p, g in zip(params, step):
+                p.grad = g.clone()
+            opt.step()
+        out.append([p.detach() for p in params])
+    return out
+
+
+@pytest.mark.parametrize("impl", FAST_PATHS)
+def test_the_clip_never_binds_while_every_weight_is_below_one(impl):
+    # max|W| = 0.7 at the start; each step moves a weight by at most lr * max|W| (the bound), so after
+    # five steps of lr 0.05 every |w| is below 0.7 * 1.05**5 = 0.89: the clip at 1 has nothing to clip
+    clipped, free = _clipped_and_not(0.7, impl)
+    assert max(w.abs().max().item() for w in free) < 0.7 * 1.05**5
+    assert all(torch.equal(a, b) for a, b in zip(clipped, free))
+
+
+@pytest.mark.parametrize("impl", FAST_PATHS)
+def test_the_clip_binds_once_a_weight_exceeds_one(impl):
+    clipped, free = _clipped_and_not(3.0, impl)  # max|W| = 3 in every tensor: s*u reaches 3 in its row
+    assert all(not torch.equal(a, b) for a, b in zip(clipped, free))

@@ -140,6 +140,15 @@ def test_measured_lrs_are_the_default_for_their_model_and_batch(toy):
     assert resolve(TrainConfig(optimizer="toy", lr=0.01), optimizer_defaults=hp).lr == 0.01
 
 
+def _train(cli, optimizer, model_cfg, data_dir, out, steps, sets):
+    """`merit train` through the CLI with --set KEY=VALUE for each of `sets`; asserts it succeeded."""
+    args = ["train", "--optimizer", optimizer, "--model", str(model_cfg), "--data", str(data_dir), "--out", str(out)]
+    args += ["--steps", str(steps), *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output + result.stderr
+    return result
+
+
 def test_merit_train_with_the_toy_runs_its_hook(toy, model_cfg, data_dir, tmp_path):
     from merit_cli.main import cli
     from merit_core.train.metrics import read_metrics
@@ -147,10 +156,7 @@ def test_merit_train_with_the_toy_runs_its_hook(toy, model_cfg, data_dir, tmp_pa
     _, calls = toy
     out = tmp_path / "run"
     sets = {"batch_size": 8, "micro_batch_size": 4, "seq_len": 16, "log_every": 1, "eval_batches": 1}
-    args = ["train", "--optimizer", "toy", "--model", str(model_cfg), "--data", str(data_dir), "--out", str(out)]
-    args += ["--steps", "2", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
-    result = CliRunner().invoke(cli, args)
-    assert result.exit_code == 0, result.output + result.stderr
+    result = _train(cli, "toy", model_cfg, data_dir, out, 2, sets)
     losses = [r["loss"] for r in read_metrics(out) if "loss" in r]
     assert len(losses) == 2 and all(x == x and x > 0 for x in losses)
     assert calls == [(1, (4, 16), 1)]  # after update index 1 (= every - 1), on the first micro-batch
@@ -159,3 +165,17 @@ def test_merit_train_with_the_toy_runs_its_hook(toy, model_cfg, data_dir, tmp_pa
     assert state["optimizer"] == config["optimizer"] == "toy"
     assert config["lr"] == 0.05  # an optimizer without measured lrs: the spec's default
     assert "lr 0.05 (toy's registry default (no measured lr for it))" in " ".join(result.output.split())
+
+
+def test_the_start_line_says_an_extrapolated_lr_and_its_cap(model_cfg, data_dir, tmp_path):
+    """A 32-wide model has no lr entry (nearest: gpt2-tiny's), and batch 2048 x 16 is 16x the batch-16
+    entry's tokens: 2.83e-2 x 4 = 0.113, capped at MERIT's largest stable gpt2-tiny lr, 0.09."""
+    from merit_cli.main import cli
+
+    out = tmp_path / "run"
+    sets = {"batch_size": 2048, "micro_batch_size": 512, "seq_len": 16, "eval_batches": 1, "eval_batch_size": 2}
+    result = _train(cli, "merit", model_cfg, data_dir, out, 1, sets)
+    line = " ".join(result.output.split())
+    assert "lr 0.09 (extrapolated (no entry for " in line
+    assert "0.113 capped at 0.09, the largest lr merit's grids trained stably on gpt2-tiny" in line
+    assert tomllib.loads((out / "config.toml").read_text())["lr"] == 0.09

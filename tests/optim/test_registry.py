@@ -292,33 +292,58 @@ def test_measured_lrs_name_their_run_and_the_registry_default_is_the_gpt2_small_
 def test_default_lr_lookup_and_scaling_rule():
     from merit_core.optim.registry import default_lr, measured_lr
 
+    tiny, small, medium_width = 128, 768, 1024
     # an entry: its lr, and the source names it and its run
-    exact = default_lr("merit", "gpt2-small", 64, 1024)
-    assert exact.lr == 2e-3 and not exact.scaled
+    exact = default_lr("merit", "gpt2-small", 64, 1024, small)
+    assert exact.lr == 2e-3 and not exact.scaled and not exact.extrapolated
     assert exact.source.startswith("merit's measured default for gpt2-small at batch 64 x 1024")
     assert "run: " in exact.source and "H200" in exact.source
-    assert default_lr("adamw", "gpt2-small", 64, 1024).lr == 6e-4
-    assert "nanoGPT" in default_lr("adamw", "gpt2-small", 480, 1024).source
-    assert default_lr("lamb", "gpt2-tiny", 16, 128).lr == 2.83e-2
+    assert default_lr("adamw", "gpt2-small", 64, 1024, small).lr == 6e-4
+    assert "nanoGPT" in default_lr("adamw", "gpt2-small", 480, 1024, small).source
+    assert default_lr("lamb", "gpt2-tiny", 16, 128, tiny).lr == 2.83e-2
     # between entries: the nearest (in log tokens per step) of the same model, x sqrt(tokens ratio)
-    up = default_lr("merit", "gpt2-small", 256, 1024)
+    up = default_lr("merit", "gpt2-small", 256, 1024, small)
     assert up.lr == pytest.approx(4e-3) and up.scaled and "x sqrt(262,144 / 65,536 tokens per step)" in up.source
-    down = default_lr("adamw", "gpt2-small", 16, 1024)
+    assert not up.extrapolated  # 4x its entry: the edge of the checked range
+    down = default_lr("adamw", "gpt2-small", 16, 1024, small)
     assert down.lr == pytest.approx(3e-4)
-    assert default_lr("adamw", "gpt2-small", 64, 256).lr == pytest.approx(3e-4)  # tokens, not sequences, count
-    near = default_lr("merit", "gpt2-tiny", 4, 128)  # 512 tokens: nearer the batch-2 entry (256) than 16 (2048)
+    assert default_lr("adamw", "gpt2-small", 64, 256, small).lr == pytest.approx(3e-4)  # tokens, not sequences
+    near = default_lr("merit", "gpt2-tiny", 4, 128, tiny)  # 512 tokens: nearer the batch-2 entry (256) than 16 (2048)
     assert near.entry.batch_size == 2 and near.lr == pytest.approx(1e-2 * 2**0.5, rel=3e-3)
     # a model without entries: the nearest measured width's entries, batch-scaled only, and it says so
-    medium = default_lr("merit", "gpt2-medium", 64, 1024)
-    assert medium.entry.model == "gpt2-small" and medium.lr == 2e-3 and medium.scaled
-    assert "no measurement for gpt2-medium" in medium.source
-    assert default_lr("adamw", "llama-tiny", 16, 128).entry.model == "gpt2-tiny"  # 128 wide, as gpt2-tiny
+    medium = default_lr("merit", "gpt2-medium", 64, 1024, medium_width)
+    assert medium.entry.model == "gpt2-small" and medium.lr == 2e-3 and medium.scaled and medium.extrapolated
+    assert "no measurement for gpt2-medium" in medium.source and medium.source.startswith("extrapolated")
+    assert default_lr("adamw", "llama-tiny", 16, 128, tiny).entry.model == "gpt2-tiny"  # 128 wide, as gpt2-tiny
     # ablations share MERIT's table and say so; unmeasured optimizers get their registry default
-    noclip = default_lr("merit-noclip", "gpt2-small", 64, 1024)
+    noclip = default_lr("merit-noclip", "gpt2-small", 64, 1024, small)
     assert noclip.lr == 2e-3 and "merit-noclip shares merit's lrs" in noclip.source
-    lion = default_lr("lion", "gpt2-small", 64, 1024)
+    lion = default_lr("lion", "gpt2-small", 64, 1024, small)
     assert lion.lr == default_hparams("lion")["lr"] and lion.entry is None and "registry default" in lion.source
-    assert measured_lr("lion", "gpt2-small", 64, 1024) is None
+    assert measured_lr("lion", "gpt2-small", 64, 1024, small) is None
+
+
+def test_extrapolated_lrs_are_capped_at_the_largest_stable_lr_and_say_so():
+    from merit_core.optim.lr_table import EXTRAPOLATION_LIMIT, STABLE_LRS
+    from merit_core.optim.registry import default_lr
+
+    # gpt2-tiny at batch 100k: sqrt(100k / 16) x 2.83e-2 = 2.24, far past anything stable
+    far = default_lr("merit", "gpt2-tiny", 100_000, 128, 128)
+    cap = next(s for s in STABLE_LRS["merit"] if s.model == "gpt2-tiny")
+    assert far.extrapolated and far.cap == cap and far.lr == cap.lr == 9e-2
+    assert far.source.startswith("extrapolated (6.25e+03x its entry's tokens per step, beyond the 4x")
+    assert "2.24 capped at 0.09, the largest lr merit's grids trained stably on gpt2-tiny" in far.source
+    assert "run: results/compare-cpu" in far.source
+    # just past the limit, below the cap: extrapolated and said, the rule's lr kept
+    past = default_lr("adamw", "gpt2-tiny", int(16 * EXTRAPOLATION_LIMIT * 2), 128, 128)
+    assert past.extrapolated and past.cap is None and past.lr == pytest.approx(2.83e-3 * 8**0.5, rel=3e-3)
+    assert "under the cap 0.00849" in past.source
+    # within the limit either way: not extrapolated
+    assert not default_lr("adamw", "gpt2-tiny", 64, 128, 128).extrapolated  # 4x the batch-16 entry
+    assert default_lr("adamw", "gpt2-small", 8, 1024, 768).extrapolated  # 8x below its nearest entry
+    # an unknown model (no width, no entry of its name): the registry default, and the source says why
+    unknown = default_lr("merit", "a/config.json", 16, 128, None)
+    assert unknown.entry is None and "config could not be read" in unknown.source
 
 
 @pytest.mark.parametrize("name", ["lamb", "lion"])

@@ -31,7 +31,7 @@ def test_lr_and_weight_decay_default_to_the_optimizer_registry():
     r = resolve(load_config(None, ["weight_decay=0.5", "optimizer=lion"]), optimizer_defaults=DEFAULTS)
     assert (r.lr, r.weight_decay, r.min_lr) == (4e-3, 0.5, pytest.approx(4e-4))  # lion: no measured lr
     tuned = resolve(load_config(), optimizer_defaults=DEFAULTS)  # the default CPU run has a measured lr
-    assert (tuned.lr, tuned.weight_decay) == (default_lr("merit", "gpt2-tiny", 16, 128).lr, 0.01)
+    assert (tuned.lr, tuned.weight_decay) == (default_lr("merit", "gpt2-tiny", 16, 128, 128).lr, 0.01)
     assert tuned.lr == 2.83e-2
     small = resolve(
         load_config(None, ["model=gpt2-small", "batch_size=64", "seq_len=1024"]), optimizer_defaults=DEFAULTS
