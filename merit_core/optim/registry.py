@@ -87,7 +87,7 @@ class OptimizerSpec:
         str). After construction it holds the kind of every key of `defaults`.
     fixed: switches that define a variant and cannot be set (the MERIT ablations).
     lr_centre / lr_family: compare's lr-grid centre for an optimizer without measured lrs, by
-        model scale (``{"small": lr, "gpt2": lr}``, see :class:`merit_core.compare.grid.LrCentre`),
+        model scale (``{"small": lr, "gpt2": lr}``, see :func:`merit_core.compare.grid.auto_centre`),
         or the registry name whose centre and measured lrs this optimizer shares (the MERIT
         ablations use MERIT's); exactly one of lr_centre, lr_family and measured_lrs.
     fsdp_refused: None when the optimizer trains FSDP2-sharded (DTensor) parameters exactly
