@@ -118,7 +118,7 @@ def wheel_set(
 VENV_OWN = {"pip", "setuptools", "wheel"}
 
 
-def _with_requirements(names: set[str]) -> set[str]:
+def with_requirements(names: set[str]) -> set[str]:
     """`names` and what their versions installed here require, transitively: on the node pip installed
     each image package with its own requirements (which this environment's versions may name
     differently: huggingface-hub 2 needs httpx2, the image's 1.x httpx)."""
@@ -143,7 +143,7 @@ def link_image(site: Path, image: set[str] | None = None) -> list[str]:
     installers (pip, setuptools, wheel) are the venv's own: linking this environment's pip over
     them would mix two pips' files."""
     absent = []
-    for name in sorted(_with_requirements(image_packages() if image is None else image) - VENV_OWN):
+    for name in sorted(with_requirements(image_packages() if image is None else image) - VENV_OWN):
         try:
             dist = md.distribution(name)
         except md.PackageNotFoundError:

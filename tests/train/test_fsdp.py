@@ -89,7 +89,9 @@ def test_fsdp_matches_single_process(work, tmp_path, optimizer):
     }
     run_training(load_config(values=values))
     fsdp, single = _records(work / f"fsdp_{optimizer}"), _records(single_out)
-    assert [sorted(r) for r in fsdp] == [sorted(r) for r in single]
+    # MERIT's update ratio is recorded from whole (unsharded) optimizer state only: FSDP2 runs skip it
+    unsharded_only = {"update_rms_ratio"}
+    assert [sorted(r) for r in fsdp] == [sorted(set(r) - unsharded_only) for r in single]
     assert sum("loss" in r for r in fsdp) == 4 and sum("val_loss" in r for r in fsdp) == 3
     for a, b in zip(fsdp, single):
         for key in KEYS:
