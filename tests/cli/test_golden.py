@@ -22,7 +22,7 @@ REGEN = os.environ.get("MERIT_REGEN_GOLDEN") == "1"
 DATA_SENTENCES = 400
 # Keys whose values depend on the clock, the machine or the install, not on the computation.
 VOLATILE = re.compile(
-    r"(^|_)(time|times|elapsed|elapsed_s|seconds|date|started|finished_at|version|host|device_name)$|^tokens_per_s"
+    r"(^|_)(time|times|elapsed|elapsed_s|seconds|date|started|finished_at|version|host|device_name)$|^tokens_per_s|^environment$"
 )
 
 
