@@ -55,11 +55,13 @@ from merit_core.compare.runner import (
 )
 from merit_core.compare.spec import CompareSpec, load_spec
 from merit_core.compare.summary import SUMMARY_FILE, build_summary, select_best, write_json
+from merit_core.data import load_meta, resolve_data
 from merit_core.devices import measurement_device
 from merit_core.evaluation.tasks import resolve_tasks
 from merit_core.fileio import TMP_PREFIX, check_writable_folder, refuse_foreign_entries, refuse_link, refuse_special
 from merit_core.runs import latest as latest_checkpoint  # the newest complete checkpoint
 from merit_core.runs import read_trainer_state as read_trainer_info
+from merit_core.train.hardware import float_environment
 
 REPORT_FILE = "REPORT.md"
 
@@ -271,8 +273,6 @@ def _torch_threads() -> int:
 def _environment(threads: int | None, env_runs: dict) -> dict[str, Any]:
     """summary.json settings.environment: the floating-point environment of the runs (hardware.
     float_environment at the runs' thread count) and the environment check's thread count."""
-    from merit_core.train.hardware import float_environment
-
     return {
         **float_environment(threads),
         "check": "each best cell's first seed re-trained at another intra-op thread count" if env_runs else "not run",
@@ -282,8 +282,6 @@ def _environment(threads: int | None, env_runs: dict) -> dict[str, Any]:
 
 def _prepare_data(spec: CompareSpec, callbacks: CompareCallbacks):
     """Prepare the shared data once, before any run (the runs then find it in the cache)."""
-    from merit_core.data import load_meta, resolve_data  # numpy: not at `merit compare --help`
-
     path = resolve_data(
         spec.train.get("data"),
         tokenizer=spec.train.get("tokenizer"),

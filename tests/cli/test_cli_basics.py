@@ -38,3 +38,14 @@ def test_every_train_option_is_a_config_key_declared_once():
     options = [p.name for p in train.params if p.name not in ("config_file", "list_configs", "overrides")]
     assert len(options) == len(CONFIG_OPTIONS) == len(set(options))
     assert set(options) <= keys, set(options) - keys
+
+
+def test_the_rich_compare_report_answers_every_compare_hook():
+    """merit compare's report writes each CompareCallbacks hook out (its module is read at --help, so it
+    does not subclass the torch-importing runner): a hook added there must be added to the report too."""
+    from merit_cli.compare_cmd import RichCompareReport
+    from merit_core.compare.runner import CompareCallbacks
+
+    hooks = {name for name in vars(CompareCallbacks) if name.startswith("on_")}
+    assert "on_run_end" in hooks
+    assert [h for h in sorted(hooks) if not callable(getattr(RichCompareReport, h, None))] == []
