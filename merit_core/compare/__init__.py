@@ -58,7 +58,14 @@ from merit_core.compare.summary import SUMMARY_FILE, build_summary, select_best,
 from merit_core.data import load_meta, resolve_data
 from merit_core.devices import measurement_device
 from merit_core.evaluation.tasks import resolve_tasks
-from merit_core.fileio import TMP_PREFIX, check_writable_folder, refuse_foreign_entries, refuse_link, refuse_special
+from merit_core.fileio import (
+    TMP_PREFIX,
+    atomic_write,
+    check_writable_folder,
+    refuse_foreign_entries,
+    refuse_link,
+    refuse_special,
+)
 from merit_core.runs import latest as latest_checkpoint  # the newest complete checkpoint
 from merit_core.runs import read_trainer_state as read_trainer_info
 from merit_core.train.hardware import float_environment
@@ -150,7 +157,7 @@ _COMPARE_ENTRIES = (RUNS_DIR, "logs", SUMMARY_FILE, PLOT_FILE, REPORT_FILE)
 
 
 def _compare_owns(name: str) -> bool:
-    if name in _COMPARE_ENTRIES or name == REPORT_FILE + ".tmp":
+    if name in _COMPARE_ENTRIES or name == REPORT_FILE + ".tmp":  # REPORT.md's temp file in earlier versions
         return True
     stem, _, pid = name.rpartition(".")  # an atomic write's temp file: .tmp-<name>.<pid>
     return stem.startswith(TMP_PREFIX) and stem[len(TMP_PREFIX) :] in _COMPARE_ENTRIES and pid.isdigit()
@@ -218,10 +225,7 @@ def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) ->
     spec.out.mkdir(parents=True, exist_ok=True)
     summary_path = write_json(spec.out / SUMMARY_FILE, summary)
     plot_path = plot_compare(summary, spec.out)
-    report_path = spec.out / REPORT_FILE
-    tmp = report_path.with_name(REPORT_FILE + ".tmp")
-    tmp.write_text(render_report(summary))
-    tmp.replace(report_path)
+    report_path = atomic_write(spec.out / REPORT_FILE, render_report(typed))
     trained = [name for name, state in before.items() if state in ("new", "partial")]
     return CompareResult(
         spec.out,
