@@ -5,7 +5,7 @@
     config = load_config(find_config("debug", "train"), ["steps=20"])  # the shipped debug config
     summary = run_training(config)
 
-Importing this package does not import torch: `merit compare --help` reads the config and callback
+Importing this package does not import torch: `merit train --help` reads the config and callback
 classes through it. `run_training` (training_run.py, which imports torch) loads when first asked for.
 """
 

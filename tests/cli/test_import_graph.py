@@ -231,7 +231,7 @@ def test_no_loop_between_merit_core_folders():
 DEFERRED = {
     ("merit_core", "merit_core.optim"): "torch: `merit --help` imports merit_core; MERIT loads when asked for",
     ("merit_core.train", "merit_core.train.training_run"): "torch: run_training loads when asked for; "
-    "merit_core.train's config and callbacks are read at `merit compare --help`",
+    "merit_core.train's config and callbacks are read at `merit train --help`",
     ("merit_core.train.config", "merit_core.optim.registry"): "torch: the config is read at `merit train --help`",
     ("merit_core.evaluation.builtin_tasks", "merit_core.data.builtin"): "numpy: at `merit eval --help`",
     ("merit_core.integrations", "merit_core.models.attention_probe"): "transformers: importing the integrations "
