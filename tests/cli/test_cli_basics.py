@@ -40,12 +40,19 @@ def test_every_train_option_is_a_config_key_declared_once():
     assert set(options) <= keys, set(options) - keys
 
 
-def test_the_rich_compare_report_answers_every_compare_hook():
-    """merit compare's report writes each CompareCallbacks hook out (its module is read at --help, so it
-    does not subclass the torch-importing runner): a hook added there must be added to the report too."""
+def test_the_rich_reports_answer_every_hook():
+    """merit train's and merit compare's reports write each TrainCallbacks / CompareCallbacks hook out
+    (their modules are read at --help, so they do not subclass the torch-importing classes): a hook added
+    there must be added to the report too."""
     from merit_cli.compare_cmd import RichCompareReport
+    from merit_cli.train_cmd import RichTrainReport
     from merit_core.compare.runner import CompareCallbacks
+    from merit_core.train.callbacks import TrainCallbacks
 
-    hooks = {name for name in vars(CompareCallbacks) if name.startswith("on_")}
-    assert "on_run_end" in hooks
-    assert [h for h in sorted(hooks) if not callable(getattr(RichCompareReport, h, None))] == []
+    for report, callbacks, sample in (
+        (RichCompareReport, CompareCallbacks, "on_run_end"),
+        (RichTrainReport, TrainCallbacks, "stop_requested"),
+    ):
+        hooks = {name for name, value in vars(callbacks).items() if not name.startswith("_") and callable(value)}
+        assert sample in hooks
+        assert [h for h in sorted(hooks) if not callable(getattr(report, h, None))] == [], report
