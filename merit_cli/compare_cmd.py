@@ -12,10 +12,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from merit_cli.render import EtaColumn, LiveReport, fmt_duration, fmt_float, plain_line, plural
-from merit_core.compare import load_spec, run_compare
-from merit_core.compare.report import SMOKE, no_verdict
-from merit_core.compare.runner import CompareCallbacks
-from merit_core.compare.spec import DEFAULT_BATCH_SIZES, DEFAULT_OPTIMIZERS, DEFAULT_TOKENS, DEFAULT_TRAIN, QUICK_TOKENS
+from merit_core.compare_defaults import (
+    DEFAULT_BATCH_SIZES,
+    DEFAULT_OPTIMIZERS,
+    DEFAULT_TOKENS,
+    DEFAULT_TRAIN,
+    QUICK_TOKENS,
+)
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 
 
@@ -38,8 +41,12 @@ def compare_progress(out, clock=time.monotonic) -> Progress:
     )
 
 
-class RichCompareReport(LiveReport, CompareCallbacks):
-    """Renders a comparison: the plan and grids, an overall bar plus one bar per running run, a line per run."""
+class RichCompareReport(LiveReport):
+    """Renders a comparison: the plan and grids, an overall bar plus one bar per running run, a line per run.
+
+    It is the comparison's merit_core.compare.runner.CompareCallbacks, every hook written out (on_prepare
+    from LiveReport) rather than inherited, so that this module, read at `merit compare --help`, does not
+    import the comparison (torch); tests/cli check that it answers every hook."""
 
     def __init__(self):
         super().__init__()
@@ -241,6 +248,8 @@ def results_table(summary: dict[str, Any]):
     The lowest loss and the lowest max logit at each batch size are bold."""
     settings = summary["settings"]
     best = {(b["optimizer"], b["batch_size"]): b for b in summary["best"]}
+    from merit_core.compare.report import SMOKE, no_verdict
+
     smoke = no_verdict(summary) is not None
     table = Table(
         title=f"{settings['model']}, {settings['tokens_per_run']:,} tokens per run, "
@@ -416,6 +425,8 @@ def compare(
     from merit_core.hub import prefer_offline
 
     prefer_offline()
+    from merit_core.compare import load_spec, run_compare
+    from merit_core.compare.report import SMOKE, no_verdict
     from merit_core.configs import find_config
 
     spec = load_spec(

@@ -6,7 +6,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.markup import escape
@@ -30,11 +30,17 @@ from merit_core.errors import ConfigError, MeritError
 from merit_core.fileio import refuse_link
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
 from merit_core.runs import CONFIG_FILE
-from merit_core.train.callbacks import RunInfo, RunSummary, TrainCallbacks
+
+if TYPE_CHECKING:
+    from merit_core.train.callbacks import RunInfo, RunSummary
 
 
-class RichTrainReport(LiveReport, TrainCallbacks):
-    """Renders a run: a header, a live progress bar, eval lines, and a summary table."""
+class RichTrainReport(LiveReport):
+    """Renders a run: a header, a live progress bar, eval lines, and a summary table.
+
+    It is the run's merit_core.train.callbacks.TrainCallbacks, every hook written out (on_prepare from
+    LiveReport) rather than inherited, so that this module, read at `merit train --help`, does not import
+    the training package (torch); tests/cli check that it answers every hook."""
 
     def __init__(self, lr_source: Any = None):
         super().__init__(guard=True)

@@ -55,11 +55,20 @@ from merit_core.compare.runner import (
 )
 from merit_core.compare.spec import CompareSpec, load_spec
 from merit_core.compare.summary import SUMMARY_FILE, build_summary, select_best, write_json
+from merit_core.data import load_meta, resolve_data
 from merit_core.devices import measurement_device
 from merit_core.evaluation.tasks import resolve_tasks
-from merit_core.fileio import TMP_PREFIX, check_writable_folder, refuse_foreign_entries, refuse_link, refuse_special
+from merit_core.fileio import (
+    TMP_PREFIX,
+    atomic_write,
+    check_writable_folder,
+    refuse_foreign_entries,
+    refuse_link,
+    refuse_special,
+)
 from merit_core.runs import latest as latest_checkpoint  # the newest complete checkpoint
 from merit_core.runs import read_trainer_state as read_trainer_info
+from merit_core.train.hardware import float_environment
 
 REPORT_FILE = "REPORT.md"
 
@@ -148,7 +157,7 @@ _COMPARE_ENTRIES = (RUNS_DIR, "logs", SUMMARY_FILE, PLOT_FILE, REPORT_FILE)
 
 
 def _compare_owns(name: str) -> bool:
-    if name in _COMPARE_ENTRIES or name == REPORT_FILE + ".tmp":
+    if name in _COMPARE_ENTRIES or name == REPORT_FILE + ".tmp":  # REPORT.md's temp file in earlier versions
         return True
     stem, _, pid = name.rpartition(".")  # an atomic write's temp file: .tmp-<name>.<pid>
     return stem.startswith(TMP_PREFIX) and stem[len(TMP_PREFIX) :] in _COMPARE_ENTRIES and pid.isdigit()
@@ -216,10 +225,7 @@ def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) ->
     spec.out.mkdir(parents=True, exist_ok=True)
     summary_path = write_json(spec.out / SUMMARY_FILE, summary)
     plot_path = plot_compare(summary, spec.out)
-    report_path = spec.out / REPORT_FILE
-    tmp = report_path.with_name(REPORT_FILE + ".tmp")
-    tmp.write_text(render_report(summary))
-    tmp.replace(report_path)
+    report_path = atomic_write(spec.out / REPORT_FILE, render_report(typed))
     trained = [name for name, state in before.items() if state in ("new", "partial")]
     return CompareResult(
         spec.out,
@@ -271,8 +277,6 @@ def _torch_threads() -> int:
 def _environment(threads: int | None, env_runs: dict) -> dict[str, Any]:
     """summary.json settings.environment: the floating-point environment of the runs (hardware.
     float_environment at the runs' thread count) and the environment check's thread count."""
-    from merit_core.train.hardware import float_environment
-
     return {
         **float_environment(threads),
         "check": "each best cell's first seed re-trained at another intra-op thread count" if env_runs else "not run",
@@ -282,8 +286,6 @@ def _environment(threads: int | None, env_runs: dict) -> dict[str, Any]:
 
 def _prepare_data(spec: CompareSpec, callbacks: CompareCallbacks):
     """Prepare the shared data once, before any run (the runs then find it in the cache)."""
-    from merit_core.data import load_meta, resolve_data  # numpy: not at `merit compare --help`
-
     path = resolve_data(
         spec.train.get("data"),
         tokenizer=spec.train.get("tokenizer"),

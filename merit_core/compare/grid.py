@@ -40,6 +40,8 @@ from merit_core import models
 from merit_core.compare.spec import CompareSpec
 from merit_core.errors import ConfigError
 from merit_core.models import context_length, model_config
+from merit_core.optim import default_hparams
+from merit_core.optim.registry import default_lr, lr_centre, measured_lr
 from merit_core.train.config import from_dict, resolve
 
 AUTO_FACTORS = (1 / 3, 1.0, 3.0)
@@ -150,16 +152,12 @@ def model_width(model: str) -> int:
 
 def auto_centre(optimizer: str, batch_size: int, smallest_batch: int, model: str, seq_len: int) -> float:
     """The auto grid's centre for `optimizer` at `batch_size` (see the module docstring)."""
-    from merit_core.optim.registry import lr_centre, measured_lr  # torch: not at `merit compare --help`
-
     width = model_width(model)
     measured = measured_lr(optimizer, model, batch_size, seq_len, width)
     if measured is not None:
         return measured.lr
     centre = lr_centre(optimizer)
     if centre is None:  # measured lrs, but none that reaches this model
-        from merit_core.optim.registry import default_lr  # torch: not at `merit compare --help`
-
         return default_lr(optimizer, model, batch_size, seq_len, width).lr
     scale = "small" if width < SMALL_WIDTH else "gpt2"
     return centre[scale] * math.sqrt(batch_size / smallest_batch)
@@ -261,8 +259,6 @@ def plan_runs(
 
     `top_ups`: cells trained with more seeds than spec.seeds; `env_runs`: cells whose first
     seed is trained again at the given thread count (see the module docstring)."""
-    from merit_core.optim import default_hparams  # torch: not at `merit compare --help`
-
     model = str(spec.train["model"])
     context = context_length(model_config(model))
     seq_len = int(spec.train.get("seq_len", 128))

@@ -23,13 +23,17 @@ from typing import Any
 
 from merit_core.compare.spec import EvalRequest
 from merit_core.compare.summary import spread
+from merit_core.data import open_tokens
 from merit_core.diagnostics.checkpoints import SafetensorsReader, find_checkpoints
+from merit_core.diagnostics.hessian import model_hessian
+from merit_core.diagnostics.probe import load_model
 from merit_core.errors import CheckpointError
 from merit_core.evaluation import EvalSettings, evaluate_checkpoints
 from merit_core.evaluation.results import CheckpointResult, metric_rows
 from merit_core.fileio import atomic_write_json
 from merit_core.runs import CONFIG_FILE
 from merit_core.runs import checkpoints as list_checkpoints  # complete ones, oldest first
+from merit_core.train.batches import val_batches
 from merit_core.train.config import read_toml
 from merit_core.train.metrics import json_safe
 
@@ -83,12 +87,6 @@ def run_hessian(run_dir: str | Path, data_dir: str | Path, device: str = "cpu") 
     "trace", "trace_stderr", "trace_samples", "step", "sequences", "seq_len", "seed"} (read back
     when already measured)."""
     import torch
-
-    # numpy, torch, transformers: not at `merit compare --help`, which imports this package
-    from merit_core.data import open_tokens
-    from merit_core.diagnostics.hessian import model_hessian
-    from merit_core.diagnostics.probe import load_model
-    from merit_core.train.batches import val_batches
 
     run_dir = Path(run_dir)
     step, ckpt_dir = _final_checkpoint(run_dir)

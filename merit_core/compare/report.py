@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from merit_core.compare.instability import instability_lines
+from merit_core.compare.results import CompareSummary
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
 
 
@@ -728,9 +729,13 @@ def _section(title: str, lines: list[str]) -> list[str]:
     return [f"## {title}", "", *lines, ""] if lines else []
 
 
-def render_report(summary: dict[str, Any]) -> str:
-    """The whole REPORT.md."""
-    s = summary["settings"]
+def render_report(typed: CompareSummary) -> str:
+    """The whole REPORT.md, from the comparison's typed record.
+
+    The sections below still read summary.json's form of it (`to_dict()`: plain dicts, as a script
+    reading summary.json would)."""
+    s = typed.settings
+    summary = typed.to_dict()
     title = " vs ".join(s["optimizers"])
     intro = (
         f"**{SMOKE}.** One learning rate per optimizer and batch size (no grid, so no optimizer was tuned); "

@@ -37,6 +37,7 @@ from merit_core.progress import Progress
 from merit_core.runs import CONFIG_FILE
 from merit_core.runs import latest as latest_checkpoint  # the newest complete checkpoint
 from merit_core.runs import read_trainer_state as read_trainer_info
+from merit_core.train import training_run  # run_training looked up per call: tests stand in for it
 from merit_core.train.callbacks import HANDLED_SIGNALS, STOP_SIGNALS, TrainCallbacks
 from merit_core.train.config import read_toml
 from merit_core.train.metrics import json_safe, read_metrics
@@ -191,12 +192,10 @@ def _intra_op_threads(threads: int | None):
 
 
 def _run_here(run: PlannedRun, resume: bool, callbacks: CompareCallbacks, threads: int | None = None) -> str:
-    from merit_core.train.training_run import run_training  # torch; looked up per call: tests stand in for it
-
     callbacks.on_run_start(run, resume)
     try:
         with _intra_op_threads(run.threads or threads):
-            run_training(dataclasses.replace(run.config, resume=resume), _Forward(run, callbacks))
+            training_run.run_training(dataclasses.replace(run.config, resume=resume), _Forward(run, callbacks))
     except TrainingDiverged as exc:
         mark_diverged(run, str(exc))
         callbacks.on_run_end(run, "diverged", str(exc))

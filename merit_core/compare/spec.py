@@ -26,19 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from merit_core.compare_defaults import (  # the default comparison (no arguments)
+    DEFAULT_BATCH_SIZES,
+    DEFAULT_OPTIMIZERS,
+    DEFAULT_TOKENS,
+    DEFAULT_TRAIN,
+    QUICK_TOKENS,
+)
 from merit_core.errors import ConfigError
+from merit_core.optim import canonical_name, resolve_hparams
 from merit_core.train.config import FIELD_NAMES, from_dict, parse_override, read_toml
-
-# The default comparison (no arguments): the paper's three optimizers on the tiny GPT-2 and the
-# built-in corpus, a small and a large batch (8x apart) at one token budget, sized so the large
-# batch takes 64 optimizer steps (at least 50) within the 2-core CPU budget (see
-# merit_core.compare.__doc__ and benchmarks/README.md).
-DEFAULT_OPTIMIZERS = ("adamw", "lamb", "merit")
-DEFAULT_BATCH_SIZES = (2, 16)
-DEFAULT_TOKENS = 131_072
-DEFAULT_TRAIN: dict[str, Any] = {"model": "gpt2-tiny", "seq_len": 128, "warmup_ratio": 0.1}
-# `--quick`: the same comparison with half the tokens and one lr per optimizer (the auto grid's centre).
-QUICK_TOKENS = 65_536
 
 # `--preset ablations`: MERIT and its registry ablations (each removes or changes one component)
 # with the LAMB reference, at the comparison's largest batch only.
@@ -316,8 +313,6 @@ def parse_lrs(text: str) -> list[float] | str:
 
 # -- checks ---------------------------------------------------------------------------------
 def _canonical(name: Any) -> str:
-    from merit_core.optim import canonical_name  # torch: not at `merit compare --help`
-
     return canonical_name(name)
 
 
@@ -368,8 +363,6 @@ def _positive_int(value: Any, what: str) -> int:
 
 
 def _optimizer_args(name: str, args: Any) -> dict[str, Any]:
-    from merit_core.optim import resolve_hparams  # torch: not at `merit compare --help`
-
     if not isinstance(args, dict):
         raise ConfigError(f"per_optimizer.{name}.optimizer_args must be a table")
     for key in ("lr", "weight_decay"):

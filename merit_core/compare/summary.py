@@ -20,6 +20,7 @@ from merit_core.compare.grid import PlannedRun
 from merit_core.compare.instability import KEY as INSTABILITY
 from merit_core.compare.instability import instability_record
 from merit_core.compare.runner import read_status
+from merit_core.diagnostics.weights import weight_stats
 from merit_core.errors import MeritError
 from merit_core.fileio import atomic_write_json
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
@@ -76,8 +77,6 @@ def run_record(run: PlannedRun, state: str) -> dict[str, Any]:
 def _qk_bounds(run: PlannedRun) -> list[float] | None:
     """||W_Q||_m * ||W_K||_m per layer at the final checkpoint (the paper's bound on the max logit,
     up to input-norm constants), via merit inspect's weight statistics; None if unreadable."""
-    from merit_core.diagnostics.weights import weight_stats  # torch: not at `merit compare --help`
-
     ckpt = latest_checkpoint(run.run_dir)
     if ckpt is None:
         return None

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from merit_core.errors import ConfigError
+from merit_core.errors import ConfigError, MeritError
 from merit_core.models import families as _families  # noqa: F401  (registers the specs)
 from merit_core.models.family import FamilySpec, all_families, family_names, get_family, register_family
 from merit_core.runs import MODEL_CONFIG
@@ -126,8 +126,6 @@ def model_config(
 
 def model_width(name_or_path: str) -> int | None:
     """d_model of a named model or config.json (n_embd or hidden_size), or None when it cannot be read."""
-    from merit_core.errors import MeritError
-
     if name_or_path in NAMED_MODELS:
         return NAMED_MODELS[name_or_path].d_model
     try:

@@ -58,17 +58,24 @@ def _gpt2(size, vocab_size: int, context: int, special_ids: dict[str, int]) -> d
     }
 
 
-def _decoder(size, vocab_size: int, context: int, special_ids: dict[str, int]) -> dict[str, Any]:
-    """Llama-style decoders: the keys Llama, Mistral, Qwen, Gemma, OLMo 2 and Phi-3 configs share."""
+def _sizes(size, vocab_size: int, context: int) -> dict[str, Any]:
+    """The size keys that Llama-style and GPT-NeoX configs name alike."""
     return {
         "vocab_size": vocab_size,
         "hidden_size": size.d_model,
         "intermediate_size": size.d_ff or 4 * size.d_model,
         "num_hidden_layers": size.n_layer,
         "num_attention_heads": size.n_head,
+        "max_position_embeddings": context,
+    }
+
+
+def _decoder(size, vocab_size: int, context: int, special_ids: dict[str, int]) -> dict[str, Any]:
+    """Llama-style decoders: the keys Llama, Mistral, Qwen, Gemma, OLMo 2 and Phi-3 configs share."""
+    return {
+        **_sizes(size, vocab_size, context),
         "num_key_value_heads": size.n_kv_head or size.n_head,
         "head_dim": size.head_dim or size.d_model // size.n_head,
-        "max_position_embeddings": context,
         "tie_word_embeddings": False,
         "attention_dropout": 0.0,
         **_special(special_ids),
@@ -93,12 +100,7 @@ def _gpt_neox(size, vocab_size: int, context: int, special_ids: dict[str, int]) 
     special = _special(special_ids)
     special.pop("pad_token_id")
     return {
-        "vocab_size": vocab_size,
-        "hidden_size": size.d_model,
-        "intermediate_size": size.d_ff or 4 * size.d_model,
-        "num_hidden_layers": size.n_layer,
-        "num_attention_heads": size.n_head,
-        "max_position_embeddings": context,
+        **_sizes(size, vocab_size, context),
         "hidden_dropout": 0.0,
         "attention_dropout": 0.0,
         "tie_word_embeddings": False,

@@ -24,6 +24,8 @@ from typing import Any
 
 from merit_core.errors import ConfigError
 from merit_core.fileio import atomic_write
+from merit_core.models import model_width
+from merit_core.optim.registry import default_lr
 from merit_core.runs import CONFIG_HEADER
 
 DTYPES = ("auto", "float32", "bfloat16")
@@ -275,9 +277,6 @@ def lr_default(config: TrainConfig):
     said so in the source) go to the registry's lr table, which never reads model configs."""
     if config.lr is not None:
         return None
-    from merit_core.models import model_width  # here, not at the top: this module stays torch-free
-    from merit_core.optim.registry import default_lr
-
     return default_lr(config.optimizer, config.model, config.batch_size, config.seq_len, model_width(config.model))
 
 

@@ -38,3 +38,21 @@ def test_every_train_option_is_a_config_key_declared_once():
     options = [p.name for p in train.params if p.name not in ("config_file", "list_configs", "overrides")]
     assert len(options) == len(CONFIG_OPTIONS) == len(set(options))
     assert set(options) <= keys, set(options) - keys
+
+
+def test_the_rich_reports_answer_every_hook():
+    """merit train's and merit compare's reports write each TrainCallbacks / CompareCallbacks hook out
+    (their modules are read at --help, so they do not subclass the torch-importing classes): a hook added
+    there must be added to the report too."""
+    from merit_cli.compare_cmd import RichCompareReport
+    from merit_cli.train_cmd import RichTrainReport
+    from merit_core.compare.runner import CompareCallbacks
+    from merit_core.train.callbacks import TrainCallbacks
+
+    for report, callbacks, sample in (
+        (RichCompareReport, CompareCallbacks, "on_run_end"),
+        (RichTrainReport, TrainCallbacks, "stop_requested"),
+    ):
+        hooks = {name for name, value in vars(callbacks).items() if not name.startswith("_") and callable(value)}
+        assert sample in hooks
+        assert [h for h in sorted(hooks) if not callable(getattr(report, h, None))] == [], report

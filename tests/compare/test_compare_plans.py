@@ -12,6 +12,7 @@ import merit_core.compare as compare
 from merit_core.compare import load_spec, run_compare
 from merit_core.compare.grid import next_extensions, plan_runs
 from merit_core.compare.report import ablation_lines, render_report, resolved
+from merit_core.compare.results import CompareSummary
 from merit_core.compare.runner import compare_threads, other_threads
 from merit_core.compare.spec import PRESETS
 from merit_core.compare.summary import cells, select_best
@@ -80,7 +81,7 @@ def test_report_calls_a_difference_within_the_seed_spread_not_resolved():
     summary = synthetic_summary()
     summary["settings"].update(seeds=[0, 1])
     summary["runs"], summary["best"] = records, with_env(select_best(records))
-    text = render_report(summary)
+    text = render_report(CompareSummary.from_dict(summary))
     assert "**Batch 8:** merit had the lowest final validation loss, 4.0750 ± 0.0354" in text
     assert "not resolved: within the spread of 2 seeds" in text
     assert (

@@ -8,6 +8,7 @@ import pytest
 
 from merit_core.compare.grid import AUTO_FACTORS, auto_lr_grid, config_mismatch, plan_runs, round_lr, run_name
 from merit_core.compare.report import render_report
+from merit_core.compare.results import CompareSummary
 from merit_core.compare.runner import worker_env
 from merit_core.compare.spec import load_spec, parse_batch_sizes, parse_lrs, parse_optimizers
 from merit_core.compare.summary import rank_key, select_best
@@ -92,7 +93,7 @@ def synthetic_summary():
 
 
 def test_report_is_computed_from_the_numbers():
-    text = render_report(synthetic_summary())
+    text = render_report(CompareSummary.from_dict(synthetic_summary()))
     assert (
         "**Batch 8:** merit had the lowest final validation loss, 3.4000 (lr 0.001); then adamw 3.5000 "
         "(+0.1000, +2.9%)" in text
@@ -113,7 +114,7 @@ def test_report_is_computed_from_the_numbers():
         if r["optimizer"] == "adamw":
             r["final_val_loss"] -= 1.0
     flipped["best"] = select_best(flipped["runs"])
-    text = render_report(flipped)
+    text = render_report(CompareSummary.from_dict(flipped))
     assert "**Batch 64:** adamw had the lowest final validation loss, 2.9000" in text
     assert "at batch 64, **not resolved**: MERIT 3.6000 vs adamw 2.9000" in text
 

@@ -7,6 +7,7 @@ from click.testing import CliRunner
 
 from merit_core.compare.plots import BAND_LABEL, BEST_LABEL, DIVERGED_LABEL, compare_figure
 from merit_core.compare.report import findings, render_report, resolution
+from merit_core.compare.results import CompareSummary
 from merit_core.compare.summary import cells, select_best
 from tests.compare.test_compare_plans import fake_training, seeded, with_env
 from tests.compare.test_compare_units import synthetic_summary
@@ -30,7 +31,9 @@ def three_seed_summary(loss_spread: float):
 
 
 def test_an_environment_spread_larger_than_the_gap_leaves_the_claim_not_resolved():
-    text = render_report(three_seed_summary(loss_spread=0.02))  # 0.02 + 0.02 > the gap of 0.03
+    text = render_report(
+        CompareSummary.from_dict(three_seed_summary(loss_spread=0.02))
+    )  # 0.02 + 0.02 > the gap of 0.03
     assert (
         "Paper claim 1 (MERIT has the lowest loss at large batch): at batch 64, **not resolved**: MERIT 4.2800 ± "
         "0.0100 vs adamw 4.3100 ± 0.0100 (not resolved: apart over 3 seeds, but the gap 0.0300 is within the "
@@ -40,7 +43,7 @@ def test_an_environment_spread_larger_than_the_gap_leaves_the_claim_not_resolved
     # the max logit gap (20) is far beyond its environment spread (1.0): claim 2 holds
     assert "Paper claim 2 (MERIT keeps the max attention logit lower): at batch 64, **holds here**" in text
 
-    text = render_report(three_seed_summary(loss_spread=0.005))  # 0.01 < 0.03: resolved
+    text = render_report(CompareSummary.from_dict(three_seed_summary(loss_spread=0.005)))  # 0.01 < 0.03: resolved
     assert "at batch 64, **holds here**: MERIT 4.2800" in text
     assert "resolved by 3 seeds and beyond the environment spread 0.0100" in text
 

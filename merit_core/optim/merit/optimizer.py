@@ -13,7 +13,7 @@ import torch
 from torch.optim import Optimizer
 
 from merit_core.optim.merit import cpu
-from merit_core.optim.merit.common import LOW_PRECISION, Hyper, is_plain, state_dtype
+from merit_core.optim.merit.common import HYPER_KEYS, LOW_PRECISION, Hyper, is_plain, state_dtype
 from merit_core.optim.merit.functional import IMPLEMENTATIONS, merit
 from merit_core.optim.merit.reference import zero_gradient_update
 
@@ -200,24 +200,8 @@ class MERIT(Optimizer):
         for group in self.param_groups:
             params, grads, exp_avgs, exp_avg_sqs, state_steps = [], [], [], [], []
             self._init_group(group, params, grads, exp_avgs, exp_avg_sqs, state_steps)
-            merit(
-                params,
-                grads,
-                exp_avgs,
-                exp_avg_sqs,
-                state_steps,
-                lr=group["lr"],
-                betas=group["betas"],
-                eps=group["eps"],
-                weight_decay=group["weight_decay"],
-                norm=group["norm"],
-                elementwise=group["elementwise"],
-                weight_bound=group["weight_bound"],
-                clip=group["clip"],
-                bias_correction=group["bias_correction"],
-                maximize=group["maximize"],
-                backend=group["implementation"],
-            )
+            hyper = {k: group[k] for k in HYPER_KEYS}  # the functional API's keywords, as in Hyper.of_group
+            merit(params, grads, exp_avgs, exp_avg_sqs, state_steps, **hyper, backend=group["implementation"])
         return loss
 
     @torch.no_grad()
