@@ -248,7 +248,7 @@ def results_table(summary: dict[str, Any]):
     The lowest loss and the lowest max logit at each batch size are bold."""
     settings = summary["settings"]
     best = {(b["optimizer"], b["batch_size"]): b for b in summary["best"]}
-    from merit_core.compare.report import SMOKE, no_verdict
+    from merit_core.compare.verdicts import SMOKE, no_verdict
 
     smoke = no_verdict(summary) is not None
     table = Table(
@@ -426,7 +426,7 @@ def compare(
 
     prefer_offline()
     from merit_core.compare import load_spec, run_compare
-    from merit_core.compare.report import SMOKE, no_verdict
+    from merit_core.compare.verdicts import SMOKE, no_verdict
     from merit_core.configs import find_config
 
     spec = load_spec(

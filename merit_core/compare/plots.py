@@ -18,7 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from merit_core.compare.report import GOOD_LR_TOLERANCE, no_verdict
+from merit_core.compare.report import GOOD_LR_TOLERANCE
+from merit_core.compare.verdicts import no_verdict
 from merit_core.fileio import atomic_path
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 

@@ -9,330 +9,24 @@ whichever way the numbers fall. It ends with the grids, the setup and the caveat
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from merit_core.compare.instability import instability_lines
 from merit_core.compare.results import CompareSummary
+from merit_core.compare.verdicts import (
+    PAPER_SHARPNESS,
+    SHARPNESS,
+    SMOKE,
+    best_table,
+    findings,
+    fmt,
+    fmt_lr,
+    is_finished,
+    mean_std,
+    no_verdict,
+    resolution_text,
+)
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
-
-
-def _f(value: float | None, digits: int = 4) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    return f"{value:.{digits}f}" if abs(value) < 1000 else f"{value:.0f}"
-
-
-def _lr(value: float) -> str:
-    return f"{value:.3g}"
-
-
-def _ok(entry: dict[str, Any] | None) -> bool:
-    return bool(entry) and entry["status"] == "finished" and entry["final_val_loss"] is not None
-
-
-def _ms(entry: dict[str, Any], key: str, digits: int = 4) -> str:
-    """'mean' or 'mean ± std' (std over seeds, when there are several)."""
-    std = entry.get(f"{key}_std")
-    text = _f(entry.get(key), digits)
-    return text if std is None else f"{text} ± {_f(std, digits)}"
-
-
-def _values(entry: dict[str, Any], key: str) -> list[float]:
-    values = entry.get(f"{key}_values")
-    if values is None:
-        values = [entry.get(key)]
-    return [v for v in values if v is not None and math.isfinite(v)]
-
-
-def env_spread(entry: dict[str, Any], key: str) -> float | None:
-    """How far the floating-point environment alone moved this cell's `key`: |re-run - original| of
-    its first seed under another thread count (summary.environment_check), None when not measured."""
-    env = entry.get("environment") or {}
-    value = env.get(f"{key}_spread")
-    return value if value is not None and math.isfinite(value) else None
-
-
-@dataclass(frozen=True)
-class Resolution:
-    """Whether a difference between two cells is resolved, and why (the text the report prints)."""
-
-    resolved: bool | None  # None: one seed, the spread was not measured
-    text: str
-
-
-def resolution(a: dict[str, Any], b: dict[str, Any], key: str = "final_val_loss") -> Resolution:
-    """A difference is resolved only when (1) the seeds resolve it: every seed value of one cell lies
-    below every seed value of the other, and (2) the gap between the means exceeds the environment
-    spread: the sum of both cells' environment spreads (`env_spread`; each cell may move that far
-    under a change of thread count, in opposite directions). Without a measured environment spread
-    (no environment check, or a key it does not cover) nothing is resolved."""
-    va, vb = _values(a, key), _values(b, key)
-    if len(va) < 2 or len(vb) < 2:
-        return Resolution(None, "not resolved: one seed, spread not measured")
-    n = min(len(va), len(vb))
-    if not (max(va) < min(vb) or max(vb) < min(va)):
-        return Resolution(False, f"not resolved: within the spread of {n} seeds")
-    ea, eb = env_spread(a, key), env_spread(b, key)
-    if ea is None or eb is None:
-        return Resolution(False, f"not resolved: apart over {n} seeds, but the environment spread was not measured")
-    gap = abs(sum(va) / len(va) - sum(vb) / len(vb))
-    digits = 2 if key == MAX_ATTENTION_LOGIT else 4
-    if gap <= ea + eb:
-        return Resolution(
-            False,
-            f"not resolved: apart over {n} seeds, but the gap {_f(gap, digits)} is within the environment "
-            f"spread {_f(ea + eb, digits)}",
-        )
-    return Resolution(True, f"resolved by {n} seeds and beyond the environment spread {_f(ea + eb, digits)}")
-
-
-def resolved(a: dict[str, Any], b: dict[str, Any], key: str = "final_val_loss") -> bool | None:
-    """`resolution(a, b, key).resolved`: True, False, or None with one seed each."""
-    return resolution(a, b, key).resolved
-
-
-def _resolution(a: dict[str, Any], b: dict[str, Any], key: str = "final_val_loss") -> str:
-    return resolution(a, b, key).text
-
-
-def best_table(summary: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
-    return {(b["optimizer"], b["batch_size"]): b for b in summary["best"]}
-
-
-def findings(summary: dict[str, Any]) -> list[str]:
-    """The bullet points of 'What the numbers show'."""
-    best = best_table(summary)
-    optimizers = summary["settings"]["optimizers"]
-    batches = summary["settings"]["batch_sizes"]
-    reason = no_verdict(summary)
-    if reason:
-        return [f"**{SMOKE}**: {reason}", *_smoke_lines(best, optimizers, batches)]
-    lines = []
-    for batch in batches:
-        lines.append(_loss_line(batch, [best.get((o, batch)) for o in optimizers]))
-    if len(batches) > 1:
-        lines.extend(_degradation_lines(best, optimizers, batches[0], batches[-1]))
-    for batch in (batches[-1], batches[0]) if len(batches) > 1 else (batches[0],):
-        line = _logit_line(batch, [best.get((o, batch)) for o in optimizers])
-        if line:
-            lines.append(line)
-    bound = _bound_line(batches[-1], [best.get((o, batches[-1])) for o in optimizers])
-    if bound:
-        lines.append(bound)
-    lines.extend(_claim_lines(best, optimizers, batches))
-    return lines
-
-
-# What a comparison without lr grids says instead of a verdict, in REPORT.md and on the terminal.
-SMOKE = "no verdict: smoke run"
-
-
-def _smoke_lines(best, optimizers, batches) -> list[str]:
-    """A smoke run's numbers, in the optimizers' order: no ranking, no best lr, no ratios."""
-    lines = []
-    for batch in batches:
-        parts = []
-        for name in optimizers:
-            e = best.get((name, batch))
-            if e is None:
-                continue
-            value = (
-                f"loss {_ms(e, 'final_val_loss')}, max logit {_ms(e, MAX_ATTENTION_LOGIT, 2)}" if _ok(e) else "diverged"
-            )
-            parts.append(f"{name} at lr {_lr(e['lr'])}: {value}")
-        lines.append(f"Batch {batch} (one lr each, in the order given): " + "; ".join(parts) + ".")
-    return lines
-
-
-def no_verdict(summary: dict[str, Any]) -> str | None:
-    """Why the paper's claims get no verdict from this comparison, or None when they may.
-
-    A verdict compares optimizers at their best lr, which needs an lr grid: a smoke run (--quick)
-    or a cell with a single lr says nothing about any optimizer at its best."""
-    if summary["settings"].get("quick"):
-        return (
-            "this is a smoke run (--quick: one lr per optimizer and batch, half the tokens); no optimizer "
-            "was tuned, so nothing here bears on the paper's claims. Run `merit compare` without "
-            "--quick for them."
-        )
-    single = [f"{b['optimizer']} b{b['batch_size']}" for b in summary["best"] if len(b.get("grid") or []) < 2]
-    if single:
-        return (
-            f"one lr only for {', '.join(single)}: a cell without an lr grid is not tuned, so the "
-            "claims are not checked (give several lrs, or lrs = 'auto')."
-        )
-    return None
-
-
-def _loss_line(batch: int, entries: list[dict[str, Any] | None]) -> str:
-    ranked = sorted((e for e in entries if _ok(e)), key=lambda e: e["final_val_loss"])
-    failed = [e["optimizer"] for e in entries if e is not None and not _ok(e)]
-    tail = f" Diverged at every learning rate tried: {', '.join(failed)}." if failed else ""
-    if not ranked:
-        return f"**Batch {batch}:** no optimizer finished with a finite validation loss.{tail}"
-    top = ranked[0]
-    text = (
-        f"**Batch {batch}:** {top['optimizer']} had the lowest final validation loss, "
-        f"{_ms(top, 'final_val_loss')} (lr {_lr(top['lr'])})"
-    )
-    if len(ranked) == 1:
-        return text + "." + tail
-    gaps = [
-        f"{e['optimizer']} {_ms(e, 'final_val_loss')} (+{_f(e['final_val_loss'] - top['final_val_loss'])}, "
-        f"{100 * (e['final_val_loss'] / top['final_val_loss'] - 1):+.1f}%"
-        + ("" if resolved(top, e) is None else f"; {_resolution(top, e)}")
-        + ")"
-        for e in ranked[1:]
-    ]
-    return f"{text}; then {', '.join(gaps)}.{tail}"
-
-
-def _degradation_lines(best, optimizers, small: int, large: int) -> list[str]:
-    rows = []
-    for name in optimizers:
-        a, b = best.get((name, small)), best.get((name, large))
-        if _ok(a) and _ok(b):
-            rows.append((name, b["final_val_loss"] - a["final_val_loss"], a, b))
-    if not rows:
-        return []
-    rows.sort(key=lambda r: r[1])
-    parts = [
-        f"{name} {_f(a['final_val_loss'])} -> {_f(b['final_val_loss'])} ({delta:+.4f})" for name, delta, a, b in rows
-    ]
-    line = (
-        f"**Batch {small} -> {large}** (same tokens, {large / small:.3g}x fewer steps), best-lr validation loss: "
-        + "; ".join(parts)
-        + "."
-    )
-    if len(rows) > 1:
-        line += (
-            f" The smallest change: {rows[0][0]} ({rows[0][1]:+.4f}); the largest: {rows[-1][0]} ({rows[-1][1]:+.4f})"
-        )
-        first, last = _seed_deltas(rows[0][2], rows[0][3]), _seed_deltas(rows[-1][2], rows[-1][3])
-        line += f" ({_resolution(first, last, 'change')})." if len(first["change_values"]) > 1 else "."
-    return [line]
-
-
-def _seed_deltas(small: dict[str, Any], large: dict[str, Any]) -> dict[str, Any]:
-    """The loss change from the small to the large batch, seed by seed (same seeds, paired), with the
-    environment spread of a change: the sum of both cells' (None when either is not measured)."""
-    a, b = _values(small, "final_val_loss"), _values(large, "final_val_loss")
-    values = [y - x for x, y in zip(a, b)] if len(a) == len(b) else []
-    ea, eb = env_spread(small, "final_val_loss"), env_spread(large, "final_val_loss")
-    env = None if ea is None or eb is None else {"change_spread": ea + eb}  # each end may move that far
-    return {"change": None, "change_values": values, "environment": env}
-
-
-def _logit_line(batch: int, entries: list[dict[str, Any] | None]) -> str | None:
-    ranked = sorted(
-        (e for e in entries if _ok(e) and e.get(MAX_ATTENTION_LOGIT) is not None),
-        key=lambda e: e[MAX_ATTENTION_LOGIT],
-    )
-    if not ranked:
-        return None
-    several = any(len(e.get("seeds") or []) > 1 for e in ranked)
-    where = "layer {layer} in seed {seed}" if several else "layer {layer}"
-    parts = [
-        f"{e['optimizer']} {_ms(e, MAX_ATTENTION_LOGIT, 2)} "
-        f"({where.format(layer=_argmax(e), seed=(e.get('seeds') or [e.get('seed')])[0])})"
-        for e in ranked
-    ]
-    line = f"**Max attention logit at the end, batch {batch}** (best-lr runs, max over layers): {', '.join(parts)}."
-    lo, hi = ranked[0][MAX_ATTENTION_LOGIT], ranked[-1][MAX_ATTENTION_LOGIT]
-    if len(ranked) > 1 and lo > 0:
-        line += f" The largest is {hi / lo:.2f}x the smallest."
-    return line
-
-
-def _bound_line(batch: int, entries: list[dict[str, Any] | None]) -> str | None:
-    """The max-norm bound term ||W_Q||_m * ||W_K||_m at the end (max over layers), lowest first."""
-    rows = sorted(
-        (max(e["qk_bound_by_layer"]), e["optimizer"]) for e in entries if _ok(e) and e.get("qk_bound_by_layer")
-    )
-    if not rows:
-        return None
-    seeds = next((e.get("seeds") for e in entries if _ok(e) and e.get("seeds")), None) or []
-    which = f"; seed {seeds[0]}'s run of each" if len(seeds) > 1 else ""
-    return (
-        f"**||W_Q||_m x ||W_K||_m at the end, batch {batch}** (the max-norm product that bounds the logit; "
-        f"max over layers{which}): " + ", ".join(f"{name} {value:.3g}" for value, name in rows) + "."
-    )
-
-
-def _argmax(entry: dict[str, Any]) -> str:
-    layers = entry.get("max_attention_logit_by_layer") or []
-    values = [(v, i) for i, v in enumerate(layers) if v is not None]
-    return str(max(values)[1]) if values else "-"  # layers count from 0, as in merit train and inspect
-
-
-def _claim_lines(best, optimizers, batches) -> list[str]:
-    """The paper's claims, checked against these numbers (only when MERIT and a baseline ran): each
-    holds only when MERIT is better than every other optimizer *and* each difference is resolved
-    (`resolution`), does not hold when another optimizer is better by a resolved difference, and is
-    otherwise not resolved (the means are given)."""
-    if "merit" not in optimizers or len(optimizers) < 2:
-        return []
-    large = batches[-1]
-    entries = {o: best.get((o, large)) for o in optimizers}
-    merit = entries["merit"]
-    others = {o: e for o, e in entries.items() if o != "merit" and _ok(e)}
-    if not _ok(merit) or not others:
-        return []
-    lines = [_claim("1 (MERIT has the lowest loss at large batch)", large, merit, others, "final_val_loss", 4)]
-    with_logit = {o: e for o, e in others.items() if e.get(MAX_ATTENTION_LOGIT) is not None}
-    if merit.get(MAX_ATTENTION_LOGIT) is not None and with_logit:
-        lines.append(
-            _claim("2 (MERIT keeps the max attention logit lower)", large, merit, with_logit, MAX_ATTENTION_LOGIT, 2)
-        )
-    sharp = {o: _hessian_entry(e) for o, e in others.items() if (e.get("hessian") or {}).get(SHARPNESS) is not None}
-    mh = _hessian_entry(merit)
-    if mh.get(SHARPNESS) is not None and sharp:
-        for key, what in ((SHARPNESS, "largest algebraic"), (PAPER_SHARPNESS, "largest-magnitude")):
-            claim = f"3 (MERIT finds a flatter minimum: a lower {what} Hessian eigenvalue)"
-            paper = " (paper, GPT-2 Small, top eigenvalue by power iteration: MERIT 12.3 vs AdamW 37.2)"
-            lines.append(_claim(claim, large, mh, sharp, key, 3, paper if key == PAPER_SHARPNESS else ""))
-    return lines
-
-
-# Claim 3 is judged on the largest algebraic eigenvalue (the most positive curvature) and, as the
-# paper's PyHessian reports "top", on the largest-magnitude one (merit_core.diagnostics.hessian).
-SHARPNESS = "largest_algebraic_eigenvalue"
-PAPER_SHARPNESS = "largest_magnitude_eigenvalue"
-
-
-def _hessian_entry(entry: dict[str, Any]) -> dict[str, Any]:
-    """A best cell's Hessian numbers with its environment check's Hessian spreads beside them."""
-    env = (entry.get("environment") or {}).get("hessian") or {}
-    return {**(entry.get("hessian") or {}), "environment": env}
-
-
-def _claim(
-    claim: str,
-    batch: int,
-    merit: dict[str, Any],
-    others: dict[str, dict[str, Any]],
-    key: str,
-    digits: int,
-    note: str = "",
-) -> str:
-    """'Paper claim N (...): at batch B, **holds here**: MERIT x vs adamw y (resolution), ...' for a
-    claim that MERIT's `key` is below every other optimizer's (see `_claim_lines` for the rule)."""
-    checks = {o: (merit[key] < e[key], resolution(merit, e, key).resolved) for o, e in others.items()}
-    if all(better and ok for better, ok in checks.values()):
-        verdict = "**holds here**"
-    elif any(not better and ok for better, ok in checks.values()):
-        verdict = "**does not hold here**"
-    else:
-        verdict = "**not resolved**"
-    return (
-        f"Paper claim {claim}: at batch {batch}, "
-        + verdict
-        + f": MERIT {_ms(merit, key, digits)} vs "
-        + ", ".join(f"{o} {_ms(e, key, digits)} ({_resolution(merit, e, key)})" for o, e in others.items())
-        + note
-        + "."
-    )
 
 
 def results_table(summary: dict[str, Any]) -> list[str]:
@@ -349,10 +43,10 @@ def results_table(summary: dict[str, Any]) -> list[str]:
             e = best.get((name, b))
             if e is None:
                 cells += ["", "", ""]
-            elif not _ok(e):
+            elif not is_finished(e):
                 cells += ["diverged", "-", "-"]
             else:
-                cells += [_ms(e, "final_val_loss"), _lr(e["lr"]), _ms(e, MAX_ATTENTION_LOGIT, 2)]
+                cells += [mean_std(e, "final_val_loss"), fmt_lr(e["lr"]), mean_std(e, MAX_ATTENTION_LOGIT, 2)]
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
     return rows
 
@@ -364,9 +58,9 @@ def seeds_table(summary: dict[str, Any]) -> list[str]:
     rows = ["| optimizer | batch | lr | seed: final val loss | seed: max logit |", "|---|---:|---:|---|---|"]
     for b in summary["best"]:
         seeds = b.get("seeds") or []
-        losses = ", ".join(f"{s}: {_f(v)}" for s, v in zip(seeds, b.get("final_val_loss_values") or []))
-        logits = ", ".join(f"{s}: {_f(v, 2)}" for s, v in zip(seeds, b.get("max_attention_logit_values") or []))
-        rows.append(f"| {b['optimizer']} | {b['batch_size']} | {_lr(b['lr'])} | {losses} | {logits} |")
+        losses = ", ".join(f"{s}: {fmt(v)}" for s, v in zip(seeds, b.get("final_val_loss_values") or []))
+        logits = ", ".join(f"{s}: {fmt(v, 2)}" for s, v in zip(seeds, b.get("max_attention_logit_values") or []))
+        rows.append(f"| {b['optimizer']} | {b['batch_size']} | {fmt_lr(b['lr'])} | {losses} | {logits} |")
     return rows
 
 
@@ -398,8 +92,8 @@ def hessian_lines(summary: dict[str, Any]) -> list[str]:
         top = (paper.get("top_eigenvalue") or {}).get(b["optimizer"])
         trace = (paper.get("trace") or {}).get(b["optimizer"])
         rows.append(
-            f"| {b['optimizer']} | {b['batch_size']} | {_lr(b['lr'])} | {_ms(h, SHARPNESS, 3)} | "
-            f"{_ms(h, 'smallest_algebraic_eigenvalue', 3)} | {_ms(h, PAPER_SHARPNESS, 3)} | {_ms(h, 'trace', 1)} | "
+            f"| {b['optimizer']} | {b['batch_size']} | {fmt_lr(b['lr'])} | {mean_std(h, SHARPNESS, 3)} | "
+            f"{mean_std(h, 'smallest_algebraic_eigenvalue', 3)} | {mean_std(h, PAPER_SHARPNESS, 3)} | {mean_std(h, 'trace', 1)} | "
             f"{conv} | {'-' if top is None else f'{top:g}'} | {'-' if trace is None else f'{trace:,.0f}'} |"
         )
     rows += [
@@ -441,10 +135,10 @@ def environment_lines(summary: dict[str, Any]) -> list[str]:
     for b in checked:
         e = b["environment"]
         rows.append(
-            f"| {b['optimizer']} | {b['batch_size']} | {_lr(b['lr'])} | {env.get('threads', '-')} -> {e.get('threads', '-')} | "
-            f"{_f(e.get('final_val_loss_original'))} | {_f(e.get('final_val_loss_rerun'))} | "
-            f"{_f(e.get('final_val_loss_spread'))} | {_f(e.get('max_attention_logit_original'), 2)} | "
-            f"{_f(e.get('max_attention_logit_rerun'), 2)} | {_f(e.get('max_attention_logit_spread'), 2)} |"
+            f"| {b['optimizer']} | {b['batch_size']} | {fmt_lr(b['lr'])} | {env.get('threads', '-')} -> {e.get('threads', '-')} | "
+            f"{fmt(e.get('final_val_loss_original'))} | {fmt(e.get('final_val_loss_rerun'))} | "
+            f"{fmt(e.get('final_val_loss_spread'))} | {fmt(e.get('max_attention_logit_original'), 2)} | "
+            f"{fmt(e.get('max_attention_logit_rerun'), 2)} | {fmt(e.get('max_attention_logit_spread'), 2)} |"
         )
     sharp = [b for b in checked if (b["environment"].get("hessian") or {}).get(f"{SHARPNESS}_spread") is not None]
     if sharp:
@@ -452,8 +146,8 @@ def environment_lines(summary: dict[str, Any]) -> list[str]:
             "",
             "Hessian of the re-run (largest batch): "
             + "; ".join(
-                f"{b['optimizer']} largest algebraic spread {_f(b['environment']['hessian'][f'{SHARPNESS}_spread'], 3)}, "
-                f"largest magnitude spread {_f(b['environment']['hessian'].get(f'{PAPER_SHARPNESS}_spread'), 3)}"
+                f"{b['optimizer']} largest algebraic spread {fmt(b['environment']['hessian'][f'{SHARPNESS}_spread'], 3)}, "
+                f"largest magnitude spread {fmt(b['environment']['hessian'].get(f'{PAPER_SHARPNESS}_spread'), 3)}"
                 for b in sharp
             )
             + ".",
@@ -510,13 +204,13 @@ def ablation_lines(summary: dict[str, Any]) -> list[str]:
     ablations = [o for o in summary["settings"]["optimizers"] if o in ABLATION_COMPONENTS]
     if not ablations or merit is None:
         return []
-    if not _ok(merit):
+    if not is_finished(merit):
         return [f"MERIT diverged at every lr tried at batch {batch}: the ablations cannot be judged."]
     lines = []
     for name in ablations:
         e = best.get((name, batch))
         what = ABLATION_COMPONENTS[name]
-        if not _ok(e):
+        if not is_finished(e):
             lines.append(f"Without {what} ({name}): diverged at every lr tried, where MERIT did not.")
             continue
         if name == "merit-noclip" and _same_runs(summary, merit, name):
@@ -529,10 +223,10 @@ def ablation_lines(summary: dict[str, Any]) -> list[str]:
         delta = e["final_val_loss"] - merit["final_val_loss"]
         verdict = "hurt" if delta > 0 else "did not hurt"
         lines.append(
-            f"Without {what} ({name}): {verdict}: loss {_ms(e, 'final_val_loss')} vs MERIT "
-            f"{_ms(merit, 'final_val_loss')} ({delta:+.4f}, {100 * delta / merit['final_val_loss']:+.2f}%; "
-            f"{_resolution(merit, e)}); max logit {_ms(e, MAX_ATTENTION_LOGIT, 2)} vs "
-            f"{_ms(merit, MAX_ATTENTION_LOGIT, 2)}."
+            f"Without {what} ({name}): {verdict}: loss {mean_std(e, 'final_val_loss')} vs MERIT "
+            f"{mean_std(merit, 'final_val_loss')} ({delta:+.4f}, {100 * delta / merit['final_val_loss']:+.2f}%; "
+            f"{resolution_text(merit, e)}); max logit {mean_std(e, MAX_ATTENTION_LOGIT, 2)} vs "
+            f"{mean_std(merit, MAX_ATTENTION_LOGIT, 2)}."
         )
     return lines
 
@@ -568,8 +262,8 @@ def zero_shot_lines(summary: dict[str, Any]) -> list[str]:
     rows = [head, "|---|---:|---:|" + "---:|" * len(keys)]
     for b in entries:
         by_key = {(r["task"], r["metric"]): r for r in b["zero_shot"]}
-        cells = [_ms(by_key[k], "value") if k in by_key else "-" for k in keys]
-        rows.append(f"| {b['optimizer']} | {b['batch_size']} | {_lr(b['lr'])} | " + " | ".join(cells) + " |")
+        cells = [mean_std(by_key[k], "value") if k in by_key else "-" for k in keys]
+        rows.append(f"| {b['optimizer']} | {b['batch_size']} | {fmt_lr(b['lr'])} | " + " | ".join(cells) + " |")
     ev = summary["settings"].get("eval") or {}
     paper = (summary["settings"].get("paper") or {}).get("zero_shot") or {}
     average = paper.get("average") or {}
@@ -595,8 +289,8 @@ def grid_table(summary: dict[str, Any]) -> list[str]:
     for (name, batch), runs in groups.items():
         cells = []
         for r in sorted(runs, key=lambda r: r["lr"]):
-            value = _ms(r, "final_val_loss") if r["status"] == "finished" else r["status"]
-            cell = f"{_lr(r['lr'])}: {value}"
+            value = mean_std(r, "final_val_loss") if r["status"] == "finished" else r["status"]
+            cell = f"{fmt_lr(r['lr'])}: {value}"
             cells.append(f"**{cell}**" if r["lr"] == best.get((name, batch)) and r["status"] == "finished" else cell)
         rows.append(f"| {name} | {batch} | {runs[0]['steps']} | {', '.join(cells)} |")
     return rows
@@ -632,8 +326,12 @@ def sensitivity_lines(summary: dict[str, Any]) -> list[str]:
             values = r.get("final_val_loss_values") or [r.get("final_val_loss")]
             n_bad = 0 if finished else sum(v is None or not math.isfinite(v) for v in values) or n_seeds
             rows.append(
-                f"| {name} | {batch} | {_lr(r['lr'])} | "
-                + (f"{_ms(r, 'final_val_loss')} | {_ms(r, 'max_attention_logit', 2)}" if finished else "- | -")
+                f"| {name} | {batch} | {fmt_lr(r['lr'])} | "
+                + (
+                    f"{mean_std(r, 'final_val_loss')} | {mean_std(r, 'max_attention_logit', 2)}"
+                    if finished
+                    else "- | -"
+                )
                 + f" | {n_bad} of {n_seeds} |"
             )
         done = [r for r in cells if r["status"] == "finished" and r.get("final_val_loss") is not None]
@@ -642,7 +340,7 @@ def sensitivity_lines(summary: dict[str, Any]) -> list[str]:
             good = [r["lr"] for r in done if r["final_val_loss"] <= top * (1 + GOOD_LR_TOLERANCE)]
             edge = " (reaches the grid's edge)" if min(good) == cells[0]["lr"] or max(good) == cells[-1]["lr"] else ""
             spans.append(
-                f"- {name} at batch {batch}: good lrs {_lr(min(good))}-{_lr(max(good))}, "
+                f"- {name} at batch {batch}: good lrs {fmt_lr(min(good))}-{fmt_lr(max(good))}, "
                 f"x{max(good) / min(good):.3g} wide, {len(good)} of {len(cells)} grid points{edge}."
             )
     return rows + [""] + spans
@@ -674,7 +372,7 @@ def caveats(summary: dict[str, Any]) -> list[str]:
         if b.get("lr_extended"):
             lines.append(
                 f"{b['optimizer']} at batch {b['batch_size']}: the grid was extended past its edge "
-                f"(added lr {', '.join(_lr(v) for v in b['lr_extended'])})"
+                f"(added lr {', '.join(fmt_lr(v) for v in b['lr_extended'])})"
                 + ("; the best lr is now interior." if not b.get("lr_at_edge") else ".")
             )
         if b.get("lr_at_edge"):
@@ -685,7 +383,7 @@ def caveats(summary: dict[str, Any]) -> list[str]:
                 "quick": "--quick runs one lr per grid and never extends it",
             }.get(b.get("edge_reason"), "")
             lines.append(
-                f"{b['optimizer']} at batch {b['batch_size']}: the best lr ({_lr(b['lr'])}) is still the {side} "
+                f"{b['optimizer']} at batch {b['batch_size']}: the best lr ({fmt_lr(b['lr'])}) is still the {side} "
                 f"of its grid ({reason}), so its optimum may lie outside the grid: this comparison is not "
                 "fair to it yet."
             )
@@ -694,7 +392,7 @@ def caveats(summary: dict[str, Any]) -> list[str]:
         lines.append(
             "Diverged runs (non-finite loss; ranked last): "
             + ", ".join(
-                f"{r['optimizer']} b{r['batch_size']} lr {_lr(r['lr'])}"
+                f"{r['optimizer']} b{r['batch_size']} lr {fmt_lr(r['lr'])}"
                 + (f" (seed {r['seed']} of {', '.join(map(str, seeds))})" if len(seeds) > 1 else "")
                 for r in diverged
             )

@@ -11,11 +11,12 @@ import pytest
 import merit_core.compare as compare
 from merit_core.compare import load_spec, run_compare
 from merit_core.compare.grid import next_extensions, plan_runs
-from merit_core.compare.report import ablation_lines, render_report, resolved
+from merit_core.compare.report import ablation_lines, render_report
 from merit_core.compare.results import CompareSummary
 from merit_core.compare.runner import compare_threads, other_threads
 from merit_core.compare.spec import PRESETS
 from merit_core.compare.summary import cells, select_best
+from merit_core.compare.verdicts import resolved
 from merit_core.errors import ConfigError
 from tests.compare.test_compare_units import record, synthetic_summary
 

@@ -141,7 +141,7 @@ def test_auto_grid_rule():
 
 
 def test_quick_and_single_lr_reports_give_no_verdict():
-    from merit_core.compare.report import findings
+    from merit_core.compare.verdicts import findings
 
     summary = synthetic_summary()
     assert any(line.startswith("Paper claim 1") for line in findings(summary))

@@ -6,9 +6,10 @@ from __future__ import annotations
 from click.testing import CliRunner
 
 from merit_core.compare.plots import BAND_LABEL, BEST_LABEL, DIVERGED_LABEL, compare_figure
-from merit_core.compare.report import findings, render_report, resolution
+from merit_core.compare.report import render_report
 from merit_core.compare.results import CompareSummary
 from merit_core.compare.summary import cells, select_best
+from merit_core.compare.verdicts import findings, resolution
 from tests.compare.test_compare_plans import fake_training, seeded, with_env
 from tests.compare.test_compare_units import synthetic_summary
 
