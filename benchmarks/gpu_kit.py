@@ -38,14 +38,11 @@ def write_json(path: Path, value) -> None:
 def local_tasks(root: Path) -> None:
     """The two local lm-eval tasks of the test suite (a LAMBADA-like and a wikitext-like one)."""
     sys.path.insert(0, str(ROOT))
-    from tests.eval.local_tasks import LAMBADA_LINES, WIKI_PAGES, lambada_yaml, wiki_yaml
+    from tests.eval.local_tasks import LOCAL_TASKS, write_local_tasks
 
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "harbour_lambada.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in LAMBADA_LINES))
-    (root / "harbour_wiki.jsonl").write_text("".join(json.dumps({"page": p}) + "\n" for p in WIKI_PAGES))
-    (root / "harbour_lambada.yaml").write_text(lambada_yaml("harbour_lambada", root / "harbour_lambada.jsonl"))
-    (root / "harbour_wiki.yaml").write_text(wiki_yaml("harbour_wiki", root / "harbour_wiki.jsonl"))
-    print(f"local tasks harbour_lambada, harbour_wiki in {root}")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    write_local_tasks(root)
+    print(f"local tasks {', '.join(LOCAL_TASKS)} in {root}")
 
 
 def junit_rows(xml: Path, keep: str = "test_merit_cuda_sizes") -> list[dict]:

@@ -122,6 +122,7 @@ def with_requirements(names: set[str]) -> set[str]:
     """`names` and what their versions installed here require, transitively: on the node pip installed
     each image package with its own requirements (which this environment's versions may name
     differently: huggingface-hub 2 needs httpx2, the image's 1.x httpx)."""
+    env = {**_environment(f"{sys.version_info[0]}.{sys.version_info[1]}"), "extra": ""}
     out, todo = set(), list(names)
     while todo:
         name = normalize(todo.pop())
@@ -132,7 +133,6 @@ def with_requirements(names: set[str]) -> set[str]:
             dist = md.distribution(name)
         except md.PackageNotFoundError:
             continue
-        env = {**_environment(f"{sys.version_info[0]}.{sys.version_info[1]}"), "extra": ""}
         todo.extend(r.name for r in map(Requirement, dist.requires or ()) if r.marker is None or r.marker.evaluate(env))
     return out
 
