@@ -36,6 +36,7 @@ from merit_core.compare_defaults import (  # the default comparison (no argument
 from merit_core.errors import ConfigError
 from merit_core.optim import canonical_name, resolve_hparams
 from merit_core.train.config import FIELD_NAMES, from_dict, parse_override, read_toml
+from merit_core.values import coerce, deep_merge, is_number, nest, positive_int
 
 # `--preset ablations`: MERIT and its registry ablations (each removes or changes one component)
 # with the LAMB reference, at the comparison's largest batch only.
@@ -183,7 +184,7 @@ def load_spec(
     else:
         lr_setting = raw.get("lrs", "auto")
     budget = tokens if tokens is not None else raw.get("tokens", QUICK_TOKENS if quick else DEFAULT_TOKENS)
-    budget = _positive_int(budget, "tokens")
+    budget = positive_int(budget, "tokens")
 
     per = raw.get("per_optimizer", {})
     if not isinstance(per, dict):
@@ -217,19 +218,15 @@ def load_spec(
         out_dir = Path("runs") / f"compare-{_model_stem(str(train['model']))}{suffix}"
     n_jobs = jobs if jobs is not None else raw.get("jobs")
     if n_jobs is not None:
-        n_jobs = _positive_int(n_jobs, "jobs")
-    n_seeds = _positive_int(seeds if seeds is not None else raw.get("seeds", 1), "seeds")
-    with_hessian = hessian if hessian else raw.get("hessian", False)
-    if not isinstance(with_hessian, bool):
-        raise ConfigError(f"hessian must be true or false, got {with_hessian!r}")
+        n_jobs = positive_int(n_jobs, "jobs")
+    n_seeds = positive_int(seeds if seeds is not None else raw.get("seeds", 1), "seeds")
+    with_hessian = coerce(hessian if hessian else raw.get("hessian", False), bool, "hessian")
     extensions = max_extensions if max_extensions is not None else raw.get("max_extensions", DEFAULT_MAX_EXTENSIONS)
-    if isinstance(extensions, bool) or not isinstance(extensions, int) or extensions < 0:
-        raise ConfigError(f"max_extensions must be 0 or a positive integer, got {extensions!r}")
+    extensions = positive_int(extensions, "max_extensions", zero=True)
     n_best = best_seeds if best_seeds is not None else raw.get("best_seeds", DEFAULT_BEST_SEEDS)
-    n_best = max(_positive_int(n_best, "best_seeds"), n_seeds)
+    n_best = max(positive_int(n_best, "best_seeds"), n_seeds)
     env = environment_check if environment_check is not None else raw.get("environment_check", True)
-    if not isinstance(env, bool):
-        raise ConfigError(f"environment_check must be true or false, got {env!r}")
+    env = coerce(env, bool, "environment_check")
     if quick:  # a smoke run: no best cell to top up, no verdict to weigh against the environment
         n_best, env = n_seeds, False
     return CompareSpec(
@@ -271,7 +268,7 @@ def _eval_request(table: Any, tasks: str | None, include_path: str | None, limit
     path = include_path if include_path is not None else table.get("include_path")
     n = limit if limit is not None else table.get("limit")
     if n is not None:
-        n = _positive_int(n, "eval limit")
+        n = positive_int(n, "eval limit")
     return EvalRequest(tuple(names), None if path is None else str(path), n)
 
 
@@ -328,7 +325,7 @@ def _optimizer_list(value: Any) -> list[str]:
 def _batch_list(value: Any, what: str) -> list[int]:
     if not isinstance(value, list) or not value:
         raise ConfigError(f"{what} is empty: give at least one batch size, e.g. --batch-sizes 8,64")
-    return sorted({_positive_int(v, what) for v in value})
+    return sorted({positive_int(v, what) for v in value})
 
 
 def _lr_setting(value: Any, optimizer: str) -> list[float] | str:
@@ -348,18 +345,10 @@ def _lr_list(values: list[Any], what: str) -> list[float]:
         raise ConfigError(f"{what} is empty: give 'auto' or at least one learning rate")
     out = []
     for v in values:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        if not is_number(v) or not math.isfinite(v) or v <= 0:
             raise ConfigError(f"{what}: learning rates must be positive numbers, got {v!r}")
         out.append(float(v))
     return sorted(set(out))
-
-
-def _positive_int(value: Any, what: str) -> int:
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{what} must be a positive integer, got {value!r}")
-    return value
 
 
 def _optimizer_args(name: str, args: Any) -> dict[str, Any]:
@@ -382,14 +371,10 @@ def _train_settings(table: Any, values: dict[str, Any], overrides: Iterable[str]
     if not isinstance(table, dict):
         raise ConfigError("train must be a table of merit train settings ([train])")
     merged: dict[str, Any] = dict(DEFAULT_TRAIN)
-    _deep_merge(merged, table)
+    deep_merge(merged, table)
     for item in overrides:
-        key, value = parse_override(item)
-        nested: Any = value
-        for part in reversed(key.split(".")[1:]):
-            nested = {part: nested}
-        _deep_merge(merged, {key.split(".")[0]: nested})
-    _deep_merge(merged, {k: v for k, v in values.items() if v is not None})
+        deep_merge(merged, nest(*parse_override(item)))
+    deep_merge(merged, {k: v for k, v in values.items() if v is not None})
     for key in merged:
         if key in OWNED_TRAIN_KEYS:
             raise ConfigError(f"'{key}' is set by the comparison, not [train] or --set; use {OWNED_TRAIN_KEYS[key]}")
@@ -398,14 +383,6 @@ def _train_settings(table: Any, values: dict[str, Any], overrides: Iterable[str]
     if merged.get("optimizer_args"):
         raise ConfigError("optimizer_args differ per optimizer: set them in [per_optimizer.NAME] tables")
     return merged
-
-
-def _deep_merge(base: dict[str, Any], new: dict[str, Any]) -> None:
-    for key, value in new.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _deep_merge(base[key], value)
-        else:
-            base[key] = value
 
 
 def _model_stem(model: str) -> str:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from numbers import Real
 from typing import Any
 
 from torch import nn
@@ -33,29 +32,19 @@ from merit_core.errors import ConfigError
 from merit_core.optim.builders import build_adamw, build_lamb, build_lion, build_merit, build_muon, build_sophiag
 from merit_core.optim.lr_table import ADAMW_LRS, LAMB_LRS, MERIT_LRS, LrDefault, MeasuredLr, lr_from_table
 from merit_core.optim.sophia import hessian_refresh
+from merit_core.values import PAIR, coerce, describe, is_number
 
 # ---------------------------------------------------------------------------------------------
 # what a spec holds
 
-# How a hyperparameter value is type-checked: the kind names and how an error message says them.
-KINDS = {
-    "float": "a number",
-    "float?": "a number or None",
-    "pair": "a pair of numbers",
-    "int": "an integer",
-    "bool": "true or false",
-    "bool?": "true, false or None",
-    "str": "a string",
-    "str?": "a string or None",
-}
-# Names that mean the same thing in every optimizer, so they get the same kind whatever the default
-# looks like (a weight_decay default of 0 is still a float). Other kinds are read from the default
-# (see OptimizerSpec.kinds).
-SHARED_KINDS = {
-    **dict.fromkeys(("lr", "eps", "weight_decay", "momentum"), "float"),
-    "betas": "pair",
-    **dict.fromkeys(("maximize", "decay_embeddings"), "bool"),
-    **dict.fromkeys(("fused", "foreach"), "bool?"),
+# Names that mean the same thing in every optimizer, so they get the same kind (a type hint of
+# merit_core.values) whatever the default looks like (a weight_decay default of 0 is still a float).
+# Other kinds are read from the default (see OptimizerSpec.kinds).
+SHARED_KINDS: dict[str, Any] = {
+    **dict.fromkeys(("lr", "eps", "weight_decay", "momentum"), float),
+    "betas": PAIR,
+    **dict.fromkeys(("maximize", "decay_embeddings"), bool),
+    **dict.fromkeys(("fused", "foreach"), bool | None),
 }
 
 
@@ -81,10 +70,11 @@ class OptimizerSpec:
     builder: ``(name, model_or_params, hparams) -> Optimizer``; `hparams` are the resolved
         defaults and overrides plus `fixed`, already type-checked.
     defaults: the hyperparameters a user may set, with their defaults.
-    kinds: the kind (a key of :data:`KINDS`) of every hyperparameter whose default does not say
-        it: a None default, or a number that may also be None (``"float?"``). The others come from
-        :data:`SHARED_KINDS`, else from the default's type (bool, int, float, a pair of numbers,
-        str). After construction it holds the kind of every key of `defaults`.
+    kinds: the kind, a type hint :func:`merit_core.values.coerce` checks values against, of every
+        hyperparameter whose default does not say it: a None default, or a number that may also be
+        None (``float | None``). The others come from :data:`SHARED_KINDS`, else from the default's
+        type (bool, int, float, str, a pair of numbers: ``merit_core.values.PAIR``). After
+        construction it holds the kind of every key of `defaults`.
     fixed: switches that define a variant and cannot be set (the MERIT ablations).
     lr_centre / lr_family: compare's lr-grid centre for an optimizer without measured lrs, by
         model scale (``{"small": lr, "gpt2": lr}``, see :func:`merit_core.compare.grid.auto_centre`),
@@ -102,7 +92,7 @@ class OptimizerSpec:
     summary: str
     builder: Callable[[str, Any, dict[str, Any]], Optimizer]
     defaults: Mapping[str, Any]
-    kinds: Mapping[str, str] = field(default_factory=dict)
+    kinds: Mapping[str, Any] = field(default_factory=dict)
     fixed: Mapping[str, Any] = field(default_factory=dict)
     lr_centre: Mapping[str, float] | None = None
     lr_family: str | None = None
@@ -123,20 +113,21 @@ class OptimizerSpec:
         kinds = {}
         for key, default in self.defaults.items():
             kind = self.kinds.get(key) or SHARED_KINDS.get(key) or _kind_of(default)
-            if kind not in KINDS:
+            try:
+                describe(kind)  # TypeError for anything but the hints merit_core.values coerces
+            except TypeError:
                 raise ValueError(
-                    f"{where}: hyperparameter '{key}' (default {default!r}) needs its kind in kinds=, "
-                    f"one of {', '.join(KINDS)}"
-                )
+                    f"{where}: hyperparameter '{key}' (default {default!r}) needs its kind in kinds=, a type "
+                    "hint: float, int, bool, str, tuple[float, float] or one of them | None"
+                ) from None
             kinds[key] = kind
             try:
-                _check(kind, default)
-            except TypeError:
-                raise ValueError(f"{where}: the default of '{key}', {default!r}, is not {KINDS[kind]}") from None
+                coerce(default, kind, f"{where}: the default of '{key}'")
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
         object.__setattr__(self, "kinds", kinds)
         if self.lr_centre is not None and (
-            set(self.lr_centre) != {"small", "gpt2"}
-            or not all(_is_number(v) and v > 0 for v in self.lr_centre.values())
+            set(self.lr_centre) != {"small", "gpt2"} or not all(is_number(v) and v > 0 for v in self.lr_centre.values())
         ):
             raise ValueError(f"{where}: lr_centre must give a positive lr for 'small' and for 'gpt2' models")
         given = [self.lr_centre is not None, self.lr_family is not None, bool(self.measured_lrs)]
@@ -150,51 +141,14 @@ def _key(name: str) -> str:
     return name.strip().lower().replace("_", "-")
 
 
-def _kind_of(default: Any) -> str | None:
+def _kind_of(default: Any) -> Any:
     """The kind a default value implies, or None when it does not imply one."""
-    if isinstance(default, bool):
-        return "bool"
-    if isinstance(default, int):
-        return "int"
-    if isinstance(default, float):
-        return "float"
-    if isinstance(default, str):
-        return "str"
-    if isinstance(default, tuple) and len(default) == 2 and all(_is_number(v) for v in default):
-        return "pair"
+    for kind in (bool, int, float, str):  # bool first: True is an int too
+        if isinstance(default, kind):
+            return kind
+    if isinstance(default, tuple) and len(default) == 2 and all(map(is_number, default)):
+        return PAIR
     return None
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool)
-
-
-def _check(kind: str, value: Any) -> Any:
-    """`value` normalised for `kind` (ints to floats, lists to tuples); TypeError when it does not fit."""
-    if value is None and kind.endswith("?"):
-        return None
-    base = kind.rstrip("?")
-    if base == "float" and _is_number(value):
-        return float(value)
-    if base == "int" and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if base == "bool" and isinstance(value, bool):
-        return value
-    if base == "str" and isinstance(value, str):
-        return value
-    if base == "pair" and isinstance(value, (list, tuple)) and len(value) == 2 and all(map(_is_number, value)):
-        return tuple(float(v) for v in value)
-    raise TypeError(kind)
-
-
-def _coerce(spec: OptimizerSpec, key: str, value: Any) -> Any:
-    kind = spec.kinds[key]
-    try:
-        return _check(kind, value)
-    except TypeError:
-        raise ConfigError(
-            f"optimizer '{spec.name}': hyperparameter '{key}' must be {KINDS[kind]}, got {value!r}"
-        ) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,7 +200,7 @@ _MERIT_DEFAULTS = dict(
     implementation=None,
     decay_embeddings=True,
 )
-_MERIT_KINDS = {"clip": "float?", "implementation": "str?"}
+_MERIT_KINDS = {"clip": float | None, "implementation": str | None}
 # nanoGPT's GPT-2 recipe (its lr is also the measured GPT-2 small entry).
 _ADAMW_DEFAULTS = dict(
     lr=6e-4,
@@ -355,7 +309,7 @@ for _spec in (
         summary="torch Muon on 2-D hidden weights + AdamW (adamw_*) on embeddings, head and 1-D params",
         builder=build_muon,
         defaults=_MUON_DEFAULTS,
-        kinds={"adjust_lr_fn": "str?"},
+        kinds={"adjust_lr_fn": str | None},
         lr_centre=_default_lr_centre(_MUON_DEFAULTS["lr"]),
     ),
     _merit_variant("merit-noclip", "MERIT ablation: no element-wise clipping", clip=None),
@@ -486,7 +440,7 @@ def resolve_hparams(name: str, **hparams: Any) -> dict[str, Any]:
                 f"unknown hyperparameter '{raw_key}' for optimizer '{spec.name}'{hint}; "
                 f"accepted: {', '.join(spec.defaults)}"
             )
-        resolved[key] = _coerce(spec, key, value)
+        resolved[key] = coerce(value, spec.kinds[key], f"optimizer '{spec.name}': hyperparameter '{key}'")
     return resolved
 
 

@@ -15,7 +15,6 @@ import difflib
 import math
 import re
 import tomllib
-import types
 import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from merit_core.fileio import atomic_write
 from merit_core.models import model_width
 from merit_core.optim.registry import default_lr
 from merit_core.runs import CONFIG_HEADER
+from merit_core.values import coerce, deep_merge, nest
 
 DTYPES = ("auto", "float32", "bfloat16")
 KERNELS = ("auto", "liger", "none")  # see merit_core.train.kernels
@@ -141,12 +141,11 @@ def load_config(
     """
     data: dict[str, Any] = {}
     if path is not None:
-        _merge(data, read_toml(path), source=str(path))
+        deep_merge(data, read_toml(path))
     for item in overrides:
-        key, value = parse_override(item)
-        _merge(data, _nest(key, value), source="--set")
+        deep_merge(data, nest(*parse_override(item)))
     if values:
-        _merge(data, {k: v for k, v in values.items() if v is not None}, source="options")
+        deep_merge(data, {k: v for k, v in values.items() if v is not None})
     return from_dict(data)
 
 
@@ -194,7 +193,14 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
         if key == "compile":
             kwargs[key] = _compile_setting(value)
             continue
-        kwargs[key] = _coerce(key, value, _HINTS[key])
+        try:  # TOML cannot write None (a key left out is the default), so the words leave 'or None' out
+            kwargs[key] = coerce(value, _HINTS[key], key, mention_none=False)
+        except ConfigError:
+            if isinstance(value, dict):  # a dotted key under a setting that is not a table
+                raise ConfigError(
+                    f"unknown config key {key + '.' + next(iter(value), '')!r}: {key} is not a table"
+                ) from None
+            raise
     config = TrainConfig(**kwargs)
     validate(config)
     return config
@@ -357,56 +363,9 @@ def _without_none(data: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- helpers --------------------------------------------------------------------------------
-def _nest(dotted: str, value: Any) -> dict[str, Any]:
-    parts = dotted.split(".")
-    out: dict[str, Any] = {parts[-1]: value}
-    for part in reversed(parts[:-1]):
-        out = {part: out}
-    return out
-
-
-def _merge(base: dict[str, Any], new: dict[str, Any], source: str) -> None:
-    for key, value in new.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _merge(base[key], value, source)
-        else:
-            base[key] = value
-
-
 def _suggest(key: str, names: Iterable[str]) -> str:
     close = difflib.get_close_matches(key, list(names), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(names)}"
-
-
-def _coerce(name: str, value: Any, hint: Any) -> Any:
-    """`value` checked against the annotation `hint` (X, X | None, dict[str, Any])."""
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        if value is None:
-            return None
-        (hint,) = [a for a in args if a is not type(None)]
-    if typing.get_origin(hint) is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{name} must be a table (e.g. {name}.key=value), got {value!r}")
-        return dict(value)
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-    elif hint is int:
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-    if isinstance(value, dict):
-        dotted = next(iter(value), "")
-        raise ConfigError(f"unknown config key {name + '.' + dotted!r}: {name} is not a table")
-    raise ConfigError(f"{name} must be {_type_word(hint)}, got {value!r}")
 
 
 def _compile_setting(value: Any) -> str | bool:
@@ -417,10 +376,6 @@ def _compile_setting(value: Any) -> str | bool:
     if word in ("auto", "true", "false"):
         return {"auto": "auto", "true": True, "false": False}[word]
     raise ConfigError(f"compile must be auto, true or false, got {value!r}")
-
-
-def _type_word(hint: Any) -> str:
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
 
 
 # The experiment trackers `report_to` may name (train/trackers.py implements them).

@@ -272,7 +272,7 @@ def test_every_builtin_spec_describes_itself():
     assert [n for n in OPTIMIZER_NAMES if fsdp_refusal(n)] == ["lamb"] and "lamb-ref" in fsdp_refusal("lamb")
     assert [n for n in OPTIMIZER_NAMES if step_hook(n)] == ["sophiag"]
     assert step_hook("sophiag").interval(build_optimizer("sophiag", [nn.Parameter(torch.ones(2, 2))])) == 10
-    assert get_spec("merit").kinds["clip"] == "float?" and get_spec("adamw").kinds["fused"] == "bool?"
+    assert get_spec("merit").kinds["clip"] == float | None and get_spec("adamw").kinds["fused"] == bool | None
 
 
 def test_measured_lrs_name_their_run_and_the_registry_default_is_the_gpt2_small_entry():
