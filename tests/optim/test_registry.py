@@ -208,6 +208,8 @@ def test_defaults_are_used_and_overrides_are_normalised(model):
     opt = build_optimizer("adamw", model, fused=False)
     assert opt.param_groups[0]["fused"] is False
     assert build_optimizer("sophiag", model).hessian_interval == 10
+    # an integral float is an integer, as in a train config (TOML's 4.0 from a script's output)
+    assert resolve_hparams("sophiag", hessian_interval=4.0)["hessian_interval"] == 4
 
 
 def test_default_hparams_table_and_helpers():
