@@ -92,7 +92,6 @@ def parse_loop(text: str, merit_optimizer: str = "adamw") -> LoopSpec:
 def build_trainer(optimizer: str, args, train_tokens, val_tokens, model_name=None, **overrides):
     from merit_core.devices import resolve_device
     from merit_core.models import build_model, model_config
-    from merit_core.optim import default_hparams
     from merit_core.train.config import TrainConfig, resolve
     from merit_core.train.distributed import Parallel
     from merit_core.train.trainer import build_trainer as trainer_for
@@ -111,7 +110,7 @@ def build_trainer(optimizer: str, args, train_tokens, val_tokens, model_name=Non
         out="unused",
     )
     values.update(overrides)
-    config = resolve(TrainConfig(**values), optimizer_defaults=default_hparams(optimizer), auto_micro_batch=True)
+    config = resolve(TrainConfig(**values), auto_micro_batch=True).config
     parallel = Parallel(resolve_device(args.device))
     mconf = model_config(values["model"], vocab_size=args.vocab_size, context=max(args.seq_len, 256))
     model = build_model(mconf, seed=0).to(parallel.device)

@@ -42,9 +42,8 @@ class RichTrainReport(LiveReport):
     LiveReport) rather than inherited, so that this module, read at `merit train --help`, does not import
     the training package (torch); tests/cli check that it answers every hook."""
 
-    def __init__(self, lr_source: Any = None):
+    def __init__(self):
         super().__init__(guard=True)
-        self.lr_source = lr_source  # merit_core.optim.registry.LrDefault when no lr was given
         self.task = None
         self.fields = {"loss": "-", "lr": "-", "tok_s": "-", "max_logit": "-"}
 
@@ -66,8 +65,8 @@ class RichTrainReport(LiveReport):
         c = info.config
         world = f" x {info.world_size} processes ({c.parallel})" if info.world_size > 1 else ""
         verb = f"Resuming from {info.resumed_from}" if info.resumed_from else "Training"
-        source = self.lr_source
-        lr_note = f" ({escape(source.source)})" if source is not None and source.lr == c.lr else ""
+        source = info.lr_default  # where resolve took the lr from; None when the config gave it
+        lr_note = f" ({escape(source.source)})" if source is not None else ""
         # e.g. "lr 0.002 (merit's measured default for gpt2-small at batch 64 x 1024; run: ...)"
         self.out.print(
             f"[bold]{verb}[/] {c.model} ({fmt_count(info.n_params)} parameters) with [bold]{c.optimizer}[/], "
@@ -356,7 +355,7 @@ def train(config_file, overrides, **values):
     try:
         summary_config = _load(config_file, overrides, values)
 
-        report = RichTrainReport(_lr_source(summary_config)) if main else None
+        report = RichTrainReport() if main else None
         try:
             run_training(summary_config, report)
         finally:
@@ -366,17 +365,6 @@ def train(config_file, overrides, **values):
         if main:
             raise
         sys.exit(2)  # the main process prints the one error line
-
-
-def _lr_source(config):
-    """Where the lr of a run without one comes from (train.config.lr_default, which resolve applies),
-    for the start line; None when the config or the command line gives an lr."""
-    from merit_core.train.config import lr_default
-
-    try:
-        return lr_default(config)
-    except MeritError:
-        return None  # an unknown optimizer: the run itself says so
 
 
 def _load(config_file, overrides, values):

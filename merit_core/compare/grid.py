@@ -40,7 +40,6 @@ from merit_core import models
 from merit_core.compare.spec import CompareSpec
 from merit_core.errors import ConfigError
 from merit_core.models import context_length, model_config
-from merit_core.optim import default_hparams
 from merit_core.optim.registry import default_lr, lr_centre, measured_lr
 from merit_core.train.config import from_dict, resolve
 
@@ -292,7 +291,7 @@ def plan_runs(
                 values.setdefault("eval_every", max(1, steps // EVAL_POINTS))
                 values.setdefault("save_every", max(1, math.ceil(steps / 4)))
                 values.setdefault("keep_checkpoints", 1)
-                config = resolve(from_dict(values), 1, default_hparams(optimizer))
+                config = resolve(from_dict(values)).config
                 runs.append(PlannedRun(optimizer, batch, lr, tuple(grid), config, index, threads))
     return runs
 

@@ -9,7 +9,8 @@ the training loop calls (Sophia-G's Hessian refresh). Adding an optimizer means 
 `merit compare` and the fsdp check then know it.
 
 ``build_optimizer(name, model_or_params, **hparams)`` builds one. Names are case-insensitive and
-``_`` equals ``-``. A user's mistake (unknown name or hyperparameter, a value of the wrong type or
+``_`` equals ``-``; the functions below also take the :class:`OptimizerSpec` of :func:`get_spec`,
+so that a training run looks its optimizer up once. A user's mistake (unknown name or hyperparameter, a value of the wrong type or
 out of range) raises :class:`~merit_core.errors.ConfigError` in one line; an inconsistent spec
 raises ValueError when it is defined, so it fails at import, not in a user's run.
 
@@ -351,9 +352,9 @@ def canonical_name(name: str) -> str:
     raise ConfigError(f"unknown optimizer '{name}'{hint}; valid names: {', '.join(names)}")
 
 
-def get_spec(name: str) -> OptimizerSpec:
-    """The registry entry for ``name`` (see :func:`canonical_name`)."""
-    return _SPECS[canonical_name(name)]
+def get_spec(name: str | OptimizerSpec) -> OptimizerSpec:
+    """The registry entry for ``name`` (see :func:`canonical_name`); a spec is its own entry."""
+    return name if isinstance(name, OptimizerSpec) else _SPECS[canonical_name(name)]
 
 
 def default_hparams(name: str) -> dict[str, Any]:
@@ -378,47 +379,40 @@ def lr_centre(name: str) -> Mapping[str, float] | None:
     return spec.lr_centre if spec.lr_family is None else get_spec(spec.lr_family).lr_centre
 
 
-def fsdp_refusal(name: str) -> str | None:
-    """Why ``name`` cannot train under ``--parallel fsdp``, or None when it can."""
-    return get_spec(name).fsdp_refused
-
-
-def measured_lrs(name: str) -> tuple[MeasuredLr, ...]:
+def measured_lrs(name: str | OptimizerSpec) -> tuple[MeasuredLr, ...]:
     """The measured lrs of ``name`` (its lr family's when it has one); empty when none."""
     spec = get_spec(name)
     return spec.measured_lrs if spec.lr_family is None else get_spec(spec.lr_family).measured_lrs
 
 
-def measured_lr(name: str, model: str, batch_size: int, seq_len: int, width: int | None) -> LrDefault | None:
+def measured_lr(
+    name: str | OptimizerSpec, model: str, batch_size: int, seq_len: int, width: int | None
+) -> LrDefault | None:
     """The lr the measured table gives optimizer ``name`` for ``model`` (``width`` = its d_model, None
     when its config cannot be read) at ``batch_size`` sequences of ``seq_len`` tokens (the rule:
     :func:`merit_core.optim.lr_table.lr_from_table`), or None when ``name`` has no table (or no
     entry applies: an unknown width and no entry of that model)."""
-    table = measured_lrs(name)
+    spec = get_spec(name)
+    table = measured_lrs(spec)
     if not table:
         return None
-    head = canonical_name(name) if get_spec(name).lr_family is None else get_spec(name).lr_family
-    shared = "" if head == canonical_name(name) else f" ({canonical_name(name)} shares {head}'s lrs)"
+    head = spec.lr_family or spec.name
+    shared = "" if head == spec.name else f" ({spec.name} shares {head}'s lrs)"
     return lr_from_table(table, head, model, width, batch_size, seq_len, shared)
 
 
-def default_lr(name: str, model: str, batch_size: int, seq_len: int, width: int | None) -> LrDefault:
+def default_lr(name: str | OptimizerSpec, model: str, batch_size: int, seq_len: int, width: int | None) -> LrDefault:
     """The lr `merit train` uses for a run without one: :func:`measured_lr`, else the registry default
     (its source says why: no table for the optimizer, or ``model``'s width unknown)."""
-    found = measured_lr(name, model, batch_size, seq_len, width)
+    spec = get_spec(name)
+    found = measured_lr(spec, model, batch_size, seq_len, width)
     if found is not None:
         return found
-    spec = get_spec(name)
-    why = "no measured lr for it" if not measured_lrs(name) else f"{model}'s config could not be read for its width"
+    why = "no measured lr for it" if not measured_lrs(spec) else f"{model}'s config could not be read for its width"
     return LrDefault(float(spec.defaults["lr"]), f"{spec.name}'s registry default ({why})")
 
 
-def step_hook(name: str) -> StepHook | None:
-    """The per-step hook the training loop runs for ``name`` (Sophia-G's Hessian refresh), or None."""
-    return get_spec(name).step_hook
-
-
-def resolve_hparams(name: str, **hparams: Any) -> dict[str, Any]:
+def resolve_hparams(name: str | OptimizerSpec, **hparams: Any) -> dict[str, Any]:
     """Defaults of ``name`` overridden by ``hparams``, type-checked; ConfigError on unknown or fixed keys.
 
     Keys may use ``-`` for ``_``. Values are checked for type only; ranges are checked by the
@@ -444,7 +438,7 @@ def resolve_hparams(name: str, **hparams: Any) -> dict[str, Any]:
     return resolved
 
 
-def build_optimizer(name: str, model_or_params: nn.Module | Any, **hparams: Any) -> Optimizer:
+def build_optimizer(name: str | OptimizerSpec, model_or_params: nn.Module | Any, **hparams: Any) -> Optimizer:
     """Build registry optimizer ``name`` over a model (preferred) or an iterable of (named) parameters.
 
     Given a model, embeddings and the LM head are recognised by module type (see
@@ -452,5 +446,5 @@ def build_optimizer(name: str, model_or_params: nn.Module | Any, **hparams: Any)
     Build after moving the model to its device (AdamW picks its fused kernel from the devices).
     """
     spec = get_spec(name)
-    hp = resolve_hparams(spec.name, **hparams) | dict(spec.fixed)
+    hp = resolve_hparams(spec, **hparams) | dict(spec.fixed)
     return spec.builder(spec.name, model_or_params, hp)

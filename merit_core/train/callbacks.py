@@ -12,10 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from merit_core.progress import Progress
 from merit_core.train.config import TrainConfig
+
+if TYPE_CHECKING:
+    from merit_core.optim.lr_table import LrDefault
 
 # Signals that stop training gracefully (finish the step, checkpoint, exit) and the exit code each gives:
 # SIGHUP is a terminal or ssh session that went away; SIGPIPE stands for a console output whose reader
@@ -45,6 +48,7 @@ class RunInfo:
     tf32: bool = False  # whether float32 matrix products may use TF32 (CUDA only)
     peak_flops: float | None = None  # the device's dense bf16 peak, for MFU (None on CPU)
     device_memory: int | None = None  # bytes of GPU memory (None on CPU)
+    lr_default: LrDefault | None = None  # the default lr resolve chose and its source; None: the config gave the lr
 
 
 @dataclass

@@ -3,8 +3,9 @@
 Precedence: dataclass defaults < TOML file < overrides (in order). Override values are TOML
 literals (`lr=3e-4`, `optimizer_args.betas=[0.9, 0.95]`, `compile=true`); a value that is not a
 valid TOML literal is taken as a string (`model=gpt2-small`). Unknown keys raise ConfigError
-naming the closest known key. `resolve()` fills the derived fields (steps from tokens, warmup,
-min lr, micro-batch, run directory) so the saved `config.toml` replays the run exactly.
+naming the closest known key. `resolve()` fills the derived fields (lr and weight decay, steps from
+tokens, warmup, min lr, micro-batch, run directory) so the saved `config.toml` replays the run
+exactly, and says where a default lr came from (`Resolved`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from typing import Any
 from merit_core.errors import ConfigError
 from merit_core.fileio import atomic_write
 from merit_core.models import model_width
-from merit_core.optim.registry import default_lr
+from merit_core.optim.lr_table import LrDefault
+from merit_core.optim.registry import OptimizerSpec, default_lr, get_spec
 from merit_core.runs import CONFIG_HEADER
 from merit_core.values import coerce, deep_merge, nest
 
@@ -40,7 +42,7 @@ class TrainConfig:
     model: a named model (see merit_core.models) or a path to a config.json.
     optimizer / optimizer_args: a registry name and its extra hyperparameters (betas, eps, ...).
     lr / weight_decay: default to the optimizer's registry defaults (lr: its measured lr for the
-        model and batch first, see merit_core.optim.registry.default_lr).
+        model and batch first, see merit_core.optim.registry.default_lr; `resolve` applies them).
     lr / min_lr / min_lr_ratio / warmup_steps / warmup_ratio: linear warmup to `lr`, then cosine
         decay to `min_lr` (default `lr * min_lr_ratio`); warmup defaults to `warmup_ratio * steps`.
     steps / tokens: the run length; give one (tokens are rounded up to whole steps).
@@ -274,43 +276,47 @@ def validate(config: TrainConfig) -> None:
     parse_report_to(config.report_to)
 
 
-def lr_default(config: TrainConfig):
-    """The lr of a run without one, with where it comes from (merit_core.optim.lr_table.LrDefault:
-    value, source text, extrapolated flag, cap), or None when the config gives an lr. The one place
-    the default lr is decided: `resolve` applies it and `merit train`'s start line prints its source.
+@dataclass(frozen=True)
+class Resolved:
+    """What `resolve` decided: the config with its derived fields filled, and the default lr it
+    applied with where that lr comes from (the source `merit train`'s start line prints), or None
+    when the config gives the lr."""
 
-    The model's name and width (None when its config cannot be read: then the registry default,
-    said so in the source) go to the registry's lr table, which never reads model configs."""
-    if config.lr is not None:
-        return None
-    return default_lr(config.optimizer, config.model, config.batch_size, config.seq_len, model_width(config.model))
+    config: TrainConfig
+    lr: LrDefault | None
 
 
 def resolve(
     config: TrainConfig,
     world_size: int = 1,
-    optimizer_defaults: dict[str, Any] | None = None,
+    spec: OptimizerSpec | None = None,
     now: datetime.datetime | None = None,
     auto_micro_batch: bool = False,
-) -> TrainConfig:
-    """A copy with derived fields filled: lr and weight_decay (from `optimizer_defaults`, the
-    registry's defaults for the optimizer), steps, warmup_steps, min_lr, micro_batch_size, out.
+) -> Resolved:
+    """A copy with derived fields filled: lr and weight_decay (the optimizer's registry defaults;
+    for lr its measured default for the model and batch first), steps, warmup_steps, min_lr,
+    micro_batch_size, out.
+
+    `spec` is the optimizer's registry entry, looked up from `config.optimizer` when not given (a
+    training run passes the one it looked up); the copy names the optimizer by its registry name. The model's name and width (None when its config
+    cannot be read: then the registry default, said so in the source) go to the registry's lr
+    table, which never reads model configs.
 
     An unset micro_batch_size becomes the whole per-process batch, unless `auto_micro_batch`
     (the training run, which lets its Trainer choose it once the model is on its device).
 
     Raises ConfigError when the global batch cannot be split over `world_size` processes.
     """
-    c = dataclasses.replace(config, optimizer_args=dict(config.optimizer_args))
-    defaults = dict(optimizer_defaults or {})
-    chosen = lr_default(c)
-    if chosen is not None and chosen.entry is not None:
-        defaults["lr"] = chosen.lr
-    for key in ("lr", "weight_decay"):
-        if getattr(c, key) is None:
-            if key not in defaults:
-                raise ConfigError(f"{key} is not set and optimizer {c.optimizer!r} has no default for it")
-            setattr(c, key, float(defaults[key]))
+    spec = get_spec(config.optimizer if spec is None else spec)
+    c = dataclasses.replace(config, optimizer=spec.name, optimizer_args=dict(config.optimizer_args))
+    chosen = None
+    if c.lr is None:
+        chosen = default_lr(spec, c.model, c.batch_size, c.seq_len, model_width(c.model))
+        c.lr = chosen.lr
+    if c.weight_decay is None:
+        if "weight_decay" not in spec.defaults:
+            raise ConfigError(f"weight_decay is not set and optimizer {spec.name!r} has no default for it")
+        c.weight_decay = float(spec.defaults["weight_decay"])
     if c.min_lr is not None and c.min_lr > c.lr:
         raise ConfigError(f"min_lr ({c.min_lr}) must not exceed lr ({c.lr})")
     if c.steps is None:
@@ -336,7 +342,7 @@ def resolve(
         stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
         model = Path(c.model).parent.name if c.model.endswith(".json") else Path(c.model).name
         c.out = str(Path("runs") / f"{stamp}-{model}-{c.optimizer}")
-    return c
+    return Resolved(c, chosen)
 
 
 # -- writing --------------------------------------------------------------------------------

@@ -46,18 +46,19 @@ from typing import Any
 import torch
 
 from merit_core.errors import CheckpointError, ConfigError
-from merit_core.optim.registry import fsdp_refusal
+from merit_core.optim.registry import OptimizerSpec, get_spec
 from merit_core.train.compiling import compile_blocks, transformer_blocks
 from merit_core.train.distributed import DCP_FORMAT, DDPParallel, is_sharded_optimizer_state
 
 OPTIMIZER_DIR = "optimizer"
 
 
-def check_fsdp_optimizer(name: str) -> None:
-    """ConfigError when registry optimizer `name` cannot run under fsdp (its spec's `fsdp_refused`)."""
-    reason = fsdp_refusal(name)
-    if reason is not None:
-        raise ConfigError(f"optimizer '{name}' does not support --parallel fsdp: {reason}")
+def check_fsdp_optimizer(optimizer: str | OptimizerSpec) -> None:
+    """ConfigError when registry optimizer `optimizer` (a name or its spec) cannot run under fsdp
+    (its spec's `fsdp_refused`)."""
+    spec = get_spec(optimizer)
+    if spec.fsdp_refused is not None:
+        raise ConfigError(f"optimizer '{spec.name}' does not support --parallel fsdp: {spec.fsdp_refused}")
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:

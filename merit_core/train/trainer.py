@@ -31,8 +31,7 @@ from merit_core.metric_names import (
     VAL_LOSS,
 )
 from merit_core.models.attention_probe import probe_attention
-from merit_core.optim import build_optimizer
-from merit_core.optim.registry import step_hook
+from merit_core.optim.registry import OptimizerSpec, StepHook, build_optimizer, get_spec
 from merit_core.train import lm_loss
 from merit_core.train.batches import TrainBatches, to_device, val_batches
 from merit_core.train.compiling import (
@@ -72,18 +71,27 @@ def _autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextMan
 
 
 def build_trainer(
-    config: TrainConfig, model: torch.nn.Module, parallel: Parallel, train_tokens: np.ndarray, val_tokens: np.ndarray
+    config: TrainConfig,
+    model: torch.nn.Module,
+    parallel: Parallel,
+    train_tokens: np.ndarray,
+    val_tokens: np.ndarray,
+    spec: OptimizerSpec | None = None,
 ) -> Trainer:
-    """Wrap `model` (on its device) for `parallel`, build the configured optimizer, return the Trainer."""
+    """Wrap `model` (on its device) for `parallel`, build the configured optimizer, return the Trainer.
+
+    `spec` is the optimizer's registry entry (looked up from `config.optimizer` when not given): it
+    builds the optimizer and gives the Trainer its step hook."""
+    spec = get_spec(config.optimizer if spec is None else spec)
     mask_free_attention(model)  # no per-forward mask building (and its host sync)
     loss_fn = None
     if choose_kernels(config.kernels, model.config, parallel.device) == "liger":
         loss_fn = apply_liger(model)  # before wrapping: the wrapper and the compiler see the new modules
     forward = parallel.wrap(model, compile=resolve_compile(config.compile, parallel.device))
-    optimizer = build_optimizer(
-        config.optimizer, model, lr=config.lr, weight_decay=config.weight_decay, **config.optimizer_args
+    optimizer = build_optimizer(spec, model, lr=config.lr, weight_decay=config.weight_decay, **config.optimizer_args)
+    return Trainer(
+        config, model, forward, optimizer, train_tokens, val_tokens, parallel, loss_fn=loss_fn, hook=spec.step_hook
     )
-    return Trainer(config, model, forward, optimizer, train_tokens, val_tokens, parallel, loss_fn=loss_fn)
 
 
 class Trainer:
@@ -91,7 +99,7 @@ class Trainer:
 
     `model` is the plain transformers module (on the device); `forward` is what training runs
     through (the parallel wrapper, compiled if asked). Evaluation, diagnostics and saving use
-    the plain module.
+    the plain module. `hook` is the optimizer spec's step hook (`build_trainer` passes it).
     """
 
     def __init__(
@@ -104,6 +112,7 @@ class Trainer:
         val_tokens: np.ndarray,
         parallel: Parallel,
         loss_fn=None,
+        hook: StepHook | None = None,
     ):
         self.config = config
         self.parallel = parallel
@@ -125,7 +134,7 @@ class Trainer:
         fused = self.compiled and self.device.type == "cuda"
         self.head = lm_loss.install(model, fused=fused, loss_fn=loss_fn)
         self.kernels = "liger" if loss_fn is not None else "none"
-        self.hook = step_hook(config.optimizer)  # the optimizer spec's extra work after some updates
+        self.hook = hook  # the optimizer spec's extra work after some updates (StepHook), or None
         self.hook_every = self.hook.interval(optimizer) if self.hook is not None else None
         self.step = 0  # completed updates
         self._first_bad = torch.zeros((), dtype=torch.int64, device=self.device)  # 0: all finite so far

@@ -33,7 +33,7 @@ from merit_core.errors import (
 )
 from merit_core.metric_names import LOSS, MAX_ATTENTION_LOGIT, STEP, TOKENS, VAL_LOSS
 from merit_core.models import build_model, count_parameters, model_config
-from merit_core.optim import canonical_name, default_hparams, resolve_hparams
+from merit_core.optim.registry import get_spec, resolve_hparams
 from merit_core.runs import CONFIG_FILE
 from merit_core.train.callbacks import HANDLED_SIGNALS, STOP_SIGNALS, RunInfo, RunSummary, TrainCallbacks
 from merit_core.train.checkpoint import prune_checkpoints, save_checkpoint
@@ -101,11 +101,13 @@ class TrainingRun:
         if config.resume and config.out is None:
             raise ConfigError("resume needs the run folder: give --out RUN_DIR")
 
-        config = dataclasses.replace(config, optimizer=canonical_name(config.optimizer))
-        resolve_hparams(config.optimizer, **config.optimizer_args)  # unknown hyperparameters fail here, early
+        self.spec = get_spec(config.optimizer)  # the run's one registry lookup: an unknown name fails here
+        resolve_hparams(self.spec, **config.optimizer_args)  # unknown hyperparameters fail here, early
         if config.parallel == "fsdp":
-            check_fsdp_optimizer(config.optimizer)
-        self.config = resolve(config, parallel.world_size, default_hparams(config.optimizer), auto_micro_batch=True)
+            check_fsdp_optimizer(self.spec)
+        resolved = resolve(config, parallel.world_size, self.spec, auto_micro_batch=True)
+        self.config = resolved.config
+        self.lr_default = resolved.lr  # where a default lr came from, for on_start (None: the config gave it)
         self.config.out = parallel.broadcast_object(self.config.out)
         self.run_dir = Path(self.config.out)
         self.lock: fileio.FileLock | None = None
@@ -199,7 +201,7 @@ class TrainingRun:
         model.to(device)
         train_tokens, val_tokens = open_tokens(data_dir, "train"), open_tokens(data_dir, "val")
         try:
-            trainer = build_trainer(c, model, self.parallel, train_tokens, val_tokens)
+            trainer = build_trainer(c, model, self.parallel, train_tokens, val_tokens, self.spec)
         except MemoryError:
             raise ConfigError("out of memory while building the model and batches; lower the batch sizes") from None
         if c.micro_batch_size is None:  # 'auto': settled here, once, before step 0; config.toml records it
@@ -278,6 +280,7 @@ class TrainingRun:
                 tf32=c.tf32 and self.parallel.device.type == "cuda",
                 peak_flops=hw.peak_flops,
                 device_memory=hw.total_memory,
+                lr_default=self.lr_default,
             )
         )
 

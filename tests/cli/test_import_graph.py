@@ -158,7 +158,7 @@ def test_every_command_help_stays_light():
 
 # What merit_core/optim (the slim install: torch alone) may import from the rest of merit_core: leaf
 # modules that import nothing of merit's but errors. The lr table takes a model's name and width from
-# its caller (merit_core.train.config.lr_default), so nothing of optim reads models or training.
+# its caller (merit_core.train.config.resolve), so nothing of optim reads models or training.
 OPTIM_MAY_IMPORT = {"merit_core", "merit_core.errors", "merit_core.extras", "merit_core.paths", "merit_core.values"}
 
 

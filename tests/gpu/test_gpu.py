@@ -253,10 +253,11 @@ def test_train_step_makes_no_host_sync_on_cuda(optimizer, tmp_path):
                     device="cuda",
                     compile=compiled,
                     out=str(tmp_path),
+                    lr=1e-3,
+                    weight_decay=0.0,
                 )
             ),
-            optimizer_defaults={"lr": 1e-3, "weight_decay": 0.0},
-        )
+        ).config
         tokens = np.random.default_rng(0).integers(0, 4096, size=20_000).astype(np.uint16)
         model = build_model(model_config("gpt2-tiny"), seed=0).to("cuda")
         trainer = build_trainer(config, model, Parallel(resolve_device("cuda")), tokens, tokens[:2000])

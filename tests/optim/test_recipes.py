@@ -125,7 +125,9 @@ def test_fsdp_refuses_the_toy_with_its_reason(toy, tmp_path, monkeypatch):
 def test_an_unmeasured_optimizer_takes_its_registry_default_lr(toy):
     from merit_core.train.config import TrainConfig, resolve
 
-    assert resolve(TrainConfig(optimizer="toy"), optimizer_defaults=default_hparams("toy")).lr == 0.05
+    resolved = resolve(TrainConfig(optimizer="toy"))
+    assert resolved.config.lr == resolved.lr.lr == 0.05
+    assert resolved.lr.source == "toy's registry default (no measured lr for it)"  # what the start line prints
 
 
 def test_measured_lrs_are_the_default_for_their_model_and_batch(toy):
@@ -137,10 +139,10 @@ def test_measured_lrs_are_the_default_for_their_model_and_batch(toy):
         spec, lr_centre=None, measured_lrs=(MeasuredLr("gpt2-tiny", 16, 128, 0.2, "a test table"),)
     )
     register_optimizer(measured, replace=True)
-    hp = default_hparams("toy")
-    assert resolve(TrainConfig(optimizer="toy"), optimizer_defaults=hp).lr == 0.2
-    assert resolve(TrainConfig(optimizer="toy", batch_size=64), optimizer_defaults=hp).lr == pytest.approx(0.4)
-    assert resolve(TrainConfig(optimizer="toy", lr=0.01), optimizer_defaults=hp).lr == 0.01
+    assert resolve(TrainConfig(optimizer="toy")).config.lr == 0.2
+    assert resolve(TrainConfig(optimizer="toy", batch_size=64)).config.lr == pytest.approx(0.4)
+    given = resolve(TrainConfig(optimizer="toy", lr=0.01))
+    assert given.config.lr == 0.01 and given.lr is None
 
 
 def _train(cli, optimizer, model_cfg, data_dir, out, steps, sets):

@@ -260,7 +260,7 @@ def test_raw_parameter_lists_work_too():
 
 
 def test_every_builtin_spec_describes_itself():
-    from merit_core.optim.registry import fsdp_refusal, get_spec, lr_centre, measured_lrs, step_hook
+    from merit_core.optim.registry import get_spec, lr_centre, measured_lrs
 
     for name in OPTIMIZER_NAMES:
         spec = get_spec(name)
@@ -271,9 +271,12 @@ def test_every_builtin_spec_describes_itself():
     ablations = ("merit-noclip", "merit-nobound", "max-lamb", "l2-merit", "lamb-ref")
     assert all(get_spec(n).lr_family == "merit" and measured_lrs(n) == measured_lrs("merit") for n in ablations)
     assert [n for n in OPTIMIZER_NAMES if measured_lrs(n) and n not in ablations] == ["merit", "adamw", "lamb"]
-    assert [n for n in OPTIMIZER_NAMES if fsdp_refusal(n)] == ["lamb"] and "lamb-ref" in fsdp_refusal("lamb")
-    assert [n for n in OPTIMIZER_NAMES if step_hook(n)] == ["sophiag"]
-    assert step_hook("sophiag").interval(build_optimizer("sophiag", [nn.Parameter(torch.ones(2, 2))])) == 10
+    assert [n for n in OPTIMIZER_NAMES if get_spec(n).fsdp_refused] == ["lamb"]
+    assert "lamb-ref" in get_spec("lamb").fsdp_refused
+    assert [n for n in OPTIMIZER_NAMES if get_spec(n).step_hook] == ["sophiag"]
+    sophia = get_spec("sophiag")
+    assert sophia.step_hook.interval(build_optimizer(sophia, [nn.Parameter(torch.ones(2, 2))])) == 10
+    assert get_spec(sophia) is sophia  # a spec is its own entry: the functions taking a name take it too
     assert get_spec("merit").kinds["clip"] == float | None and get_spec("adamw").kinds["fused"] == bool | None
 
 

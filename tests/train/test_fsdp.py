@@ -154,11 +154,11 @@ def test_resume_reproduces_the_losses(work):
 def test_every_optimizer_is_exact_under_fsdp_or_refused(results):
     """Sharded vs plain with identical gradients: within the optimizer's own float noise floor;
     the ones that fail are exactly those refused up front."""
-    from merit_core.optim.registry import fsdp_refusal
+    from merit_core.optim.registry import get_spec
 
     for name, r in results["optimizers"].items():
         assert r["dtensor_params"], name
-        if fsdp_refusal(name) is not None:
+        if get_spec(name).fsdp_refused is not None:
             assert "error" in r, (name, r)
             continue
         assert "error" not in r, (name, r)

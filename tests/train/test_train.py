@@ -238,3 +238,52 @@ def test_next_inspect_hint_runs_and_notes_the_probe_differs(finished_run):
     (note,) = [n for n in ckpt.notes if n.startswith("training recorded")]
     assert f"{peak:.4g}" in note and "first validation batch" in note and "built-in paragraph (16 tokens)" in note
     assert "training recorded" in ran.output
+
+
+def test_a_run_looks_its_optimizer_up_once_and_its_start_line_prints_resolves_lr(
+    model_cfg, data_dir, tmp_path, monkeypatch
+):
+    """TrainingRun looks the optimizer's spec up once and hands it to the hyperparameter check, the
+    fsdp check (which a single process still runs), resolve and the Trainer (its builder and step
+    hook); on_start carries the default lr resolve applied, whose source the start line prints."""
+    import io
+
+    from rich.console import Console
+
+    from merit_cli.train_cmd import RichTrainReport
+    from merit_core.optim import registry
+    from merit_core.train import training_run
+    from merit_core.train.config import load_config
+
+    lookups = []
+
+    class CountingSpecs(dict):
+        def __contains__(self, key):  # canonical_name's one test per lookup by name
+            lookups.append(key)
+            return super().__contains__(key)
+
+    monkeypatch.setattr(registry, "_SPECS", CountingSpecs(registry._SPECS))
+    trainers, build = [], training_run.build_trainer
+    monkeypatch.setattr(training_run, "build_trainer", lambda *args: trainers.append(build(*args)) or trainers[-1])
+    starts = []
+
+    class Report(RichTrainReport):
+        def on_start(self, info):
+            starts.append(info)
+            super().on_start(info)
+
+    report = Report()
+    report.out = Console(file=io.StringIO(), width=400)
+    settings = {k: v for k, v in TINY_TRAIN.items() if k != "lr"}
+    values = {**settings, "model": str(model_cfg), "data": str(data_dir), "out": str(tmp_path / "run")}
+    config = load_config(values={**values, "optimizer": "SophiaG", "parallel": "fsdp", "steps": 1, "eval_every": 0})
+    training_run.run_training(config, report)
+    assert lookups == ["sophiag"]
+
+    spec = registry.get_spec("sophiag")
+    (info,) = starts
+    assert info.config.optimizer == "sophiag" and trainers[0].hook is spec.step_hook is not None
+    assert info.lr_default.source == "sophiag's registry default (no measured lr for it)"
+    assert info.config.lr == info.lr_default.lr == spec.defaults["lr"]
+    text = " ".join(report.out.file.getvalue().split())
+    assert f"with sophiag, lr {info.config.lr:g} (sophiag's registry default (no measured lr for it))," in text

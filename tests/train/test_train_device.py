@@ -131,11 +131,17 @@ def test_gpu_search_treats_cuda_oom_as_does_not_fit(monkeypatch, model_cfg, data
 
     config = resolve(
         load_config(
-            values={"model": str(model_cfg), "batch_size": 16, "seq_len": 16, "optimizer": "adamw", "lr": 1e-3}
+            values={
+                "model": str(model_cfg),
+                "batch_size": 16,
+                "seq_len": 16,
+                "optimizer": "adamw",
+                "lr": 1e-3,
+                "weight_decay": 0.0,
+            }
         ),
-        optimizer_defaults={"weight_decay": 0.0},
         auto_micro_batch=True,
-    )
+    ).config
     assert config.micro_batch_size is None
     model = build_model(model_config(str(model_cfg), vocab_size=320), seed=0)
     trainer = build_trainer(
@@ -187,7 +193,7 @@ def test_micro_batch_auto_in_config_cli_and_saved_config(model_cfg, data_dir, tm
 
     assert load_config(overrides=["micro_batch_size=auto"]).micro_batch_size is None
     assert load_config(values={"micro_batch_size": "auto"}).micro_batch_size is None
-    plain = resolve(load_config(values={"batch_size": 8, "lr": 1e-3, "weight_decay": 0.0}))
+    plain = resolve(load_config(values={"batch_size": 8, "lr": 1e-3, "weight_decay": 0.0})).config
     assert plain.micro_batch_size == 8  # library default: the batch
     with pytest.raises(ConfigError, match="micro_batch_size must be an integer"):
         load_config(overrides=["micro_batch_size=lots"])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from merit_core.optim import OPTIMIZER_NAMES, default_hparams
+from merit_core.optim import OPTIMIZER_NAMES
 from merit_core.train.config import TrainConfig, resolve
 from merit_core.train.distributed import Parallel
 from merit_core.train.trainer import build_trainer
@@ -33,8 +33,7 @@ def make_trainer(optimizer, **changes):
             out="unused",
             **changes,
         ),
-        optimizer_defaults=default_hparams(optimizer),
-    )
+    ).config
     model = build_model(GPT2Config(**{**TINY_GPT2, "vocab_size": 256}), seed=0)
     return build_trainer(config, model, Parallel(torch.device("cpu")), TOKENS, TOKENS[:2000])
 
@@ -98,8 +97,7 @@ def test_llama_trains_and_evaluates_per_layer():
             eval_batch_size=2,
             out="unused",
         ),
-        optimizer_defaults=default_hparams("merit"),
-    )
+    ).config
     model = build_model(
         LlamaConfig(
             vocab_size=256,

@@ -31,7 +31,7 @@ def test_compile_setting_auto_true_false(tmp_path):
     assert compiling.resolve_compile("auto", torch.device("cuda")) is True
     assert compiling.resolve_compile("auto", torch.device("cpu")) is False  # the CPU default is unchanged
     assert compiling.resolve_compile(True, torch.device("cpu")) is True
-    save_config(resolve(load_config(), optimizer_defaults={"lr": 1e-3, "weight_decay": 0.0}), tmp_path / "c.toml")
+    save_config(resolve(load_config()).config, tmp_path / "c.toml")
     assert load_config(tmp_path / "c.toml").compile == "auto"  # a resume reads back what was written
 
 
@@ -50,11 +50,12 @@ def _tiny_trainer(tmp_path, optimizer="adamw", **values):
                 out=str(tmp_path),
                 eval_batches=1,
                 eval_batch_size=2,
+                lr=1e-3,
+                weight_decay=0.0,
                 **values,
             )
         ),
-        optimizer_defaults={"lr": 1e-3, "weight_decay": 0.0},
-    )
+    ).config
     tokens = np.random.default_rng(0).integers(0, 97, size=4000).astype(np.uint16)
     model = build_model(model_config("gpt2-tiny", vocab_size=97, context=16), seed=0)
     return build_trainer(config, model, Parallel(torch.device("cpu")), tokens, tokens[:500])
