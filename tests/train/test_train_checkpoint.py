@@ -1,6 +1,7 @@
 """Checkpoint folders: atomic writes, what counts as complete, pruning, safe loading."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -81,8 +82,6 @@ def test_resume_reads_refuse_truncated_weights_and_special_files(tmp_path, model
     past the file, or a FIFO where trainer_state.pt / trainer_state.json / the weights should be, is
     one CheckpointError naming the file (never a blocked read), and the resume falls back to an
     older checkpoint that loads, saying why."""
-    import os
-
     from merit_core.train.checkpoint import read_trainer_info
     from merit_core.train.resume import ResumePlan, load_resumable
 
