@@ -243,7 +243,7 @@ def _display_stream():
         return None
 
 
-@click.command("eval", cls=EvalCommand)
+@click.command("eval", cls=EvalCommand, context_settings={"show_default": True})
 @click.argument("checkpoints", nargs=-1, metavar="CKPT...")
 @click.option("--tasks", "-t", default=None, help="Comma-separated tasks or aliases, e.g. lambada,wikitext,superglue.")
 @click.option(
@@ -257,23 +257,14 @@ def _display_stream():
 @click.option(
     "--dtype",
     default="auto",
-    show_default=True,
     metavar="DTYPE",
     help="Weights' dtype: auto (bfloat16 on CUDA, float32 on CPU), float32 (fp32) or bfloat16 (bf16) "
     "(float16 also works); recorded in the JSON's meta.eval.dtype. Scores differ slightly between dtypes.",
 )
-@click.option(
-    "--batch-size",
-    default="auto",
-    show_default=True,
-    metavar="INTEGER|auto",
-    help="Sequences per forward pass, or auto.",
-)
+@click.option("--batch-size", default="auto", metavar="INTEGER|auto", help="Sequences per forward pass, or auto.")
 @click.option("--limit", type=int, default=None, help="Score only the first N documents of each task (quick runs).")
-@click.option("--num-fewshot", type=int, default=0, show_default=True, help="Few-shot examples per prompt.")
-@click.option(
-    "--bootstrap-iters", type=int, default=1000, show_default=True, help="Bootstrap draws for stderrs (0: none)."
-)
+@click.option("--num-fewshot", type=int, default=0, help="Few-shot examples per prompt.")
+@click.option("--bootstrap-iters", type=int, default=1000, help="Bootstrap draws for stderrs (0: none).")
 @click.option(
     "--output",
     "-o",
@@ -298,7 +289,6 @@ def _display_stream():
 @click.option(
     "--seed",
     default="0,1234,1234,1234",
-    show_default=True,
     metavar="N|P,N,T,F",
     help="lm-eval's seeds (python, numpy, torch, few-shot sampler); one integer sets all four.",
 )

@@ -347,7 +347,7 @@ def _print_notes(console, checkpoints: list) -> None:
         console.print(f"[yellow]note[/] {label}: {note}{also}")
 
 
-@click.command("inspect")
+@click.command("inspect", context_settings={"show_default": True})
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--text", help="Probe text for the max attention logit (default: a built-in paragraph).")
 @click.option("--text-file", type=click.Path(path_type=Path), help="Read the probe text from a file.")
@@ -360,20 +360,17 @@ def _print_notes(console, checkpoints: list) -> None:
 @click.option(
     "--top-k",
     default=3,
-    show_default=True,
     type=click.IntRange(min=1),
     help="Outlier rows / columns named per matrix (in --json).",
 )
 @click.option(
     "--logits/--no-logits",
     default=True,
-    show_default=True,
     help="Build the model and measure max attention logits (needs config.json).",
 )
 @click.option(
     "--updates/--no-updates",
     default=True,
-    show_default=True,
     help="Update size per weight from a `merit train` checkpoint's optimizer state (zero-gradient step).",
 )
 @click.option(
@@ -387,7 +384,6 @@ def _print_notes(console, checkpoints: list) -> None:
 @click.option(
     "--hessian-iters",
     default=20,
-    show_default=True,
     type=click.IntRange(min=1, max=1000),  # Lanczos keeps one parameter-sized vector per step
     help="Lanczos steps (Hessian-vector products) for the eigenvalues; at least 10 for the largest algebraic "
     "one to count as converged.",
@@ -395,13 +391,10 @@ def _print_notes(console, checkpoints: list) -> None:
 @click.option(
     "--hutchinson-samples",
     default=10,
-    show_default=True,
     type=click.IntRange(min=1),
     help="Rademacher samples for the Hutchinson trace.",
 )
-@click.option(
-    "--seed", default=0, show_default=True, type=int, help="Seed for the Hessian estimates and random probes."
-)
+@click.option("--seed", default=0, type=int, help="Seed for the Hessian estimates and random probes.")
 @device_option()
 @click.option("--per-head", is_flag=True, help="Also print a layer x head table.")
 @click.option(

@@ -32,6 +32,18 @@ def number(kind: type):
     return convert
 
 
+def number_option(name: str, kind: type, *, default: int | float | None = None, help: str):
+    """An option holding one int or float, read by `number` (a value that is not one is a one-line
+    ConfigError naming the option); its metavar is N for an int, F for a float."""
+    return click.option(
+        name,
+        default=None if default is None else str(default),
+        metavar="N" if kind is int else "F",
+        callback=number(kind),
+        help=help,
+    )
+
+
 def fill_metavars(command: click.Command) -> click.Command:
     """Give each option converted by a `number` callback (and no metavar of its own) that callback's metavar."""
     for param in command.params:

@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from merit_cli.options import number
+from merit_cli.options import number_option
 from merit_cli.render import ProgressView
 from merit_core.errors import ConfigError
 
@@ -35,7 +35,7 @@ def _summary(meta, seconds: float):
     return table
 
 
-@click.command("prepare")
+@click.command("prepare", context_settings={"show_default": True})
 @click.argument("source", required=False)
 @click.option(
     "--out",
@@ -56,40 +56,17 @@ def _summary(meta, seconds: float):
     metavar="NAME|PATH",
     help="Hub tokenizer (e.g. gpt2) or local folder. Default: train a byte-level BPE on the corpus.",
 )
-@click.option(
-    "--vocab-size",
-    default="4096",
-    metavar="N",
-    callback=number(int),
-    show_default=True,
-    help="Vocabulary size of the trained BPE.",
-)
-@click.option(
+@number_option("--vocab-size", int, default=4096, help="Vocabulary size of the trained BPE.")
+@number_option(
     "--val-fraction",
-    default=None,
-    metavar="F",
-    callback=number(float),
+    float,
     help="Share of tokens held out (whole documents) for validation. [default: 0.01; builtin 0.02]",
 )
-@click.option(
-    "--text-column",
-    default="text",
-    metavar="NAME",
-    show_default=True,
-    help="Column holding the text (.jsonl/.parquet/hub).",
-)
+@click.option("--text-column", default="text", metavar="NAME", help="Column holding the text (.jsonl/.parquet/hub).")
 @click.option("--dataset-config", default=None, help="Configuration of a hub dataset (e.g. 'en' for allenai/c4).")
-@click.option("--split", default="train", show_default=True, help="Split of a hub dataset to read.")
-@click.option(
-    "--max-documents",
-    default=None,
-    metavar="N",
-    callback=number(int),
-    help="Read at most this many documents (for large hub datasets).",
-)
-@click.option(
-    "--seed", default="0", metavar="N", callback=number(int), show_default=True, help="Seed of the validation hold-out."
-)
+@click.option("--split", default="train", help="Split of a hub dataset to read.")
+@number_option("--max-documents", int, help="Read at most this many documents (for large hub datasets).")
+@number_option("--seed", int, default=0, help="Seed of the validation hold-out.")
 @click.option("--json", "as_json", is_flag=True, help="Print meta.json (with its path) instead of a table.")
 def prepare(
     source,

@@ -4,23 +4,25 @@ Nothing here loads a tensor or unpickles anything: a safetensors file's 8-byte l
 header are checked against the file (sizes, dtypes, non-negative shapes, offsets that tile the
 data exactly, the header-size limit of the safetensors library), so every crafted or truncated
 file is refused with one `CheckpointError` line before a library opens it; pickle-based files
-are refused on their name or magic bytes; FIFOs, sockets and devices are never opened. The
+are refused on their name or magic bytes; FIFOs, sockets and devices are never opened
+(`open_regular`, `opened_path` for the libraries that load a checked file by name). The
 model config's sizes (`check_model_dims`) and a tokenizer's special tokens
 (`check_special_tokens`) are checked here too, so inspect and eval refuse the same files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
-import stat
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from merit_core.errors import CheckpointError, ConfigError
-from merit_core.fileio import display, special_entries, special_file
+from merit_core.fileio import display, open_regular, special_entries
 from merit_core.models.limits import check_model_config
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -127,22 +129,15 @@ def validate_safetensors(path: Path) -> dict[str, dict]:
     return header
 
 
-def open_regular(path: Path):
-    """`path` opened for binary reading, refused (CheckpointError) unless it is a regular file.
-
-    Opened without blocking and checked on the open descriptor, so a FIFO swapped in after a
-    check cannot hang the read."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            what = special_file(path) or "not a regular file"
-            raise CheckpointError(f"{display(path)} is {what}; merit reads only regular files")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return os.fdopen(fd, "rb")
+@contextlib.contextmanager
+def opened_path(path: Path) -> Iterator[str]:
+    """A name of `path` for a library that opens files by name (safetensors), through a descriptor
+    `open_regular` checked: /proc/self/fd/N while it is open, so no FIFO swapped in since the check
+    is opened, and a file name that is not UTF-8 (which safetensors cannot take) still opens. The
+    path itself where /proc is absent."""
+    with open_regular(path) as fh:
+        fd_path = f"/proc/self/fd/{fh.fileno()}"
+        yield fd_path if os.path.exists(fd_path) else str(path)
 
 
 def refuse_special_files(folder: Path) -> None:

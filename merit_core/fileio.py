@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from merit_core.errors import ConfigError, DiskFull, UnsafePath
+from merit_core.errors import CheckpointError, ConfigError, DiskFull, UnsafePath
 
 # The name prefix of a file or folder still being written (readers and cleaners skip it).
 TMP_PREFIX = ".tmp-"
@@ -475,6 +475,25 @@ def special_file(path: str | os.PathLike) -> str | None:
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
         return "a device"
     return "not a regular file"
+
+
+def open_regular(path: str | os.PathLike):
+    """`path` opened for binary reading, refused (CheckpointError) unless it is a regular file.
+
+    Opened without blocking and checked on the open descriptor, so a FIFO swapped in after a
+    check cannot hang the read. The shared opener of every file merit reads from a checkpoint
+    (merit_core.checkpoints) and of its trainer_state.json (merit_core.runs)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            what = special_file(path) or "not a regular file"
+            raise CheckpointError(f"{display(path)} is {what}; merit reads only regular files")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
 
 
 def special_entries(folder: str | os.PathLike) -> list[tuple[str, str]]:

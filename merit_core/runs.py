@@ -47,9 +47,9 @@ from merit_core.fileio import (
     folder_mode,
     fsync_dir,
     fsync_file,
+    open_regular,
     refuse_foreign_entries,
     refuse_link,
-    special_file,
 )
 
 RUN_MARKER = ".merit-run"
@@ -166,15 +166,17 @@ def read_trainer_state(folder: str | Path, *, strict: bool = True) -> dict[str, 
     """
     path = Path(folder) / STATE_JSON
     try:
-        what = special_file(path)
-        if what is not None:  # a FIFO would block the read forever
-            raise ValueError(f"it is {what}")
-        state = json.loads(path.read_text(encoding="utf-8"))
+        with open_regular(path) as fh:  # a FIFO (which would block the read forever) is refused
+            state = json.loads(fh.read().decode("utf-8"))
         if not isinstance(state, dict):
             raise ValueError("not a JSON object")
     except FileNotFoundError:
         if strict:
             raise CheckpointError(f"{folder} is not a merit checkpoint (no {STATE_JSON})") from None
+        return {}
+    except CheckpointError:
+        if strict:
+            raise
         return {}
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         if strict:

@@ -39,3 +39,18 @@ def model_cfg(tmp_path_factory):
     from tests.prepared_data import write_tiny_model_config
 
     return write_tiny_model_config(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture
+def no_hang():
+    """Fail a case that blocks (a FIFO opened for reading waits for a writer forever) instead of hanging."""
+    import signal
+
+    def stuck(signum, frame):
+        raise TimeoutError("blocked for 120 s (a FIFO read?)")
+
+    previous = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(120)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)

@@ -46,6 +46,7 @@ from merit_core.compare.report import render_report
 from merit_core.compare.results import BestResult, CompareSummary, RunResult
 from merit_core.compare.runner import (
     CompareCallbacks,
+    Execution,
     compare_threads,
     default_jobs,
     execute,
@@ -178,7 +179,7 @@ def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) ->
     threads = compare_threads(str(spec.train.get("device", "auto")), spec.jobs)
     data_dir, meta = _prepare_data(spec, callbacks)
     callbacks.on_plan(plan.runs, plan.states, plan.jobs)
-    states = execute(plan.runs, plan.states, plan.jobs, spec.out / "logs", callbacks, threads)
+    states = execute(plan.runs, Execution(plan.states, plan.jobs, spec.out / "logs", callbacks, threads))
     before = dict(plan.states)
     extra: dict[tuple[str, int], list[float]] = {}
     top_ups: dict = {}
@@ -194,7 +195,7 @@ def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) ->
             callbacks.on_extend(new, plan.states, jobs)
         else:
             callbacks.on_add(new, plan.states, jobs, why)
-        states.update(execute(new, plan.states, jobs, spec.out / "logs", callbacks, threads))
+        states.update(execute(new, Execution(plan.states, jobs, spec.out / "logs", callbacks, threads)))
 
     while True:
         summary = build_summary({}, plan.runs, states)

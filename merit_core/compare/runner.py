@@ -140,25 +140,31 @@ def default_jobs(device: str = "auto", n_runs: int | None = None) -> int:
     return max(1, min(jobs, n_runs)) if n_runs else jobs
 
 
-def execute(
-    runs: list[PlannedRun],
-    states: dict[str, str],
-    jobs: int,
-    log_dir: Path,
-    callbacks: CompareCallbacks,
-    threads: int | None = None,
-) -> dict[str, str]:
-    """Train every 'new' or 'partial' run; return the state of every run afterwards.
+@dataclasses.dataclass(frozen=True)
+class Execution:
+    """How one call of `execute` trains its runs.
 
-    `threads`: the intra-op thread count of every run but an environment re-run (which has its
-    own), whatever the number of runs left; None leaves it to the worker's share of the cores."""
-    todo = [run for run in runs if states[run.name] in ("new", "partial")]
-    final = dict(states)
-    if jobs <= 1:
+    states: every run's state before it ('new' and 'partial' ones train); jobs: how many train at
+    once (1: in this process); log_dir: where a worker's output goes; threads: the intra-op thread
+    count of every run but an environment re-run (which has its own), whatever the number of runs
+    left; None leaves it to the worker's share of the cores."""
+
+    states: dict[str, str]
+    jobs: int
+    log_dir: Path
+    callbacks: CompareCallbacks
+    threads: int | None = None
+
+
+def execute(runs: list[PlannedRun], how: Execution) -> dict[str, str]:
+    """Train every 'new' or 'partial' run; return the state of every run afterwards."""
+    todo = [run for run in runs if how.states[run.name] in ("new", "partial")]
+    final = dict(how.states)
+    if how.jobs <= 1:
         for run in todo:
-            final[run.name] = _run_here(run, states[run.name] == "partial", callbacks, threads)
+            final[run.name] = _run_here(run, how.states[run.name] == "partial", how.callbacks, how.threads)
     else:
-        final.update(_run_parallel(todo, states, jobs, log_dir, callbacks, threads))
+        final.update(_run_parallel(todo, how))
     return final
 
 
@@ -276,16 +282,10 @@ def _forward_signals(active: dict):
             signal.signal(sig, old)
 
 
-def _run_parallel(
-    todo: list[PlannedRun],
-    states: dict[str, str],
-    jobs: int,
-    log_dir: Path,
-    callbacks: CompareCallbacks,
-    threads: int | None = None,
-) -> dict[str, str]:
+def _run_parallel(todo: list[PlannedRun], how: Execution) -> dict[str, str]:
+    callbacks, log_dir = how.callbacks, how.log_dir
     n_gpus = _gpu_count(todo)
-    jobs = min(jobs, len(todo))
+    jobs = min(how.jobs, len(todo))
     pending = deque(todo)
     free = list(range(jobs))
     active: dict[int, tuple[PlannedRun, subprocess.Popen, Path, int]] = {}
@@ -297,7 +297,7 @@ def _run_parallel(
             while pending or active:
                 while pending and free and not received:
                     run, slot = pending.popleft(), free.pop(0)
-                    resume = states[run.name] == "partial"
+                    resume = how.states[run.name] == "partial"
                     config = dataclasses.asdict(dataclasses.replace(run.config, resume=resume))
                     log = log_dir / f"{run.name}.log"
                     with os.fdopen(open_truncated(log), "w") as fh:  # never through a planted link
@@ -305,7 +305,7 @@ def _run_parallel(
                             [sys.executable, "-m", "merit_core.compare.worker", json.dumps(config)],
                             stdout=fh,
                             stderr=subprocess.STDOUT,
-                            env=worker_env(slot, jobs, n_gpus, run.threads or threads),
+                            env=worker_env(slot, jobs, n_gpus, run.threads or how.threads),
                             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
                             start_new_session=True,  # Ctrl-C reaches the comparison, which forwards it once
                         )

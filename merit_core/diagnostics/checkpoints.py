@@ -14,7 +14,6 @@ truncated or corrupt file gets a precise one-line `CheckpointError`. Pickle-base
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from merit_core.checkpoints import (  # the one safe reader of a checkpoint, sha
     PICKLE_SUFFIXES,
     index_files,
     open_regular,
+    opened_path,
     refuse_pickle,
     refuse_special_files,
     validate_safetensors,
@@ -173,12 +173,8 @@ class SafetensorsReader(Mapping):
 
         file = self.checkpoint.tensors[name][0]
         try:
-            with open_regular(file) as fh:
-                # Through the checked descriptor: no FIFO swapped in since validation, and a file name
-                # that is not UTF-8 (which safetensors cannot take) still opens.
-                fd_path = f"/proc/self/fd/{fh.fileno()}"
-                with safe_open(fd_path if os.path.exists(fd_path) else str(file), framework="pt") as handle:
-                    return handle.get_tensor(name)
+            with opened_path(file) as checked, safe_open(checked, framework="pt") as handle:
+                return handle.get_tensor(name)
         except (SafetensorError, OSError) as exc:
             raise CheckpointError(f"cannot read {name!r} from {display(file)}: {exc}") from None
 

@@ -37,6 +37,7 @@ from merit_core.diagnostics.weights import (
     attention_weight_stats,
     checkpoint_context,
     logit_bounds,
+    record_fields,
 )
 from merit_core.errors import DataError, MeritError
 from merit_core.fileio import atomic_write_json
@@ -146,10 +147,7 @@ class CheckpointReport(WeightStats):
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "path": self.path,
-            "label": self.label,
-            "step": self.step,
-            "run": self.run,
+            **record_fields(self, "path", "label", "step", "run"),
             **{k: self.trainer_state[k] for k in TRAINER_KEYS if k in self.trainer_state},
             **self.body_dict(),
             "probe": self.probe.to_dict() if self.probe else None,

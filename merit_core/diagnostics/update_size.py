@@ -28,6 +28,7 @@ import torch
 
 from merit_core import runs
 from merit_core.devices import available_host_memory
+from merit_core.diagnostics.weights import record_fields
 from merit_core.errors import CheckpointError
 from merit_core.fileio import display
 from merit_core.metric_names import UPDATE_RATIO
@@ -56,11 +57,7 @@ class MeritRatios:
     def to_dict(self) -> dict[str, Any]:
         return {
             "s_percentiles": {str(k): v for k, v in self.percentiles.items()},
-            "share_row": self.share_row,
-            "share_col": self.share_col,
-            "share_weight": self.share_weight,
-            "share_forced_one": self.share_forced_one,
-            "clipped": self.clipped,
+            **record_fields(self, "share_row", "share_col", "share_weight", "share_forced_one", "clipped"),
         }
 
 
@@ -107,10 +104,7 @@ class UpdateReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "step": self.step,
-            "lr": self.lr,
-            "optimizer": self.optimizer,
-            "dtype": self.dtype,
+            **record_fields(self, "step", "lr", "optimizer", "dtype"),
             f"max_{UPDATE_RATIO}": self.max_ratio,
             "weights": [w.to_dict() for w in self.weights],
         }

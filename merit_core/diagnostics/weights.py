@@ -79,8 +79,9 @@ ENTROPY_FIELDS = (ATTENTION_ENTROPY_MEAN, ATTENTION_ENTROPY_MIN, NORMALIZED_ENTR
 ACTIVATION_FIELDS = (ACTIVATION_MAX, ACTIVATION_MEDIAN, ACTIVATION_RATIO, ACTIVATION_MAX_POSITION, ACTIVATION_MAX_DIM)
 
 
-def _fields(record: Any, *names: str) -> dict[str, Any]:
-    """{name: record.name} for the given attribute names, in that order (a JSON record's plain fields)."""
+def record_fields(record: Any, *names: str) -> dict[str, Any]:
+    """{name: record.name} for the given attribute names, in that order: the plain fields of a JSON
+    record of inspect (the typed results here, in report.py and update_size.py)."""
     return {name: getattr(record, name) for name in names}
 
 
@@ -96,7 +97,10 @@ class Distribution:
     outliers: list[Outlier]
 
     def to_dict(self) -> dict[str, Any]:
-        return {**_fields(self, "p50", "p90", "p99", "min", "max"), "outliers": [o.to_dict() for o in self.outliers]}
+        return {
+            **record_fields(self, "p50", "p90", "p99", "min", "max"),
+            "outliers": [o.to_dict() for o in self.outliers],
+        }
 
 
 @dataclass
@@ -122,8 +126,12 @@ class HeadStats:
 
     def to_dict(self) -> dict[str, Any]:
         if self.kv_head is None:
-            return {"head": self.head, MAX_ATTENTION_LOGIT: self.max_attention_logit, **_fields(self, *ENTROPY_FIELDS)}
-        return _fields(
+            return {
+                "head": self.head,
+                MAX_ATTENTION_LOGIT: self.max_attention_logit,
+                **record_fields(self, *ENTROPY_FIELDS),
+            }
+        return record_fields(
             self, "head", "kv_head", *NORM_FIELDS, "bound", MAX_ATTENTION_LOGIT, "logit_bound", *ENTROPY_FIELDS
         )
 
@@ -165,7 +173,9 @@ class LayerStats:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            **_fields(self, "layer", *NORM_FIELDS, "q_max_over_l2", "k_max_over_l2", "bound", MAX_ATTENTION_LOGIT),
+            **record_fields(
+                self, "layer", *NORM_FIELDS, "q_max_over_l2", "k_max_over_l2", "bound", MAX_ATTENTION_LOGIT
+            ),
             "heads": [h.to_dict() for h in self.heads],
             "q_rows": self.q_rows.to_dict(),
             "q_cols": self.q_cols.to_dict(),
@@ -173,7 +183,7 @@ class LayerStats:
             "k_cols": self.k_cols.to_dict(),
             "input_max_l1": self.input_max_l1,
             "logit_bound": self.logit_bound,
-            **_fields(self, *ENTROPY_FIELDS, *ACTIVATION_FIELDS),
+            **record_fields(self, *ENTROPY_FIELDS, *ACTIVATION_FIELDS),
         }
 
 
@@ -216,7 +226,9 @@ class WeightStats:
     def body_dict(self) -> dict[str, Any]:
         """The fields every weight statistic has (without path / label / step)."""
         return {
-            **_fields(self, "architecture", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_model", "row_axis"),
+            **record_fields(
+                self, "architecture", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_model", "row_axis"
+            ),
             "layers": [layer.to_dict() for layer in self.layers],
             "weights": [w.to_dict() for w in self.weights],
             "notes": list(self.notes),

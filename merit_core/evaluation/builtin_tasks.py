@@ -25,7 +25,9 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from merit_core.fileio import atomic_write
 from merit_core.paths import cache_dir
@@ -69,16 +71,52 @@ def last_word_items(documents: list[str]) -> list[dict[str, str]]:
     return items
 
 
-def _task_yaml(task: str, data: Path, output_type: str, fields: dict, metrics: list[dict]) -> str:
+class _Task(NamedTuple):
+    """One built-in task: its JSON-lines file and the rows it holds, how lm-eval scores a row (the
+    output type and the prompt fields) and its metrics as (name, aggregation, higher is better)."""
+
+    data: str
+    rows: Callable[[list[str]], list[dict[str, str]]]
+    output_type: str
+    fields: dict[str, str]
+    metrics: tuple[tuple[str, str, bool], ...]
+
+
+_TASKS = {
+    PERPLEXITY_TASK: _Task(
+        "documents.jsonl",
+        lambda docs: [{"text": d} for d in docs],
+        "loglikelihood_rolling",
+        {"doc_to_text": "", "doc_to_target": "{{text}}"},
+        (
+            ("word_perplexity", "weighted_perplexity", False),
+            ("byte_perplexity", "weighted_perplexity", False),
+            ("bits_per_byte", "bits_per_byte", False),
+        ),
+    ),
+    LASTWORD_TASK: _Task(
+        "lastword.jsonl",
+        last_word_items,
+        "loglikelihood",
+        {"doc_to_text": "{{context}}", "doc_to_target": "{{target}}"},
+        (("perplexity", "perplexity", False), ("acc", "mean", True)),
+    ),
+}
+
+
+def _task_yaml(name: str, task: _Task, data: Path) -> str:
     """An lm-eval task YAML (JSON is YAML), reading its test split from the JSON-lines file `data`."""
     spec = {
-        "task": task,
+        "task": name,
         "dataset_path": "json",
         "dataset_kwargs": {"data_files": {"test": str(data)}},
-        "output_type": output_type,
+        "output_type": task.output_type,
         "test_split": "test",
-        **fields,
-        "metric_list": metrics,
+        **task.fields,
+        "metric_list": [
+            {"metric": metric, "aggregation": aggregation, "higher_is_better": higher}
+            for metric, aggregation, higher in task.metrics
+        ],
         "metadata": {"version": 1.0, "source": "merit: built-in corpus, held-out documents"},
     }
     return json.dumps(spec, indent=2) + "\n"
@@ -88,42 +126,14 @@ def builtin_task_dir() -> Path:
     """The folder of the two task YAMLs and their data, written on first use and then reused."""
     version = ".".join(map(str, sys.version_info[:3]))
     folder = cache_dir("eval", f"builtin-tasks-py{version}-{FORMAT}")
-    perplexity_yaml = folder / f"{PERPLEXITY_TASK}.yaml"
-    lastword_yaml = folder / f"{LASTWORD_TASK}.yaml"
-    if perplexity_yaml.is_file() and lastword_yaml.is_file():
+    yamls = {name: folder / f"{name}.yaml" for name in _TASKS}
+    if all(path.is_file() for path in yamls.values()):
         return folder
     docs = held_out_documents()
-    documents, words = folder / "documents.jsonl", folder / "lastword.jsonl"
-    atomic_write(documents, "".join(json.dumps({"text": d}) + "\n" for d in docs))
-    atomic_write(words, "".join(json.dumps(item) + "\n" for item in last_word_items(docs)))
-    lower = {"aggregation": None, "higher_is_better": False}
-    atomic_write(
-        perplexity_yaml,
-        _task_yaml(
-            PERPLEXITY_TASK,
-            documents,
-            "loglikelihood_rolling",
-            {"doc_to_text": "", "doc_to_target": "{{text}}"},
-            [
-                {"metric": "word_perplexity", **lower, "aggregation": "weighted_perplexity"},
-                {"metric": "byte_perplexity", **lower, "aggregation": "weighted_perplexity"},
-                {"metric": "bits_per_byte", **lower, "aggregation": "bits_per_byte"},
-            ],
-        ),
-    )
-    atomic_write(
-        lastword_yaml,
-        _task_yaml(
-            LASTWORD_TASK,
-            words,
-            "loglikelihood",
-            {"doc_to_text": "{{context}}", "doc_to_target": "{{target}}"},
-            [
-                {"metric": "perplexity", **lower, "aggregation": "perplexity"},
-                {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
-            ],
-        ),
-    )
+    for task in _TASKS.values():  # the data first: a YAML that exists says its task is complete
+        atomic_write(folder / task.data, "".join(json.dumps(row) + "\n" for row in task.rows(docs)))
+    for name, task in _TASKS.items():
+        atomic_write(yamls[name], _task_yaml(name, task, folder / task.data))
     return folder
 
 

@@ -15,6 +15,7 @@ writes) belongs to `merit_core.runs`; this module writes and reads the files ins
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,10 @@ import torch
 from safetensors.torch import load_file
 
 from merit_core import runs
+from merit_core.checkpoints import opened_path, validate_safetensors
 from merit_core.data.tokenizer import make_tokenizer_portable
-from merit_core.errors import CheckpointError, first_line
+from merit_core.errors import CheckpointError, first_line, os_error_line
+from merit_core.fileio import open_regular
 from merit_core.models import family_spec
 from merit_core.runs import STATE_FORMAT, STATE_JSON, STATE_PT, WEIGHTS_NAME
 
@@ -106,23 +109,36 @@ def read_trainer_info(checkpoint: str | Path) -> dict[str, Any]:
 
 
 def load_trainer_state(checkpoint: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """trainer_state.pt, loaded safely (weights_only=True)."""
+    """trainer_state.pt, loaded safely: opened as a regular file only (a FIFO or device in its place
+    is refused, never read) and unpickled with weights_only=True (tensors and plain containers)."""
     path = Path(checkpoint) / STATE_PT
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise CheckpointError(f"{checkpoint} has no {STATE_PT}; it cannot be resumed")
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        with open_regular(path) as fh:
+            return torch.load(fh, map_location=map_location, weights_only=True)
+    except CheckpointError:
+        raise
+    except OSError as exc:
+        raise CheckpointError(os_error_line(exc)) from None
     except Exception as exc:  # corrupt file or a pickle that is not plain tensors/containers
         raise CheckpointError(f"{path} cannot be loaded safely: {type(exc).__name__}: {first_line(exc)}") from None
 
 
 def load_model_weights(model: torch.nn.Module, checkpoint: str | Path) -> None:
-    """Copy the checkpoint's safetensors weights into `model` (tied weights may be absent)."""
+    """Copy the checkpoint's safetensors weights into `model` (tied weights may be absent).
+
+    The file is checked whole first (merit_core.checkpoints.validate_safetensors: a truncated file or
+    a corrupt header is refused in one line) and loaded through the checked descriptor."""
     path = Path(checkpoint) / WEIGHTS_NAME
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise CheckpointError(f"{checkpoint} has no {WEIGHTS_NAME}")
+    validate_safetensors(path)
     try:
-        weights = load_file(path)
+        with opened_path(path) as checked:
+            weights = load_file(checked)
+    except CheckpointError:
+        raise
     except Exception as exc:
         raise CheckpointError(f"{path} is unreadable: {first_line(exc)}") from None
 

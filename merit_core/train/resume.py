@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from merit_core import runs
+from merit_core.checkpoints import refuse_special_files
 from merit_core.errors import CheckpointError, ResumeMismatch, first_line
 from merit_core.metric_names import LOSS, VAL_LOSS
 from merit_core.metrics import read_metrics
@@ -55,13 +56,20 @@ def _candidates(config: TrainConfig, run_dir: Path) -> list[Path]:
     if config.resume_from:
         given = Path(config.resume_from).expanduser()
         path = given if given.is_dir() else run_dir / config.resume_from
+        if path.is_dir():
+            refuse_special_files(path)  # a FIFO in place of a file: said, rather than "not complete"
         if not runs.is_complete(path):
             found = ", ".join(p.name for _, p in runs.checkpoints(run_dir)) or "none"
             raise CheckpointError(
                 f"--resume-from {config.resume_from}: not a complete checkpoint of {run_dir} (complete: {found})"
             )
         return [path]
-    found = [p for _, p in reversed(runs.checkpoints(run_dir, "complete"))]
+    complete = runs.checkpoints(run_dir, "complete")
+    newest = complete[-1][0] if complete else -1
+    for step, path in runs.step_folders(run_dir):
+        if step > newest:  # a newer checkpoint that a FIFO or device makes incomplete is not skipped silently
+            refuse_special_files(path)
+    found = [p for _, p in reversed(complete)]
     if not found:
         raise CheckpointError(
             f"nothing to resume: {run_dir} has no complete checkpoint; drop --resume to start a new run"
@@ -123,6 +131,7 @@ def load_resumable(plan: ResumePlan, model, run_dir: Path, note: Callable[[str],
     failures: list[str] = []
     for ckpt in plan.candidates:
         try:
+            refuse_special_files(ckpt)
             read_trainer_info(ckpt)
             state = load_trainer_state(ckpt, map_location="cpu")
             check_trainer_state(state, ckpt)

@@ -357,3 +357,39 @@ add(
     lambda w, c: (os.symlink(c / "a" / "b", c / "lnk"), w.train(c / "lnk"))[1],
     "does not exist",
 )
+
+
+# -- resume reads its checkpoint through the one safe reader ---------------------------------------------
+def truncated(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-16])  # the header's offsets now run past the end
+
+
+def fifo_instead(path: Path) -> None:
+    path.unlink()
+    fifo(path)
+
+
+add(
+    "train: resume",
+    "truncated model.safetensors",
+    lambda w, c: w.resume(only_last(w, c, "model.safetensors", truncated)),
+    "is truncated",
+)
+add(
+    "train: resume",
+    "trainer_state.pt is a FIFO",
+    lambda w, c: w.resume(only_last(w, c, "trainer_state.pt", fifo_instead)),
+    "trainer_state.pt is a FIFO",
+)
+add(
+    "train: resume",
+    "--resume-from a checkpoint whose trainer_state.pt is a FIFO",
+    lambda w, c: w.resume(corrupt(w.copy_run(c), "trainer_state.pt", fifo_instead), "--resume-from", "step_2"),
+    "trainer_state.pt is a FIFO",
+)
+add(
+    "train: resume",
+    "trainer_state.json is a FIFO",
+    lambda w, c: w.resume(only_last(w, c, "trainer_state.json", fifo_instead)),
+    "trainer_state.json is a FIFO",
+)

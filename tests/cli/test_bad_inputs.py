@@ -58,21 +58,6 @@ def _snapshot(*roots: Path) -> dict[str, tuple[bytes, int]]:
     return found
 
 
-@pytest.fixture
-def no_hang():
-    """Fail a case that blocks (a FIFO opened for reading waits for a writer forever) instead of hanging."""
-    import signal
-
-    def stuck(signum, frame):
-        raise TimeoutError("blocked for 120 s (a FIFO read?)")
-
-    previous = signal.signal(signal.SIGALRM, stuck)
-    signal.alarm(120)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
-
-
 @pytest.mark.parametrize(("category", "name", "build", "expect"), CASES, ids=[f"{c[0]}: {c[1]}" for c in CASES])
 def test_bad_input_is_one_line_and_exit_2(world, tmp_path, monkeypatch, no_hang, category, name, build, expect):
     case = tmp_path / "case"

@@ -103,9 +103,9 @@ def fake_training(monkeypatch, target):
     """Every run 'finishes' at once with a loss that is lowest at lr target[optimizer]."""
     trained = []
 
-    def execute(runs, states, jobs, log_dir, callbacks, threads=None):
-        trained.append(sorted(run.name for run in runs if states[run.name] in ("new", "partial")))
-        return {**states, **{run.name: "finished" for run in runs}}
+    def execute(runs, how):
+        trained.append(sorted(run.name for run in runs if how.states[run.name] in ("new", "partial")))
+        return {**how.states, **{run.name: "finished" for run in runs}}
 
     def run_record(run, state):
         loss = 3.0 + (math.log10(run.lr) - math.log10(target[run.optimizer])) ** 2

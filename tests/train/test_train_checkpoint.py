@@ -1,6 +1,7 @@
 """Checkpoint folders: atomic writes, what counts as complete, pruning, safe loading."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -74,3 +75,32 @@ def test_trainer_state_refuses_pickled_objects(tmp_path, model):
         load_trainer_state(path)
     with pytest.raises(CheckpointError, match="no trainer_state.pt"):
         load_trainer_state(tmp_path)
+
+
+def test_resume_reads_refuse_truncated_weights_and_special_files(tmp_path, model, no_hang):
+    """What a resume reads goes through merit_core.checkpoints: a model.safetensors whose tensors end
+    past the file, or a FIFO where trainer_state.pt / trainer_state.json / the weights should be, is
+    one CheckpointError naming the file (never a blocked read), and the resume falls back to an
+    older checkpoint that loads, saying why."""
+    from merit_core.train.checkpoint import read_trainer_info
+    from merit_core.train.resume import ResumePlan, load_resumable
+
+    resumable = {"optimizer": {}, "rng": {"torch": torch.get_rng_state()}}
+    old, new = save(tmp_path, 1, model, **resumable), save(tmp_path, 2, model, **resumable)
+    weights = new / runs.WEIGHTS_NAME
+    weights.write_bytes(weights.read_bytes()[:-16])  # the header's offsets now run past the end
+    with pytest.raises(CheckpointError, match=r"model\.safetensors is truncated: tensor .* ends at byte"):
+        load_model_weights(model, new)
+    weights.unlink()
+    os.mkfifo(weights)
+    with pytest.raises(CheckpointError, match="FIFO"):
+        load_model_weights(model, new)
+    for name, read in ((runs.STATE_PT, load_trainer_state), (runs.STATE_JSON, read_trainer_info)):
+        (new / name).unlink()
+        os.mkfifo(new / name)
+        with pytest.raises(CheckpointError, match=rf"{name} is a FIFO \(named pipe\); merit reads only regular"):
+            read(new)
+    assert runs.read_trainer_state(new, strict=False) == {}  # optional metadata: a FIFO is no metadata
+    notes = []
+    assert load_resumable(ResumePlan([new, old]), model, tmp_path, notes.append)[0] == old
+    assert len(notes) == 1 and "FIFO" in notes[0] and str(old) in notes[0]

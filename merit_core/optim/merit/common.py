@@ -23,8 +23,9 @@ maxima that drop NaN cannot hide it; an l2 sum of squares propagates NaN and inf
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -34,6 +35,13 @@ NONFINITE_RULE = (
     "its moments are updated element by element as usual"
 )
 LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+# Hyper's fields (less lr and norm) as a custom op's list arguments, which carry primitives only:
+# the numbers (clip NaN for none) and the switches, in this order; Hyper.to_op writes them and
+# Hyper.from_op reads them back.
+_OP_NUMBERS = ("beta1", "beta2", "eps", "weight_decay", "clip")
+_OP_SWITCHES = ("elementwise", "weight_bound", "bias_correction", "maximize")
 
 
 @dataclass(frozen=True)
@@ -82,36 +90,25 @@ class Hyper:
     @classmethod
     def of_group(cls, group: dict) -> Hyper:
         """The record of an optimizer param group (the keys of :meth:`of`)."""
-        return cls.of(**{k: group[k] for k in HYPER_KEYS})
+        return cls.of(**hyper_values(group))
 
     @property
     def betas(self) -> tuple[float, float]:
         return self.beta1, self.beta2
 
     def to_op(self) -> tuple[list[float], str, list[bool]]:
-        """The record less ``lr`` as a custom op's arguments (numbers, norm, switches); see :meth:`from_op`."""
-        numbers = [self.beta1, self.beta2, self.eps, self.weight_decay, math.nan if self.clip is None else self.clip]
-        switches = [self.elementwise, self.weight_bound, self.bias_correction, self.maximize]
-        return numbers, self.norm, switches
+        """The record less ``lr`` as a custom op's arguments (numbers, norm, switches; no clip is a
+        NaN); see :meth:`from_op`."""
+        numbers = [math.nan if (value := getattr(self, name)) is None else value for name in _OP_NUMBERS]
+        return numbers, self.norm, [getattr(self, name) for name in _OP_SWITCHES]
 
     @classmethod
     def from_op(cls, lr: float | Tensor, numbers: list[float], norm: str, switches: list[bool]) -> Hyper:
         """The record back from :meth:`to_op`'s arguments and an ``lr``."""
-        beta1, beta2, eps, weight_decay, clip = numbers
-        elementwise, weight_bound, bias_correction, maximize = switches
-        return cls(
-            lr=lr,
-            beta1=beta1,
-            beta2=beta2,
-            eps=eps,
-            weight_decay=weight_decay,
-            norm=norm,
-            elementwise=elementwise,
-            weight_bound=weight_bound,
-            clip=None if math.isnan(clip) else clip,
-            bias_correction=bias_correction,
-            maximize=maximize,
-        )
+        values = {**dict(zip(_OP_NUMBERS, numbers)), **dict(zip(_OP_SWITCHES, switches))}
+        if math.isnan(values["clip"]):
+            values["clip"] = None
+        return cls(lr=lr, norm=norm, **values)
 
     def corrections(self, step: Tensor | float) -> tuple[float, float]:
         """Adam's bias corrections (1 - beta1**t, 1 - beta2**t), or (1, 1) without bias correction.
@@ -150,6 +147,8 @@ def norm(x: Tensor, kind: str, dim: int | None = None, dtype: torch.dtype | None
     return torch.linalg.vector_norm(x, order, dim=dim, keepdim=True, dtype=dtype)
 
 
+# MERIT's hyperparameters by their keyword names: the functional API's keywords, MERIT()'s arguments
+# (less `implementation`) and the keys of its param groups, in the order of those signatures.
 HYPER_KEYS = (
     "lr",
     "betas",
@@ -162,6 +161,12 @@ HYPER_KEYS = (
     "bias_correction",
     "maximize",
 )
+
+
+def hyper_values(named: Mapping[str, Any]) -> dict[str, Any]:
+    """The :data:`HYPER_KEYS` entries of `named`, in that order: of a param group, or of the
+    ``locals()`` of a function taking them as keywords (the functional API, MERIT's constructor)."""
+    return {key: named[key] for key in HYPER_KEYS}
 
 
 def finite_norms(wn: Tensor, un: Tensor) -> Tensor:

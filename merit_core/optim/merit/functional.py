@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from merit_core.optim.merit import cpu
-from merit_core.optim.merit.common import BackendStep, Hyper, is_dtensor, is_plain
+from merit_core.optim.merit.common import BackendStep, Hyper, hyper_values, is_dtensor, is_plain
 from merit_core.optim.merit.compiled import merit_compiled
 from merit_core.optim.merit.cpu import merit_cpu
 from merit_core.optim.merit.foreach import merit_foreach
@@ -222,18 +222,7 @@ def merit(
         return
     if not (len(grads) == len(exp_avgs) == len(exp_avg_sqs) == len(state_steps) == len(params)):
         raise ValueError("MERIT: params, grads, exp_avgs, exp_avg_sqs and state_steps differ in length")
-    h = Hyper.of(
-        lr=lr,
-        betas=betas,
-        eps=eps,
-        weight_decay=weight_decay,
-        norm=norm,
-        elementwise=elementwise,
-        weight_bound=weight_bound,
-        clip=clip,
-        bias_correction=bias_correction,
-        maximize=maximize,
-    )
+    h = Hyper.of(**hyper_values(locals()))  # the keywords above, as one record
     _, fn, extra = choose(backend, params, grads)
     torch._foreach_add_(state_steps, 1)
     fn(params, grads, exp_avgs, exp_avg_sqs, state_steps, h, **extra)

@@ -13,7 +13,7 @@ import torch
 from torch.optim import Optimizer
 
 from merit_core.optim.merit import cpu
-from merit_core.optim.merit.common import HYPER_KEYS, LOW_PRECISION, Hyper, is_plain, state_dtype
+from merit_core.optim.merit.common import LOW_PRECISION, Hyper, hyper_values, is_plain, state_dtype
 from merit_core.optim.merit.functional import IMPLEMENTATIONS, merit
 from merit_core.optim.merit.reference import zero_gradient_update
 
@@ -107,19 +107,7 @@ class MERIT(Optimizer):
         maximize: bool = False,
         implementation: str | None = None,
     ):
-        defaults = dict(
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            weight_decay=weight_decay,
-            norm=norm,
-            elementwise=elementwise,
-            weight_bound=weight_bound,
-            clip=clip,
-            bias_correction=bias_correction,
-            maximize=maximize,
-            implementation=implementation,
-        )
+        defaults = {**hyper_values(locals()), "implementation": implementation}
         _validate(defaults)
         super().__init__(params, defaults)
 
@@ -200,7 +188,7 @@ class MERIT(Optimizer):
         for group in self.param_groups:
             params, grads, exp_avgs, exp_avg_sqs, state_steps = [], [], [], [], []
             self._init_group(group, params, grads, exp_avgs, exp_avg_sqs, state_steps)
-            hyper = {k: group[k] for k in HYPER_KEYS}  # the functional API's keywords, as in Hyper.of_group
+            hyper = hyper_values(group)  # the functional API's keywords
             merit(params, grads, exp_avgs, exp_avg_sqs, state_steps, **hyper, backend=group["implementation"])
         return loss
 
