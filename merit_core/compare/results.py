@@ -24,7 +24,8 @@ class _Record:
     """from_dict / to_dict over a dataclass's fields, with unnamed keys kept in `extra`."""
 
     extra: dict[str, Any] = field(default_factory=dict, kw_only=True, repr=False)
-    absent: frozenset[str] = field(default=frozenset(), kw_only=True, repr=False)  # fields from_dict did not get
+    # the fields from_dict did not get (summary.json of an older version): not part of the record's value
+    absent: frozenset[str] = field(default=frozenset(), kw_only=True, repr=False, compare=False)
 
     _ORDER: ClassVar[tuple[str, ...]] = ()  # summary.json's key order when it is not the fields' order
     _NESTED: ClassVar[dict[str, type[_Record]]] = {}  # fields holding a record of their own

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from merit_core.compare.results import BestResult, CellResult, CompareSummary
+from merit_core.compare.results import BestResult, CellResult, CompareSummary, EnvironmentCheck
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
 
 # What `mean_std`, `resolution` and the claims read `<key>`, `<key>_std`, `<key>_values` and
@@ -23,7 +23,7 @@ from merit_core.metric_names import MAX_ATTENTION_LOGIT
 Figures = CellResult | dict[str, Any]
 
 
-def lookup(entry: Figures | Any, key: str) -> Any:
+def lookup(entry: Figures | EnvironmentCheck, key: str) -> Any:
     """`entry`'s `key` (None when it has none): a typed record's field, or a measures record's key."""
     return entry.get(key) if isinstance(entry, dict) else entry.value(key)
 
