@@ -2,9 +2,9 @@
 
 `CompareSummary.to_dict()` is summary.json (the keys scripts read stay stable: additions are
 fine, renames are not); `CompareSummary.from_dict` reads one back, and `from_dict(d).to_dict()`
-gives `d` again, key order included: keys a dataclass does not name (added by a newer version)
-are kept in `extra`, and a field the dict did not hold (written by an older version) is left out
-again while it holds its default.
+gives `d` again (for a summary.json merit wrote, key order included): keys a dataclass does not
+name (added by a newer version) are kept in `extra`, and a field the dict did not hold (written
+by an older version) is left out again while it holds its default.
 
 A best entry is its winning cell with the grid it came from, and a cell is its first seed's run
 with the means over its seeds: `BestResult` extends `CellResult`, which extends `RunResult`, so a
