@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import shlex
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -20,6 +20,9 @@ from merit_core.compare_defaults import (
     QUICK_TOKENS,
 )
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
+
+if TYPE_CHECKING:  # read at `merit compare --help`: the comparison (torch) is imported when it runs
+    from merit_core.compare.results import CompareSummary
 
 
 def _lr(value: float) -> str:
@@ -199,9 +202,9 @@ def _grid_table(runs):
     return table
 
 
-def measures_table(summary: dict[str, Any]):
+def measures_table(summary: CompareSummary):
     """Each best run's Hessian eigenvalues and trace (--hessian) and zero-shot scores (--eval), or None."""
-    entries = [b for b in summary["best"] if b.get("hessian") or b.get("zero_shot")]
+    entries = [b for b in summary.best if b.hessian or b.zero_shot]
     if not entries:
         return None
     table = Table(
@@ -213,11 +216,11 @@ def measures_table(summary: dict[str, Any]):
     )
     for name in ("optimizer", "batch", "lr"):
         table.add_column(name, justify="left" if name == "optimizer" else "right")
-    with_h = any(b.get("hessian") for b in entries)
+    with_h = any(b.hessian for b in entries)
     if with_h:
         table.add_column("largest alg. eig", justify="right")
         table.add_column("Hessian trace", justify="right")
-    keys = list(dict.fromkeys((r["task"], r["metric"]) for b in entries for r in b.get("zero_shot") or []))
+    keys = list(dict.fromkeys((r["task"], r["metric"]) for b in entries for r in b.zero_shot or []))
     for task, metric in keys:
         table.add_column(f"{task} {metric}", justify="right")
 
@@ -228,31 +231,32 @@ def measures_table(summary: dict[str, Any]):
         return fmt_float(value, digits) + (f" ± {fmt_float(std, digits)}" if std else "")
 
     for b in entries:
-        cells = [b["optimizer"], str(b["batch_size"]), _lr(b["lr"])]
-        h = b.get("hessian") or {}
+        cells = [b.optimizer, str(b.batch_size), _lr(b.lr)]
+        h = b.hessian or {}
         if with_h:
             cells += [
                 ms(h, "largest_algebraic_eigenvalue", 4),
                 ms(h, "trace", 4),
             ]
-        rows = {(r["task"], r["metric"]): r for r in b.get("zero_shot") or []}
+        rows = {(r["task"], r["metric"]): r for r in b.zero_shot or []}
         cells += [ms(rows[k], "value", 4) if k in rows else "-" for k in keys]
         table.add_row(*cells)
     return table
 
 
-def results_table(summary: dict[str, Any]):
+def results_table(summary: CompareSummary):
     """Optimizers x batch sizes: best-lr final validation loss (± std over seeds), its lr, and the max
     attention logit.
 
     The lowest loss and the lowest max logit at each batch size are bold."""
-    settings = summary["settings"]
-    best = {(b["optimizer"], b["batch_size"]): b for b in summary["best"]}
     from merit_core.compare.verdicts import SMOKE, no_verdict
+
+    settings = summary.settings
+    best = summary.best_table()
 
     smoke = no_verdict(summary) is not None
     table = Table(
-        title=f"{settings['model']}, {settings['tokens_per_run']:,} tokens per run, "
+        title=f"{settings.model}, {settings.tokens_per_run:,} tokens per run, "
         + (f"one lr per optimizer and batch size b ({SMOKE})" if smoke else "best lr per optimizer and batch size b"),
         caption="loss: final validation loss; logit: max attention logit at the end (max over layers)",
         title_justify="left",
@@ -260,37 +264,37 @@ def results_table(summary: dict[str, Any]):
         header_style="bold",
     )
     table.add_column("optimizer")
-    for b in settings["batch_sizes"]:
+    for b in settings.batch_sizes:
         table.add_column(f"b{b} loss", justify="right")
         table.add_column(f"b{b} lr", justify="right", style="dim")
         table.add_column(f"b{b} logit", justify="right")
     lowest = {}
-    for b in settings["batch_sizes"]:
+    for b in settings.batch_sizes:
         for key in ("final_val_loss", MAX_ATTENTION_LOGIT):
             values = [
-                e[key]
+                e.value(key)
                 for (o, bb), e in best.items()
-                if bb == b and e["status"] == "finished" and e[key] is not None and math.isfinite(e[key])
+                if bb == b and e.status == "finished" and e.value(key) is not None and math.isfinite(e.value(key))
             ]
             lowest[b, key] = min(values) if len(values) > 1 and not smoke else None
-    for name in settings["optimizers"]:
+    for name in settings.optimizers:
         cells = [name]
-        for b in settings["batch_sizes"]:
+        for b in settings.batch_sizes:
             e = best.get((name, b))
             if e is None:
                 cells += ["", "", ""]
-            elif e["status"] != "finished":
+            elif e.status != "finished":
                 cells += ["[red]diverged[/]", "-", "-"]
             else:
-                loss, logit = e["final_val_loss"], e[MAX_ATTENTION_LOGIT]
-                loss_text = f"{loss:.4f}" + (f" ± {e['final_val_loss_std']:.4f}" if e.get("final_val_loss_std") else "")
+                loss, logit = e.final_val_loss, e.max_attention_logit
+                loss_text = f"{loss:.4f}" + (f" ± {e.final_val_loss_std:.4f}" if e.final_val_loss_std else "")
                 logit_text = fmt_float(logit, 3)
                 if loss == lowest[b, "final_val_loss"]:
                     loss_text = f"[bold green]{loss_text}[/]"
                 if logit is not None and logit == lowest[b, MAX_ATTENTION_LOGIT]:
                     logit_text = f"[bold]{logit_text}[/]"
-                edge = {"low": " ↓", "high": " ↑"}.get(e.get("lr_at_edge"), "")
-                cells += [loss_text, _lr(e["lr"]) + edge, logit_text]
+                edge = {"low": " ↓", "high": " ↑"}.get(e.lr_at_edge, "")
+                cells += [loss_text, _lr(e.lr) + edge, logit_text]
         table.add_row(*cells)
     return table
 
@@ -458,7 +462,7 @@ def compare(
     finally:
         report.close()
     out_console = report.out
-    summary = result.summary.to_dict()
+    summary = result.summary
     out_console.print()
     out_console.print(results_table(summary))
     reason = no_verdict(summary)
@@ -467,19 +471,17 @@ def compare(
     measures = measures_table(summary)
     if measures is not None:
         out_console.print(measures)
-    diverged = [r["name"] for r in summary["runs"] if r["status"] == "diverged"]
+    diverged = [r.name for r in summary.runs if r.status == "diverged"]
     if diverged:
         out_console.print(f"[red]diverged:[/] {', '.join(diverged)}")
-    extended = [b for b in summary["best"] if b.get("lr_extended")]
+    extended = [b for b in summary.best if b.lr_extended]
     if extended:
         out_console.print(
             "[dim]grids extended past an edge: "
-            + ", ".join(
-                f"{b['optimizer']} b{b['batch_size']} +{', '.join(map(_lr, b['lr_extended']))}" for b in extended
-            )
+            + ", ".join(f"{b.optimizer} b{b.batch_size} +{', '.join(map(_lr, b.lr_extended))}" for b in extended)
             + "[/]"
         )
-    if any(b.get("lr_at_edge") for b in summary["best"]):
+    if any(b.lr_at_edge for b in summary.best):
         out_console.print(
             "[dim]↓/↑: the best lr is still the smallest/largest of its grid (extension limit, a given list or "
             "--quick); the optimum may lie outside.[/]"

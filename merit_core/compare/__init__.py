@@ -43,7 +43,7 @@ from merit_core.compare.grid import (
 from merit_core.compare.measures import PAPER, eval_cell, hessian_cell, hessian_spread, run_eval, run_hessian
 from merit_core.compare.plots import PLOT_FILE, plot_compare
 from merit_core.compare.report import render_report
-from merit_core.compare.results import BestResult, CompareSummary, RunResult
+from merit_core.compare.results import BestResult, CompareSettings, CompareSummary, RunResult
 from merit_core.compare.runner import (
     CompareCallbacks,
     Execution,
@@ -198,39 +198,37 @@ def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) ->
         states.update(execute(new, Execution(plan.states, jobs, spec.out / "logs", callbacks, threads)))
 
     while True:
-        summary = build_summary({}, plan.runs, states)
-        grown = next_extensions(spec, summary["best"], extra)
+        summary = build_summary(None, plan.runs, states)
+        grown = next_extensions(spec, summary.best, extra)
         if not grown:
             break
         extra = grown
         train_new(None)
     while True:  # top the best cells up; a best cell the new seeds displace is topped up in turn
-        more = next_top_ups(spec, build_summary({}, plan.runs, states)["best"], top_ups)
+        more = next_top_ups(spec, build_summary(None, plan.runs, states).best, top_ups)
         if not more:
             break
         top_ups = more
         train_new("seeds")
     if spec.environment_check:
         alternative = other_threads(threads or _torch_threads())
-        best = build_summary({}, plan.runs, states)["best"]
-        env_runs = {(b["optimizer"], b["batch_size"], b["lr"]): alternative for b in best if b["status"] == "finished"}
+        best = build_summary(None, plan.runs, states).best
+        env_runs = {(b.optimizer, b.batch_size, b.lr): alternative for b in best if b.status == "finished"}
         if env_runs:  # as many at once as the cores hold at their thread count
             train_new("environment", max(1, usable_cores() // alternative) if threads is not None else None)
     settings = _settings(spec, plan.runs, meta, extra)
-    settings["environment"] = _environment(threads, env_runs)
+    settings.environment = _environment(threads, env_runs)
     summary = build_summary(settings, plan.runs, states)
-    annotate_extensions(spec, summary["best"])
+    annotate_extensions(spec, summary.best)
     _measure(spec, summary, data_dir, callbacks)
-    typed = CompareSummary.from_dict(summary)
-    summary = typed.to_dict()  # summary.json is exactly the typed result
     spec.out.mkdir(parents=True, exist_ok=True)
-    summary_path = write_json(spec.out / SUMMARY_FILE, summary)
+    summary_path = write_json(spec.out / SUMMARY_FILE, summary.to_dict())
     plot_path = plot_compare(summary, spec.out)
-    report_path = atomic_write(spec.out / REPORT_FILE, render_report(typed))
+    report_path = atomic_write(spec.out / REPORT_FILE, render_report(summary))
     trained = [name for name, state in before.items() if state in ("new", "partial")]
     return CompareResult(
         spec.out,
-        typed,
+        summary,
         summary_path,
         plot_path,
         report_path,
@@ -240,33 +238,33 @@ def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) ->
     )
 
 
-def _measure(spec: CompareSpec, summary: dict[str, Any], data_dir: Path, callbacks: CompareCallbacks) -> None:
+def _measure(spec: CompareSpec, summary: CompareSummary, data_dir: Path, callbacks: CompareCallbacks) -> None:
     """--hessian and --eval on every seed of each finished best cell (see merit_core.compare.measures)."""
-    run_dirs = {r["name"]: Path(r["run_dir"]) for r in summary["runs"]}
-    finished = [b for b in summary["best"] if b["status"] == "finished"]
+    run_dirs = {r.name: Path(r.run_dir) for r in summary.runs}
+    finished = [b for b in summary.best if b.status == "finished"]
     if spec.hessian:
         device = measurement_device(spec.train.get("device"))
         largest = max(spec.all_batch_sizes)
         for entry in finished:
             measured = []
-            for name in entry["run_names"]:
+            for name in entry.run_names:
                 callbacks.on_measure("hessian", name)
                 measured.append(run_hessian(run_dirs[name], data_dir, device))
-            entry["hessian"] = hessian_cell(measured)
-            env = entry.get("environment")
-            if env and env["status"] == "finished" and entry["batch_size"] == largest:
+            entry.hessian = hessian_cell(measured)
+            env = entry.environment
+            if env and env.status == "finished" and entry.batch_size == largest:
                 # the claims are judged at the largest batch: their Hessian gets an environment spread too
-                callbacks.on_measure("hessian", env["run"])
-                env["hessian"] = hessian_spread(measured[0], run_hessian(run_dirs[env["run"]], data_dir, device))
+                callbacks.on_measure("hessian", env.run)
+                env.hessian = hessian_spread(measured[0], run_hessian(run_dirs[env.run], data_dir, device))
     if spec.eval is not None and finished:
-        names = [name for entry in finished for name in entry["run_names"]]
+        names = [name for entry in finished for name in entry.run_names]
         for name in names:
             callbacks.on_measure("eval", name)
         results = dict(
             zip(names, run_eval([run_dirs[n] for n in names], spec.eval, measurement_device(spec.train.get("device"))))
         )
         for entry in finished:
-            entry["zero_shot"] = eval_cell([results[name] for name in entry["run_names"]])
+            entry.zero_shot = eval_cell([results[name] for name in entry.run_names])
 
 
 def _torch_threads() -> int:
@@ -296,7 +294,7 @@ def _prepare_data(spec: CompareSpec, callbacks: CompareCallbacks):
     return Path(path), load_meta(path)
 
 
-def _settings(spec: CompareSpec, runs: list[PlannedRun], meta, extra=None) -> dict[str, Any]:
+def _settings(spec: CompareSpec, runs: list[PlannedRun], meta, extra=None) -> CompareSettings:
     first = runs[0].config
     n_params = None
     for run in runs:
@@ -325,40 +323,40 @@ def _settings(spec: CompareSpec, runs: list[PlannedRun], meta, extra=None) -> di
             else f"given lists for {', '.join(sorted(explicit))}, otherwise {rule}"
         )
     data = spec.train.get("data") or "built-in corpus (Python standard-library docstrings)"
-    return {
-        "model": str(first.model),
-        "n_params": n_params,
-        "optimizers": spec.optimizers,
-        "batch_sizes": spec.all_batch_sizes,
-        "seq_len": int(first.seq_len),
-        "tokens": spec.tokens,
-        "tokens_per_run": max(run.tokens for run in runs),
-        "steps": {str(b): next(r.steps for r in runs if r.batch_size == b) for b in spec.all_batch_sizes},
-        "data": f"{data}: {meta.train_tokens:,} train / {meta.val_tokens:,} validation tokens, "
+    return CompareSettings(
+        model=str(first.model),
+        n_params=n_params,
+        optimizers=spec.optimizers,
+        batch_sizes=spec.all_batch_sizes,
+        seq_len=int(first.seq_len),
+        tokens=spec.tokens,
+        tokens_per_run=max(run.tokens for run in runs),
+        steps={str(b): next(r.steps for r in runs if r.batch_size == b) for b in spec.all_batch_sizes},
+        data=f"{data}: {meta.train_tokens:,} train / {meta.val_tokens:,} validation tokens, "
         f"vocabulary {meta.vocab_size}",
-        "lr_rule": rule,
-        "lr_grids": [{"optimizer": o, "batch_size": b, "lrs": lrs} for (o, b), lrs in grids.items()],
-        "lr_grids_extended": [
+        lr_rule=rule,
+        lr_grids=[{"optimizer": o, "batch_size": b, "lrs": lrs} for (o, b), lrs in grids.items()],
+        lr_grids_extended=[
             {"optimizer": o, "batch_size": b, "lrs": lrs} for (o, b), lrs in lr_grids(spec, extra).items()
         ],
-        "max_extensions": spec.max_extensions,
-        "warmup_steps": {
+        max_extensions=spec.max_extensions,
+        warmup_steps={
             str(b): next(int(r.config.warmup_steps) for r in runs if r.batch_size == b) for b in spec.all_batch_sizes
         },
-        "min_lr_ratio": float(first.min_lr_ratio),
-        "grad_clip": float(first.grad_clip),
-        "seed": int(first.seed),
-        "seeds": seed_list(spec),
-        "best_seeds": spec.best_seeds,
-        "hessian": spec.hessian,
-        "eval": None
+        min_lr_ratio=float(first.min_lr_ratio),
+        grad_clip=float(first.grad_clip),
+        seed=int(first.seed),
+        seeds=seed_list(spec),
+        best_seeds=spec.best_seeds,
+        hessian=spec.hessian,
+        eval=None
         if spec.eval is None
         else {"tasks": list(spec.eval.tasks), "include_path": spec.eval.include_path, "limit": spec.eval.limit},
-        "preset": spec.preset,
-        "paper": PAPER,
-        "command": spec.command,
-        "dtype": str(first.dtype),
-        "eval_tokens": int(first.eval_batches * first.eval_batch_size * first.seq_len),
-        "out": str(spec.out),
-        "quick": spec.quick,
-    }
+        preset=spec.preset,
+        paper=PAPER,
+        command=spec.command,
+        dtype=str(first.dtype),
+        eval_tokens=int(first.eval_batches * first.eval_batch_size * first.seq_len),
+        out=str(spec.out),
+        quick=spec.quick,
+    )

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from merit_core import models
+from merit_core.compare.results import BestResult
 from merit_core.compare.spec import CompareSpec
 from merit_core.errors import ConfigError
 from merit_core.models import context_length, model_config
@@ -125,13 +126,13 @@ def seed_list(spec: CompareSpec, n: int | None = None) -> list[int]:
 Cell = tuple[str, int, float]  # (optimizer, batch size, lr)
 
 
-def next_top_ups(spec: CompareSpec, best: list[dict[str, Any]], top_ups: dict[Cell, int]) -> dict[Cell, int]:
+def next_top_ups(spec: CompareSpec, best: list[BestResult], top_ups: dict[Cell, int]) -> dict[Cell, int]:
     """`top_ups` with every finished best cell short of spec.best_seeds seeds added, or {} when
     none is (a best cell changed by the new seeds is topped up in the next round)."""
     grown = dict(top_ups)
     for entry in best:
-        cell = (entry["optimizer"], entry["batch_size"], entry["lr"])
-        if entry["status"] == "finished" and len(entry.get("seeds") or [0]) < spec.best_seeds and cell not in grown:
+        cell = (entry.optimizer, entry.batch_size, entry.lr)
+        if entry.status == "finished" and len(entry.seeds or [0]) < spec.best_seeds and cell not in grown:
             grown[cell] = spec.best_seeds
     return grown if grown != top_ups else {}
 
@@ -203,7 +204,7 @@ def extension_counts(base: list[float], grid: list[float]) -> tuple[int, int]:
 
 
 def next_extensions(
-    spec: CompareSpec, best: list[dict[str, Any]], extra: dict[tuple[str, int], list[float]]
+    spec: CompareSpec, best: list[BestResult], extra: dict[tuple[str, int], list[float]]
 ) -> dict[tuple[str, int], list[float]]:
     """The extended `extra` after this round's best entries, or {} when no grid grows.
 
@@ -216,36 +217,36 @@ def next_extensions(
     grown = {key: list(lrs) for key, lrs in extra.items()}
     changed = False
     for entry in best:
-        key = (entry["optimizer"], entry["batch_size"])
-        edge = entry.get("lr_at_edge")
+        key = (entry.optimizer, entry.batch_size)
+        edge = entry.lr_at_edge
         if spec.lrs.get(key[0]) != "auto" or edge is None or len(base[key]) < 2:
             continue
-        low, high = extension_counts(base[key], entry["grid"])
+        low, high = extension_counts(base[key], entry.grid)
         if (low if edge == "low" else high) >= spec.max_extensions:
             continue
-        grown.setdefault(key, []).append(edge_extension(entry["lr"], edge))
+        grown.setdefault(key, []).append(edge_extension(entry.lr, edge))
         changed = True
     return grown if changed else {}
 
 
-def annotate_extensions(spec: CompareSpec, best: list[dict[str, Any]]) -> None:
+def annotate_extensions(spec: CompareSpec, best: list[BestResult]) -> None:
     """Add to each best entry `lr_extended` (the lrs added past its base grid's edges) and
     `edge_reason` when its best lr still sits on an edge: 'limit' (spec.max_extensions points
     were added on that side), 'given' (a given lr list, never extended) or 'quick'."""
     base = lr_grids(spec)
     for entry in best:
-        key = (entry["optimizer"], entry["batch_size"])
-        grid = base.get(key, entry["grid"])
-        entry["lr_extended"] = sorted(set(entry["grid"]) - set(grid))
-        edge = entry.get("lr_at_edge")
+        key = (entry.optimizer, entry.batch_size)
+        grid = base.get(key, entry.grid)
+        entry.lr_extended = sorted(set(entry.grid) - set(grid))
+        edge = entry.lr_at_edge
         if edge is None:
-            entry["edge_reason"] = None
+            entry.edge_reason = None
         elif spec.lrs.get(key[0]) != "auto":
-            entry["edge_reason"] = "given"
+            entry.edge_reason = "given"
         elif spec.quick:
-            entry["edge_reason"] = "quick"
+            entry.edge_reason = "quick"
         else:
-            entry["edge_reason"] = "limit"
+            entry.edge_reason = "limit"
 
 
 def plan_runs(

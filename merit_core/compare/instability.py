@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from merit_core.compare.results import CompareSummary
 from merit_core.metric_names import (
     ACTIVATION_RATIO,
     LOG_Z_MEAN,
@@ -42,9 +43,9 @@ def _cell(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-def instability_lines(summary: dict[str, Any]) -> list[str]:
+def instability_lines(summary: CompareSummary) -> list[str]:
     """Markdown: one row per best run (its first seed) with the precursors at the end of training."""
-    entries = [b for b in summary.get("best", []) if b.get(KEY)]
+    entries = [b for b in summary.best if b.instability]
     if not entries:
         return []
     lines = [
@@ -56,8 +57,7 @@ def instability_lines(summary: dict[str, Any]) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for b in entries:
-        x = b[KEY]
         keys = (MAX_ATTENTION_LOGIT, NORMALIZED_ENTROPY_MIN, ACTIVATION_RATIO, LOG_Z_MEAN, UPDATE_RATIO)
-        cells = [_cell(x.get(k)) for k in keys]
-        lines.append(f"| {b['optimizer']} | {b['batch_size']} | " + " | ".join(cells) + " |")
+        cells = [_cell(b.instability.get(k)) for k in keys]
+        lines.append(f"| {b.optimizer} | {b.batch_size} | " + " | ".join(cells) + " |")
     return lines

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from merit_core.compare.report import GOOD_LR_TOLERANCE
+from merit_core.compare.results import CellResult, CompareSummary
 from merit_core.compare.verdicts import no_verdict
 from merit_core.fileio import atomic_path
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
@@ -37,8 +38,8 @@ def _color(name: str, index: int) -> str:
     return COLORS.get(name) or f"C{(index + 3) % 10}"
 
 
-def plot_compare(summary: dict[str, Any], out_dir: str | Path) -> Path:
-    """Draw <out_dir>/compare.png from a summary (see merit_core.compare.summary) and return its path."""
+def plot_compare(summary: CompareSummary, out_dir: str | Path) -> Path:
+    """Draw <out_dir>/compare.png from a comparison's typed record and return its path."""
     import matplotlib.pyplot as plt
 
     fig = compare_figure(summary)
@@ -51,7 +52,7 @@ def plot_compare(summary: dict[str, Any], out_dir: str | Path) -> Path:
     return out
 
 
-def compare_figure(summary: dict[str, Any]):
+def compare_figure(summary: CompareSummary):
     """The matplotlib Figure of compare.png (see the module docstring): a top row of summary
     panels, then a row of loss-vs-lr and a row of max-logit-vs-lr panels, one per optimizer."""
     import matplotlib
@@ -59,11 +60,11 @@ def compare_figure(summary: dict[str, Any]):
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    settings = summary["settings"]
-    optimizers, batches = settings["optimizers"], settings["batch_sizes"]
-    best = {(b["optimizer"], b["batch_size"]): b for b in summary["best"]}
+    settings = summary.settings
+    optimizers, batches = settings.optimizers, settings.batch_sizes
+    best = summary.best_table()
     largest = batches[-1]
-    with_hessian = any(b.get("hessian") for b in summary["best"])
+    with_hessian = any(b.hessian for b in summary.best)
     panels = 4 if with_hessian else 3
     width = 5.7 * max(panels, len(optimizers))
     fig = plt.figure(figsize=(width, 14.4), layout="constrained")
@@ -74,25 +75,19 @@ def compare_figure(summary: dict[str, Any]):
     lr_logit = list(lr_logit_row.subplots(1, len(optimizers), squeeze=False)[0])
 
     for i, name in enumerate(optimizers):
-        points = [
-            (b, best[name, b])
-            for b in batches
-            if (name, b) in best
-            and best[name, b]["status"] == "finished"
-            and best[name, b]["final_val_loss"] is not None
-        ]
+        points = [(b, best[name, b]) for b in batches if (name, b) in best and best[name, b].finished]
         if points:
             xs, entries = zip(*points)
-            ys = [e["final_val_loss"] for e in entries]
-            errs = [e.get("final_val_loss_std") or 0.0 for e in entries]
+            ys = [e.final_val_loss for e in entries]
+            errs = [e.final_val_loss_std or 0.0 for e in entries]
             ax_b.errorbar(xs, ys, yerr=errs, marker="o", color=_color(name, i), label=name, linewidth=1.6, capsize=3)
             for x, e in zip(xs, entries):
-                seeds = [v for v in e.get("final_val_loss_values") or [] if v is not None]
+                seeds = [v for v in e.final_val_loss_values or [] if v is not None]
                 if len(seeds) > 1:
                     ax_b.plot([x] * len(seeds), seeds, linestyle="", marker=".", color=_color(name, i), alpha=0.5)
             for x, y, e in zip(xs, ys, entries):
                 ax_b.annotate(
-                    f"lr {e['lr']:.2g}",
+                    f"lr {e.lr:.2g}",
                     (x, y),
                     textcoords="offset points",
                     xytext=(6, 4 - 10 * i),
@@ -120,14 +115,14 @@ def compare_figure(summary: dict[str, Any]):
 
     for i, name in enumerate(optimizers):
         entry = best.get((name, largest))
-        if entry is None or not entry.get("curve", {}).get("step"):
+        if entry is None or not (entry.curve or {}).get("step"):
             continue
-        curve = entry["curve"]
+        curve = entry.curve
         style = dict(color=_color(name, i), marker=".", linewidth=1.6)
-        suffix = "" if entry["status"] == "finished" else " (diverged)"
-        seeds = entry.get("seed_curves") or []
+        suffix = "" if entry.status == "finished" else " (diverged)"
+        seeds = entry.seed_curves or []
         n = f", {len(seeds)} seeds" if len(seeds) > 1 else ""
-        label = f"{name} (lr {entry['lr']:.2g}{n}){suffix}"
+        label = f"{name} (lr {entry.lr:.2g}{n}){suffix}"
         for ax, key in ((ax_logit, MAX_ATTENTION_LOGIT), (ax_val, VAL_LOSS)):
             if len(seeds) > 1 and all(s["step"] == curve["step"] for s in seeds):
                 _plot_seeds(ax, curve["step"], [s[key] for s in seeds], label, style)
@@ -143,9 +138,9 @@ def compare_figure(summary: dict[str, Any]):
     if with_hessian:
         _plot_hessian(axes[3], summary, optimizers, batches)
     smoke = no_verdict(summary) is not None
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for r in summary.get("cells") or summary["runs"]:
-        groups.setdefault((r["optimizer"], r["batch_size"]), []).append(r)
+    groups: dict[tuple[str, int], list[CellResult]] = {}
+    for r in summary.grid_cells():
+        groups.setdefault((r.optimizer, r.batch_size), []).append(r)
     for name, ax_loss, ax_lr_logit in zip(optimizers, lr_loss, lr_logit):
         _plot_sensitivity(ax_loss, ax_lr_logit, name, groups, batches, mark_best=not smoke)
     for ax in (*axes, *lr_loss, *lr_logit):
@@ -153,8 +148,8 @@ def compare_figure(summary: dict[str, Any]):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small")
     fig.suptitle(
-        f"{settings['model']}: {' vs '.join(optimizers)}, {settings['tokens_per_run']:,} tokens per run, "
-        f"seq len {settings['seq_len']}" + (" (smoke run: one untuned lr each)" if smoke else "")
+        f"{settings.model}: {' vs '.join(optimizers)}, {settings.tokens_per_run:,} tokens per run, "
+        f"seq len {settings.seq_len}" + (" (smoke run: one untuned lr each)" if smoke else "")
     )
     return fig
 
@@ -163,7 +158,7 @@ def _plot_sensitivity(
     ax_loss: Any,
     ax_logit: Any,
     name: str,
-    groups: dict[tuple[str, int], list[dict[str, Any]]],
+    groups: dict[tuple[str, int], list[CellResult]],
     batches: list[int],
     mark_best: bool = True,
 ) -> None:
@@ -173,24 +168,24 @@ def _plot_sensitivity(
     from matplotlib.transforms import blended_transform_factory
 
     for j, b in enumerate(batches):
-        cells = sorted(groups.get((name, b), []), key=lambda r: r["lr"])
+        cells = sorted(groups.get((name, b), []), key=lambda r: r.lr)
         if not cells:
             continue
         color, marker = BATCH_COLORS[j % len(BATCH_COLORS)], BATCH_MARKERS[j % len(BATCH_MARKERS)]
-        done_loss = [r for r in cells if r["status"] == "finished" and r.get("final_val_loss") is not None]
+        done_loss = [r for r in cells if r.finished]
         band = None
         if mark_best and done_loss:
-            top = min(r["final_val_loss"] for r in done_loss)
-            winner = min(done_loss, key=lambda r: (r["final_val_loss"], r["lr"]))
-            good = [r["lr"] for r in done_loss if r["final_val_loss"] <= top * (1 + GOOD_LR_TOLERANCE)]
-            band = (min(good), max(good), winner["lr"])
+            top = min(r.final_val_loss for r in done_loss)
+            winner = min(done_loss, key=lambda r: (r.final_val_loss, r.lr))
+            good = [r.lr for r in done_loss if r.final_val_loss <= top * (1 + GOOD_LR_TOLERANCE)]
+            band = (min(good), max(good), winner.lr)
         for ax, key in ((ax_loss, "final_val_loss"), (ax_logit, MAX_ATTENTION_LOGIT)):
-            done = [r for r in cells if r["status"] == "finished" and r.get(key) is not None]
+            done = [r for r in cells if r.status == "finished" and r.value(key) is not None]
             if done:
                 low, high = zip(*(_seed_range(r, key) for r in done))
-                ys = [r[key] for r in done]
+                ys = [r.value(key) for r in done]
                 ax.errorbar(
-                    [r["lr"] for r in done],
+                    [r.lr for r in done],
                     ys,
                     yerr=[[y - lo for y, lo in zip(ys, low)], [hi - y for y, hi in zip(ys, high)]],
                     color=color,
@@ -198,7 +193,7 @@ def _plot_sensitivity(
                     capsize=3,
                     label=f"batch {b}",
                 )
-            failed = [r["lr"] for r in cells if r["status"] != "finished"]
+            failed = [r.lr for r in cells if r.status != "finished"]
             if failed:
                 edge = blended_transform_factory(ax.transData, ax.transAxes)  # x: lr, y: the top edge
                 ax.plot(
@@ -226,10 +221,10 @@ def _plot_sensitivity(
     ax_logit.set_ylabel("max over layers and heads of q·k/√d_head (log scale)")
 
 
-def _seed_range(cell: dict[str, Any], key: str) -> tuple[float, float]:
+def _seed_range(cell: CellResult, key: str) -> tuple[float, float]:
     """The smallest and largest seed value of a cell (its mean when the seeds are not listed)."""
-    values = [v for v in cell.get(f"{key}_values") or [] if v is not None]
-    return (min(values), max(values)) if values else (cell[key], cell[key])
+    values = [v for v in cell.value(f"{key}_values") or [] if v is not None]
+    return (min(values), max(values)) if values else (cell.value(key), cell.value(key))
 
 
 def _log_if_spread(ax: Any, ratio: float = 20.0) -> None:
@@ -250,13 +245,13 @@ def _plot_seeds(ax: Any, steps: list[int], series: list[list[float | None]], lab
     ax.fill_between(xs, [min(v) for _, v in points], [max(v) for _, v in points], color=style["color"], alpha=0.2)
 
 
-def _plot_hessian(ax: Any, summary: dict[str, Any], optimizers: list[str], batches: list[int]) -> None:
+def _plot_hessian(ax: Any, summary: CompareSummary, optimizers: list[str], batches: list[int]) -> None:
     """Bars: the largest algebraic Hessian eigenvalue of each best run (± std over seeds, seed values as dots)."""
     labels, x = [], 0
     for i, name in enumerate(optimizers):
         for b in batches:
-            entry = next((e for e in summary["best"] if (e["optimizer"], e["batch_size"]) == (name, b)), None)
-            h = (entry or {}).get("hessian") or {}
+            entry = summary.best_for(name, b)
+            h = (entry.hessian if entry else None) or {}
             if h.get("largest_algebraic_eigenvalue") is None:
                 continue
             ax.bar(
@@ -284,7 +279,7 @@ def _plot_hessian(ax: Any, summary: dict[str, Any], optimizers: list[str], batch
             x += 1
     if labels:
         ax.set_xticks([p for p, _ in labels], [t for _, t in labels], fontsize="small")
-    paper = (summary["settings"].get("paper") or {}).get("hessian") or {}
+    paper = (summary.settings.paper or {}).get("hessian") or {}
     ref = ", ".join(f"{o} {v:g}" for o, v in (paper.get("top_eigenvalue") or {}).items())
     ax.set(
         title="Largest algebraic Hessian eigenvalue of the final weights (tr: trace)",

@@ -1,4 +1,4 @@
-"""REPORT.md: what a comparison's numbers show, written from summary.json alone.
+"""REPORT.md: what a comparison's numbers show, written from its typed record (summary.json) alone.
 
 Every sentence is computed from the records (which optimizer had the lowest loss at each
 batch size and by how much, how much each optimizer's loss rose from the smallest to the
@@ -9,15 +9,13 @@ whichever way the numbers fall. It ends with the grids, the setup and the caveat
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from merit_core.compare.instability import instability_lines
-from merit_core.compare.results import CompareSummary
+from merit_core.compare.results import BestResult, CellResult, CompareSummary
 from merit_core.compare.verdicts import (
     PAPER_SHARPNESS,
     SHARPNESS,
     SMOKE,
-    best_table,
     findings,
     fmt,
     fmt_lr,
@@ -29,15 +27,15 @@ from merit_core.compare.verdicts import (
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
 
 
-def results_table(summary: dict[str, Any]) -> list[str]:
+def results_table(summary: CompareSummary) -> list[str]:
     """Markdown: optimizers x batch sizes, best-lr validation loss and max attention logit (a smoke
     run's one lr per cell: the same columns, no best lr)."""
-    best = best_table(summary)
-    batches = summary["settings"]["batch_sizes"]
+    best = summary.best_table()
+    batches = summary.settings.batch_sizes
     head = "| optimizer | " + " | ".join(f"b{b} val loss | b{b} lr | b{b} max logit" for b in batches) + " |"
     rule = "|---|" + "---:|---:|---:|" * len(batches)
     rows = [head, rule]
-    for name in summary["settings"]["optimizers"]:
+    for name in summary.settings.optimizers:
         cells = []
         for b in batches:
             e = best.get((name, b))
@@ -46,32 +44,32 @@ def results_table(summary: dict[str, Any]) -> list[str]:
             elif not is_finished(e):
                 cells += ["diverged", "-", "-"]
             else:
-                cells += [mean_std(e, "final_val_loss"), fmt_lr(e["lr"]), mean_std(e, MAX_ATTENTION_LOGIT, 2)]
+                cells += [mean_std(e, "final_val_loss"), fmt_lr(e.lr), mean_std(e, MAX_ATTENTION_LOGIT, 2)]
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
     return rows
 
 
-def seeds_table(summary: dict[str, Any]) -> list[str]:
+def seeds_table(summary: CompareSummary) -> list[str]:
     """Markdown: each seed's final validation loss and max logit of every best cell (several seeds only)."""
-    if all(len(b.get("seeds") or []) < 2 for b in summary["best"]):
+    if all(len(b.seeds or []) < 2 for b in summary.best):
         return []
     rows = ["| optimizer | batch | lr | seed: final val loss | seed: max logit |", "|---|---:|---:|---|---|"]
-    for b in summary["best"]:
-        seeds = b.get("seeds") or []
-        losses = ", ".join(f"{s}: {fmt(v)}" for s, v in zip(seeds, b.get("final_val_loss_values") or []))
-        logits = ", ".join(f"{s}: {fmt(v, 2)}" for s, v in zip(seeds, b.get("max_attention_logit_values") or []))
-        rows.append(f"| {b['optimizer']} | {b['batch_size']} | {fmt_lr(b['lr'])} | {losses} | {logits} |")
+    for b in summary.best:
+        seeds = b.seeds or []
+        losses = ", ".join(f"{s}: {fmt(v)}" for s, v in zip(seeds, b.final_val_loss_values or []))
+        logits = ", ".join(f"{s}: {fmt(v, 2)}" for s, v in zip(seeds, b.max_attention_logit_values or []))
+        rows.append(f"| {b.optimizer} | {b.batch_size} | {fmt_lr(b.lr)} | {losses} | {logits} |")
     return rows
 
 
-def hessian_lines(summary: dict[str, Any]) -> list[str]:
+def hessian_lines(summary: CompareSummary) -> list[str]:
     """Markdown: the extreme Hessian eigenvalues and trace of each best run, beside the paper's figures."""
-    entries = [b for b in summary["best"] if b.get("hessian")]
+    entries = [b for b in summary.best if b.hessian]
     if not entries:
         return []
-    first = entries[0]["hessian"]
+    first = entries[0].hessian
     batch, est = first.get("batch") or {}, first.get("estimator") or {}
-    paper = (summary["settings"].get("paper") or {}).get("hessian") or {}
+    paper = (summary.settings.paper or {}).get("hessian") or {}
     rows = [
         f"Final weights of this comparison's own best runs, on a fixed validation batch (the first "
         f"{batch.get('sequences')} windows of {batch.get('seq_len')} tokens of the training's first validation "
@@ -87,12 +85,12 @@ def hessian_lines(summary: dict[str, Any]) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for b in entries:
-        h = b["hessian"]
+        h = b.hessian
         conv = "yes" if all(h.get("eigen_converged") or [False]) else "no"
-        top = (paper.get("top_eigenvalue") or {}).get(b["optimizer"])
-        trace = (paper.get("trace") or {}).get(b["optimizer"])
+        top = (paper.get("top_eigenvalue") or {}).get(b.optimizer)
+        trace = (paper.get("trace") or {}).get(b.optimizer)
         rows.append(
-            f"| {b['optimizer']} | {b['batch_size']} | {fmt_lr(b['lr'])} | {mean_std(h, SHARPNESS, 3)} | "
+            f"| {b.optimizer} | {b.batch_size} | {fmt_lr(b.lr)} | {mean_std(h, SHARPNESS, 3)} | "
             f"{mean_std(h, 'smallest_algebraic_eigenvalue', 3)} | {mean_std(h, PAPER_SHARPNESS, 3)} | {mean_std(h, 'trace', 1)} | "
             f"{conv} | {'-' if top is None else f'{top:g}'} | {'-' if trace is None else f'{trace:,.0f}'} |"
         )
@@ -104,11 +102,11 @@ def hessian_lines(summary: dict[str, Any]) -> list[str]:
     return rows
 
 
-def environment_lines(summary: dict[str, Any]) -> list[str]:
+def environment_lines(summary: CompareSummary) -> list[str]:
     """Markdown: the floating-point environment of the runs and, per best cell, how far its first seed
     moved when trained again under another thread count (the environment spread verdicts weigh)."""
-    env = summary["settings"].get("environment") or {}
-    checked = [b for b in summary["best"] if b.get("environment")]
+    env = summary.settings.environment or {}
+    checked = [b for b in summary.best if b.environment]
     if not env and not checked:
         return []
     rows = []
@@ -133,21 +131,22 @@ def environment_lines(summary: dict[str, Any]) -> list[str]:
         "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for b in checked:
-        e = b["environment"]
+        e = b.environment
+        threads = "-" if "threads" in e.absent else e.threads
         rows.append(
-            f"| {b['optimizer']} | {b['batch_size']} | {fmt_lr(b['lr'])} | {env.get('threads', '-')} -> {e.get('threads', '-')} | "
-            f"{fmt(e.get('final_val_loss_original'))} | {fmt(e.get('final_val_loss_rerun'))} | "
-            f"{fmt(e.get('final_val_loss_spread'))} | {fmt(e.get('max_attention_logit_original'), 2)} | "
-            f"{fmt(e.get('max_attention_logit_rerun'), 2)} | {fmt(e.get('max_attention_logit_spread'), 2)} |"
+            f"| {b.optimizer} | {b.batch_size} | {fmt_lr(b.lr)} | {env.get('threads', '-')} -> {threads} | "
+            f"{fmt(e.final_val_loss_original)} | {fmt(e.final_val_loss_rerun)} | "
+            f"{fmt(e.final_val_loss_spread)} | {fmt(e.max_attention_logit_original, 2)} | "
+            f"{fmt(e.max_attention_logit_rerun, 2)} | {fmt(e.max_attention_logit_spread, 2)} |"
         )
-    sharp = [b for b in checked if (b["environment"].get("hessian") or {}).get(f"{SHARPNESS}_spread") is not None]
+    sharp = [b for b in checked if (b.environment.hessian or {}).get(f"{SHARPNESS}_spread") is not None]
     if sharp:
         rows += [
             "",
             "Hessian of the re-run (largest batch): "
             + "; ".join(
-                f"{b['optimizer']} largest algebraic spread {fmt(b['environment']['hessian'][f'{SHARPNESS}_spread'], 3)}, "
-                f"largest magnitude spread {fmt(b['environment']['hessian'].get(f'{PAPER_SHARPNESS}_spread'), 3)}"
+                f"{b.optimizer} largest algebraic spread {fmt(b.environment.hessian[f'{SHARPNESS}_spread'], 3)}, "
+                f"largest magnitude spread {fmt(b.environment.hessian.get(f'{PAPER_SHARPNESS}_spread'), 3)}"
                 for b in sharp
             )
             + ".",
@@ -155,17 +154,17 @@ def environment_lines(summary: dict[str, Any]) -> list[str]:
     return rows
 
 
-def speed_lines(summary: dict[str, Any]) -> list[str]:
+def speed_lines(summary: CompareSummary) -> list[str]:
     """Markdown: training tokens/s of each best cell (median of each run's log lines, mean over seeds)
     and each optimizer's speed relative to LAMB at the same batch."""
-    best = best_table(summary)
-    batches = summary["settings"]["batch_sizes"]
+    best = summary.best_table()
+    batches = summary.settings.batch_sizes
     rows = []
     for batch in batches:
         speeds = {
-            o: best[o, batch]["tokens_per_s"]
-            for o in summary["settings"]["optimizers"]
-            if (o, batch) in best and best[o, batch].get("tokens_per_s")
+            o: best[o, batch].tokens_per_s
+            for o in summary.settings.optimizers
+            if (o, batch) in best and best[o, batch].tokens_per_s
         }
         if not speeds:
             continue
@@ -195,13 +194,13 @@ ABLATION_COMPONENTS = {
 }
 
 
-def ablation_lines(summary: dict[str, Any]) -> list[str]:
+def ablation_lines(summary: CompareSummary) -> list[str]:
     """One line per MERIT ablation that ran with MERIT at the largest batch: did removing the
     component hurt the final validation loss, by how much, and do the seeds resolve it."""
-    batch = summary["settings"]["batch_sizes"][-1]
-    best = best_table(summary)
+    batch = summary.settings.batch_sizes[-1]
+    best = summary.best_table()
     merit = best.get(("merit", batch))
-    ablations = [o for o in summary["settings"]["optimizers"] if o in ABLATION_COMPONENTS]
+    ablations = [o for o in summary.settings.optimizers if o in ABLATION_COMPONENTS]
     if not ablations or merit is None:
         return []
     if not is_finished(merit):
@@ -220,52 +219,48 @@ def ablation_lines(summary: dict[str, Any]) -> list[str]:
                 "only acts on a tensor holding an entry above 1 in magnitude; nothing here tests it."
             )
             continue
-        delta = e["final_val_loss"] - merit["final_val_loss"]
+        delta = e.final_val_loss - merit.final_val_loss
         verdict = "hurt" if delta > 0 else "did not hurt"
         lines.append(
             f"Without {what} ({name}): {verdict}: loss {mean_std(e, 'final_val_loss')} vs MERIT "
-            f"{mean_std(merit, 'final_val_loss')} ({delta:+.4f}, {100 * delta / merit['final_val_loss']:+.2f}%; "
+            f"{mean_std(merit, 'final_val_loss')} ({delta:+.4f}, {100 * delta / merit.final_val_loss:+.2f}%; "
             f"{resolution_text(merit, e)}); max logit {mean_std(e, MAX_ATTENTION_LOGIT, 2)} vs "
             f"{mean_std(merit, MAX_ATTENTION_LOGIT, 2)}."
         )
     return lines
 
 
-def _same_runs(summary: dict[str, Any], merit: dict[str, Any], name: str) -> bool:
+def _same_runs(summary: CompareSummary, merit: BestResult, name: str) -> bool:
     """Whether `name`'s cell at MERIT's best lr gave exactly MERIT's numbers on every seed."""
     cell = next(
-        (
-            c
-            for c in summary.get("cells") or []
-            if (c["optimizer"], c["batch_size"], c["lr"]) == (name, merit["batch_size"], merit["lr"])
-        ),
-        None,
+        (c for c in summary.cells if (c.optimizer, c.batch_size, c.lr) == (name, merit.batch_size, merit.lr)), None
     )
-    if cell is None or cell["status"] != "finished" or cell.get("seeds") != merit.get("seeds"):
+    if cell is None or cell.status != "finished" or cell.seeds != merit.seeds:
         return False
-    return all(
-        cell.get(f"{key}_values") == merit.get(f"{key}_values") for key in ("final_val_loss", MAX_ATTENTION_LOGIT)
+    return (
+        cell.final_val_loss_values == merit.final_val_loss_values
+        and cell.max_attention_logit_values == merit.max_attention_logit_values
     )
 
 
-def zero_shot_lines(summary: dict[str, Any]) -> list[str]:
+def zero_shot_lines(summary: CompareSummary) -> list[str]:
     """Markdown: the zero-shot scores of each best run (mean ± std over seeds), one column per metric."""
-    entries = [b for b in summary["best"] if b.get("zero_shot")]
+    entries = [b for b in summary.best if b.zero_shot]
     if not entries:
         return []
-    keys = list(dict.fromkeys((r["task"], r["metric"]) for b in entries for r in b["zero_shot"]))
+    keys = list(dict.fromkeys((r["task"], r["metric"]) for b in entries for r in b.zero_shot))
     arrows = {}
     for b in entries:
-        for r in b["zero_shot"]:
+        for r in b.zero_shot:
             arrows.setdefault((r["task"], r["metric"]), {True: " ↑", False: " ↓"}.get(r["higher_is_better"], ""))
     head = "| optimizer | batch | lr | " + " | ".join(f"{t} {m}{arrows[t, m]}" for t, m in keys) + " |"
     rows = [head, "|---|---:|---:|" + "---:|" * len(keys)]
     for b in entries:
-        by_key = {(r["task"], r["metric"]): r for r in b["zero_shot"]}
+        by_key = {(r["task"], r["metric"]): r for r in b.zero_shot}
         cells = [mean_std(by_key[k], "value") if k in by_key else "-" for k in keys]
-        rows.append(f"| {b['optimizer']} | {b['batch_size']} | {fmt_lr(b['lr'])} | " + " | ".join(cells) + " |")
-    ev = summary["settings"].get("eval") or {}
-    paper = (summary["settings"].get("paper") or {}).get("zero_shot") or {}
+        rows.append(f"| {b.optimizer} | {b.batch_size} | {fmt_lr(b.lr)} | " + " | ".join(cells) + " |")
+    ev = summary.settings.eval or {}
+    paper = (summary.settings.paper or {}).get("zero_shot") or {}
     average = paper.get("average") or {}
     rows += [
         "",
@@ -278,21 +273,26 @@ def zero_shot_lines(summary: dict[str, Any]) -> list[str]:
     return rows
 
 
-def grid_table(summary: dict[str, Any]) -> list[str]:
+def _grids(summary: CompareSummary) -> dict[tuple[str, int], list[CellResult]]:
+    """(optimizer, batch size) -> the cells of its grid, in first-seen order."""
+    groups: dict[tuple[str, int], list[CellResult]] = {}
+    for r in summary.grid_cells():
+        groups.setdefault((r.optimizer, r.batch_size), []).append(r)
+    return groups
+
+
+def grid_table(summary: CompareSummary) -> list[str]:
     """Markdown: every lr tried, its final validation loss (mean ± std over seeds, or 'diverged'), the best in
     bold (none in a smoke run)."""
-    best = {} if no_verdict(summary) else {(b["optimizer"], b["batch_size"]): b["lr"] for b in summary["best"]}
+    best = {} if no_verdict(summary) else {(b.optimizer, b.batch_size): b.lr for b in summary.best}
     rows = ["| optimizer | batch | steps | lr: final val loss |", "|---|---:|---:|---|"]
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for r in summary.get("cells") or summary["runs"]:
-        groups.setdefault((r["optimizer"], r["batch_size"]), []).append(r)
-    for (name, batch), runs in groups.items():
+    for (name, batch), runs in _grids(summary).items():
         cells = []
-        for r in sorted(runs, key=lambda r: r["lr"]):
-            value = mean_std(r, "final_val_loss") if r["status"] == "finished" else r["status"]
-            cell = f"{fmt_lr(r['lr'])}: {value}"
-            cells.append(f"**{cell}**" if r["lr"] == best.get((name, batch)) and r["status"] == "finished" else cell)
-        rows.append(f"| {name} | {batch} | {runs[0]['steps']} | {', '.join(cells)} |")
+        for r in sorted(runs, key=lambda r: r.lr):
+            value = mean_std(r, "final_val_loss") if r.status == "finished" else r.status
+            cell = f"{fmt_lr(r.lr)}: {value}"
+            cells.append(f"**{cell}**" if r.lr == best.get((name, batch)) and r.status == "finished" else cell)
+        rows.append(f"| {name} | {batch} | {runs[0].steps} | {', '.join(cells)} |")
     return rows
 
 
@@ -300,12 +300,10 @@ def grid_table(summary: dict[str, Any]) -> list[str]:
 GOOD_LR_TOLERANCE = 0.02
 
 
-def sensitivity_lines(summary: dict[str, Any]) -> list[str]:
+def sensitivity_lines(summary: CompareSummary) -> list[str]:
     """Markdown: final validation loss and max attention logit against lr for each optimizer and
     batch (mean ± std over seeds), and how wide the range of good lrs is (GOOD_LR_TOLERANCE)."""
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for r in summary.get("cells") or summary["runs"]:
-        groups.setdefault((r["optimizer"], r["batch_size"]), []).append(r)
+    groups = _grids(summary)
     if not groups or all(len(cells) < 2 for cells in groups.values()):
         return []
     rows = [
@@ -319,14 +317,14 @@ def sensitivity_lines(summary: dict[str, Any]) -> list[str]:
     ]
     spans = []
     for (name, batch), cells in groups.items():
-        cells = sorted(cells, key=lambda r: r["lr"])
+        cells = sorted(cells, key=lambda r: r.lr)
         for r in cells:
-            finished = r["status"] == "finished"
-            n_seeds = len(r.get("seeds") or [r.get("seed")])
-            values = r.get("final_val_loss_values") or [r.get("final_val_loss")]
+            finished = r.status == "finished"
+            n_seeds = len(r.seeds or [r.seed])
+            values = r.final_val_loss_values or [r.final_val_loss]
             n_bad = 0 if finished else sum(v is None or not math.isfinite(v) for v in values) or n_seeds
             rows.append(
-                f"| {name} | {batch} | {fmt_lr(r['lr'])} | "
+                f"| {name} | {batch} | {fmt_lr(r.lr)} | "
                 + (
                     f"{mean_std(r, 'final_val_loss')} | {mean_std(r, 'max_attention_logit', 2)}"
                     if finished
@@ -334,11 +332,11 @@ def sensitivity_lines(summary: dict[str, Any]) -> list[str]:
                 )
                 + f" | {n_bad} of {n_seeds} |"
             )
-        done = [r for r in cells if r["status"] == "finished" and r.get("final_val_loss") is not None]
+        done = [r for r in cells if r.finished]
         if done:
-            top = min(r["final_val_loss"] for r in done)
-            good = [r["lr"] for r in done if r["final_val_loss"] <= top * (1 + GOOD_LR_TOLERANCE)]
-            edge = " (reaches the grid's edge)" if min(good) == cells[0]["lr"] or max(good) == cells[-1]["lr"] else ""
+            top = min(r.final_val_loss for r in done)
+            good = [r.lr for r in done if r.final_val_loss <= top * (1 + GOOD_LR_TOLERANCE)]
+            edge = " (reaches the grid's edge)" if min(good) == cells[0].lr or max(good) == cells[-1].lr else ""
             spans.append(
                 f"- {name} at batch {batch}: good lrs {fmt_lr(min(good))}-{fmt_lr(max(good))}, "
                 f"x{max(good) / min(good):.3g} wide, {len(good)} of {len(cells)} grid points{edge}."
@@ -346,54 +344,54 @@ def sensitivity_lines(summary: dict[str, Any]) -> list[str]:
     return rows + [""] + spans
 
 
-def caveats(summary: dict[str, Any]) -> list[str]:
-    s = summary["settings"]
-    params = s.get("n_params")
+def caveats(summary: CompareSummary) -> list[str]:
+    s = summary.settings
+    params = s.n_params
     size = f"{params / 1e6:.2f}M parameters" if params else "its size"
     lines = [
-        f"Scale: {s['model']} has {size} and each run saw {s['tokens_per_run']:,} tokens; the paper's "
+        f"Scale: {s.model} has {size} and each run saw {s.tokens_per_run:,} tokens; the paper's "
         "results are for GPT-2 models of 125M-770M parameters trained on billions of tokens at batch "
         "sizes of 1k-8k sequences. Effects of large-batch training (and the attention-logit growth the paper "
         "reports) need not appear, or may look different, at this scale.",
     ]
-    seeds = s.get("seeds") or [s.get("seed", 0)]
-    if max(len(seeds), s.get("best_seeds") or 0) < 2:
+    seeds = s.seeds or [s.seed]
+    if max(len(seeds), s.best_seeds or 0) < 2:
         lines.append("One seed per run: the run-to-run spread was not measured, so small gaps may be noise.")
     else:
         lines.append(
             f"{len(seeds)} seed(s) per learning rate (train seeds {', '.join(map(str, seeds))})"
-            + (f", {s['best_seeds']} at each best lr" if (s.get("best_seeds") or 0) > len(seeds) else "")
+            + (f", {s.best_seeds} at each best lr" if (s.best_seeds or 0) > len(seeds) else "")
             + ": numbers are the mean ± the sample standard deviation over seeds, and the best lr is chosen on the "
             "mean. A difference is called resolved only when every seed of one lies below every seed of the other "
             "and the gap between the means exceeds the two cells' environment spreads (see Environment spread); "
             "otherwise it is not resolved, and a claim holds only when resolved against every other optimizer."
         )
-    for b in summary["best"]:
-        if b.get("lr_extended"):
+    for b in summary.best:
+        if b.lr_extended:
             lines.append(
-                f"{b['optimizer']} at batch {b['batch_size']}: the grid was extended past its edge "
-                f"(added lr {', '.join(fmt_lr(v) for v in b['lr_extended'])})"
-                + ("; the best lr is now interior." if not b.get("lr_at_edge") else ".")
+                f"{b.optimizer} at batch {b.batch_size}: the grid was extended past its edge "
+                f"(added lr {', '.join(fmt_lr(v) for v in b.lr_extended)})"
+                + ("; the best lr is now interior." if not b.lr_at_edge else ".")
             )
-        if b.get("lr_at_edge"):
-            side = "smallest" if b["lr_at_edge"] == "low" else "largest"
+        if b.lr_at_edge:
+            side = "smallest" if b.lr_at_edge == "low" else "largest"
             reason = {
-                "limit": f"after {s.get('max_extensions', 0)} extension(s) on that side, the stated limit",
+                "limit": f"after {s.max_extensions} extension(s) on that side, the stated limit",
                 "given": "a given lr list, which is never extended",
                 "quick": "--quick runs one lr per grid and never extends it",
-            }.get(b.get("edge_reason"), "")
+            }.get(b.edge_reason, "")
             lines.append(
-                f"{b['optimizer']} at batch {b['batch_size']}: the best lr ({fmt_lr(b['lr'])}) is still the {side} "
+                f"{b.optimizer} at batch {b.batch_size}: the best lr ({fmt_lr(b.lr)}) is still the {side} "
                 f"of its grid ({reason}), so its optimum may lie outside the grid: this comparison is not "
                 "fair to it yet."
             )
-    diverged = [r for r in summary["runs"] if r["status"] == "diverged"]
+    diverged = [r for r in summary.runs if r.status == "diverged"]
     if diverged:
         lines.append(
             "Diverged runs (non-finite loss; ranked last): "
             + ", ".join(
-                f"{r['optimizer']} b{r['batch_size']} lr {fmt_lr(r['lr'])}"
-                + (f" (seed {r['seed']} of {', '.join(map(str, seeds))})" if len(seeds) > 1 else "")
+                f"{r.optimizer} b{r.batch_size} lr {fmt_lr(r.lr)}"
+                + (f" (seed {r.seed} of {', '.join(map(str, seeds))})" if len(seeds) > 1 else "")
                 for r in diverged
             )
             + "."
@@ -401,40 +399,36 @@ def caveats(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def setup_lines(summary: dict[str, Any]) -> list[str]:
-    s = summary["settings"]
-    steps = ", ".join(f"batch {b}: {n} steps" for b, n in s["steps"].items())
-    warmup = ", ".join(f"batch {b}: {n} steps" for b, n in s["warmup_steps"].items())
+def setup_lines(summary: CompareSummary) -> list[str]:
+    s = summary.settings
+    steps = ", ".join(f"batch {b}: {n} steps" for b, n in s.steps.items())
+    warmup = ", ".join(f"batch {b}: {n} steps" for b, n in s.warmup_steps.items())
     return [
-        f"- Model: {s['model']}" + (f" ({s['n_params']:,} parameters)" if s.get("n_params") else ""),
-        f"- Data: {s['data']}",
-        f"- Sequence length {s['seq_len']}; token budget {s['tokens_per_run']:,} tokens per run at every "
+        f"- Model: {s.model}" + (f" ({s.n_params:,} parameters)" if s.n_params else ""),
+        f"- Data: {s.data}",
+        f"- Sequence length {s.seq_len}; token budget {s.tokens_per_run:,} tokens per run at every "
         f"batch size ({steps})",
-        f"- Schedule: linear warmup ({warmup}), then cosine decay to {s['min_lr_ratio']:g} x lr; "
-        f"gradient clipping at {s['grad_clip']:g}; "
-        + (f"seeds {', '.join(map(str, s['seeds']))}" if len(s.get("seeds") or []) > 1 else f"seed {s['seed']}"),
-        f"- Learning rates: {s['lr_rule']}; "
+        f"- Schedule: linear warmup ({warmup}), then cosine decay to {s.min_lr_ratio:g} x lr; "
+        f"gradient clipping at {s.grad_clip:g}; "
+        + (f"seeds {', '.join(map(str, s.seeds))}" if len(s.seeds or []) > 1 else f"seed {s.seed}"),
+        f"- Learning rates: {s.lr_rule}; "
         + (
             "one per optimizer and batch size, untuned (smoke run)"
             if no_verdict(summary)
             else "the best per optimizer and batch size by (mean) final validation loss"
         ),
-        f"- Validation: {s['eval_tokens']:,} held-out tokens; max attention logit on the first validation batch",
-    ] + ([f"- Command: `{s['command']}`"] if s.get("command") else [])
+        f"- Validation: {s.eval_tokens:,} held-out tokens; max attention logit on the first validation batch",
+    ] + ([f"- Command: `{s.command}`"] if s.command else [])
 
 
 def _section(title: str, lines: list[str]) -> list[str]:
     return [f"## {title}", "", *lines, ""] if lines else []
 
 
-def render_report(typed: CompareSummary) -> str:
-    """The whole REPORT.md, from the comparison's typed record.
-
-    The sections below still read summary.json's form of it (`to_dict()`: plain dicts, as a script
-    reading summary.json would)."""
-    s = typed.settings
-    summary = typed.to_dict()
-    title = " vs ".join(s["optimizers"])
+def render_report(summary: CompareSummary) -> str:
+    """The whole REPORT.md, from the comparison's typed record."""
+    s = summary.settings
+    title = " vs ".join(s.optimizers)
     intro = (
         f"**{SMOKE}.** One learning rate per optimizer and batch size (no grid, so no optimizer was tuned); "
         "the numbers check that everything runs. Generated from `summary.json`."
@@ -443,7 +437,7 @@ def render_report(typed: CompareSummary) -> str:
         "batch size, all at the same token budget. Generated from `summary.json`."
     )
     parts = [
-        f"# merit compare: {title} on {s['model']}",
+        f"# merit compare: {title} on {s.model}",
         "",
         intro,
         "",

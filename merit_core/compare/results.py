@@ -1,30 +1,92 @@
 """Typed results of a comparison: what `run_compare` hands back, one dataclass per summary.json part.
 
 `CompareSummary.to_dict()` is summary.json (the keys scripts read stay stable: additions are
-fine, renames are not); `CompareSummary.from_dict` reads one back. Keys a dataclass does not
-name (added by a newer version) are kept in `extra` and written back unchanged.
+fine, renames are not); `CompareSummary.from_dict` reads one back, and `from_dict(d).to_dict()`
+gives `d` again (for a summary.json merit wrote, key order included): keys a dataclass does not
+name (added by a newer version) are kept in `extra`, and a field the dict did not hold (written
+by an older version) is left out again while it holds its default.
+
+A best entry is its winning cell with the grid it came from, and a cell is its first seed's run
+with the means over its seeds: `BestResult` extends `CellResult`, which extends `RunResult`, so a
+reader of cells reads best entries too. summary.json lists each record's keys in its own order
+(`_ORDER`), as earlier versions wrote them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 
+@dataclass
 class _Record:
     """from_dict / to_dict over a dataclass's fields, with unnamed keys kept in `extra`."""
 
+    extra: dict[str, Any] = field(default_factory=dict, kw_only=True, repr=False)
+    # the fields from_dict did not get (summary.json of an older version): not part of the record's value
+    absent: frozenset[str] = field(default=frozenset(), kw_only=True, repr=False, compare=False)
+
+    _ORDER: ClassVar[tuple[str, ...]] = ()  # summary.json's key order when it is not the fields' order
+    _NESTED: ClassVar[dict[str, type[_Record]]] = {}  # fields holding a record of their own
+
     @classmethod
-    def from_dict(cls, data: dict[str, Any]):
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+    def _names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls) if f.name not in ("extra", "absent")]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, built: bool = False):
+        """The record of `data`; `built`: a record made now (summary.build_summary), whose every
+        field to_dict writes, rather than one read back from summary.json."""
+        names = cls._names()
         known = {k: v for k, v in data.items() if k in names}
-        return cls(**known, extra={k: v for k, v in data.items() if k not in names})
+        for name, record in cls._NESTED.items():
+            if isinstance(known.get(name), dict):
+                known[name] = record.from_dict(known[name], built=built)
+        extra = {k: v for k, v in data.items() if k not in names}
+        return cls(**known, extra=extra, absent=frozenset() if built else frozenset(n for n in names if n not in data))
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        out = {}
+        for name in dict.fromkeys([*self._ORDER, *self._names()]):
+            value = getattr(self, name)
+            if value is None and fields[name].metadata.get("omit_none"):
+                continue
+            if name in self.absent and value == _default(fields[name]):
+                continue
+            out[name] = value.to_dict() if isinstance(value, _Record) else value
         out.update(self.extra)
         return out
+
+    def value(self, key: str) -> Any:
+        """The field or unnamed key `key` (None when absent): for readers whose key is a parameter
+        (`<key>_std`, `<key>_values`); a reader of a named field reads the attribute."""
+        return getattr(self, key) if key in self._names() else self.extra.get(key)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+@dataclass
+class EnvironmentCheck(_Record):
+    """A best cell's first seed against the same run re-trained under another thread count
+    (summary.json `best[].environment`, see summary.environment_check): per key both values and
+    |difference| (`<key>_spread`, None when either did not finish); `hessian`: the re-run's
+    Hessian spreads (--hessian, largest batch only; absent from the JSON otherwise)."""
+
+    run: str = ""
+    seed: int = 0
+    threads: int | None = None
+    status: str = ""
+    final_val_loss_original: float | None = None
+    final_val_loss_rerun: float | None = None
+    final_val_loss_spread: float | None = None
+    max_attention_logit_original: float | None = None
+    max_attention_logit_rerun: float | None = None
+    max_attention_logit_spread: float | None = None
+    hessian: dict[str, Any] | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass
@@ -44,28 +106,54 @@ class RunResult(_Record):
     steps: int = 0
     run_dir: str = ""
     message: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    threads: int | None = None  # set on an environment re-run only
+    seq_len: int | None = None
+    final_train_loss: float | None = None
+    tokens_per_s: float | None = None
+    qk_bound_by_layer: list[float] | None = None
+    instability: dict[str, float | None] | None = None  # see merit_core.compare.instability
+    last_step: int = 0
+
+    @property
+    def finished(self) -> bool:
+        """Finished with a final validation loss (a diverged run or cell has none)."""
+        return self.status == "finished" and self.final_val_loss is not None
 
 
 @dataclass
-class BestResult(_Record):
-    """The best lr of one (optimizer, batch size), as the mean over its seeds (summary.json `best[]`).
+class CellResult(RunResult):
+    """One (optimizer, batch size, lr) over its seeds (summary.json `cells[]`): its first seed's run
+    with the mean of each number, `<key>_std` (sample standard deviation, None for one seed) and
+    `<key>_values` (each seed's, in seed order) beside it."""
 
-    `<key>_std` / `<key>_values`: the spread and each seed's value; `hessian` and `zero_shot` are
-    set with --hessian / --eval (see merit_core.compare.measures)."""
-
-    optimizer: str
-    batch_size: int
-    lr: float
-    status: str
-    final_val_loss: float | None = None
     final_val_loss_std: float | None = None
-    final_val_loss_values: list[float | None] = field(default_factory=list)
-    max_attention_logit: float | None = None
+    final_val_loss_values: list[float | None] | None = None
     max_attention_logit_std: float | None = None
-    max_attention_logit_values: list[float | None] = field(default_factory=list)
+    max_attention_logit_values: list[float | None] | None = None
+    final_train_loss_std: float | None = None
+    final_train_loss_values: list[float | None] | None = None
+    tokens_per_s_std: float | None = None
+    tokens_per_s_values: list[float | None] | None = None
     seeds: list[int] = field(default_factory=list)
     run_names: list[str] = field(default_factory=list)
+
+    _ORDER: ClassVar[tuple[str, ...]] = (
+        *"name optimizer batch_size lr seed threads tokens steps seq_len status message final_val_loss".split(),
+        *"max_attention_logit max_attention_logit_by_layer final_train_loss tokens_per_s qk_bound_by_layer".split(),
+        *"instability last_step run_dir".split(),
+    )
+
+
+@dataclass
+class BestResult(CellResult):
+    """The best lr of one (optimizer, batch size), as the mean over its seeds (summary.json `best[]`).
+
+    `grid`: the lrs tried; `n_diverged`: its diverged runs; `lr_at_edge`: 'low' / 'high' when the
+    best lr is the smallest / largest of a grid of several; `lr_extended` and `edge_reason`: see
+    grid.annotate_extensions; `hessian` and `zero_shot` are set with --hessian / --eval (see
+    merit_core.compare.measures); `environment`: the environment re-run of the first seed;
+    `curve` and `seed_curves`: the validation trajectory (step, val loss, max logit) for the plots."""
+
     grid: list[float] = field(default_factory=list)
     n_diverged: int = 0
     lr_at_edge: str | None = None
@@ -73,35 +161,90 @@ class BestResult(_Record):
     edge_reason: str | None = None
     hessian: dict[str, Any] | None = None
     zero_shot: list[dict[str, Any]] | None = None
-    environment: dict[str, Any] | None = None  # the environment re-run of the first seed (summary.environment_check)
-    extra: dict[str, Any] = field(default_factory=dict)
+    environment: EnvironmentCheck | None = None
+    curve: dict[str, list] | None = None
+    seed_curves: list[dict[str, Any]] | None = None
+
+    _ORDER: ClassVar[tuple[str, ...]] = (
+        *"optimizer batch_size lr status final_val_loss final_val_loss_std final_val_loss_values".split(),
+        *"max_attention_logit max_attention_logit_std max_attention_logit_values seeds run_names grid".split(),
+        *"n_diverged lr_at_edge lr_extended edge_reason hessian zero_shot environment name seed threads".split(),
+        *"tokens steps seq_len message max_attention_logit_by_layer final_train_loss tokens_per_s".split(),
+        *"qk_bound_by_layer instability last_step run_dir curve".split(),
+    )
+    _NESTED: ClassVar[dict[str, type[_Record]]] = {"environment": EnvironmentCheck}
+
+
+@dataclass
+class CompareSettings(_Record):
+    """summary.json `settings`: how the comparison was set up (see compare._settings); the report's
+    Setup and Caveats read it. `environment`: the floating-point environment of the runs (train.
+    hardware.float_environment) and the environment check's thread count."""
+
+    model: str = ""
+    n_params: int | None = None
+    optimizers: list[str] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)
+    seq_len: int | None = None
+    tokens: int | None = None
+    tokens_per_run: int = 0
+    steps: dict[str, int] = field(default_factory=dict)  # batch size (as text) -> optimizer steps
+    data: str = ""
+    lr_rule: str = ""
+    lr_grids: list[dict[str, Any]] = field(default_factory=list)
+    lr_grids_extended: list[dict[str, Any]] = field(default_factory=list)
+    max_extensions: int = 0
+    warmup_steps: dict[str, int] = field(default_factory=dict)
+    min_lr_ratio: float = 0.0
+    grad_clip: float = 0.0
+    seed: int = 0
+    seeds: list[int] = field(default_factory=list)
+    best_seeds: int | None = None
+    hessian: bool = False
+    eval: dict[str, Any] | None = None  # tasks, include_path, limit
+    preset: str | None = None
+    paper: dict[str, Any] | None = None  # measures.PAPER
+    command: str | None = None
+    dtype: str | None = None
+    eval_tokens: int = 0
+    out: str | None = None
+    quick: bool = False
+    environment: dict[str, Any] | None = None
 
 
 @dataclass
 class CompareSummary:
     """summary.json: the settings, every run, every (optimizer, batch, lr) cell and the best cells."""
 
-    settings: dict[str, Any]
+    settings: CompareSettings
     runs: list[RunResult]
     best: list[BestResult]
-    cells: list[dict[str, Any]] = field(default_factory=list)
+    cells: list[CellResult] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CompareSummary:
         return cls(
-            settings=dict(data["settings"]),
+            settings=CompareSettings.from_dict(data["settings"]),
             runs=[RunResult.from_dict(r) for r in data["runs"]],
             best=[BestResult.from_dict(b) for b in data["best"]],
-            cells=list(data.get("cells", [])),
+            cells=[CellResult.from_dict(c) for c in data.get("cells", [])],
         )
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "settings": self.settings,
+            "settings": self.settings.to_dict(),
             "runs": [r.to_dict() for r in self.runs],
-            "cells": self.cells,
+            "cells": [c.to_dict() for c in self.cells],
             "best": [b.to_dict() for b in self.best],
         }
 
     def best_for(self, optimizer: str, batch_size: int) -> BestResult | None:
         return next((b for b in self.best if (b.optimizer, b.batch_size) == (optimizer, batch_size)), None)
+
+    def best_table(self) -> dict[tuple[str, int], BestResult]:
+        """(optimizer, batch size) -> its best entry."""
+        return {(b.optimizer, b.batch_size): b for b in self.best}
+
+    def grid_cells(self) -> list[CellResult]:
+        """Every (optimizer, batch, lr) tried: the cells, or a summary without cells' runs (one seed each)."""
+        return list(self.cells) or [CellResult.from_dict(r.to_dict()) for r in self.runs]

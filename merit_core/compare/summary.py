@@ -19,6 +19,7 @@ from typing import Any
 from merit_core.compare.grid import PlannedRun
 from merit_core.compare.instability import KEY as INSTABILITY
 from merit_core.compare.instability import instability_record
+from merit_core.compare.results import BestResult, CellResult, CompareSettings, CompareSummary, RunResult
 from merit_core.compare.runner import read_status
 from merit_core.diagnostics.weights import weight_stats
 from merit_core.errors import MeritError
@@ -187,11 +188,12 @@ def environment_check(entry: dict[str, Any], rerun: dict[str, Any]) -> dict[str,
     return out
 
 
-def build_summary(settings: dict[str, Any], runs: list[PlannedRun], states: dict[str, str]) -> dict[str, Any]:
-    """{"settings", "runs", "cells", "best"}: `runs` and `cells` drop their curves (they stay on
-    the best entries). Environment re-runs (a PlannedRun with `threads`) stay out of the cells
-    and the ranking: they are listed in `runs` and each best entry's `environment` compares one
-    with its original (`environment_check`; None without one)."""
+def build_summary(settings: CompareSettings | None, runs: list[PlannedRun], states: dict[str, str]) -> CompareSummary:
+    """The typed summary (`to_dict()`: {"settings", "runs", "cells", "best"}) of the runs read back
+    from their folders: `runs` and `cells` drop their curves (they stay on the best entries).
+    Environment re-runs (a PlannedRun with `threads`) stay out of the cells and the ranking: they
+    are listed in `runs` and each best entry's `environment` compares one with its original
+    (`environment_check`; None without one). `settings` None: the defaults (a round's ranking)."""
     records = [run_record(run, states[run.name]) for run in runs]
     grid = [r for r in records if r.get("threads") is None]
     reruns = {(r["optimizer"], r["batch_size"], r["lr"]): r for r in records if r.get("threads") is not None}
@@ -201,7 +203,12 @@ def build_summary(settings: dict[str, Any], runs: list[PlannedRun], states: dict
         entry["environment"] = None if rerun is None else environment_check(entry, rerun)
     plain = [{k: v for k, v in r.items() if k != "curve"} for r in records]
     table = [{k: v for k, v in c.items() if k not in ("curve", "seed_curves")} for c in cells(grid)]
-    return {"settings": settings, "runs": plain, "cells": table, "best": best}
+    return CompareSummary(
+        settings=settings or CompareSettings(),
+        runs=[RunResult.from_dict(r, built=True) for r in plain],
+        best=[BestResult.from_dict(b, built=True) for b in best],
+        cells=[CellResult.from_dict(c, built=True) for c in table],
+    )
 
 
 def write_json(path: Path, data: dict[str, Any]) -> Path:

@@ -1,4 +1,5 @@
-"""The rules a comparison's verdicts follow, computed from summary.json's records alone.
+"""The rules a comparison's verdicts follow, computed from the comparison's typed records alone
+(merit_core.compare.results).
 
 A difference between two cells is *resolved* only when their seeds' ranges do not overlap and the
 gap exceeds both cells' measured environment spreads (the same run in another floating-point
@@ -13,7 +14,18 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from merit_core.compare.results import BestResult, CellResult, CompareSummary, EnvironmentCheck
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
+
+# What `mean_std`, `resolution` and the claims read `<key>`, `<key>_std`, `<key>_values` and
+# `environment.<key>_spread` of: a cell or best entry, or one of measures' records of the same
+# shape (a Hessian cell, a zero-shot row: plain dicts, as measures writes them).
+Figures = CellResult | dict[str, Any]
+
+
+def lookup(entry: Figures | EnvironmentCheck, key: str) -> Any:
+    """`entry`'s `key` (None when it has none): a typed record's field, or a measures record's key."""
+    return entry.get(key) if isinstance(entry, dict) else entry.value(key)
 
 
 def fmt(value: float | None, digits: int = 4) -> str:
@@ -26,29 +38,29 @@ def fmt_lr(value: float) -> str:
     return f"{value:.3g}"
 
 
-def is_finished(entry: dict[str, Any] | None) -> bool:
-    return bool(entry) and entry["status"] == "finished" and entry["final_val_loss"] is not None
+def is_finished(entry: CellResult | None) -> bool:
+    return entry is not None and entry.finished
 
 
-def mean_std(entry: dict[str, Any], key: str, digits: int = 4) -> str:
+def mean_std(entry: Figures, key: str, digits: int = 4) -> str:
     """'mean' or 'mean ± std' (std over seeds, when there are several)."""
-    std = entry.get(f"{key}_std")
-    text = fmt(entry.get(key), digits)
+    std = lookup(entry, f"{key}_std")
+    text = fmt(lookup(entry, key), digits)
     return text if std is None else f"{text} ± {fmt(std, digits)}"
 
 
-def seed_values(entry: dict[str, Any], key: str) -> list[float]:
-    values = entry.get(f"{key}_values")
+def seed_values(entry: Figures, key: str) -> list[float]:
+    values = lookup(entry, f"{key}_values")
     if values is None:
-        values = [entry.get(key)]
+        values = [lookup(entry, key)]
     return [v for v in values if v is not None and math.isfinite(v)]
 
 
-def env_spread(entry: dict[str, Any], key: str) -> float | None:
+def env_spread(entry: Figures, key: str) -> float | None:
     """How far the floating-point environment alone moved this cell's `key`: |re-run - original| of
     its first seed under another thread count (summary.environment_check), None when not measured."""
-    env = entry.get("environment") or {}
-    value = env.get(f"{key}_spread")
+    env = lookup(entry, "environment")
+    value = None if env is None else lookup(env, f"{key}_spread")
     return value if value is not None and math.isfinite(value) else None
 
 
@@ -60,7 +72,7 @@ class Resolution:
     text: str
 
 
-def resolution(a: dict[str, Any], b: dict[str, Any], key: str = "final_val_loss") -> Resolution:
+def resolution(a: Figures, b: Figures, key: str = "final_val_loss") -> Resolution:
     """A difference is resolved only when (1) the seeds resolve it: every seed value of one cell lies
     below every seed value of the other, and (2) the gap between the means exceeds the environment
     spread: the sum of both cells' environment spreads (`env_spread`; each cell may move that far
@@ -86,24 +98,20 @@ def resolution(a: dict[str, Any], b: dict[str, Any], key: str = "final_val_loss"
     return Resolution(True, f"resolved by {n} seeds and beyond the environment spread {fmt(ea + eb, digits)}")
 
 
-def resolved(a: dict[str, Any], b: dict[str, Any], key: str = "final_val_loss") -> bool | None:
+def resolved(a: Figures, b: Figures, key: str = "final_val_loss") -> bool | None:
     """`resolution(a, b, key).resolved`: True, False, or None with one seed each."""
     return resolution(a, b, key).resolved
 
 
-def resolution_text(a: dict[str, Any], b: dict[str, Any], key: str = "final_val_loss") -> str:
+def resolution_text(a: Figures, b: Figures, key: str = "final_val_loss") -> str:
     return resolution(a, b, key).text
 
 
-def best_table(summary: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
-    return {(b["optimizer"], b["batch_size"]): b for b in summary["best"]}
-
-
-def findings(summary: dict[str, Any]) -> list[str]:
+def findings(summary: CompareSummary) -> list[str]:
     """The bullet points of 'What the numbers show'."""
-    best = best_table(summary)
-    optimizers = summary["settings"]["optimizers"]
-    batches = summary["settings"]["batch_sizes"]
+    best = summary.best_table()
+    optimizers = summary.settings.optimizers
+    batches = summary.settings.batch_sizes
     reason = no_verdict(summary)
     if reason:
         return [f"**{SMOKE}**: {reason}", *_smoke_lines(best, optimizers, batches)]
@@ -141,23 +149,23 @@ def _smoke_lines(best, optimizers, batches) -> list[str]:
                 if is_finished(e)
                 else "diverged"
             )
-            parts.append(f"{name} at lr {fmt_lr(e['lr'])}: {value}")
+            parts.append(f"{name} at lr {fmt_lr(e.lr)}: {value}")
         lines.append(f"Batch {batch} (one lr each, in the order given): " + "; ".join(parts) + ".")
     return lines
 
 
-def no_verdict(summary: dict[str, Any]) -> str | None:
+def no_verdict(summary: CompareSummary) -> str | None:
     """Why the paper's claims get no verdict from this comparison, or None when they may.
 
     A verdict compares optimizers at their best lr, which needs an lr grid: a smoke run (--quick)
     or a cell with a single lr says nothing about any optimizer at its best."""
-    if summary["settings"].get("quick"):
+    if summary.settings.quick:
         return (
             "this is a smoke run (--quick: one lr per optimizer and batch, half the tokens); no optimizer "
             "was tuned, so nothing here bears on the paper's claims. Run `merit compare` without "
             "--quick for them."
         )
-    single = [f"{b['optimizer']} b{b['batch_size']}" for b in summary["best"] if len(b.get("grid") or []) < 2]
+    single = [f"{b.optimizer} b{b.batch_size}" for b in summary.best if len(b.grid or []) < 2]
     if single:
         return (
             f"one lr only for {', '.join(single)}: a cell without an lr grid is not tuned, so the "
@@ -166,22 +174,22 @@ def no_verdict(summary: dict[str, Any]) -> str | None:
     return None
 
 
-def _loss_line(batch: int, entries: list[dict[str, Any] | None]) -> str:
-    ranked = sorted((e for e in entries if is_finished(e)), key=lambda e: e["final_val_loss"])
-    failed = [e["optimizer"] for e in entries if e is not None and not is_finished(e)]
+def _loss_line(batch: int, entries: list[BestResult | None]) -> str:
+    ranked = sorted((e for e in entries if is_finished(e)), key=lambda e: e.final_val_loss)
+    failed = [e.optimizer for e in entries if e is not None and not is_finished(e)]
     tail = f" Diverged at every learning rate tried: {', '.join(failed)}." if failed else ""
     if not ranked:
         return f"**Batch {batch}:** no optimizer finished with a finite validation loss.{tail}"
     top = ranked[0]
     text = (
-        f"**Batch {batch}:** {top['optimizer']} had the lowest final validation loss, "
-        f"{mean_std(top, 'final_val_loss')} (lr {fmt_lr(top['lr'])})"
+        f"**Batch {batch}:** {top.optimizer} had the lowest final validation loss, "
+        f"{mean_std(top, 'final_val_loss')} (lr {fmt_lr(top.lr)})"
     )
     if len(ranked) == 1:
         return text + "." + tail
     gaps = [
-        f"{e['optimizer']} {mean_std(e, 'final_val_loss')} (+{fmt(e['final_val_loss'] - top['final_val_loss'])}, "
-        f"{100 * (e['final_val_loss'] / top['final_val_loss'] - 1):+.1f}%"
+        f"{e.optimizer} {mean_std(e, 'final_val_loss')} (+{fmt(e.final_val_loss - top.final_val_loss)}, "
+        f"{100 * (e.final_val_loss / top.final_val_loss - 1):+.1f}%"
         + ("" if resolved(top, e) is None else f"; {resolution_text(top, e)}")
         + ")"
         for e in ranked[1:]
@@ -194,13 +202,11 @@ def _degradation_lines(best, optimizers, small: int, large: int) -> list[str]:
     for name in optimizers:
         a, b = best.get((name, small)), best.get((name, large))
         if is_finished(a) and is_finished(b):
-            rows.append((name, b["final_val_loss"] - a["final_val_loss"], a, b))
+            rows.append((name, b.final_val_loss - a.final_val_loss, a, b))
     if not rows:
         return []
     rows.sort(key=lambda r: r[1])
-    parts = [
-        f"{name} {fmt(a['final_val_loss'])} -> {fmt(b['final_val_loss'])} ({delta:+.4f})" for name, delta, a, b in rows
-    ]
+    parts = [f"{name} {fmt(a.final_val_loss)} -> {fmt(b.final_val_loss)} ({delta:+.4f})" for name, delta, a, b in rows]
     line = (
         f"**Batch {small} -> {large}** (same tokens, {large / small:.3g}x fewer steps), best-lr validation loss: "
         + "; ".join(parts)
@@ -215,9 +221,10 @@ def _degradation_lines(best, optimizers, small: int, large: int) -> list[str]:
     return [line]
 
 
-def _seed_deltas(small: dict[str, Any], large: dict[str, Any]) -> dict[str, Any]:
+def _seed_deltas(small: BestResult, large: BestResult) -> dict[str, Any]:
     """The loss change from the small to the large batch, seed by seed (same seeds, paired), with the
-    environment spread of a change: the sum of both cells' (None when either is not measured)."""
+    environment spread of a change: the sum of both cells' (None when either is not measured); a
+    record of `Figures`' shape for `resolution`."""
     a, b = seed_values(small, "final_val_loss"), seed_values(large, "final_val_loss")
     values = [y - x for x, y in zip(a, b)] if len(a) == len(b) else []
     ea, eb = env_spread(small, "final_val_loss"), env_spread(large, "final_val_loss")
@@ -225,35 +232,33 @@ def _seed_deltas(small: dict[str, Any], large: dict[str, Any]) -> dict[str, Any]
     return {"change": None, "change_values": values, "environment": env}
 
 
-def _logit_line(batch: int, entries: list[dict[str, Any] | None]) -> str | None:
+def _logit_line(batch: int, entries: list[BestResult | None]) -> str | None:
     ranked = sorted(
-        (e for e in entries if is_finished(e) and e.get(MAX_ATTENTION_LOGIT) is not None),
-        key=lambda e: e[MAX_ATTENTION_LOGIT],
+        (e for e in entries if is_finished(e) and e.max_attention_logit is not None),
+        key=lambda e: e.max_attention_logit,
     )
     if not ranked:
         return None
-    several = any(len(e.get("seeds") or []) > 1 for e in ranked)
+    several = any(len(e.seeds or []) > 1 for e in ranked)
     where = "layer {layer} in seed {seed}" if several else "layer {layer}"
     parts = [
-        f"{e['optimizer']} {mean_std(e, MAX_ATTENTION_LOGIT, 2)} "
-        f"({where.format(layer=_argmax(e), seed=(e.get('seeds') or [e.get('seed')])[0])})"
+        f"{e.optimizer} {mean_std(e, MAX_ATTENTION_LOGIT, 2)} "
+        f"({where.format(layer=_argmax(e), seed=(e.seeds or [e.seed])[0])})"
         for e in ranked
     ]
     line = f"**Max attention logit at the end, batch {batch}** (best-lr runs, max over layers): {', '.join(parts)}."
-    lo, hi = ranked[0][MAX_ATTENTION_LOGIT], ranked[-1][MAX_ATTENTION_LOGIT]
+    lo, hi = ranked[0].max_attention_logit, ranked[-1].max_attention_logit
     if len(ranked) > 1 and lo > 0:
         line += f" The largest is {hi / lo:.2f}x the smallest."
     return line
 
 
-def _bound_line(batch: int, entries: list[dict[str, Any] | None]) -> str | None:
+def _bound_line(batch: int, entries: list[BestResult | None]) -> str | None:
     """The max-norm bound term ||W_Q||_m * ||W_K||_m at the end (max over layers), lowest first."""
-    rows = sorted(
-        (max(e["qk_bound_by_layer"]), e["optimizer"]) for e in entries if is_finished(e) and e.get("qk_bound_by_layer")
-    )
+    rows = sorted((max(e.qk_bound_by_layer), e.optimizer) for e in entries if is_finished(e) and e.qk_bound_by_layer)
     if not rows:
         return None
-    seeds = next((e.get("seeds") for e in entries if is_finished(e) and e.get("seeds")), None) or []
+    seeds = next((e.seeds for e in entries if is_finished(e) and e.seeds), None) or []
     which = f"; seed {seeds[0]}'s run of each" if len(seeds) > 1 else ""
     return (
         f"**||W_Q||_m x ||W_K||_m at the end, batch {batch}** (the max-norm product that bounds the logit; "
@@ -261,8 +266,8 @@ def _bound_line(batch: int, entries: list[dict[str, Any] | None]) -> str | None:
     )
 
 
-def _argmax(entry: dict[str, Any]) -> str:
-    layers = entry.get("max_attention_logit_by_layer") or []
+def _argmax(entry: BestResult) -> str:
+    layers = entry.max_attention_logit_by_layer or []
     values = [(v, i) for i, v in enumerate(layers) if v is not None]
     return str(max(values)[1]) if values else "-"  # layers count from 0, as in merit train and inspect
 
@@ -281,12 +286,12 @@ def _claim_lines(best, optimizers, batches) -> list[str]:
     if not is_finished(merit) or not others:
         return []
     lines = [_claim("1 (MERIT has the lowest loss at large batch)", large, merit, others, "final_val_loss", 4)]
-    with_logit = {o: e for o, e in others.items() if e.get(MAX_ATTENTION_LOGIT) is not None}
-    if merit.get(MAX_ATTENTION_LOGIT) is not None and with_logit:
+    with_logit = {o: e for o, e in others.items() if e.max_attention_logit is not None}
+    if merit.max_attention_logit is not None and with_logit:
         lines.append(
             _claim("2 (MERIT keeps the max attention logit lower)", large, merit, with_logit, MAX_ATTENTION_LOGIT, 2)
         )
-    sharp = {o: _hessian_entry(e) for o, e in others.items() if (e.get("hessian") or {}).get(SHARPNESS) is not None}
+    sharp = {o: _hessian_entry(e) for o, e in others.items() if (e.hessian or {}).get(SHARPNESS) is not None}
     mh = _hessian_entry(merit)
     if mh.get(SHARPNESS) is not None and sharp:
         for key, what in ((SHARPNESS, "largest algebraic"), (PAPER_SHARPNESS, "largest-magnitude")):
@@ -302,24 +307,24 @@ SHARPNESS = "largest_algebraic_eigenvalue"
 PAPER_SHARPNESS = "largest_magnitude_eigenvalue"
 
 
-def _hessian_entry(entry: dict[str, Any]) -> dict[str, Any]:
-    """A best cell's Hessian numbers with its environment check's Hessian spreads beside them."""
-    env = (entry.get("environment") or {}).get("hessian") or {}
-    return {**(entry.get("hessian") or {}), "environment": env}
+def _hessian_entry(entry: BestResult) -> dict[str, Any]:
+    """A best cell's Hessian numbers with its environment check's Hessian spreads beside them (`Figures`)."""
+    env = (entry.environment.hessian if entry.environment else None) or {}
+    return {**(entry.hessian or {}), "environment": env}
 
 
 def _claim(
     claim: str,
     batch: int,
-    merit: dict[str, Any],
-    others: dict[str, dict[str, Any]],
+    merit: Figures,
+    others: dict[str, Figures],
     key: str,
     digits: int,
     note: str = "",
 ) -> str:
     """'Paper claim N (...): at batch B, **holds here**: MERIT x vs adamw y (resolution), ...' for a
     claim that MERIT's `key` is below every other optimizer's (see `_claim_lines` for the rule)."""
-    checks = {o: (merit[key] < e[key], resolution(merit, e, key).resolved) for o, e in others.items()}
+    checks = {o: (lookup(merit, key) < lookup(e, key), resolution(merit, e, key).resolved) for o, e in others.items()}
     if all(better and ok for better, ok in checks.values()):
         verdict = "**holds here**"
     elif any(not better and ok for better, ok in checks.values()):

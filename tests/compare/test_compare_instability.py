@@ -42,6 +42,6 @@ def test_report_section_one_row_per_best_run():
             "log_z_mean": 5.5,
         }
     )
-    lines = instability_lines(summary)
+    lines = instability_lines(CompareSummary.from_dict(summary))
     assert lines[-1] == f"| {first['optimizer']} | {first['batch_size']} | 3 | 0.25 | 50 | 5.5 | - |"
     assert "## Instability precursors" in render_report(CompareSummary.from_dict(summary))

@@ -12,7 +12,7 @@ import merit_core.compare as compare
 from merit_core.compare import load_spec, run_compare
 from merit_core.compare.grid import next_extensions, plan_runs
 from merit_core.compare.report import ablation_lines, render_report
-from merit_core.compare.results import CompareSummary
+from merit_core.compare.results import BestResult, CompareSummary
 from merit_core.compare.runner import compare_threads, other_threads
 from merit_core.compare.spec import PRESETS
 from merit_core.compare.summary import cells, select_best
@@ -145,8 +145,8 @@ def test_grid_extends_past_an_edge_until_interior_or_the_limit(tmp_path, model_c
     ]
     assert result.summary.best_for("adamw", 8).seeds == [0, 1, 2]
     env = result.summary.best_for("adamw", 8).environment
-    assert env["threads"] == alt and env["final_val_loss_spread"] == 0.0
-    assert result.summary.settings["environment"]["check_threads"] == alt
+    assert env.threads == alt and env.final_val_loss_spread == 0.0
+    assert result.summary.settings.environment["check_threads"] == alt
     adamw = result.summary.best_for("adamw", 8)
     merit = result.summary.best_for("merit", 8)
     assert adamw.lr == 0.027 and adamw.lr_extended == [0.009, 0.027]
@@ -160,9 +160,9 @@ def test_grid_extends_past_an_edge_until_interior_or_the_limit(tmp_path, model_c
     )
 
     # a given list is never extended, and --max-extensions 0 turns extension off
-    assert next_extensions(load_spec(None, lrs="1e-3,3e-3"), result.summary.to_dict()["best"], {}) == {}
+    assert next_extensions(load_spec(None, lrs="1e-3,3e-3"), result.summary.best, {}) == {}
     zero = load_spec(None, optimizers="adamw", batch_sizes="8", max_extensions=0)
-    best = [{"optimizer": "adamw", "batch_size": 8, "lr": 3e-3, "lr_at_edge": "high", "grid": [3.33e-4, 1e-3, 3e-3]}]
+    best = [BestResult("adamw-b8-lr0.003", "adamw", 8, 3e-3, "finished", lr_at_edge="high", grid=[3.33e-4, 1e-3, 3e-3])]
     assert next_extensions(zero, best, {}) == {}
     assert next_extensions(load_spec(None, optimizers="adamw", batch_sizes="8"), best, {}) == {("adamw", 8): [0.009]}
 
@@ -205,7 +205,7 @@ def test_ablation_report_states_each_component():
         "runs": records,
         "best": with_env(select_best(records)),
     }
-    lines = ablation_lines(summary)
+    lines = ablation_lines(CompareSummary.from_dict(summary))
     assert lines[0].startswith("Without element-wise clipping of the update ratios (merit-noclip): hurt: loss 4.3250")
     assert "(+0.3150, +7.86%; resolved by 2 seeds and beyond the environment spread 0.0200)" in lines[0]
     assert "(merit-nobound): hurt" in lines[1] and "not resolved: within the spread of 2 seeds" in lines[1]

@@ -144,16 +144,18 @@ def test_quick_and_single_lr_reports_give_no_verdict():
     from merit_core.compare.verdicts import findings
 
     summary = synthetic_summary()
-    assert any(line.startswith("Paper claim 1") for line in findings(summary))
+    assert any(line.startswith("Paper claim 1") for line in findings(CompareSummary.from_dict(summary)))
     summary["settings"]["quick"] = True
-    lines = findings(summary)
+    lines = findings(CompareSummary.from_dict(summary))
     assert not any(line.startswith("Paper claim") and "**holds" in line for line in lines)
     assert not any("does not hold" in line for line in lines)
     assert any("**no verdict: smoke run**: this is a smoke run (--quick" in line for line in lines)
     summary["settings"]["quick"] = False
     for b in summary["best"]:
         b["grid"] = [b["lr"]]
-    assert any("**no verdict: smoke run**: one lr only for" in line for line in findings(summary))
+    assert any(
+        "**no verdict: smoke run**: one lr only for" in line for line in findings(CompareSummary.from_dict(summary))
+    )
 
 
 def test_spec_parsing_and_layers(tmp_path):

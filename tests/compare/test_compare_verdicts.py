@@ -55,7 +55,7 @@ def test_a_claim_holds_only_if_resolved_against_every_other_optimizer():
     summary["settings"]["optimizers"] = ["adamw", "lamb", "merit"]
     summary["runs"], summary["cells"] = records, cells(records)
     summary["best"] = with_env(select_best(records), loss_spread=0.005)
-    line = next(x for x in findings(summary) if x.startswith("Paper claim 1"))
+    line = next(x for x in findings(CompareSummary.from_dict(summary)) if x.startswith("Paper claim 1"))
     # lower than both means, resolved against adamw, within the seed spread of lamb: not resolved
     assert "**not resolved**" in line and "lamb 4.2950 ± 0.0100 (not resolved: within the spread of 3 seeds)" in line
 
@@ -92,7 +92,7 @@ def test_quick_report_and_terminal_give_no_ranking(tmp_path, model_cfg, data_dir
     summary = synthetic_summary()
     for b in summary["best"]:
         b["grid"] = [b["lr"]]
-    assert findings(summary)[0].startswith("**no verdict: smoke run**: one lr only for")
+    assert findings(CompareSummary.from_dict(summary))[0].startswith("**no verdict: smoke run**: one lr only for")
 
 
 def _labels(ax) -> list[str]:
@@ -106,7 +106,7 @@ def test_plot_marks_diverged_lrs_at_the_edge_and_the_best_lr_with_its_band():
     records = summary["runs"] + seeded("merit", 64, 1e-2, [None] * 3, statuses=["diverged"] * 3)
     summary["runs"], summary["cells"] = records, cells(records)
     summary["best"] = select_best(records)
-    fig = compare_figure(summary)
+    fig = compare_figure(CompareSummary.from_dict(summary))
     try:
         panels = {ax.get_title(): ax for ax in fig.axes}
         assert all(ax.axison and (ax.lines or ax.patches or ax.collections) for ax in fig.axes)  # no empty panel
@@ -135,7 +135,7 @@ def test_plot_marks_diverged_lrs_at_the_edge_and_the_best_lr_with_its_band():
         plt.close(fig)
     # a smoke run marks no best lr
     summary["settings"]["quick"] = True
-    fig = compare_figure(summary)
+    fig = compare_figure(CompareSummary.from_dict(summary))
     try:
         assert not any(BEST_LABEL in label for ax in fig.axes for label in _labels(ax))
     finally:
@@ -155,8 +155,8 @@ def test_ablation_report_says_when_the_clip_never_bound():
         "cells": cells(records),
         "best": with_env(select_best(records)),
     }
-    (line,) = ablation_lines(summary)
+    (line,) = ablation_lines(CompareSummary.from_dict(summary))
     assert "(merit-noclip): the clip never bound" in line and "|s_ij u_ij| <= max|W|" in line
     records[-1]["final_val_loss"] = 4.03  # one seed differs: the clip acted, the usual line
     summary["cells"], summary["best"] = cells(records), with_env(select_best(records))
-    assert "never bound" not in ablation_lines(summary)[0]
+    assert "never bound" not in ablation_lines(CompareSummary.from_dict(summary))[0]
