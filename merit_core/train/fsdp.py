@@ -49,6 +49,7 @@ from merit_core.errors import CheckpointError, ConfigError
 from merit_core.optim.registry import OptimizerSpec, get_spec
 from merit_core.train.compiling import compile_blocks, transformer_blocks
 from merit_core.train.distributed import DCP_FORMAT, DDPParallel, is_sharded_optimizer_state
+from merit_core.train.sharded_state import METADATA_FILE, load_sharded
 
 OPTIMIZER_DIR = "optimizer"
 
@@ -151,22 +152,28 @@ class FSDPParallel(DDPParallel):
         return {"format": DCP_FORMAT, "path": OPTIMIZER_DIR, "world_size": self.world_size}
 
     def load_optimizer_state_dict(self, model, optimizer, state, checkpoint_dir: Path | None = None) -> None:
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
         if not is_sharded_optimizer_state(state):
             raise CheckpointError(
                 f"{checkpoint_dir} was written by a single-process or DDP run; resume it with --parallel ddp"
             )
-        folder = Path(checkpoint_dir) / state["path"]
-        if not (folder / ".metadata").is_file():
+        if state.get("path") != OPTIMIZER_DIR:  # the marker comes from the run folder: never a path out of it
             raise CheckpointError(
-                f"{folder} is missing or incomplete (no .metadata); this checkpoint cannot be resumed"
+                f"{checkpoint_dir}: its trainer state puts the optimizer shards at {state.get('path')!r}, "
+                f"not {OPTIMIZER_DIR!r}; this checkpoint cannot be resumed"
+            )
+        folder = Path(checkpoint_dir) / OPTIMIZER_DIR
+        if folder.is_symlink() or not (folder / METADATA_FILE).is_file():
+            raise CheckpointError(
+                f"{folder} is missing, a link or incomplete (no {METADATA_FILE}); this checkpoint cannot be resumed"
             )
         self.reshard()
         target = get_optimizer_state_dict(model, optimizer)  # initialises the state (zero-lr step)
         try:
-            dcp.load(target, checkpoint_id=folder)
+            load_sharded(target, folder)
+        except CheckpointError:
+            raise
         except Exception as exc:  # shape/key mismatch or unreadable shards
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise CheckpointError(f"{folder} cannot be loaded into this optimizer: {message}") from None
