@@ -142,7 +142,7 @@ def default_jobs(device: str = "auto", n_runs: int | None = None) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Execution:
-    """How one call of `execute` trains its runs.
+    """How `execute` trains the runs it is given.
 
     states: every run's state before it ('new' and 'partial' ones train); jobs: how many train at
     once (1: in this process); log_dir: where a worker's output goes; threads: the intra-op thread
