@@ -7,6 +7,7 @@ import re
 import click
 
 from merit_core.errors import ConfigError
+from merit_core.values import describe
 
 # The device names train, eval and inspect take (train's config checks the same words).
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
@@ -25,8 +26,7 @@ def number(kind: type):
         try:
             return kind(value)
         except ValueError:
-            word = "an integer" if kind is int else "a number"
-            raise ConfigError(f"--{param.name.replace('_', '-')} must be {word}, got {value!r}") from None
+            raise ConfigError(f"--{param.name.replace('_', '-')} must be {describe(kind)}, got {value!r}") from None
 
     convert.metavar = "INTEGER" if kind is int else "FLOAT"
     return convert

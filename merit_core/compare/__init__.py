@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from merit_core import runs as run_folders
 from merit_core.compare.grid import (
     RUNS_DIR,
     PlannedRun,
@@ -67,8 +68,6 @@ from merit_core.fileio import (
     refuse_link,
     refuse_special,
 )
-from merit_core.runs import latest as latest_checkpoint  # the newest complete checkpoint
-from merit_core.runs import read_trainer_state as read_trainer_info
 from merit_core.train.hardware import float_environment
 
 REPORT_FILE = "REPORT.md"
@@ -298,9 +297,9 @@ def _settings(spec: CompareSpec, runs: list[PlannedRun], meta, extra=None) -> Co
     first = runs[0].config
     n_params = None
     for run in runs:
-        ckpt = latest_checkpoint(run.run_dir)
+        ckpt = run_folders.latest(run.run_dir)
         if ckpt is not None:
-            n_params = read_trainer_info(ckpt).get("n_params")
+            n_params = run_folders.read_trainer_state(ckpt).get("n_params")
             break
     grids = lr_grids(spec)
     rule = (

@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from merit_core import runs
 from merit_core.compare.spec import EvalRequest
 from merit_core.compare.summary import spread
 from merit_core.data import open_tokens
@@ -32,7 +33,6 @@ from merit_core.evaluation import EvalSettings, evaluate_checkpoints
 from merit_core.evaluation.results import CheckpointResult, metric_rows
 from merit_core.fileio import atomic_write_json
 from merit_core.runs import CONFIG_FILE
-from merit_core.runs import checkpoints as list_checkpoints  # complete ones, oldest first
 from merit_core.train.batches import val_batches
 from merit_core.train.config import read_toml
 from merit_core.train.metrics import json_safe
@@ -73,7 +73,7 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 
 
 def _final_checkpoint(run_dir: Path) -> tuple[int, Path]:
-    found = list_checkpoints(run_dir)
+    found = runs.checkpoints(run_dir)
     if not found:
         raise CheckpointError(f"{run_dir} has no checkpoint to measure")
     return found[-1]

@@ -16,6 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from merit_core import runs
 from merit_core.compare.grid import PlannedRun
 from merit_core.compare.instability import KEY as INSTABILITY
 from merit_core.compare.instability import instability_record
@@ -25,7 +26,6 @@ from merit_core.diagnostics.weights import weight_stats
 from merit_core.errors import MeritError
 from merit_core.fileio import atomic_write_json
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
-from merit_core.runs import latest as latest_checkpoint  # the newest complete checkpoint
 from merit_core.train.metrics import json_safe, read_metrics
 
 SUMMARY_FILE = "summary.json"
@@ -78,7 +78,7 @@ def run_record(run: PlannedRun, state: str) -> dict[str, Any]:
 def _qk_bounds(run: PlannedRun) -> list[float] | None:
     """||W_Q||_m * ||W_K||_m per layer at the final checkpoint (the paper's bound on the max logit,
     up to input-norm constants), via merit inspect's weight statistics; None if unreadable."""
-    ckpt = latest_checkpoint(run.run_dir)
+    ckpt = runs.latest(run.run_dir)
     if ckpt is None:
         return None
     try:

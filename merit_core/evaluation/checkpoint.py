@@ -56,11 +56,6 @@ class CheckpointRef:
         return f"{path.parent.name}/{path.name}" if runs.parse_step(path.name) is not None else path.name
 
 
-def latest_step_dir(run_dir: Path) -> Path | None:
-    """The latest `step_N` subfolder that holds a model (config.json and weights), or None."""
-    return runs.latest(run_dir, "model")
-
-
 def read_trainer_state(model_dir: Path) -> dict[str, Any]:
     """The known fields of `trainer_state.json` with the right types; {} when absent or unreadable."""
     state = runs.read_trainer_state(model_dir, strict=False)
@@ -98,7 +93,7 @@ def _resolve_checkpoint(text: str, trust_remote_code: bool) -> CheckpointRef:
     source = "hf-folder"
     refuse_special_files(path)
     if not (path / runs.MODEL_CONFIG).is_file():
-        step = latest_step_dir(path)
+        step = runs.latest(path, "model")
         if step is None:
             raise CheckpointError(
                 f"checkpoint {text} has no config.json and no step_N/ checkpoint folder: "

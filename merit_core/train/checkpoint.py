@@ -35,30 +35,12 @@ __all__ = [
     "STATE_FORMAT",
     "STATE_JSON",
     "STATE_PT",
-    "checkpoint_path",
-    "latest_checkpoint",
-    "list_checkpoints",
     "load_model_weights",
     "check_optimizer_state",
     "load_trainer_state",
     "prune_checkpoints",
-    "read_trainer_info",
     "save_checkpoint",
 ]
-
-
-def checkpoint_path(run_dir: str | Path, step: int) -> Path:
-    return runs.step_path(run_dir, step)
-
-
-def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints of a run as (step, path), oldest first (see merit_core.runs.is_complete)."""
-    return runs.checkpoints(run_dir, "complete")
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The complete checkpoint with the highest step, or None."""
-    return runs.latest(run_dir, "complete")
 
 
 def save_checkpoint(
@@ -92,20 +74,15 @@ def save_checkpoint(
         make_tokenizer_portable(tmp)  # data prepared by transformers 5 before tokenizers were saved portably
     torch.save(state, tmp / STATE_PT)
     (tmp / STATE_JSON).write_text(json.dumps({"format": STATE_FORMAT, **info}, indent=2) + "\n")
-    return runs.publish_folder(tmp, checkpoint_path(run_dir, step))
+    return runs.publish_folder(tmp, runs.step_path(run_dir, step))
 
 
 def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
     """Keep only the newest `keep` checkpoints (keep <= 0 keeps all)."""
     if keep <= 0:
         return
-    for _, path in list_checkpoints(run_dir)[:-keep]:
+    for _, path in runs.checkpoints(run_dir)[:-keep]:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def read_trainer_info(checkpoint: str | Path) -> dict[str, Any]:
-    """trainer_state.json of a checkpoint folder (CheckpointError when missing or unreadable)."""
-    return runs.read_trainer_state(checkpoint, strict=True)
 
 
 def load_trainer_state(checkpoint: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -26,7 +26,7 @@ from merit_core.errors import CheckpointError, ResumeMismatch, first_line
 from merit_core.metric_names import LOSS, VAL_LOSS
 from merit_core.metrics import read_metrics
 from merit_core.runs import METRICS_FILE
-from merit_core.train.checkpoint import load_model_weights, load_trainer_state, read_trainer_info
+from merit_core.train.checkpoint import load_model_weights, load_trainer_state
 from merit_core.train.config import TrainConfig
 
 
@@ -132,7 +132,7 @@ def load_resumable(plan: ResumePlan, model, run_dir: Path, note: Callable[[str],
     for ckpt in plan.candidates:
         try:
             refuse_special_files(ckpt)
-            read_trainer_info(ckpt)
+            runs.read_trainer_state(ckpt)
             state = load_trainer_state(ckpt, map_location="cpu")
             check_trainer_state(state, ckpt)
             load_model_weights(model, ckpt)

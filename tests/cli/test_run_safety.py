@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from merit_cli.main import cli
 from merit_core import errors, fileio, runs
-from merit_core.train.checkpoint import list_checkpoints, load_trainer_state
+from merit_core.train.checkpoint import load_trainer_state
 from merit_core.train.metrics import read_metrics
 from tests import cli_runs
 from tests.cli_runs import invoke
@@ -65,7 +65,7 @@ def test_sigterm_mid_run_then_resume_equals_the_uninterrupted_run(model_cfg, dat
     with pytest.raises(errors.RunInterrupted) as stopped:
         run_training(load_config(values=values), TermAtStep3())
     assert stopped.value.exit_code == 143 and "SIGTERM" in str(stopped.value)
-    assert [s for s, _ in list_checkpoints(out)] == [3]  # saved at the step it stopped after, not lost
+    assert [s for s, _ in runs.checkpoints(out)] == [3]  # saved at the step it stopped after, not lost
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
 
     result = invoke(["train", "--resume", "--out", str(out)])
@@ -108,7 +108,7 @@ def test_sigint_and_sigusr1_stop_after_a_checkpoint_too(model_cfg, data_dir, tmp
     with pytest.raises(errors.RunInterrupted) as stopped:
         run_training(load_config(values=values), SignalAtStep2())
     assert stopped.value.exit_code == code and stopped.value.checkpoint == out / "step_2"
-    assert [s for s, _ in list_checkpoints(out)] == [2]
+    assert [s for s, _ in runs.checkpoints(out)] == [2]
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143)])
@@ -131,7 +131,7 @@ def test_a_signal_to_merit_train_checkpoints_and_exits_with_its_code(model_cfg, 
     finally:
         proc.kill()
     assert proc.returncode == code, err
-    (step, ckpt), *_ = list_checkpoints(out)
+    (step, ckpt), *_ = runs.checkpoints(out)
     assert step >= 2 and f"stopped by {signal.Signals(sig).name} after step {step}" in err
     assert "Traceback" not in err and took < 30
     assert not (out / runs.LOCK_FILE).exists()  # the lock went with the process
@@ -171,7 +171,7 @@ def test_a_second_writer_is_refused_and_a_dead_holder_is_taken_over(model_cfg, d
     assert (run / runs.LOCK_FILE).exists()  # left by the killed holder: stale
     result = invoke(["train", "--resume", "--out", str(run), "--steps", "9"])
     assert result.exit_code == 0, result.output  # taken over
-    assert [s for s, _ in list_checkpoints(run)][-1] == 9 and not (run / runs.LOCK_FILE).exists()
+    assert [s for s, _ in runs.checkpoints(run)][-1] == 9 and not (run / runs.LOCK_FILE).exists()
 
 
 def _tree(folder: Path) -> dict[str, tuple[bytes, int]]:
@@ -217,7 +217,7 @@ def test_a_nan_update_is_never_the_last_good_checkpoint(model_cfg, data_dir, tmp
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "parameters became non-finite by step 4" in lines[0] and str(out / "step_2") in lines[0]
-    assert [s for s, _ in list_checkpoints(out)] == [2]
+    assert [s for s, _ in runs.checkpoints(out)] == [2]
     assert not any(p.name.startswith(".tmp-") for p in out.iterdir())
 
 
@@ -327,7 +327,7 @@ def test_compare_workers_die_with_their_parent(model_cfg, data_dir, tmp_path, ho
     if how == "SIGTERM":
         assert proc.returncode == 143, proc.stderr.read()
     for run_dir in run_dirs():  # each worker saved where it stopped, and no run has two writers' records
-        assert list_checkpoints(run_dir), run_dir
+        assert runs.checkpoints(run_dir), run_dir
         steps = [r["step"] for r in read_metrics(run_dir) if "loss" in r]
         assert steps == sorted(set(steps))
 
@@ -351,7 +351,7 @@ def test_disk_full_is_one_line_naming_the_last_complete_checkpoint(model_cfg, da
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"disk full while writing {out / 'step_4'}" in lines[0]
     assert f"the last complete checkpoint is {out / 'step_2'}" in lines[0]
-    assert [s for s, _ in list_checkpoints(out)] == [2] and not any(p.name.startswith(".tmp-") for p in out.iterdir())
+    assert [s for s, _ in runs.checkpoints(out)] == [2] and not any(p.name.startswith(".tmp-") for p in out.iterdir())
 
 
 def test_atomic_write_disk_full_leaves_the_old_file(tmp_path, monkeypatch):
@@ -422,14 +422,14 @@ def test_resume_from_an_older_step_never_prunes_the_new_timeline(model_cfg, data
     run = tmp_path / "run"
     args = train_args(model_cfg, data_dir, run, "--steps", "4", "--set", "save_every=1", "--set", "eval_every=0")
     assert invoke(args).exit_code == 0
-    old = {n: _weights(p) for n, p in list_checkpoints(run)}
+    old = {n: _weights(p) for n, p in runs.checkpoints(run)}
     result = invoke(
         ["train", "--resume-from", "step_1", "--out", str(run), "--lr", "1e-2", "--set", "keep_checkpoints=2"]
     )
     assert result.exit_code == 0, result.output
     note = [line for line in result.output.splitlines() if "abandoned timeline" in line]
     assert len(note) == 1 and "step_2, step_3, step_4" in note[0]
-    assert [s for s, _ in list_checkpoints(run)] == [3, 4]
+    assert [s for s, _ in runs.checkpoints(run)] == [3, 4]
     assert all(_weights(run / f"step_{s}") != old[s] for s in (3, 4))  # the new timeline's (another lr)
     (aside,) = [p for p in run.iterdir() if p.name.startswith("abandoned-after-step_1")]
     assert sorted(p.name for p in aside.iterdir()) == ["step_2", "step_3", "step_4"]
@@ -476,7 +476,7 @@ def test_a_kill_between_the_renames_of_a_rewrite_loses_no_checkpoint(model_cfg, 
     text = " ".join(result.output.split())
     assert "restored step_8 from .tmp-old-step_8" in text and f"Resuming from {run / 'step_8'}" in text
     assert (run / "step_8" / "model.safetensors").read_bytes() == before
-    assert [s for s, _ in list_checkpoints(run)] == [4, 8, 9]
+    assert [s for s, _ in runs.checkpoints(run)] == [4, 8, 9]
     assert not [p.name for p in run.iterdir() if p.name.startswith(".tmp-")]
     assert not list(run.glob(f"step_*/{runs.STAGING_MARKER}"))
 
@@ -522,7 +522,7 @@ def test_disk_full_is_recognised_whichever_library_reports_it(
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"disk full while writing {out / 'step_4'}" in lines[0], lines
-    assert [s for s, _ in list_checkpoints(out)] == [2] and not any(p.name.startswith(".tmp-") for p in out.iterdir())
+    assert [s for s, _ in runs.checkpoints(out)] == [2] and not any(p.name.startswith(".tmp-") for p in out.iterdir())
 
 
 def test_the_lock_never_writes_through_a_link_and_release_removes_only_its_own_file(tmp_path):

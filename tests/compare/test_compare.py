@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from merit_cli.main import cli
+from merit_core import runs
 from merit_core.compare import CompareCallbacks, load_spec, plan_compare, run_compare
 from merit_core.compare.runner import STATUS_FILE, run_state
-from merit_core.train.checkpoint import list_checkpoints, read_trainer_info
 from merit_core.train.metrics import read_metrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -56,18 +56,18 @@ def finished(tmp_path_factory, model_cfg, data_dir):
 def test_every_run_is_a_train_run_folder(finished):
     spec, result, calls = finished
     assert len(calls.started) == 8 and all(not resumed for _, resumed in calls.started)
-    runs = result.summary.to_dict()["runs"]
-    assert {(r["optimizer"], r["batch_size"], r["lr"]) for r in runs} == {
+    records = result.summary.to_dict()["runs"]
+    assert {(r["optimizer"], r["batch_size"], r["lr"]) for r in records} == {
         (o, b, lr) for o in ("adamw", "merit") for b in (2, 4) for lr in (1e-3, 1e-2)
     }
-    for r in runs:
+    for r in records:
         run_dir = spec.out / "runs" / f"{r['optimizer']}-b{r['batch_size']}-lr{r['lr']:.3g}"
         assert r["run_dir"] == str(run_dir)
         # same token budget: 512 tokens at seq 32 -> 8 steps at batch 2, 4 steps at batch 4
         assert r["tokens"] == 512 and r["steps"] == 512 // (32 * r["batch_size"])
         assert (run_dir / "config.toml").is_file() and (run_dir / "curves.png").is_file()
-        step, ckpt = list_checkpoints(run_dir)[-1]
-        assert step == r["steps"] and read_trainer_info(ckpt)["optimizer"] == r["optimizer"]
+        step, ckpt = runs.checkpoints(run_dir)[-1]
+        assert step == r["steps"] and runs.read_trainer_state(ckpt)["optimizer"] == r["optimizer"]
         final = [m for m in read_metrics(run_dir) if "val_loss" in m][-1]
         assert final["step"] == r["steps"] and final["val_loss"] == pytest.approx(r["final_val_loss"])
         assert r["max_attention_logit_by_layer"] == final["max_attention_logit"]
@@ -161,13 +161,13 @@ def test_rerun_skips_finished_and_resumes_unfinished(finished, model_cfg, data_d
     victim = spec.out / "runs" / "merit-b2-lr0.01"
     before = [r for r in result.summary.to_dict()["runs"] if r["name"] == "merit-b2-lr0.01"][0]
     shutil.rmtree(victim / "step_8")
-    assert [s for s, _ in list_checkpoints(victim)][-1] == 6
+    assert [s for s, _ in runs.checkpoints(victim)][-1] == 6
     calls = Counting()
     resumed = run_compare(tiny_spec(model_cfg, data_dir, spec.out), calls)
     assert calls.started == [("merit-b2-lr0.01", True)] and calls.ended == [("merit-b2-lr0.01", "finished")]
     after = [r for r in resumed.summary.to_dict()["runs"] if r["name"] == "merit-b2-lr0.01"][0]
     assert after["final_val_loss"] == pytest.approx(before["final_val_loss"], rel=1e-6)
-    assert [s for s, _ in list_checkpoints(victim)][-1] == 8
+    assert [s for s, _ in runs.checkpoints(victim)][-1] == 8
 
 
 def test_diverged_run_is_reported_and_skipped(tmp_path, model_cfg, data_dir, monkeypatch):

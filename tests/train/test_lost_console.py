@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from merit_core.train.checkpoint import list_checkpoints
+from merit_core import runs
 from merit_core.train.metrics import read_metrics
 from tests.cli.test_run_safety import TINY, subprocess_env, train_args
 
@@ -23,7 +23,7 @@ ENDLESS = ("--steps", "100000", "--set", "save_every=0", "--set", "eval_every=0"
 
 
 def _check_stopped(out, err: str, name: str) -> None:
-    (step, _), *_ = list_checkpoints(out)
+    (step, _), *_ = runs.checkpoints(out)
     assert step >= 1 and f"stopped by {name}" in err and f"after step {step}" in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
     assert max(r["step"] for r in read_metrics(out) if "loss" in r) == step  # the metrics went on to the end

@@ -8,7 +8,8 @@ import torch
 from click.testing import CliRunner
 
 from merit_cli.main import cli
-from merit_core.train.checkpoint import list_checkpoints, load_trainer_state, read_trainer_info
+from merit_core import runs
+from merit_core.train.checkpoint import load_trainer_state
 from merit_core.train.metrics import read_metrics
 from tests.cli_runs import TINY_TRAIN, invoke, train_args
 
@@ -32,7 +33,7 @@ def test_run_folder_layout_and_metrics(finished_run):
         "step_4",
     ]
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for step, path in list_checkpoints(out):
+    for step, path in runs.checkpoints(out):
         names = {p.name for p in path.iterdir()}
         assert {
             "config.json",
@@ -42,7 +43,7 @@ def test_run_folder_layout_and_metrics(finished_run):
             "trainer_state.json",
             "trainer_state.pt",
         } <= names
-        info = read_trainer_info(path)
+        info = runs.read_trainer_state(path)
         assert info["step"] == step and info["tokens"] == step * 8 * 32
         assert (info["global_batch_size"], info["seq_len"], info["optimizer"]) == (8, 32, "merit")
         assert info["lr"] > 0 and info["model"].endswith("config.json")
@@ -136,7 +137,7 @@ def test_resume_reproduces_the_uninterrupted_losses_exactly(model_cfg, data_dir,
     )
     with pytest.raises(Crash):
         run_training(config, CrashAtStep3())
-    assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [2]
+    assert [s for s, _ in runs.checkpoints(tmp_path / "run")] == [2]
     assert max(r["step"] for r in read_metrics(tmp_path / "run")) == 3
 
     result = invoke(["train", "--resume", "--out", str(tmp_path / "run")])  # config comes from the run folder
@@ -165,7 +166,7 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(model_cfg, data
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "non-finite at step 3" in lines[0] and str(out / "step_2") in lines[0]
-    assert [s for s, _ in list_checkpoints(out)] == [2]
+    assert [s for s, _ in runs.checkpoints(out)] == [2]
     assert read_metrics(out)[-1]["step"] == 3 and read_metrics(out)[-1]["loss"] is None
 
 

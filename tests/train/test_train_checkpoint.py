@@ -9,8 +9,6 @@ import torch
 from merit_core import runs
 from merit_core.errors import CheckpointError
 from merit_core.train.checkpoint import (
-    latest_checkpoint,
-    list_checkpoints,
     load_model_weights,
     load_trainer_state,
     prune_checkpoints,
@@ -43,14 +41,14 @@ def test_complete_checkpoints_only_and_atomic_replace(tmp_path, model):
         save(tmp_path, step, model)
     (tmp_path / "step_12").mkdir()  # a folder without trainer state: not complete
     (tmp_path / ".tmp-step_14").mkdir()  # a crash while writing
-    assert [s for s, _ in list_checkpoints(tmp_path)] == [2, 4, 10]
-    assert latest_checkpoint(tmp_path) == tmp_path / "step_10"
+    assert [s for s, _ in runs.checkpoints(tmp_path)] == [2, 4, 10]
+    assert runs.latest(tmp_path) == tmp_path / "step_10"
     save(tmp_path, 10, model, extra=torch.ones(2))  # rewriting a step replaces it whole
     assert torch.equal(load_trainer_state(tmp_path / "step_10")["extra"], torch.ones(2))
     runs.remove_stale_staging(tmp_path)
     assert not (tmp_path / ".tmp-step_14").exists() and not list(tmp_path.glob(".tmp-*"))
     prune_checkpoints(tmp_path, keep=2)
-    assert [s for s, _ in list_checkpoints(tmp_path)] == [4, 10]
+    assert [s for s, _ in runs.checkpoints(tmp_path)] == [4, 10]
     assert json.loads((tmp_path / "step_10" / "trainer_state.json").read_text())["format"] == "merit-trainer-v1"
 
 
@@ -82,7 +80,6 @@ def test_resume_reads_refuse_truncated_weights_and_special_files(tmp_path, model
     past the file, or a FIFO where trainer_state.pt / trainer_state.json / the weights should be, is
     one CheckpointError naming the file (never a blocked read), and the resume falls back to an
     older checkpoint that loads, saying why."""
-    from merit_core.train.checkpoint import read_trainer_info
     from merit_core.train.resume import ResumePlan, load_resumable
 
     resumable = {"optimizer": {}, "rng": {"torch": torch.get_rng_state()}}
@@ -95,7 +92,7 @@ def test_resume_reads_refuse_truncated_weights_and_special_files(tmp_path, model
     os.mkfifo(weights)
     with pytest.raises(CheckpointError, match="FIFO"):
         load_model_weights(model, new)
-    for name, read in ((runs.STATE_PT, load_trainer_state), (runs.STATE_JSON, read_trainer_info)):
+    for name, read in ((runs.STATE_PT, load_trainer_state), (runs.STATE_JSON, runs.read_trainer_state)):
         (new / name).unlink()
         os.mkfifo(new / name)
         with pytest.raises(CheckpointError, match=rf"{name} is a FIFO \(named pipe\); merit reads only regular"):

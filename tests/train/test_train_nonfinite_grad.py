@@ -5,7 +5,7 @@ good checkpoint."""
 
 import torch
 
-from merit_core.train.checkpoint import list_checkpoints
+from merit_core import runs
 from merit_core.train.metrics import read_metrics
 from tests.cli_runs import invoke, train_args
 
@@ -37,6 +37,6 @@ def test_nonfinite_gradient_stops_the_run_at_that_step(model_cfg, data_dir, tmp_
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "non-finite at step 3" in lines[0] and str(out / "step_2") in lines[0]
-    assert [s for s, _ in list_checkpoints(out)] == [2]  # the NaN weights never became a checkpoint
+    assert [s for s, _ in runs.checkpoints(out)] == [2]  # the NaN weights never became a checkpoint
     last = read_metrics(out)[-1]
     assert last["step"] == 3 and last["loss"] is not None  # the loss was finite, the gradient was not
