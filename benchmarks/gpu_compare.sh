@@ -108,14 +108,14 @@ done
 COUNTS=$("$PY" - "$STATE/out/runs" <<'EOF' 2>>"$LOG"
 import sys
 from pathlib import Path
-from merit_core.train.checkpoint import latest_checkpoint, read_trainer_info
+from merit_core import runs
 from merit_core.train.config import read_toml
-runs = sorted(p for p in Path(sys.argv[1]).glob("*") if (p / "config.toml").is_file())
+folders = sorted(p for p in Path(sys.argv[1]).glob("*") if (p / "config.toml").is_file())
 done = 0
-for run in runs:
-    ckpt = latest_checkpoint(run)
-    done += ckpt is not None and int(read_trainer_info(ckpt).get("step", 0)) >= int(read_toml(run / "config.toml")["steps"])
-print(len(runs), done)
+for run in folders:
+    ckpt = runs.latest(run)
+    done += ckpt is not None and int(runs.read_trainer_state(ckpt).get("step", 0)) >= int(read_toml(run / "config.toml")["steps"])
+print(len(folders), done)
 EOF
 )
 read -r PLANNED DONE <<<"${COUNTS:-? ?}"
