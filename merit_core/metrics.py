@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from merit_core.fileio import open_regular
 from merit_core.runs import METRICS_FILE
 
 
@@ -31,14 +32,17 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """All records of a metrics.jsonl (or of <run>/metrics.jsonl); a torn line is skipped.
 
     ValueError for a line that parses but is not a record (a number, a list, an object whose
-    `step` is not an integer): merit never wrote it, and resuming would trip over it later."""
+    `step` is not an integer): merit never wrote it, and resuming would trip over it later.
+    CheckpointError for a FIFO, socket or device in its place (reading it could block forever)."""
     path = Path(path)
     if path.is_dir():
         path = path / METRICS_FILE
     records = []
     if not path.exists():
         return records
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    with open_regular(path) as fh:
+        text = fh.read().decode("utf-8")
+    for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line:
             continue

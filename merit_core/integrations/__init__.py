@@ -6,37 +6,48 @@
 Both measure, every N optimizer steps, the max attention logit (max over heads and positions of
 q.k / sqrt(d_head)) per layer and overall on one fixed probe batch, with the probe of
 :mod:`merit_core.models.attention_probe`, and hand the numbers to the trainer's own logging, so
-that whatever trackers it reports to receive them. Importing this package imports neither
-transformers nor lightning.
+that whatever trackers it reports to receive them. With ``precursors`` (the default) the same
+forward pass also gives the other instability precursors `merit train` records at each eval
+(docs/DIAGNOSTICS.md), each as one number over the layers: the smallest normalised attention
+entropy, the largest residual-stream max/median |h| ratio, and the output layer's mean log Z.
+Importing this package imports neither transformers nor lightning.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from merit_core.metric_names import MAX_ATTENTION_LOGIT
+from merit_core.metric_names import ACTIVATION_RATIO, LOG_Z_MEAN, MAX_ATTENTION_LOGIT, NORMALIZED_ENTROPY_MIN
 
 METRIC = MAX_ATTENTION_LOGIT
 
 
-def logit_metrics(model: Any, input_ids: Any, attention_mask: Any = None, prefix: str = METRIC) -> dict[str, float]:
-    """``{prefix: overall max, f"{prefix}/layer_{i}": max of layer i}`` on one probe batch.
+def logit_metrics(
+    model: Any, input_ids: Any, attention_mask: Any = None, prefix: str = METRIC, precursors: bool = True
+) -> dict[str, float]:
+    """``{prefix: overall max, f"{prefix}/layer_{i}": max of layer i}`` on one probe batch and, with
+    `precursors`, ``normalized_attention_entropy_min`` (min over layers and heads),
+    ``activation_ratio`` (max over layers) and ``log_z_mean``, named as in merit's metrics.jsonl.
 
     The batch is moved to the model's device; the model's train/eval mode is restored afterwards.
     """
     import torch
 
-    from merit_core.models.attention_probe import max_attention_logits  # transformers: see the docstring
+    from merit_core.models.attention_probe import probe_attention  # transformers: see the docstring
 
     device = next(model.parameters()).device
     ids = torch.as_tensor(input_ids, device=device)
     if ids.ndim == 1:
         ids = ids.unsqueeze(0)
     mask = None if attention_mask is None else torch.as_tensor(attention_mask, device=device).reshape(ids.shape)
-    per_head = max_attention_logits(model, ids, attention_mask=mask)  # [layers, heads]
-    per_layer = per_head.amax(dim=1).tolist()
+    probed = probe_attention(model, ids, attention_mask=mask, instability=precursors)
+    per_layer = probed.max_logits.amax(dim=1).tolist()  # [layers, heads] -> per layer
     metrics = {prefix: float(max(per_layer))}
     metrics.update({f"{prefix}/layer_{i}": float(v) for i, v in enumerate(per_layer)})
+    if precursors:
+        metrics[NORMALIZED_ENTROPY_MIN] = float(probed.entropy["normalized_min"].min())
+        metrics[ACTIVATION_RATIO] = max(a.ratio for a in probed.activations)
+        metrics[LOG_Z_MEAN] = probed.output.log_z_mean
     return metrics
 
 

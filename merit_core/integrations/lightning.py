@@ -51,6 +51,8 @@ class MaxAttentionLogitCallback(Callback):
         model_attr: the LightningModule attribute holding the transformers model.
         at_start: also measure before the first step.
         prefix: the metric name (``prefix`` and ``prefix/layer_i``).
+        precursors: also log the smallest normalised attention entropy, the largest activation
+            ratio and the mean log Z of the same forward pass (see merit_core.integrations).
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class MaxAttentionLogitCallback(Callback):
         model_attr: str = "model",
         at_start: bool = True,
         prefix: str = METRIC,
+        precursors: bool = True,
     ):
         super().__init__()
         self.probe_input_ids = probe_input_ids
@@ -70,12 +73,13 @@ class MaxAttentionLogitCallback(Callback):
         self.model_attr = model_attr
         self.at_start = at_start
         self.prefix = prefix
+        self.precursors = precursors
         self.last_step: int | None = None
         self.last: dict[str, float] = {}
 
     def measure(self, pl_module: Any) -> dict[str, float]:
         model = _transformers_model(pl_module, self.model_attr)
-        self.last = logit_metrics(model, self.probe_input_ids, self.attention_mask, self.prefix)
+        self.last = logit_metrics(model, self.probe_input_ids, self.attention_mask, self.prefix, self.precursors)
         return self.last
 
     def _log(self, trainer: Any, pl_module: Any) -> None:

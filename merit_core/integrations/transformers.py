@@ -44,6 +44,8 @@ class MaxAttentionLogitCallback(TrainerCallback):
         attention_mask: optional mask for the probe batch (1 = attend).
         at_start: also measure at step 0, before training.
         prefix: the metric name (``prefix`` and ``prefix/layer_i``).
+        precursors: also log the smallest normalised attention entropy, the largest activation
+            ratio and the mean log Z of the same forward pass (see merit_core.integrations).
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class MaxAttentionLogitCallback(TrainerCallback):
         attention_mask: Any = None,
         at_start: bool = True,
         prefix: str = METRIC,
+        precursors: bool = True,
     ):
         if not isinstance(trainer, Trainer):
             raise TypeError("MaxAttentionLogitCallback needs the transformers Trainer as its first argument")
@@ -64,12 +67,13 @@ class MaxAttentionLogitCallback(TrainerCallback):
         self.every_n_steps = check_every(every_n_steps)
         self.at_start = at_start
         self.prefix = prefix
+        self.precursors = precursors
         self.last_step: int | None = None
         self.last: dict[str, float] = {}
 
     def measure(self, model: Any) -> dict[str, float]:
         """The metrics on the probe batch now (also usable outside training)."""
-        self.last = logit_metrics(model, self.probe_input_ids, self.attention_mask, self.prefix)
+        self.last = logit_metrics(model, self.probe_input_ids, self.attention_mask, self.prefix, self.precursors)
         return self.last
 
     def _log(self, state, control, model) -> None:

@@ -393,3 +393,9 @@ add(
     lambda w, c: w.resume(only_last(w, c, "trainer_state.json", fifo_instead)),
     "trainer_state.json is a FIFO",
 )
+add(
+    "train: resume",
+    "metrics.jsonl is a FIFO",
+    lambda w, c: (fifo_instead(w.copy_run(c) / runs.METRICS_FILE), w.resume(c / "run"))[1],
+    "metrics.jsonl is a FIFO",
+)

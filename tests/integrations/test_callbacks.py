@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from merit_core.models.attention_probe import max_attention_logits
+from merit_core.models.attention_probe import max_attention_logits, probe_attention
 from tests.tiny_models import tiny_gpt2
 
 VOCAB, SEQ = 64, 16
@@ -23,6 +23,16 @@ class TokenDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def assert_precursors(logged, model, probe):
+    """The instability precursors logged beside the logit equal a direct probe of the trained model."""
+    direct = probe_attention(model, probe, instability=True)
+    assert logged["normalized_attention_entropy_min"] == pytest.approx(
+        float(direct.entropy["normalized_min"].min()), rel=1e-5
+    )
+    assert logged["activation_ratio"] == pytest.approx(max(a.ratio for a in direct.activations), rel=1e-5)
+    assert logged["log_z_mean"] == pytest.approx(direct.output.log_z_mean, rel=1e-5)
 
 
 def test_hf_trainer_logs_max_attention_logit(tmp_path):
@@ -55,6 +65,9 @@ def test_hf_trainer_logs_max_attention_logit(tmp_path):
     expected = max_attention_logits(model, probe).amax(dim=1)  # the trained model, measured directly
     assert logged[-1]["max_attention_logit"] == pytest.approx(float(expected.max()), rel=1e-5)
     assert logged[-1]["max_attention_logit/layer_1"] == pytest.approx(float(expected[1]), rel=1e-5)
+    assert_precursors(logged[-1], model, probe)
+    without = MaxAttentionLogitCallback(trainer, probe, precursors=False).measure(model)
+    assert set(without) == {"max_attention_logit", "max_attention_logit/layer_0", "max_attention_logit/layer_1"}
     # Trainer's own trackers got it: its TensorBoard callback wrote the scalar
     (event_file,) = (tmp_path / "out").rglob("events.out.tfevents.*")  # output_dir/runs/<date>/
     events = EventAccumulator(str(event_file.parent))
@@ -163,6 +176,7 @@ def test_lightning_logs_max_attention_logit(tmp_path):
     expected = max_attention_logits(module.model, probe).amax(dim=1)
     assert logged[-1]["max_attention_logit"] == pytest.approx(float(expected.max()), rel=1e-5)
     assert logged[-1]["max_attention_logit/layer_0"] == pytest.approx(float(expected[0]), rel=1e-5)
+    assert_precursors(logged[-1], module.model, probe)
 
 
 def _lightning_run(tmp_path, every_n_steps=None):
