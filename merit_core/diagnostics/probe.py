@@ -123,15 +123,16 @@ def make_probe_batch(
     return ProbeBatch(torch.randint(0, vocab_size, (1, seq_len), generator=gen), "random-ids", notes)
 
 
-def load_model(checkpoint, tensors, device: str | torch.device = "cpu"):
+def load_model(checkpoint, tensors, device: str | torch.device = "cpu", raw_config: dict | None = None):
     """A float32 causal LM built from the checkpoint's config.json, with every weight from `tensors`.
 
     Built with `from_config` and filled from the lazy safetensors reader, so any file name or
     shard layout works and a missing weight is an error rather than a silent random init.
     Keys saved without the base-model prefix (older GPT-2 files) and the names transformers saves
-    some weights under (GPT-NeoX embed_out) are accepted.
+    some weights under (GPT-NeoX embed_out) are accepted. `raw_config`: the checkpoint's config.json
+    when the caller has read it already (else it is read here).
     """
-    raw = read_config(checkpoint.config_path)
+    raw = raw_config if raw_config is not None else read_config(checkpoint.config_path)
     if raw is None:
         raise CheckpointError(f"no config.json next to {checkpoint.path}")
     try:

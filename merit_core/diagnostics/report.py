@@ -244,10 +244,13 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def _measure(ckpt: Checkpoint, reader, stats: CheckpointReport, opts: InspectOptions, progress: ProgressFn) -> None:
-    """Fill max attention logits (and the Hessian) into `stats`, building the model once."""
+def _measure(
+    ckpt: Checkpoint, reader, config: dict, stats: CheckpointReport, opts: InspectOptions, progress: ProgressFn
+) -> None:
+    """Fill max attention logits (and the Hessian) into `stats`, building the model once from `config`
+    (the checkpoint's config.json)."""
     progress(Progress("building the model", item=ckpt.label))
-    model = load_model(ckpt, reader, opts.device)
+    model = load_model(ckpt, reader, opts.device, raw_config=config)
     # a user's text is measured as given, up to the context; the built-in paragraph fills 256 tokens
     seq_len = opts.seq_len or (
         context_length(model.config) if opts.text is not None else min(context_length(model.config), 256)
@@ -295,7 +298,8 @@ def inspect_checkpoint(
 def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: ProgressFn) -> CheckpointReport:
     reader = SafetensorsReader(ckpt)
     progress(Progress("weight statistics", item=ckpt.label))
-    weights = attention_weight_stats(reader, read_config(ckpt.config_path), opts.n_heads, opts.top_k)
+    config = read_config(ckpt.config_path)  # read once: the weight statistics and the model use it
+    weights = attention_weight_stats(reader, config, opts.n_heads, opts.top_k)
     stats = CheckpointReport.from_weights(ckpt, weights, _trainer_state(ckpt))
     if opts.logits or opts.hessian:
         if ckpt.config_path is None:
@@ -305,7 +309,7 @@ def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: Progre
                 + " not measured"
             )
         else:
-            _measure(ckpt, reader, stats, opts, progress)
+            _measure(ckpt, reader, config, stats, opts, progress)
     stats.summary = summarize(stats.layers, stats.output, stats.updates)
     note = training_logit_note(ckpt, stats)
     if note is not None:
