@@ -170,13 +170,7 @@ class FSDPParallel(DDPParallel):
             )
         self.reshard()
         target = get_optimizer_state_dict(model, optimizer)  # initialises the state (zero-lr step)
-        try:
-            load_sharded(target, folder)
-        except CheckpointError:
-            raise
-        except Exception as exc:  # shape/key mismatch or unreadable shards
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CheckpointError(f"{folder} cannot be loaded into this optimizer: {message}") from None
+        load_sharded(target, folder)  # a mismatch or an unreadable shard: its one-line CheckpointError
         set_optimizer_state_dict(model, optimizer, target)
 
 

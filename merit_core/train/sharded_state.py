@@ -124,16 +124,19 @@ def load_sharded(target: dict[str, Any], folder: Path) -> None:
     """Fill `target` (a state dict, as from get_optimizer_state_dict) from the shards in `folder`.
 
     The metadata is read (and checked) once before torch's loader, which otherwise logs a failed
-    read and retries with per-rank metadata; a refusal is raised as merit's own one-line error."""
+    read and retries with per-rank metadata. Whatever fails (a refusal, shards of another model, an
+    unreadable shard) is raised as merit's own one-line CheckpointError."""
     reader, planner = SafeShardReader(folder), SafeLoadPlanner()
     reader.read_metadata()
     try:
         dcp.load(target, storage_reader=reader, planner=planner)
-    except CheckpointException as exc:  # a BaseException: what failed on each rank
+    except CheckpointError:
+        raise
+    except (CheckpointException, Exception) as exc:  # CheckpointException (a BaseException): what failed per rank
         if planner.refusal is not None:
             raise planner.refusal from None
-        failure = next(iter(exc.failures.values()), exc)
-        failure = failure[0] if isinstance(failure, tuple) else failure
+        failure = next(iter(exc.failures.values()), exc) if isinstance(exc, CheckpointException) else exc
+        failure = failure[0] if isinstance(failure, tuple) else failure  # (exception, traceback) per rank
         raise CheckpointError(
             f"{display(folder)} cannot be loaded into this optimizer: {first_line(failure)}"
         ) from None
