@@ -77,8 +77,8 @@ def coerce(value: Any, hint: Any, what: str, mention_none: bool = True) -> Any:
         return None
     if base is float and is_number(value):
         return float(value)
-    if base is int and _as_int(value) is not None:
-        return _as_int(value)
+    if base is int and (number := _as_int(value)) is not None:
+        return number
     if base is bool and isinstance(value, bool):
         return value
     if base is str and isinstance(value, str):

@@ -10,9 +10,10 @@ the training loop calls (Sophia-G's Hessian refresh). Adding an optimizer means 
 
 ``build_optimizer(name, model_or_params, **hparams)`` builds one. Names are case-insensitive and
 ``_`` equals ``-``; the functions below also take the :class:`OptimizerSpec` of :func:`get_spec`,
-so that a training run looks its optimizer up once. A user's mistake (unknown name or hyperparameter, a value of the wrong type or
-out of range) raises :class:`~merit_core.errors.ConfigError` in one line; an inconsistent spec
-raises ValueError when it is defined, so it fails at import, not in a user's run.
+so that a training run looks its optimizer up once. A user's mistake (unknown name or
+hyperparameter, a value of the wrong type or out of range) raises
+:class:`~merit_core.errors.ConfigError` in one line; an inconsistent spec raises ValueError when it
+is defined, so it fails at import, not in a user's run.
 
 Learning rates: AdamW, LAMB and MERIT carry measured lrs (:mod:`merit_core.optim.lr_table`);
 :func:`default_lr` is what `merit train` uses without an lr, and the centre of `merit compare`'s

@@ -298,16 +298,16 @@ def resolve(
     micro_batch_size, out.
 
     `spec` is the optimizer's registry entry, looked up from `config.optimizer` when not given (a
-    training run passes the one it looked up); the copy names the optimizer by its registry name. The model's name and width (None when its config
-    cannot be read: then the registry default, said so in the source) go to the registry's lr
-    table, which never reads model configs.
+    training run passes the one it looked up); the copy names the optimizer by its registry name.
+    The model's name and width (None when its config cannot be read: then the registry default,
+    said so in the source) go to the registry's lr table, which never reads model configs.
 
     An unset micro_batch_size becomes the whole per-process batch, unless `auto_micro_batch`
     (the training run, which lets its Trainer choose it once the model is on its device).
 
     Raises ConfigError when the global batch cannot be split over `world_size` processes.
     """
-    spec = get_spec(config.optimizer if spec is None else spec)
+    spec = get_spec(spec or config.optimizer)
     c = dataclasses.replace(config, optimizer=spec.name, optimizer_args=dict(config.optimizer_args))
     chosen = None
     if c.lr is None:

@@ -82,7 +82,7 @@ def build_trainer(
 
     `spec` is the optimizer's registry entry (looked up from `config.optimizer` when not given): it
     builds the optimizer and gives the Trainer its step hook."""
-    spec = get_spec(config.optimizer if spec is None else spec)
+    spec = get_spec(spec or config.optimizer)
     mask_free_attention(model)  # no per-forward mask building (and its host sync)
     loss_fn = None
     if choose_kernels(config.kernels, model.config, parallel.device) == "liger":
