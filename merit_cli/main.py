@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "inspect": "merit_cli.inspect_cmd:inspect_cmd",
     "eval": "merit_cli.eval_cmd:eval_cmd",
     "compare": "merit_cli.compare_cmd:compare",
+    "check": "merit_cli.check_cmd:check",
 }
 
 HELP_SUMMARIES: dict[str, str] = {
@@ -32,6 +33,7 @@ HELP_SUMMARIES: dict[str, str] = {
     "inspect": "Max-norm, attention-logit and Hessian statistics of checkpoints.",
     "eval": "Zero-shot LAMBADA / WikiText / SuperGLUE through lm-evaluation-harness.",
     "compare": "Run the paper's optimizer x batch-size comparison and report it.",
+    "check": "Prove MERIT on this device: every backend against a float64 reference step.",
 }
 
 

@@ -162,6 +162,12 @@ class MuonWithAdamW(Optimizer):
             self._adamw.param_groups = [g for g in self.param_groups if not g["use_muon"]]
             self._adamw.state = self.state
 
+    def __getstate__(self) -> dict[str, Any]:
+        # torch's keeps defaults, state and param_groups only; a copy (deepcopy, pickle) needs the
+        # parts too (they share the group dicts and the state, which the copy keeps shared)
+        parts = ("_muon", "_adamw", "_muon_defaults", "_adamw_defaults", "_initialized")
+        return {**super().__getstate__(), **{k: self.__dict__[k] for k in parts}}
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         # load_state_dict() installs fresh group dicts and a fresh state through here.
         super().__setstate__(state)

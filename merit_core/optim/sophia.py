@@ -156,6 +156,17 @@ class SophiaG(Optimizer):
         self._since_refresh = 0  # updates since the last update_hessian (not saved: a resumed loop restarts it)
         self._warned = False
 
+    def __getstate__(self) -> dict:
+        # torch's keeps defaults, state and param_groups only; a copy (deepcopy, pickle) also keeps
+        # the refresh count, but not hessian_closure (often an unpicklable local function): set it again
+        return {**super().__getstate__(), "_since_refresh": self._since_refresh, "_warned": self._warned}
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)  # also from load_state_dict, which keeps this optimizer's attributes
+        self.__dict__.setdefault("_since_refresh", 0)
+        self.__dict__.setdefault("_warned", False)
+        self.__dict__.setdefault("hessian_closure", None)
+
     @property
     def hessian_interval(self) -> int:
         """k: the loop calls :meth:`update_hessian` every k steps (saved with the param groups)."""

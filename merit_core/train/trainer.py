@@ -31,6 +31,7 @@ from merit_core.metric_names import (
     VAL_LOSS,
 )
 from merit_core.models.attention_probe import probe_attention
+from merit_core.optim.merit.verify import guard_training
 from merit_core.optim.registry import OptimizerSpec, StepHook, build_optimizer, get_spec
 from merit_core.train import lm_loss
 from merit_core.train.batches import TrainBatches, to_device, val_batches
@@ -89,6 +90,7 @@ def build_trainer(
         loss_fn = apply_liger(model)  # before wrapping: the wrapper and the compiler see the new modules
     forward = parallel.wrap(model, compile=resolve_compile(config.compile, parallel.device))
     optimizer = build_optimizer(spec, model, lr=config.lr, weight_decay=config.weight_decay, **config.optimizer_args)
+    guard_training(optimizer, parallel.device)  # a fused MERIT kernel wrong on this device: foreach, one warning
     return Trainer(
         config, model, forward, optimizer, train_tokens, val_tokens, parallel, loss_fn=loss_fn, hook=spec.step_hook
     )

@@ -75,7 +75,7 @@ CONFIGS = {
 # ---- parity with the literal transcription --------------------------------------------------
 def test_every_backend_is_covered():
     assert set(FAST_PATHS) | {"compile", "triton"} == set(BACKENDS)
-    assert set(IMPLEMENTATIONS) == set(BACKENDS) | {"eager", "cpp"}  # the old names stay accepted
+    assert set(IMPLEMENTATIONS) == set(BACKENDS) | {"eager", "cpp", "fused"}  # old names, and fused=True's
 
 
 @pytest.mark.parametrize("impl", FAST_PATHS)

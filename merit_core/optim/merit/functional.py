@@ -25,8 +25,15 @@ DTensor parameters (FSDP2 and friends) take the sharded path (``sharded.py``), w
 ``"cpu"`` kernel's two passes or torch ops on each local shard and completes the statistics
 with one all-reduce per group. Other tensor subclasses take the reference backend.
 
-An explicit backend that cannot take the group's tensors raises ``ValueError`` saying why,
-before any state changes; the default choice falls back (foreach) instead.
+``"fused"`` (what ``MERIT(fused=True)`` selects) is the fused kernel of the group's device:
+``"cpu"`` on CPU tensors, ``"triton"`` on CUDA tensors.
+
+Everything a backend needs of the group's tensors (device, dtype, contiguity, the moments'
+dtype and layout) is checked before it is chosen and before the step counters move: an
+explicit backend that cannot take the tensors raises ``ValueError`` saying why with nothing
+changed; the default choice falls back (foreach) instead. The default also avoids a backend
+that :func:`merit_core.check.verify_backend` found to disagree with the reference on this
+device (:func:`replace_default`).
 """
 
 from __future__ import annotations
@@ -98,6 +105,19 @@ def _triton(params, grads) -> str | None:
         return "CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before triton is imported"
     if any(p.dtype == torch.float64 for p in params):
         return "it does not support float64 parameters"
+    shape = next((tuple(p.shape) for p in params if not p.is_contiguous()), None)
+    if shape is not None:
+        return f"its kernels address parameters as dense row-major arrays, got a non-contiguous one of shape {shape}"
+    return None
+
+
+def _triton_states(exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor]) -> str | None:
+    """What the triton backend needs of the moments (fp32, contiguous), checked before a step runs."""
+    for m, v in zip(exp_avgs, exp_avg_sqs):
+        if m.dtype != torch.float32 or v.dtype != torch.float32:
+            return f"its moments must be float32, got {m.dtype}, {v.dtype}"
+        if not (m.is_contiguous() and v.is_contiguous()):
+            return f"its moments must be contiguous, got a non-contiguous one of shape {tuple(m.shape)}"
     return None
 
 
@@ -115,17 +135,22 @@ BACKENDS: dict[str, Backend] = {
     # a "module:function" string: triton is imported on first use only
     "triton": Backend("triton", "merit_core.optim.merit.triton.step:merit_triton", _triton),
 }
-IMPLEMENTATIONS = tuple(BACKENDS) + tuple(ALIASES)
+IMPLEMENTATIONS = tuple(BACKENDS) + tuple(ALIASES) + ("fused",)
 _warned: set = set()
+# The default's replacement of a backend that merit_core.check.verify_backend found wrong on this
+# device ({"triton": "foreach"}); empty unless it did.
+_VERIFIED: dict[str, str] = {}
 
 
-def _default(params: list[Tensor], grads: list[Tensor]) -> str:
+def _default(params: list[Tensor], grads: list[Tensor], states: tuple[list[Tensor], list[Tensor]] | None) -> str:
     devices = {p.device.type for p in params}
     if devices == {"cpu"}:
         if BACKENDS["cpu"].unavailable(params, grads) is None:
             return "cpu"
     elif devices == {"cuda"}:
-        reason = BACKENDS["triton"].unavailable(params, grads)
+        reason = BACKENDS["triton"].unavailable(params, grads) or (states and _triton_states(*states))
+        if reason is None and _VERIFIED.get("triton") is not None:
+            return _VERIFIED["triton"]  # merit_core.check.verify_backend found triton wrong on this device
         if reason is None:
             return "triton"
         if reason != "triton is not installed" and reason not in _warned:
@@ -134,19 +159,49 @@ def _default(params: list[Tensor], grads: list[Tensor]) -> str:
     return "foreach"
 
 
-def choose(backend: str | None, params: list[Tensor], grads: list[Tensor]) -> tuple[str, Callable, dict]:
-    """(backend name, function, extra keyword arguments) for one group's tensors.
+def replace_default(backend: str, instead: str | None) -> None:
+    """Make the default choice use ``instead`` where it would pick ``backend`` (None: undo).
 
-    Raises ValueError if an explicit ``backend`` is unknown or cannot take these tensors."""
+    Only the default choice changes; an explicit ``implementation=backend`` still runs it.
+    :func:`merit_core.check.verify_backend` calls this when ``backend`` disagrees with the
+    reference step on this device."""
+    if instead is None:
+        _VERIFIED.pop(backend, None)
+    else:
+        _VERIFIED[backend] = instead
+
+
+def choose(
+    backend: str | None,
+    params: list[Tensor],
+    grads: list[Tensor],
+    states: tuple[list[Tensor], list[Tensor]] | None = None,
+) -> tuple[str, Callable, dict]:
+    """(backend name, function, extra keyword arguments) for one group's tensors; ``states``, the
+    moments (exp_avgs, exp_avg_sqs), are checked too when given.
+
+    ``"fused"`` (torch's ``fused=True``) is the fused kernel of the tensors' device: ``"cpu"`` on
+    CPU tensors, ``"triton"`` on CUDA tensors. Raises ValueError if an explicit ``backend`` is
+    unknown or cannot take these tensors."""
     name = ALIASES.get(backend, backend)
+    if name == "fused":
+        devices = {p.device.type for p in params}
+        name = "cpu" if devices == {"cpu"} else "triton" if devices == {"cuda"} else None
+        if name is None:
+            raise ValueError(
+                f"MERIT(fused=True) cannot be used: merit's fused kernels run on CPU or CUDA tensors "
+                f"(one device type per group), got {', '.join(sorted(devices))}"
+            )
     if name is not None and name not in BACKENDS:
         raise ValueError(f"MERIT: unknown implementation {backend!r}; one of {', '.join(IMPLEMENTATIONS)}")
     if any(is_dtensor(p) for p in params):
         return "sharded", merit_sharded, {"local": _sharded_local(name, params, grads)}
     if name is None:
-        name = "reference" if _plain(params, grads) else _default(params, grads)
+        name = "reference" if _plain(params, grads) else _default(params, grads, states)
     else:
         reason = BACKENDS[name].unavailable(params, grads)
+        if not reason and name == "triton" and states is not None:
+            reason = _triton_states(*states)
         if reason:
             raise ValueError(f"MERIT(implementation={backend!r}) cannot be used: {reason}")
     return name, BACKENDS[name].load(), {}
@@ -223,6 +278,6 @@ def merit(
     if not (len(grads) == len(exp_avgs) == len(exp_avg_sqs) == len(state_steps) == len(params)):
         raise ValueError("MERIT: params, grads, exp_avgs, exp_avg_sqs and state_steps differ in length")
     h = Hyper.of(**hyper_values(locals()))  # the keywords above, as one record
-    _, fn, extra = choose(backend, params, grads)
+    _, fn, extra = choose(backend, params, grads, (exp_avgs, exp_avg_sqs))  # everything checked, nothing changed
     torch._foreach_add_(state_steps, 1)
     fn(params, grads, exp_avgs, exp_avg_sqs, state_steps, h, **extra)

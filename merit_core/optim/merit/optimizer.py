@@ -13,7 +13,7 @@ import torch
 from torch.optim import Optimizer
 
 from merit_core.optim.merit import cpu
-from merit_core.optim.merit.common import LOW_PRECISION, Hyper, hyper_values, is_plain, state_dtype
+from merit_core.optim.merit.common import HYPER_KEYS, LOW_PRECISION, Hyper, hyper_values, is_plain, state_dtype
 from merit_core.optim.merit.functional import IMPLEMENTATIONS, merit
 from merit_core.optim.merit.reference import zero_gradient_update
 
@@ -66,7 +66,17 @@ class MERIT(Optimizer):
             accepted aliases of ``"foreach"`` and ``"cpu"``. An explicit backend that cannot
             take a group's tensors raises ``ValueError`` saying why; ``"triton"`` on CPU
             tensors needs ``TRITON_INTERPRET=1``. Other tensor subclasses take the reference
-            backend.
+            backend. The default choice also avoids a Triton backend that ``merit check``'s
+            short form (:func:`merit_core.check.verify_backend`) found wrong on this device.
+        foreach, fused: torch's spellings, mapped onto the backends (give them or
+            ``implementation``, not both): ``fused=True`` is the fused kernel of each group's
+            device (``"cpu"`` on CPU, ``"triton"`` on CUDA; ``ValueError`` elsewhere);
+            ``foreach=True`` or ``fused=False`` is ``"foreach"``; ``foreach=False`` is
+            ``"reference"`` (a for-loop over tensors, as torch's); both True is refused.
+        capturable: accepted; every backend already keeps the step free of host syncs (step
+            counters on the CPU, a tensor lr read on the device). True with
+            ``bias_correction=True`` is refused: the correction reads the step on the host.
+        differentiable: only False; True raises ``ValueError`` (the step is not differentiable).
 
     DTensor parameters (FSDP2's ``Shard(0)``, HSDP, tensor-parallel ``Shard(d)``, ``Replicate``)
     take the sharded path (:func:`merit_core.optim.merit.sharded.merit_sharded`): the C++
@@ -106,7 +116,12 @@ class MERIT(Optimizer):
         bias_correction: bool = False,
         maximize: bool = False,
         implementation: str | None = None,
+        foreach: bool | None = None,
+        fused: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
     ):
+        implementation = _torch_flags(implementation, foreach, fused, capturable, differentiable, bias_correction)
         defaults = {**hyper_values(locals()), "implementation": implementation}
         _validate(defaults)
         super().__init__(params, defaults)
@@ -126,30 +141,48 @@ class MERIT(Optimizer):
         super().add_param_group({**param_group, "params": params})
 
     def __setstate__(self, state: dict) -> None:
-        super().__setstate__(state)
+        super().__setstate__(state)  # (torch's adds "differentiable" to the defaults, never to a group here)
         for group in self.param_groups:  # state dicts of other optimizers lack our keys
-            for key, value in self.defaults.items():
-                group.setdefault(key, value)
+            for key in (*HYPER_KEYS, "implementation"):
+                group.setdefault(key, self.defaults[key])
+        for st in self.state.values():  # a state dict of an old torch or a hand-made one: step as a number
+            if isinstance(st, dict) and isinstance(st.get("step"), Real):
+                st["step"] = torch.tensor(float(st["step"]), dtype=_step_dtype())
 
     def load_state_dict(self, state_dict: dict) -> None:
         """As torch's, but moments of bf16/fp16 parameters stay fp32 (torch would cast them) and
         ``step`` stays on the CPU whatever ``map_location`` put it on (on a GPU each step would
-        cost a launch per parameter, and a sync with bias correction)."""
+        cost a launch per parameter, and a sync with bias correction); a ``step`` saved as a number
+        becomes a CPU tensor. Load pre-hooks run first, as in torch; post-hooks run after these
+        fix-ups, so a hook sees the state the next step will use."""
+        pre_hooks, post_hooks = self._optimizer_load_state_dict_pre_hooks, self._optimizer_load_state_dict_post_hooks
+        state_dict = state_dict.copy()
+        for pre_hook in pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
         keep = {}
         for saved_id, p in zip(saved_ids, params):
             st = state_dict["state"].get(saved_id)
-            if st is not None and p.dtype in LOW_PRECISION:
-                keep[p] = {k: st[k] for k in ("exp_avg", "exp_avg_sq") if k in st}
-        super().load_state_dict(state_dict)
+            if isinstance(st, dict) and p.dtype in LOW_PRECISION:
+                keep[p] = {k: st[k] for k in ("exp_avg", "exp_avg_sq") if isinstance(st.get(k), torch.Tensor)}
+        self._optimizer_load_state_dict_pre_hooks, self._optimizer_load_state_dict_post_hooks = {}, {}
+        try:
+            super().load_state_dict(state_dict)
+        finally:
+            self._optimizer_load_state_dict_pre_hooks = pre_hooks
+            self._optimizer_load_state_dict_post_hooks = post_hooks
         for p, moments in keep.items():
             for k, t in moments.items():
                 self.state[p][k] = t.to(device=p.device, dtype=torch.float32)
         for st in self.state.values():
-            step = st.get("step")
+            step = st.get("step") if isinstance(st, dict) else None
             if isinstance(step, torch.Tensor) and step.device.type != "cpu":
                 st["step"] = step.to("cpu")
+        for post_hook in post_hooks.values():
+            post_hook(self)
 
     def _init_group(self, group, params, grads, exp_avgs, exp_avg_sqs, state_steps) -> None:
         """Collect the group's parameters that have gradients, creating their state on first use.
@@ -165,8 +198,7 @@ class MERIT(Optimizer):
                 )
             state = self.state[p]
             if not state:
-                scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-                state["step"] = torch.tensor(0.0, dtype=scalar)  # on the CPU: reading it is no device sync
+                state["step"] = torch.tensor(0.0, dtype=_step_dtype())  # on the CPU: reading it is no device sync
                 state["exp_avg"] = torch.zeros_like(p, dtype=state_dtype(p), memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, dtype=state_dtype(p), memory_format=torch.preserve_format)
             params.append(p)
@@ -214,6 +246,51 @@ class MERIT(Optimizer):
         return out
 
 
+def _step_dtype() -> torch.dtype:
+    """The step counter's dtype, as torch's optimizers choose it (float64 under a float64 default)."""
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+
+
+def _torch_flags(
+    implementation: str | None,
+    foreach: bool | None,
+    fused: bool | None,
+    capturable: bool,
+    differentiable: bool,
+    bias_correction: bool,
+) -> str | None:
+    """The backend that torch's ``foreach=``/``fused=``/``capturable=``/``differentiable=`` ask for
+    (see MERIT's docstring), or ``implementation`` when none of them is set.
+
+    Raises ValueError for combinations torch refuses too and for what merit cannot honour."""
+    if differentiable:
+        raise ValueError(
+            "MERIT: differentiable=True is not supported (its steps run under torch.no_grad, and the fused kernels "
+            "have no backward); use differentiable=False"
+        )
+    for name, value in (("foreach", foreach), ("fused", fused)):
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"MERIT: {name} must be True, False or None, got {value!r}")
+    if not isinstance(capturable, bool):
+        raise ValueError(f"MERIT: capturable must be True or False, got {capturable!r}")
+    if capturable and bias_correction:
+        raise ValueError(
+            "MERIT: capturable=True needs bias_correction=False (the bias correction reads the step counter, "
+            "which MERIT keeps on the CPU, on the host)"
+        )
+    if foreach is None and fused is None:
+        return implementation
+    if implementation is not None:
+        raise ValueError("MERIT: give implementation= or torch's foreach=/fused=, not both")
+    if foreach and fused:
+        raise ValueError("MERIT: `fused` and `foreach` cannot be `True` together.")
+    if fused:
+        return "fused"
+    if foreach:
+        return "foreach"
+    return "reference" if foreach is False else "foreach"  # foreach=False: a for-loop over tensors
+
+
 def _is_number(x) -> bool:
     return isinstance(x, Real) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -225,6 +302,8 @@ def _validate(g: dict, where: str = "") -> None:
         raise ValueError(f"MERIT: {name} must be {valid}, got {g[name]!r}{where}")
 
     lr = g["lr"]
+    if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+        raise ValueError(f"MERIT: Tensor lr must be 1-element, got shape {tuple(lr.shape)}{where}")
     if isinstance(lr, torch.Tensor):
         if lr.numel() != 1 or not lr.is_floating_point() or not (math.isfinite(float(lr)) and float(lr) >= 0):
             bad("lr", "a finite float >= 0 or a 0-d float tensor holding one")
