@@ -14,6 +14,9 @@
 # step table below (scaled to --budget, cut to the time left; a step that fails or is cut is
 # named in the table and the next one runs):
 #   wheels            .gpu-wheels/ installed into a folder on PYTHONPATH (reused by a second run)
+#   merit-check       `merit check --json`: every MERIT backend on this GPU against a float64
+#                     reference step, the state_dict round trip, one compiled training step
+#                     (docs/CHECK.md; in a dry run its short form on the CPU)
 #   pytest-gpu        `pytest -m gpu`: tests/gpu (training, the probe, eval on CUDA; the Triton
 #                     backend against the reference at GPT-2 small and Llama-3.2-1B shapes, a
 #                     tall matrix of many row-tile chunks, a tensor past 2**31 elements, the
@@ -31,30 +34,40 @@ KIT_NAME=gpu_check
 # step=seconds on the GPU node:seconds in a dry run on a CPU (each column's sum + RESERVE <= its budget)
 STEPS=(
     wheels=20:10
-    pytest-gpu=95:85
-    kernel-resources=25:25
-    train-merit=35:55
+    merit-check=40:30
+    pytest-gpu=75:70
+    kernel-resources=20:20
+    train-merit=35:45
     train-adamw=20:40
     train-lamb=20:40
-    train-liger-llama=30:40
-    eval-fp32=20:25
-    eval-bf16=20:25
+    train-liger-llama=25:40
+    eval-fp32=15:25
+    eval-bf16=15:25
 )
 source "$(dirname "$0")/gpu_kit.sh"
 kit_start "$@"
 
 if [ $DRY = 1 ]; then # shrunk: the same code paths, minutes on a CPU
     MODEL=gpt2-tiny LLAMA=llama-tiny BATCH=4 LLAMA_BATCH=4 SEQ=64 STEPS_N=2 VOCAB=1024 DTYPE=float32 EVAL_LIMIT=(--limit 3)
+    CHECK=(--quick)
     KERNELS=(--chosen-only --arch 90 --limit 2)
     cat "$ROOT"/docs/*.md "$ROOT"/README.md >"$WORK/text.txt" # a small corpus: its BPE trains in seconds
     DATA=(--data "$WORK/text.txt")
 else
     MODEL=gpt2-small LLAMA=llama-130m BATCH=32 LLAMA_BATCH=32 SEQ=1024 STEPS_N=20 VOCAB=50257 DTYPE=bfloat16 EVAL_LIMIT=()
+    CHECK=()
     KERNELS=(--chosen-only --arch device)
     DATA=() # the built-in corpus
 fi
 
 kit_wheels
+
+check_summary() { # the verdict line of the report: all rows ok, or the one line to report
+    "$PY" -c "import json, sys; r = json.load(open(sys.argv[1])); print(r['failure'] or f\"all {len(r['rows'])} rows ok in {r['seconds']:.0f} s on {r['device']}\")" \
+        "$WORK/check.json" 2>/dev/null || tail -1 "$1"
+}
+kit_step merit-check "$WORK/check.json" check_summary \
+    bash -c '"$1" -m merit_cli check --device "$2" --json "${@:4}" >"$3"' _ "$PY" $DEVICE "$WORK/check.json" "${CHECK[@]}"
 
 pytest_summary() { grep -E "[0-9]+ (passed|failed|skipped|error)" "$1" | tail -1 | tr -d '='; }
 kit_step pytest-gpu "$WORK/pytest.json" pytest_summary \

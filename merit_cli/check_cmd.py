@@ -26,6 +26,8 @@ def render(report) -> None:
     from rich.table import Table
 
     console = Console(highlight=False)
+    if not console.is_terminal:  # a log file or a pipe: wide enough for the note column
+        console = Console(highlight=False, width=160)
     console.print(f"[bold]device[/] {escape(report.device)}")
     console.print(escape(", ".join(f"{k} {v}" for k, v in report.versions.items())))
     table = Table(show_edge=False, pad_edge=False)
@@ -51,7 +53,17 @@ def render(report) -> None:
 def check(device: str, quick: bool, backends: tuple[str, ...], as_json: bool) -> None:
     """Prove MERIT on this device: every backend against a float64 reference step.
 
-    Exit status 1 if any row fails, with the one line to report."""
+    fp32 and bf16, non-contiguous and zero-size tensors, a matrix of several Triton tiles, a
+    tensor past 2**31 elements when memory allows, the non-finite rule, a state_dict round trip
+    and one training step (docs/CHECK.md says what each row means). Exit status 1 if any row
+    fails, with the one line to report.
+
+    \b
+    Examples:
+      merit check                          # this machine's GPU, else its CPU
+      merit check --device cpu --quick     # the short form merit train runs
+      merit check --json > check.json
+    """
     from merit_core.check import run_check
     from merit_core.devices import resolve_device
 

@@ -173,6 +173,12 @@ class MuonWithAdamW(Optimizer):
         super().__setstate__(state)
         if "_muon" in self.__dict__:
             self._link_parts()
+        for group in self.param_groups:  # a state dict that saved ``step`` as a number, as AdamW converts it
+            on_device = group.get("fused") or group.get("capturable")
+            for p in group["params"]:
+                st = self.state.get(p)
+                if isinstance(st, dict) and isinstance(st.get("step"), (int, float)):
+                    st["step"] = torch.tensor(float(st["step"]), device=p.device if on_device else "cpu")
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group; it goes to Muon when ``use_muon`` is True (default: the tensors are all 2-D)."""

@@ -166,6 +166,9 @@ class SophiaG(Optimizer):
         self.__dict__.setdefault("_since_refresh", 0)
         self.__dict__.setdefault("_warned", False)
         self.__dict__.setdefault("hessian_closure", None)
+        for st in self.state.values():  # a state dict that saved ``step`` as a number, as torch's optimizers accept
+            if isinstance(st, dict) and isinstance(st.get("step"), (int, float)):
+                st["step"] = torch.tensor(float(st["step"]))
 
     @property
     def hessian_interval(self) -> int:

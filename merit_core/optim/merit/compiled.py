@@ -99,7 +99,11 @@ def _steps(params, grads, exp_avgs, exp_avg_sqs, state_steps, h: Hyper) -> None:
     for p, g, m, v, step in zip(params, grads, exp_avgs, exp_avg_sqs, state_steps):
         if not p.numel():
             continue
-        key = (float(step) if h.bias_correction else None, m.dtype, p.device)  # the step is read only for the correction
+        key = (
+            float(step) if h.bias_correction else None,
+            m.dtype,
+            p.device,
+        )  # the step is read only for the correction
         if key not in cache:
             hp = torch.tensor(_vector(h, step), dtype=m.dtype)  # float64 values, each rounded once
             if isinstance(h.lr, Tensor):

@@ -32,7 +32,7 @@ Everything a backend needs of the group's tensors (device, dtype, contiguity, th
 dtype and layout) is checked before it is chosen and before the step counters move: an
 explicit backend that cannot take the tensors raises ``ValueError`` saying why with nothing
 changed; the default choice falls back (foreach) instead. The default also avoids a backend
-that :func:`merit_core.check.verify_backend` found to disagree with the reference on this
+that :func:`merit_core.optim.merit.verify.verify_backend` found to disagree with the reference on this
 device (:func:`replace_default`).
 """
 
@@ -137,8 +137,8 @@ BACKENDS: dict[str, Backend] = {
 }
 IMPLEMENTATIONS = tuple(BACKENDS) + tuple(ALIASES) + ("fused",)
 _warned: set = set()
-# The default's replacement of a backend that merit_core.check.verify_backend found wrong on this
-# device ({"triton": "foreach"}); empty unless it did.
+# The default's replacement of a backend that verify.verify_backend found wrong on this device
+# ({"triton": "foreach"}); empty unless it did.
 _VERIFIED: dict[str, str] = {}
 
 
@@ -146,13 +146,11 @@ def _default(params: list[Tensor], grads: list[Tensor], states: tuple[list[Tenso
     devices = {p.device.type for p in params}
     if devices == {"cpu"}:
         if BACKENDS["cpu"].unavailable(params, grads) is None:
-            return "cpu"
+            return _VERIFIED.get("cpu", "cpu")  # (foreach where verify_backend found the kernel wrong)
     elif devices == {"cuda"}:
         reason = BACKENDS["triton"].unavailable(params, grads) or (states and _triton_states(*states))
-        if reason is None and _VERIFIED.get("triton") is not None:
-            return _VERIFIED["triton"]  # merit_core.check.verify_backend found triton wrong on this device
         if reason is None:
-            return "triton"
+            return _VERIFIED.get("triton", "triton")
         if reason != "triton is not installed" and reason not in _warned:
             _warned.add(reason)
             warnings.warn(f"MERIT: the triton backend cannot be used ({reason}); using foreach", stacklevel=4)
@@ -163,7 +161,7 @@ def replace_default(backend: str, instead: str | None) -> None:
     """Make the default choice use ``instead`` where it would pick ``backend`` (None: undo).
 
     Only the default choice changes; an explicit ``implementation=backend`` still runs it.
-    :func:`merit_core.check.verify_backend` calls this when ``backend`` disagrees with the
+    :func:`merit_core.optim.merit.verify.verify_backend` calls this when ``backend`` disagrees with the
     reference step on this device."""
     if instead is None:
         _VERIFIED.pop(backend, None)

@@ -66,8 +66,9 @@ class MERIT(Optimizer):
             accepted aliases of ``"foreach"`` and ``"cpu"``. An explicit backend that cannot
             take a group's tensors raises ``ValueError`` saying why; ``"triton"`` on CPU
             tensors needs ``TRITON_INTERPRET=1``. Other tensor subclasses take the reference
-            backend. The default choice also avoids a Triton backend that ``merit check``'s
-            short form (:func:`merit_core.check.verify_backend`) found wrong on this device.
+            backend. The default choice also avoids a fused backend that ``merit check``'s
+            short form (:func:`merit_core.optim.merit.verify.verify_backend`, which
+            `merit train` runs) found wrong on this device: foreach instead.
         foreach, fused: torch's spellings, mapped onto the backends (give them or
             ``implementation``, not both): ``fused=True`` is the fused kernel of each group's
             device (``"cpu"`` on CPU, ``"triton"`` on CUDA; ``ValueError`` elsewhere);

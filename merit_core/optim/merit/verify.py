@@ -18,7 +18,7 @@ within :data:`MOMENT_EPSILONS` fp32 epsilons of their largest entry. A kernel wh
 off by a per cent is far outside the fp32 tolerance.
 
 :func:`verify_backend` is the short form on the device's default fused backend (Triton on
-CUDA), run once per machine, device, torch, Triton and merit kernel sources (the verdict is
+CUDA, the C++ kernel on CPU), run once per machine, device, torch, Triton and merit kernel sources (the verdict is
 cached in merit's cache folder); where the backend disagrees, MERIT's default choice uses
 foreach instead and one warning says so. `merit train` calls it through :func:`guard_training`
 before its first step. MERIT itself does not run it on first use: the first step may run inside
@@ -149,16 +149,16 @@ def backends_for(device: torch.device) -> dict[str, str | None]:
     elif device.type == "cuda" or (device.type == "cpu" and interpreted):
         out["triton"] = None
     else:
-        out["triton"] = "needs CUDA (or TRITON_INTERPRET=1 on CPU, before triton is imported)"
+        out["triton"] = "needs CUDA, or TRITON_INTERPRET=1 on CPU"
     return out
 
 
 def fused_default(device: torch.device) -> str | None:
-    """The fused backend MERIT's default choice takes on ``device`` when it can, which
-    :func:`verify_backend` proves: ``"triton"`` on CUDA with triton installed, else None."""
+    """The fused backend MERIT's default choice takes on ``device``, which :func:`verify_backend`
+    proves: ``"triton"`` on CUDA with triton installed, ``"cpu"`` (the C++ kernel) on CPU, else None."""
     if device.type == "cuda" and triton_version() is not None:
         return "triton"
-    return None
+    return "cpu" if device.type == "cpu" else None
 
 
 # --- the step cases --------------------------------------------------------------------------
@@ -174,7 +174,7 @@ class Case:
 
     def label(self) -> str:
         return " ".join(
-            "x".join(map(str, s)) + ("(T)" if i in self.transposed else "") for i, s in enumerate(self.shapes)
+            ("x".join(map(str, s)) or "()") + ("(T)" if i in self.transposed else "") for i, s in enumerate(self.shapes)
         )
 
 
@@ -454,18 +454,22 @@ def _save(path: Path, verdict: dict[str, Any]) -> None:
         raise
 
 
+class _Verdict(Exception):
+    """Raised by verify_backend's row collector at the first failed row."""
+
+
 def verify_backend(device: str | torch.device, backend: str | None = None) -> tuple[str | None, str | None]:
     """(the backend MERIT's default takes on ``device``, a warning line or None).
 
-    Runs :func:`run_check`'s short form on ``backend`` (default: :func:`fused_default`, Triton on
-    CUDA; nothing to do where there is none) once per machine, device and versions, the verdict
+    Runs :func:`step_rows`' short form on ``backend`` (default: :func:`fused_default`; nothing to
+    do where there is none or it does not run here) once per machine, device and versions, the verdict
     cached in merit's cache folder. Where the backend disagrees with the reference (or raises),
     MERIT's default choice uses foreach instead for the rest of the process and the warning, one
     line, is also issued as a ``RuntimeWarning``; where it agrees, a previous replacement is undone."""
     dev = torch.device(device)
     name = backend or fused_default(dev)
-    if name is None:
-        return None, None
+    if name is None or backends_for(dev).get(name, "unknown") is not None:
+        return None, None  # nothing fused to prove here (the default does not take it either)
     path = _cache_file(dev, name)
     verdict = None
     with contextlib.suppress(OSError, ValueError):
@@ -474,7 +478,14 @@ def verify_backend(device: str | torch.device, backend: str | None = None) -> tu
             verdict = None
     if verdict is None:
         report = CheckReport(device=str(dev), versions={"torch": torch.__version__, "triton": str(triton_version())})
-        step_rows(dev, quick=True, backends=[name], add=report.rows.append)
+
+        def add(row: Row) -> None:
+            report.rows.append(row)
+            if not row.ok:
+                raise _Verdict  # one failed row decides
+
+        with contextlib.suppress(_Verdict):
+            step_rows(dev, quick=True, backends=[name], add=add)
         verdict = {"ok": report.ok, "line": report.failure()}
         with contextlib.suppress(OSError):
             _save(path, verdict)
