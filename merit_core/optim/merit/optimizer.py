@@ -7,6 +7,7 @@ group's tensor lists for the functional core (:func:`merit_core.optim.merit.func
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from numbers import Real
 
 import torch
@@ -169,7 +170,10 @@ class MERIT(Optimizer):
             st = state_dict["state"].get(saved_id)
             if isinstance(st, dict) and p.dtype in LOW_PRECISION:
                 keep[p] = {k: st[k] for k in ("exp_avg", "exp_avg_sq") if isinstance(st.get(k), torch.Tensor)}
-        self._optimizer_load_state_dict_pre_hooks, self._optimizer_load_state_dict_post_hooks = {}, {}
+        self._optimizer_load_state_dict_pre_hooks, self._optimizer_load_state_dict_post_hooks = (
+            OrderedDict(),
+            OrderedDict(),
+        )
         try:
             super().load_state_dict(state_dict)
         finally:
