@@ -392,8 +392,7 @@ def eval_cmd(
         )
     lm_eval_dir = output if lm_eval_layout else None
     if output:
-        output = output_file(output)
-        check_output_path(output)
+        check_output_path(output_file(output))  # the name is taken when the file is written
 
     from merit_core.hub import prefer_offline
 

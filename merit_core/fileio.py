@@ -94,13 +94,12 @@ def fsync_tree(folder: str | Path) -> None:
         fsync_dir(dirpath)
 
 
-_RENAME_EXCHANGE = 2  # linux/fs.h
+_RENAME_NOREPLACE = 1  # linux/fs.h
+_RENAME_EXCHANGE = 2
 
 
-def exchange_paths(a: str | Path, b: str | Path) -> bool:
-    """Swap two existing paths in one atomic step (Linux renameat2 RENAME_EXCHANGE): a reader of
-    either name sees the old entry or the new one, never none. False when this system or file
-    system cannot (the caller then falls back to two renames)."""
+def _renameat2(a: str | Path, b: str | Path, flag: int) -> bool:
+    """renameat2(a, b, flag); False when this system or file system has no such call or flag."""
     import ctypes
 
     try:
@@ -109,12 +108,37 @@ def exchange_paths(a: str | Path, b: str | Path) -> bool:
     except (OSError, AttributeError):
         return False
     at_fdcwd = -100
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), flag) == 0:
         return True
     err = ctypes.get_errno()
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
         return False
     raise OSError(err, os.strerror(err), os.fspath(a), None, os.fspath(b))
+
+
+def exchange_paths(a: str | Path, b: str | Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux renameat2 RENAME_EXCHANGE): a reader of
+    either name sees the old entry or the new one, never none. False when this system or file
+    system cannot (the caller then falls back to two renames)."""
+    return _renameat2(a, b, _RENAME_EXCHANGE)
+
+
+def rename_new(src: str | Path, dst: str | Path) -> None:
+    """Rename `src` to `dst`, a name that must be free: a file, folder or symbolic link at `dst`
+    (another process's copy, or one planted by someone who guessed the name) is never replaced;
+    UnsafePath names it. Atomic (renameat2 RENAME_NOREPLACE) where the system has it; elsewhere
+    a check just before os.rename, which cannot replace a non-empty folder either."""
+    try:
+        if _renameat2(src, dst, _RENAME_NOREPLACE):
+            return
+    except FileExistsError:
+        pass
+    else:
+        if not os.path.lexists(dst):
+            os.rename(src, dst)
+            return
+    refuse_link(dst)
+    raise UnsafePath(f"{display(dst)} already exists and merit did not just make it; remove it")
 
 
 def _temp_name(path: Path) -> Path:
@@ -240,6 +264,42 @@ def atomic_write(path: str | Path, data: str | bytes) -> Path:
         finally:
             os.close(fd)
     return Path(path)
+
+
+def write_new_file(folder: str | Path, names: Iterator[str], data: str | bytes) -> Path:
+    """Write `data` durably under the first of `names` that is free in `folder` and return its path.
+
+    The file is written whole as a temp file of a name no other writer can pick, fsynced, then
+    renamed to a name with `rename_new`, which never replaces anything: two processes choosing a
+    name at the same moment get one name each, never one file between them (a name taken by then,
+    or a link planted there, is skipped). ENOSPC becomes DiskFull. ConfigError when `names` runs out."""
+    folder = Path(folder)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    tmp = folder / f"{TMP_PREFIX}new.{os.getpid()}.{os.urandom(6).hex()}"
+    try:
+        fd = create_new(tmp, file_mode())
+        try:
+            view = memoryview(raw)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        for name in names:
+            try:
+                rename_new(tmp, folder / name)
+            except UnsafePath:
+                continue
+            fsync_dir(folder)
+            return folder / name
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        _disk_full(exc, folder)
+        raise
+    with contextlib.suppress(OSError):
+        tmp.unlink()
+    raise ConfigError(f"no free file name left in {display(folder)}")
 
 
 def atomic_write_json(path: str | Path, value: Any, **dumps: Any) -> Path:
@@ -494,6 +554,14 @@ def open_regular(path: str | os.PathLike):
         os.close(fd)
         raise
     return os.fdopen(fd, "rb")
+
+
+def read_head(path: str | os.PathLike, limit: int) -> bytes:
+    """At most `limit` + 1 bytes from the start of the regular file `path` (see `open_regular`):
+    a reader of a small file someone else wrote (a marker, a JSON config) checks for more than
+    `limit` and refuses, instead of reading a huge or sparse file whole into memory."""
+    with open_regular(path) as fh:
+        return fh.read(limit + 1)
 
 
 def special_entries(folder: str | os.PathLike) -> list[tuple[str, str]]:
