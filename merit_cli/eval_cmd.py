@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from merit_cli.options import device_option
-from merit_cli.render import ProgressView
+from merit_cli.render import ProgressView, shown
 from merit_core.errors import ConfigError
 from merit_core.evaluation import EvalSettings, evaluate_checkpoints
 from merit_core.evaluation.lm_eval_output import parse_seed
@@ -45,7 +45,7 @@ def _aliases_table(include_path: str | None) -> Table:
         table.add_row(alias.name, ", ".join(alias.tasks), alias.description)
     if include_path:
         for name in list_local_tasks(include_path):
-            table.add_row(name, name, f"local task from {include_path}")
+            table.add_row(shown(name), shown(name), f"local task from {shown(include_path)}")
     table.caption = "Any other lm-eval task name works too (e.g. hellaswag, piqa, arc_easy)."
     return table
 
@@ -225,7 +225,7 @@ def _show_steps(console, run: str, steps: list[int], records: list[CheckpointRes
         rows = metric_rows(records)
         series = {f"{r.task} {r.metric}": list(r.values) for r in rows}
         plot_steps(steps, series, [logits.get(s) for s in steps], plot)
-        console.print(f"wrote {plot}")
+        console.print(f"wrote {shown(plot)}")
 
 
 class EvalCommand(click.Command):
@@ -415,7 +415,7 @@ def eval_cmd(
         _show_steps(console, step_run, chosen, records, plot)
     if output:
         path = write_results_json(output, records)
-        console.print(f"wrote {path}")
+        console.print(f"wrote {shown(path)}")
     if lm_eval_dir:
         _write_lm_eval_layout(console, lm_eval_dir, records)
 
@@ -435,4 +435,4 @@ def _write_lm_eval_layout(console: Console, output_path: str, records: list[Chec
             "device": used.get("device"),
         }
         for path in write_lm_eval_results(output_path, name, record.lm_eval or {}, settings):
-            console.print(f"wrote {path}")
+            console.print(f"wrote {shown(path)}")

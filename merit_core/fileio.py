@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from merit_core.errors import CheckpointError, ConfigError, DiskFull, UnsafePath
+from merit_core.errors import CheckpointError, ConfigError, DiskFull, UnsafePath, printable
 
 # The name prefix of a file or folder still being written (readers and cleaners skip it).
 TMP_PREFIX = ".tmp-"
@@ -334,6 +334,7 @@ def check_writable_folder(path: str | Path, what: str) -> Path:
     """ConfigError unless `path` is a writable folder or can be created as one."""
     folder = Path(path).expanduser()
     check_path_names(folder, what)
+    check_utf8_path(folder, what)
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"{what} {path}: exists and is not a folder")
     _check_creatable(folder, path, what)
@@ -373,6 +374,20 @@ def check_path_names(path: str | os.PathLike, what: str) -> None:
                 f"{what} {short(path)}: the name {short(part, 40)} is {len(os.fsencode(part))} bytes long; "
                 f"file systems allow {NAME_MAX}"
             )
+
+
+def check_utf8_path(path: str | os.PathLike, what: str) -> None:
+    """ConfigError when `path` holds bytes that are not UTF-8 (Python keeps them as surrogates): a
+    folder merit makes is recorded in UTF-8 files (a run's config.toml, a tokenizer's JSON), which
+    cannot hold such a name. Checked before any work; reading such a path is fine elsewhere."""
+    text = os.fsdecode(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(
+            f"{what} {short(text)}: the path holds bytes that are not UTF-8; merit records the folders it "
+            "writes in UTF-8 files (config.toml, the tokenizer): give a UTF-8 name"
+        ) from None
 
 
 def refuse_dangling_parents(path: str | os.PathLike, what: str) -> None:
@@ -580,9 +595,7 @@ def special_entries(folder: str | os.PathLike) -> list[tuple[str, str]]:
 
 
 def display(path: str | os.PathLike) -> str:
-    """A path as text that can always be printed: bytes a file system name holds that are not
-    UTF-8 (kept by Python as surrogates) are shown as \\xNN escapes instead of failing to encode."""
-    text = os.fspath(path)
-    if isinstance(text, bytes):
-        text = os.fsdecode(text)
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    """A path as text that can always be printed (merit_core.errors.printable): bytes a file system
+    name holds that are not UTF-8 (kept by Python as surrogates) as \\xNN escapes instead of failing
+    to encode, control characters (an ESC planted in a name) as escapes instead of reaching the terminal."""
+    return printable(os.fspath(path))

@@ -13,9 +13,9 @@ from pathlib import Path
 from merit_core.data.meta import PREPARED_ENTRIES, PREPARED_MARKER, is_merit_prepared
 from merit_core.errors import ConfigError, DataError, RunBusy, UnsafePath
 from merit_core.fileio import (
+    FileLock,
     check_writable_folder,
     exchange_paths,
-    FileLock,
     exclusive_lock,
     folder_mode,
     fsync_dir,
