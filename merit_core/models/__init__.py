@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from merit_core.errors import ConfigError, MeritError
 from merit_core.models import families as _families  # noqa: F401  (registers the specs)
 from merit_core.models.family import FamilySpec, all_families, family_names, get_family, register_family
+from merit_core.models.limits import check_raw_config
 from merit_core.runs import MODEL_CONFIG
 
 __all__ = [
@@ -142,13 +144,16 @@ def config_from_dict(raw: dict[str, Any], where: str = "config.json"):
 
     # auto_map would point transformers at Python files next to the config: never used here
     raw = {k: v for k, v in raw.items() if k not in ("architectures", "transformers_version", "auto_map")}
+    check_raw_config(raw, where)
     model_type = raw.pop("model_type", None)
     try:
         get_family(model_type)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     try:
-        return AutoConfig.for_model(model_type, **raw)
+        with warnings.catch_warnings():  # transformers' deprecation notes (rope_scaling) are not the user's to act on
+            warnings.simplefilter("ignore", FutureWarning)
+            return AutoConfig.for_model(model_type, **raw)
     except Exception as exc:  # ValueError, TypeError, huggingface_hub's strict-dataclass validation errors
         detail = " ".join(str(exc).split())[:240] or type(exc).__name__
         raise ConfigError(f"{where} is not a usable {model_type} config: {detail}") from None
