@@ -499,8 +499,12 @@ def inspect_cmd(
         report = inspect_paths([str(p) for p in paths], opts, progress=view)
     render(console, report, per_head, show_weights)
     if json_path is not None:
-        write_json(report, json_path)
+        replaced = write_json(report, json_path)
         console.print(f"wrote {shown(json_path)}")
+        if replaced:
+            console.print(f"[yellow]note[/] {replaced} values are not finite (NaN or infinite): null in the JSON")
     if plot_path is not None:
         kind = plot_report(report, plot_path)
-        console.print(f"wrote {shown(plot_path)} ({'trajectory over steps' if kind == 'trajectory' else 'per-layer bars'})")
+        console.print(
+            f"wrote {shown(plot_path)} ({'trajectory over steps' if kind == 'trajectory' else 'per-layer bars'})"
+        )

@@ -161,7 +161,15 @@ def publish(tmp: Path, target: Path) -> None:
         return
     refuse_link(target, "where merit prepares data")
     old = _move_aside(target, target, "old")
-    rename_new(new, target)
+    try:
+        rename_new(new, target)
+    except BaseException:  # another process's copy took the name meanwhile: the user's entries go there
+        if not os.path.lexists(target):
+            os.rename(old, target)
+        else:
+            discard_copy(old, target)
+        discard_copy(new, target)
+        raise
     fsync_dir(target.parent)
     pause("swapped")
     discard_copy(old, target)

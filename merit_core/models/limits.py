@@ -13,7 +13,7 @@ from typing import Any
 
 from merit_core.devices import available_host_memory
 from merit_core.errors import ConfigError, printable
-from merit_core.values import is_number, positive_int
+from merit_core.values import coerce, is_number
 
 # The largest position table a model config may ask for (a learned table of this many rows is built).
 MAX_POSITIONS = 1 << 24
@@ -49,12 +49,13 @@ COUNT_KEYS = (
 
 def check_raw_config(raw: dict[str, Any], where: str) -> dict[str, Any]:
     """`raw` (a config.json as read) with its sizes checked before transformers or merit reads it:
-    each of COUNT_KEYS present a positive integer (an integral float becomes an int), and
+    each of COUNT_KEYS present an integer (an integral float becomes an int; whether it is large
+    enough is `check_model_config`'s, which words it per size), and
     `rope_scaling` null or a table whose `factor` is a positive number. ConfigError in one line
     naming the key otherwise. Returns `raw`, changed in place."""
     for key in COUNT_KEYS:
         if raw.get(key) is not None:
-            raw[key] = positive_int(raw[key], f"{where}: {key}")
+            raw[key] = coerce(raw[key], int, f"{where}: {key}")  # its range: check_model_config
     rope = raw.get("rope_scaling")
     if rope is not None:
         example = '{"rope_type": "linear", "factor": 2.0}'
