@@ -49,7 +49,8 @@ class _AsciiDigits:
 
     def convert(self, value, param, ctx):
         if isinstance(value, str) and param is not None:
-            parse_number(value, self.kind, f"--{(param.name or '').replace('_', '-')}")
+            shown = next((o for o in param.opts if o.startswith("--")), param.opts[0] if param.opts else param.name)
+            parse_number(value, self.kind, str(shown))
         return super().convert(value, param, ctx)  # type: ignore[misc]
 
 
