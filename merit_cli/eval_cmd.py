@@ -70,17 +70,19 @@ def results_table(records: list[CheckpointResult], num_fewshot: int) -> Table:
         table.add_column("stderr", justify="right")
     else:
         for label in _unique_labels(records):
-            table.add_column(label, justify="right")
+            table.add_column(shown(label), justify="right")  # a label is a path
     last_task = None
     for row in metric_rows(records):
         arrow = {True: " ↑", False: " ↓"}.get(row.higher_is_better, "")
-        task = row.task if row.task != last_task else ""
+        task = shown(row.task) if row.task != last_task else ""  # a local task's name is a folder's
         last_task = row.task
         if single:
             stderr = row.stderrs[0]
-            table.add_row(task, row.metric + arrow, format_value(row.values[0]), format_value(stderr))
+            table.add_row(task, shown(row.metric) + arrow, format_value(row.values[0]), format_value(stderr))
         else:
-            table.add_row(task, row.metric + arrow, *(format_value(v, s) for v, s in zip(row.values, row.stderrs)))
+            table.add_row(
+                task, shown(row.metric) + arrow, *(format_value(v, s) for v, s in zip(row.values, row.stderrs))
+            )
     return table
 
 
@@ -204,7 +206,7 @@ def _steps_table(steps: list[int], records: list[CheckpointResult], logits: dict
     table.add_column("max logit (recorded)", justify="right")
     for row in rows:
         arrow = {True: " ↑", False: " ↓"}.get(row.higher_is_better, "")
-        table.add_column(f"{row.task} {row.metric}{arrow}", justify="right")
+        table.add_column(f"{shown(row.task)} {shown(row.metric)}{arrow}", justify="right")
     for i, step in enumerate(steps):
         logit = logits.get(step)
         table.add_row(str(step), format_value(logit), *(format_value(row.values[i]) for row in rows))
