@@ -222,11 +222,11 @@ class ProgressView:
         if self.one_line:
             if self.last is None:
                 self.last = self.bar.add_task("", total=None)
-            self.bar.update(self.last, description=event.describe(), completed=event.done, total=event.total)
+            self.bar.update(self.last, description=shown(event.describe()), completed=event.done, total=event.total)
             return
         if key not in self.tasks:
             self._finish_last()
-            self.tasks[key] = self.last = self.bar.add_task(event.describe(), total=event.total)
+            self.tasks[key] = self.last = self.bar.add_task(shown(event.describe()), total=event.total)
         self.bar.update(self.tasks[key], completed=event.done, total=event.total)
 
     def _finish_last(self) -> None:

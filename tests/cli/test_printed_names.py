@@ -239,3 +239,23 @@ def test_a_staging_folder_whose_marker_holds_no_ascii_pid_is_left_alone(data_dir
     (side / "keep.txt").write_text("not known to be merit's")
     _run(["prepare", corpus, "-o", tmp_path / "out", "--tokenizer", data_dir / "tokenizer"])
     assert (side / "keep.txt").read_text() == "not known to be merit's"
+
+
+def test_a_progress_bar_shows_a_hostile_item_name_as_text():
+    """On a terminal the live bars read their description as markup: a checkpoint named `[/bold]`
+    would crash rich, an ESC would reach the screen."""
+    import io
+
+    from rich.console import Console
+
+    from merit_cli.render import ProgressView
+    from merit_core.progress import Progress
+
+    buf = io.StringIO()
+    out = Console(file=buf, force_terminal=True, width=120, highlight=False)
+    with ProgressView(out) as view:
+        view(Progress("loading model", item="[/bold]ck\x1b[2J"))
+    with ProgressView(out, one_line=True) as view:
+        view(Progress("scoring", item="[red]x[/red]"))
+    text = buf.getvalue()
+    assert "[/bold]ck\\x1b[2J" in text and "[red]x[/red]" in text and "\x1b[2J" not in text
