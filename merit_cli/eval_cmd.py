@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from merit_cli.options import device_option
-from merit_cli.render import ProgressView
+from merit_cli.render import ProgressView, shown
 from merit_core.errors import ConfigError
 from merit_core.evaluation import EvalSettings, evaluate_checkpoints
 from merit_core.evaluation.lm_eval_output import parse_seed
@@ -45,7 +45,7 @@ def _aliases_table(include_path: str | None) -> Table:
         table.add_row(alias.name, ", ".join(alias.tasks), alias.description)
     if include_path:
         for name in list_local_tasks(include_path):
-            table.add_row(name, name, f"local task from {include_path}")
+            table.add_row(shown(name), shown(name), f"local task from {shown(include_path)}")
     table.caption = "Any other lm-eval task name works too (e.g. hellaswag, piqa, arc_easy)."
     return table
 
@@ -70,17 +70,19 @@ def results_table(records: list[CheckpointResult], num_fewshot: int) -> Table:
         table.add_column("stderr", justify="right")
     else:
         for label in _unique_labels(records):
-            table.add_column(label, justify="right")
+            table.add_column(shown(label), justify="right")  # a label is a path
     last_task = None
     for row in metric_rows(records):
         arrow = {True: " ↑", False: " ↓"}.get(row.higher_is_better, "")
-        task = row.task if row.task != last_task else ""
+        task = shown(row.task) if row.task != last_task else ""  # a local task's name is a folder's
         last_task = row.task
         if single:
             stderr = row.stderrs[0]
-            table.add_row(task, row.metric + arrow, format_value(row.values[0]), format_value(stderr))
+            table.add_row(task, shown(row.metric) + arrow, format_value(row.values[0]), format_value(stderr))
         else:
-            table.add_row(task, row.metric + arrow, *(format_value(v, s) for v, s in zip(row.values, row.stderrs)))
+            table.add_row(
+                task, shown(row.metric) + arrow, *(format_value(v, s) for v, s in zip(row.values, row.stderrs))
+            )
     return table
 
 
@@ -204,7 +206,7 @@ def _steps_table(steps: list[int], records: list[CheckpointResult], logits: dict
     table.add_column("max logit (recorded)", justify="right")
     for row in rows:
         arrow = {True: " ↑", False: " ↓"}.get(row.higher_is_better, "")
-        table.add_column(f"{row.task} {row.metric}{arrow}", justify="right")
+        table.add_column(f"{shown(row.task)} {shown(row.metric)}{arrow}", justify="right")
     for i, step in enumerate(steps):
         logit = logits.get(step)
         table.add_row(str(step), format_value(logit), *(format_value(row.values[i]) for row in rows))
@@ -225,7 +227,7 @@ def _show_steps(console, run: str, steps: list[int], records: list[CheckpointRes
         rows = metric_rows(records)
         series = {f"{r.task} {r.metric}": list(r.values) for r in rows}
         plot_steps(steps, series, [logits.get(s) for s in steps], plot)
-        console.print(f"wrote {plot}")
+        console.print(f"wrote {shown(plot)}")
 
 
 class EvalCommand(click.Command):
@@ -392,8 +394,7 @@ def eval_cmd(
         )
     lm_eval_dir = output if lm_eval_layout else None
     if output:
-        output = output_file(output)
-        check_output_path(output)
+        check_output_path(output_file(output))  # the name is taken when the file is written
 
     from merit_core.hub import prefer_offline
 
@@ -416,7 +417,7 @@ def eval_cmd(
         _show_steps(console, step_run, chosen, records, plot)
     if output:
         path = write_results_json(output, records)
-        console.print(f"wrote {path}")
+        console.print(f"wrote {shown(path)}")
     if lm_eval_dir:
         _write_lm_eval_layout(console, lm_eval_dir, records)
 
@@ -436,4 +437,4 @@ def _write_lm_eval_layout(console: Console, output_path: str, records: list[Chec
             "device": used.get("device"),
         }
         for path in write_lm_eval_results(output_path, name, record.lm_eval or {}, settings):
-            console.print(f"wrote {path}")
+            console.print(f"wrote {shown(path)}")

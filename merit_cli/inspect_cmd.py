@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from merit_cli.options import device_option
+from merit_cli.render import shown
 from merit_core.diagnostics.plots import plot_report, short_labels
 from merit_core.errors import CheckpointError, ConfigError
 from merit_core.fileio import check_writable
@@ -159,7 +160,7 @@ def _updates_table(ckpt):
         table.add_column(name, justify="left" if name == "weight" else "right")
     ratios = _highlighted([w.ratio for w in up.weights], 3)
     for w, r in zip(up.weights, ratios):
-        row = [w.name, r]
+        row = [shown(w.name), r]
         if merit and w.merit is not None:
             m = w.merit
             pct = lambda x: f"{100 * x:.0f}%"  # noqa: E731
@@ -196,7 +197,7 @@ def _weights_table(ckpt):
     ws = ckpt.weights
     maxes = _highlighted([w.max_norm for w in ws])
     for w, m in zip(ws, maxes):
-        table.add_row(w.name, "x".join(map(str, w.shape)), m, _fmt(w.l2_norm))
+        table.add_row(shown(w.name), "x".join(map(str, w.shape)), m, _fmt(w.l2_norm))
     return table
 
 
@@ -299,7 +300,7 @@ def render(console, report, per_head: bool, show_weights: bool | None) -> None:
     """Print an `InspectReport` as rich tables."""
     checkpoints = report.checkpoints
     checkpoints = [
-        dataclasses.replace(c, label=label)
+        dataclasses.replace(c, label=shown(label))  # a label is a path: printable, no markup
         for c, label in zip(checkpoints, short_labels([c.label for c in checkpoints]))
     ]
     # per-layer detail for a few checkpoints named directly; runs get the side-by-side and summary tables
@@ -329,22 +330,22 @@ def _print_notes(console, checkpoints: list) -> None:
     probes = {(c.probe.source, c.probe.n_tokens) for c in checkpoints if c.probe}
     if len(probes) == 1 and len(checkpoints) > 1 and all(c.probe for c in checkpoints):
         (source, n_tokens), *_ = probes
-        console.print(f"[dim]probe {source}, {n_tokens} tokens (every checkpoint)[/]")
+        console.print(f"[dim]probe {shown(source)}, {n_tokens} tokens (every checkpoint)[/]")
         probes = set()
     logit_notes = []
     for c in checkpoints:
         if c.probe and probes:
-            console.print(f"[dim]{c.label}: probe {c.probe.source}, {c.probe.n_tokens} tokens[/]")
+            console.print(f"[dim]{c.label}: probe {shown(c.probe.source)}, {c.probe.n_tokens} tokens[/]")
         for note in c.notes + (c.probe.notes if c.probe else []):
             if note.startswith(TRAINING_LOGIT_NOTE):
                 logit_notes.append((c.label, note))
             else:
-                console.print(f"[yellow]note[/] {c.label}: {note}")
+                console.print(f"[yellow]note[/] {c.label}: {shown(note)}")
     if logit_notes:  # one per checkpoint of a run, all saying the same: the latest one, once
         label, note = logit_notes[-1]
         more = len(logit_notes) - 1
         also = f" (likewise at {more} other checkpoint{'s' if more != 1 else ''}; --json has each)" if more else ""
-        console.print(f"[yellow]note[/] {label}: {note}{also}")
+        console.print(f"[yellow]note[/] {label}: {shown(note)}{also}")
 
 
 @click.command("inspect", context_settings={"show_default": True})
@@ -498,8 +499,12 @@ def inspect_cmd(
         report = inspect_paths([str(p) for p in paths], opts, progress=view)
     render(console, report, per_head, show_weights)
     if json_path is not None:
-        write_json(report, json_path)
-        console.print(f"wrote {json_path}")
+        replaced = write_json(report, json_path)
+        console.print(f"wrote {shown(json_path)}")
+        if replaced:
+            console.print(f"[yellow]note[/] {replaced} values are not finite (NaN or infinite): null in the JSON")
     if plot_path is not None:
         kind = plot_report(report, plot_path)
-        console.print(f"wrote {plot_path} ({'trajectory over steps' if kind == 'trajectory' else 'per-layer bars'})")
+        console.print(
+            f"wrote {shown(plot_path)} ({'trajectory over steps' if kind == 'trajectory' else 'per-layer bars'})"
+        )

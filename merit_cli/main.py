@@ -43,10 +43,11 @@ EXIT_INTERRUPTED = 130
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print one red error line to stderr and exit with `code` (2: a user error)."""
     from rich.console import Console
-    from rich.markup import escape
+
+    from merit_cli.render import shown
 
     message = one_line(message)  # one line, whatever the message held, a huge echoed value cut short
-    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {shown(message)}", soft_wrap=True)
     sys.exit(code)
 
 
@@ -55,9 +56,10 @@ def stopped(message: str, code: int) -> NoReturn:
 
     The message says it all ('stopped by SIGINT after step 5: ...'), so no prefix repeats it."""
     from rich.console import Console
-    from rich.markup import escape
 
-    Console(stderr=True, highlight=False).print(f"[bold yellow]{escape(message)}[/]", soft_wrap=True)
+    from merit_cli.render import shown
+
+    Console(stderr=True, highlight=False).print(f"[bold yellow]{shown(message)}[/]", soft_wrap=True)
     sys.exit(code)
 
 

@@ -7,7 +7,7 @@ import re
 import click
 
 from merit_core.errors import ConfigError
-from merit_core.values import describe
+from merit_core.values import parse_number
 
 # The device names train, eval and inspect take (train's config checks the same words).
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
@@ -23,10 +23,7 @@ def number(kind: type):
     def convert(ctx, param, value):
         if value is None:
             return None
-        try:
-            return kind(value)
-        except ValueError:
-            raise ConfigError(f"--{param.name.replace('_', '-')} must be {describe(kind)}, got {value!r}") from None
+        return parse_number(value, kind, f"--{param.name.replace('_', '-')}")  # ASCII digits only
 
     convert.metavar = "INTEGER" if kind is int else "FLOAT"
     return convert
@@ -44,8 +41,55 @@ def number_option(name: str, kind: type, *, default: int | float | None = None, 
     )
 
 
+class _AsciiDigits:
+    """Mixed into click's number types: the text is first read by merit_core.values.parse_number
+    (ASCII digits only; click's own int() reads '١٢' as 12), then by click as before."""
+
+    kind: type = int
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and param is not None:
+            shown = next((o for o in param.opts if o.startswith("--")), param.opts[0] if param.opts else param.name)
+            parse_number(value, self.kind, str(shown))
+        return super().convert(value, param, ctx)  # type: ignore[misc]
+
+
+class _Int(_AsciiDigits, click.types.IntParamType):
+    kind = int
+
+
+class _Float(_AsciiDigits, click.types.FloatParamType):
+    kind = float
+
+
+class _IntRange(_AsciiDigits, click.IntRange):
+    kind = int
+
+
+class _FloatRange(_AsciiDigits, click.FloatRange):
+    kind = float
+
+
+def ascii_numbers(command: click.Command) -> click.Command:
+    """Give every int and float option and argument of `command` (plain or a range) the same type
+    reading ASCII digits only, whichever command declared it with `type=int`."""
+    for param in command.params:
+        kind = param.type
+        if isinstance(kind, click.IntRange):
+            param.type = _IntRange(kind.min, kind.max, kind.min_open, kind.max_open, kind.clamp)
+        elif isinstance(kind, click.FloatRange):
+            param.type = _FloatRange(kind.min, kind.max, kind.min_open, kind.max_open, kind.clamp)
+        elif isinstance(kind, click.types.IntParamType) and not isinstance(kind, _AsciiDigits):
+            param.type = _Int()
+        elif isinstance(kind, click.types.FloatParamType) and not isinstance(kind, _AsciiDigits):
+            param.type = _Float()
+    return command
+
+
 def fill_metavars(command: click.Command) -> click.Command:
-    """Give each option converted by a `number` callback (and no metavar of its own) that callback's metavar."""
+    """Give each option converted by a `number` callback (and no metavar of its own) that callback's
+    metavar; every number option reads ASCII digits only (`ascii_numbers`)."""
+    ascii_numbers(command)
     for param in command.params:
         metavar = getattr(param.callback, "metavar", None)
         if isinstance(param, click.Option) and param.metavar is None and metavar is not None:

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from merit_cli.options import number_option
-from merit_cli.render import ProgressView
+from merit_cli.render import ProgressView, shown
 from merit_core.errors import ConfigError
 
 
@@ -21,15 +21,15 @@ def _summary(meta, seconds: float):
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
     extra = meta.extra
-    table.add_row("source", str(meta.source))
-    table.add_row("folder", str(meta.path))
+    table.add_row("source", shown(meta.source))
+    table.add_row("folder", shown(meta.path))
     table.add_row(
         "documents",
         f"{meta.documents:,} ({extra.get('train_documents', '?'):,} train, {extra.get('val_documents', '?'):,} val)",
     )
     table.add_row("tokens train", f"{meta.train_tokens:,}")
     table.add_row("tokens val", f"{meta.val_tokens:,}")
-    table.add_row("vocab", f"{meta.vocab_size:,} ({extra.get('tokenizer_source', meta.tokenizer)})")
+    table.add_row("vocab", f"{meta.vocab_size:,} ({shown(extra.get('tokenizer_source', meta.tokenizer))})")
     table.add_row("dtype", meta.dtype)
     table.add_row("time", f"{seconds:.1f} s")
     return table
@@ -146,5 +146,5 @@ def prepare(
     from merit_core.data.meta import data_notes
 
     for note in data_notes(meta):
-        console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
-    console.print(f"Train on it with: [bold]merit train --data {meta.path}[/]", soft_wrap=True)
+        console.print(f"[yellow]note:[/] {shown(note)}", soft_wrap=True)
+    console.print(f"Train on it with: [bold]merit train --data {shown(meta.path)}[/]", soft_wrap=True)

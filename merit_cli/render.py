@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -24,7 +25,16 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from merit_core.errors import printable
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
+
+
+def shown(value: Any) -> str:
+    """A name, path or any text a user or a file gave, ready to be put in a rich markup string: the
+    control characters and non-UTF-8 bytes escaped (merit_core.errors.printable) so that nothing
+    reaches the terminal raw, then rich's markup escaped so that `[/bold]` in a tensor or folder
+    name prints as itself. Every name and path the CLI prints goes through here."""
+    return escape(printable(os.fspath(value) if isinstance(value, os.PathLike) else value))
 
 
 def console(stderr: bool = False) -> Console:
@@ -128,8 +138,8 @@ def print_command_hints(out: Console, title: str, hints: Iterable[tuple[str, str
     be copied as it is), its note after a shell comment mark."""
     text = Text(title, style="bold")
     for command, note in hints:
-        text.append(f"\n  {command}")
-        text.append(f"  # {note}", style="dim")
+        text.append(f"\n  {printable(command)}")
+        text.append(f"  # {printable(note)}", style="dim")
     out.print(text, soft_wrap=True)
 
 
@@ -139,7 +149,7 @@ def key_value_table(title: str | None, rows: Iterable[tuple[str, Any]]) -> Table
     table.add_column(style="dim", no_wrap=True)
     table.add_column()
     for key, value in rows:
-        table.add_row(key, str(value))
+        table.add_row(key, shown(value))
     return table
 
 
@@ -205,17 +215,18 @@ class ProgressView:
             if key not in self.seen and self.plain_kind is not None:
                 self.seen.add(key)
                 fields = [("stage", event.stage.replace(" ", "_")), ("item", event.item), ("total", event.total)]
-                self.out.print(plain_line(self.plain_kind, fields), markup=False, highlight=False, soft_wrap=True)
+                line = printable(plain_line(self.plain_kind, fields))
+                self.out.print(line, markup=False, highlight=False, soft_wrap=True)
             return
         self.start()
         if self.one_line:
             if self.last is None:
                 self.last = self.bar.add_task("", total=None)
-            self.bar.update(self.last, description=event.describe(), completed=event.done, total=event.total)
+            self.bar.update(self.last, description=shown(event.describe()), completed=event.done, total=event.total)
             return
         if key not in self.tasks:
             self._finish_last()
-            self.tasks[key] = self.last = self.bar.add_task(event.describe(), total=event.total)
+            self.tasks[key] = self.last = self.bar.add_task(shown(event.describe()), total=event.total)
         self.bar.update(self.tasks[key], completed=event.done, total=event.total)
 
     def _finish_last(self) -> None:
@@ -342,7 +353,7 @@ class LiveReport:
 
     def say(self, line: str) -> None:
         """Print `line` as it is: no markup, no wrapping (rich flushes after each print)."""
-        self.out.print(line, markup=False, highlight=False, soft_wrap=True)
+        self.out.print(printable(line), markup=False, highlight=False, soft_wrap=True)
 
     def on_prepare(self, event) -> None:
         """Data preparation progress (a merit_core.progress.Progress event)."""

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.markup import escape
 
 from merit_cli.options import device_option, dtype_callback, number
 from merit_cli.render import (
@@ -23,6 +22,7 @@ from merit_cli.render import (
     key_value_table,
     plural,
     print_command_hints,
+    shown,
     train_log_line,
     training_progress,
 )
@@ -56,7 +56,7 @@ class RichTrainReport(LiveReport):
         if self.stages is not None:
             self.stages.stop()
         self.out.print(
-            f"[dim]data {meta.path}: {fmt_count(meta.train_tokens)} train / {fmt_count(meta.val_tokens)} "
+            f"[dim]data {shown(meta.path)}: {fmt_count(meta.train_tokens)} train / {fmt_count(meta.val_tokens)} "
             f"val tokens, vocabulary {meta.vocab_size}[/]",
             soft_wrap=True,
         )
@@ -64,17 +64,17 @@ class RichTrainReport(LiveReport):
     def on_start(self, info: RunInfo) -> None:
         c = info.config
         world = f" x {info.world_size} processes ({c.parallel})" if info.world_size > 1 else ""
-        verb = f"Resuming from {info.resumed_from}" if info.resumed_from else "Training"
+        verb = f"Resuming from {shown(info.resumed_from)}" if info.resumed_from else "Training"
         source = info.lr_default  # where resolve took the lr from; None when the config gave it
-        lr_note = f" ({escape(source.source)})" if source is not None else ""
+        lr_note = f" ({shown(source.source)})" if source is not None else ""
         # e.g. "lr 0.002 (merit's measured default for gpt2-small at batch 64 x 1024; run: ...)"
         self.out.print(
-            f"[bold]{verb}[/] {c.model} ({fmt_count(info.n_params)} parameters) with [bold]{c.optimizer}[/], "
+            f"[bold]{verb}[/] {shown(c.model)} ({fmt_count(info.n_params)} parameters) with [bold]{c.optimizer}[/], "
             f"lr {c.lr:g}{lr_note}, batch {c.batch_size} x {c.seq_len} = {fmt_count(info.tokens_per_step)} tokens/step "
             f"(micro-batch {c.micro_batch_size}), {plural(info.total_steps, 'step')} on {info.device}{world}"
         )
         self.out.print(f"[dim]{device_line(info)}[/]")
-        self.out.print(f"[dim]run folder {info.run_dir}[/]")
+        self.out.print(f"[dim]run folder {shown(info.run_dir)}[/]")
         self.total_steps = info.total_steps
         if self.plain:
             return
@@ -114,12 +114,12 @@ class RichTrainReport(LiveReport):
         if self.plain:
             self.say(f"checkpoint step={step} path={path}")
         elif self.progress is not None:
-            self.progress.console.print(f"[dim]step {step:>6}  saved {path}[/]")
+            self.progress.console.print(f"[dim]step {step:>6}  saved {shown(path)}[/]")
 
     def on_note(self, message: str) -> None:
         console = self.progress.console if self.progress is not None else self.out
 
-        console.print(f"[yellow]note:[/] {escape(message)}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]note:[/] {shown(message)}", highlight=False, soft_wrap=True)
 
     def on_end(self, summary: RunSummary) -> None:
         self.close()

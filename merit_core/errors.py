@@ -100,8 +100,43 @@ def os_error_line(exc: OSError) -> str:
 
 
 def _short(text: str, limit: int = 120) -> str:
-    text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    text = printable(text)
     return text if len(text) <= limit else f"{text[: limit - 30]}...{text[-27:]}"
+
+
+# Characters that move the cursor, change colours or reorder text on a terminal, beyond the C0/C1
+# controls: the bidirectional overrides and isolates, and the line and paragraph separators.
+_INVISIBLE = frozenset({*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x2028, 0x2029, 0x200E, 0x200F, 0x061C})
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: object) -> str:
+    """`text` (a name, a path, anything a user or a file gave) safe to print on a terminal: control
+    characters (ESC, newlines, C1 codes, bidirectional overrides) shown as escapes such as \\x1b,
+    and the bytes of a file name that are not UTF-8 (kept by Python as surrogates) as \\xNN.
+
+    Plain text, for every message merit builds; the CLI also escapes rich markup on top of this
+    (merit_cli.render.shown) where a string is printed as markup."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "surrogateescape")
+    elif not isinstance(text, str):
+        text = str(text)
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch in _NAMED:
+            out.append(_NAMED[ch])
+        elif 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8, as os.fsdecode keeps it
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif code < 0x20 or 0x7F <= code < 0xA0:
+            out.append(f"\\x{code:02x}")
+        elif 0xD800 <= code <= 0xDFFF or code in _INVISIBLE:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 def one_line(message: str, limit: int = 1000) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from merit_core.errors import CheckpointError, ConfigError, DiskFull, UnsafePath
+from merit_core.errors import CheckpointError, ConfigError, DiskFull, UnsafePath, printable
 
 # The name prefix of a file or folder still being written (readers and cleaners skip it).
 TMP_PREFIX = ".tmp-"
@@ -94,13 +94,12 @@ def fsync_tree(folder: str | Path) -> None:
         fsync_dir(dirpath)
 
 
-_RENAME_EXCHANGE = 2  # linux/fs.h
+_RENAME_NOREPLACE = 1  # linux/fs.h
+_RENAME_EXCHANGE = 2
 
 
-def exchange_paths(a: str | Path, b: str | Path) -> bool:
-    """Swap two existing paths in one atomic step (Linux renameat2 RENAME_EXCHANGE): a reader of
-    either name sees the old entry or the new one, never none. False when this system or file
-    system cannot (the caller then falls back to two renames)."""
+def _renameat2(a: str | Path, b: str | Path, flag: int) -> bool:
+    """renameat2(a, b, flag); False when this system or file system has no such call or flag."""
     import ctypes
 
     try:
@@ -109,12 +108,37 @@ def exchange_paths(a: str | Path, b: str | Path) -> bool:
     except (OSError, AttributeError):
         return False
     at_fdcwd = -100
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), flag) == 0:
         return True
     err = ctypes.get_errno()
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
         return False
     raise OSError(err, os.strerror(err), os.fspath(a), None, os.fspath(b))
+
+
+def exchange_paths(a: str | Path, b: str | Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux renameat2 RENAME_EXCHANGE): a reader of
+    either name sees the old entry or the new one, never none. False when this system or file
+    system cannot (the caller then falls back to two renames)."""
+    return _renameat2(a, b, _RENAME_EXCHANGE)
+
+
+def rename_new(src: str | Path, dst: str | Path) -> None:
+    """Rename `src` to `dst`, a name that must be free: a file, folder or symbolic link at `dst`
+    (another process's copy, or one planted by someone who guessed the name) is never replaced;
+    UnsafePath names it. Atomic (renameat2 RENAME_NOREPLACE) where the system has it; elsewhere
+    a check just before os.rename, which cannot replace a non-empty folder either."""
+    try:
+        if _renameat2(src, dst, _RENAME_NOREPLACE):
+            return
+    except FileExistsError:
+        pass
+    else:
+        if not os.path.lexists(dst):
+            os.rename(src, dst)
+            return
+    refuse_link(dst)
+    raise UnsafePath(f"{display(dst)} already exists and merit did not just make it; remove it")
 
 
 def _temp_name(path: Path) -> Path:
@@ -242,6 +266,42 @@ def atomic_write(path: str | Path, data: str | bytes) -> Path:
     return Path(path)
 
 
+def write_new_file(folder: str | Path, names: Iterator[str], data: str | bytes) -> Path:
+    """Write `data` durably under the first of `names` that is free in `folder` and return its path.
+
+    The file is written whole as a temp file of a name no other writer can pick, fsynced, then
+    renamed to a name with `rename_new`, which never replaces anything: two processes choosing a
+    name at the same moment get one name each, never one file between them (a name taken by then,
+    or a link planted there, is skipped). ENOSPC becomes DiskFull. ConfigError when `names` runs out."""
+    folder = Path(folder)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    tmp = folder / f"{TMP_PREFIX}new.{os.getpid()}.{os.urandom(6).hex()}"
+    try:
+        fd = create_new(tmp, file_mode())
+        try:
+            view = memoryview(raw)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        for name in names:
+            try:
+                rename_new(tmp, folder / name)
+            except UnsafePath:
+                continue
+            fsync_dir(folder)
+            return folder / name
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        _disk_full(exc, folder)
+        raise
+    with contextlib.suppress(OSError):
+        tmp.unlink()
+    raise ConfigError(f"no free file name left in {display(folder)}")
+
+
 def atomic_write_json(path: str | Path, value: Any, **dumps: Any) -> Path:
     """`atomic_write` of `json.dumps(value, **dumps)` plus a final newline."""
     return atomic_write(path, json.dumps(value, **dumps) + "\n")
@@ -274,6 +334,7 @@ def check_writable_folder(path: str | Path, what: str) -> Path:
     """ConfigError unless `path` is a writable folder or can be created as one."""
     folder = Path(path).expanduser()
     check_path_names(folder, what)
+    check_utf8_path(folder, what)
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"{what} {path}: exists and is not a folder")
     _check_creatable(folder, path, what)
@@ -313,6 +374,20 @@ def check_path_names(path: str | os.PathLike, what: str) -> None:
                 f"{what} {short(path)}: the name {short(part, 40)} is {len(os.fsencode(part))} bytes long; "
                 f"file systems allow {NAME_MAX}"
             )
+
+
+def check_utf8_path(path: str | os.PathLike, what: str) -> None:
+    """ConfigError when `path` holds bytes that are not UTF-8 (Python keeps them as surrogates): a
+    folder merit makes is recorded in UTF-8 files (a run's config.toml, a tokenizer's JSON), which
+    cannot hold such a name. Checked before any work; reading such a path is fine elsewhere."""
+    text = os.fsdecode(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(
+            f"{what} {short(text)}: the path holds bytes that are not UTF-8; merit records the folders it "
+            "writes in UTF-8 files (config.toml, the tokenizer): give a UTF-8 name"
+        ) from None
 
 
 def refuse_dangling_parents(path: str | os.PathLike, what: str) -> None:
@@ -496,6 +571,14 @@ def open_regular(path: str | os.PathLike):
     return os.fdopen(fd, "rb")
 
 
+def read_head(path: str | os.PathLike, limit: int) -> bytes:
+    """At most `limit` + 1 bytes from the start of the regular file `path` (see `open_regular`):
+    a reader of a small file someone else wrote (a marker, a JSON config) checks for more than
+    `limit` and refuses, instead of reading a huge or sparse file whole into memory."""
+    with open_regular(path) as fh:
+        return fh.read(limit + 1)
+
+
 def special_entries(folder: str | os.PathLike) -> list[tuple[str, str]]:
     """(name, what) of every entry of `folder` that is neither a regular file nor a folder (see
     `special_file`); [] when the folder cannot be listed."""
@@ -512,9 +595,7 @@ def special_entries(folder: str | os.PathLike) -> list[tuple[str, str]]:
 
 
 def display(path: str | os.PathLike) -> str:
-    """A path as text that can always be printed: bytes a file system name holds that are not
-    UTF-8 (kept by Python as surrogates) are shown as \\xNN escapes instead of failing to encode."""
-    text = os.fspath(path)
-    if isinstance(text, bytes):
-        text = os.fsdecode(text)
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    """A path as text that can always be printed (merit_core.errors.printable): bytes a file system
+    name holds that are not UTF-8 (kept by Python as surrogates) as \\xNN escapes instead of failing
+    to encode, control characters (an ESC planted in a name) as escapes instead of reaching the terminal."""
+    return printable(os.fspath(path))

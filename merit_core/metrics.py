@@ -28,6 +28,17 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def count_non_finite(value: Any) -> int:
+    """How many floats in `value` (lists and dicts searched recursively) `json_safe` turns into None."""
+    if isinstance(value, float):
+        return 0 if math.isfinite(value) else 1
+    if isinstance(value, (list, tuple)):
+        return sum(count_non_finite(v) for v in value)
+    if isinstance(value, dict):
+        return sum(count_non_finite(v) for v in value.values())
+    return 0
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """All records of a metrics.jsonl (or of <run>/metrics.jsonl); a torn line is skipped.
 

@@ -20,7 +20,8 @@ A bool is never a number (TOML's ``true`` is not 1). A value that does not fit r
 :class:`~merit_core.errors.ConfigError` in one line, ``<what> must be <words>, got <value!r>``;
 the words come from :func:`describe`. A hint outside the table is a programming error (TypeError).
 
-Also here: :func:`positive_int` (counts: sizes, seeds, budgets), :func:`nest` and
+Also here: :func:`positive_int` (counts: sizes, seeds, budgets), :func:`parse_number` (a number
+typed as text: ASCII digits only), :func:`in_range` (a bounded integer, e.g. a seed), :func:`nest` and
 :func:`deep_merge`, which layer dotted ``key=value`` overrides over nested tables.
 
 This module imports nothing of merit but :mod:`merit_core.errors`, so every layer (the optimizer
@@ -99,6 +100,38 @@ def positive_int(value: Any, what: str, zero: bool = False) -> int:
         words = "0 or a positive integer" if zero else "a positive integer"
         raise ConfigError(f"{what} must be {words}, got {value!r}")
     return number
+
+
+def parse_number(text: Any, kind: type, what: str) -> Any:
+    """A number typed as text (a command-line option, an item of a comma list) as `kind` (int or
+    float); an int or float given as such is checked like `coerce` does.
+
+    ASCII only: Python's int() and float() also read the digits of other scripts and fullwidth
+    ones ('١٢' is 12), and str.isdigit() says True for '²', which int() then refuses; none of them
+    is a number a user meant here. ConfigError ``<what> must be an integer, got '²'``."""
+    if not isinstance(text, str):
+        return coerce(text, kind, what)
+    value = text.strip()
+    try:
+        if not value.isascii():
+            raise ValueError(value)
+        return kind(value)
+    except ValueError:
+        raise ConfigError(f"{what} must be {describe(kind)}, got {text!r}") from None
+
+
+def in_range(value: Any, low: int, high: int, what: str) -> int:
+    """`value` as an int from `low` to `high` (both included), e.g. a seed that numpy takes as 32
+    bits; ConfigError ``<what> must be an integer from <low> to <high>, got ...`` otherwise."""
+    number = _as_int(value)
+    if number is None or not low <= number <= high:
+        raise ConfigError(f"{what} must be an integer from {low} to {_power(high)}, got {value!r}")
+    return number
+
+
+def _power(n: int) -> str:
+    """2**32 - 1 written so: the bounds of a seed are read more easily as powers of two."""
+    return f"2**{(n + 1).bit_length() - 1} - 1" if n > 1024 and (n + 1) & n == 0 else str(n)
 
 
 def nest(dotted: str, value: Any) -> dict[str, Any]:

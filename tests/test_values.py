@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from merit_core.errors import ConfigError
-from merit_core.values import PAIR, coerce, deep_merge, describe, is_number, nest, positive_int
+from merit_core.values import PAIR, coerce, deep_merge, describe, in_range, is_number, nest, parse_number, positive_int
 
 
 @pytest.mark.parametrize(
@@ -109,3 +109,44 @@ def test_nest_and_deep_merge_layer_dotted_overrides():
     assert base == {"model": "gpt2-tiny", "optimizer_args": {"eps": 1e-8, "betas": [0.9, 0.95]}}
     deep_merge(base, {"optimizer_args": 3, "seq_len": 64})  # a non-table replaces a table
     assert base == {"model": "gpt2-tiny", "optimizer_args": 3, "seq_len": 64}
+
+
+@pytest.mark.parametrize(
+    "text, kind, expected",
+    [
+        ("12", int, 12),
+        (" 7 ", int, 7),
+        ("1_000", int, 1000),
+        ("-3", int, -3),
+        ("1e-3", float, 0.001),
+        ("2", float, 2.0),
+    ],
+)
+def test_parse_number_reads_ascii_numbers(text, kind, expected):
+    got = parse_number(text, kind, "--x")
+    assert got == expected and type(got) is kind
+
+
+@pytest.mark.parametrize("text", ["²", "١٢", "１２", "٣.٥", "1e3", "abc", "", "12x", "⁵"])
+def test_parse_number_refuses_digits_that_are_not_ascii_and_non_numbers(text):
+    kind = float if "." in text else int
+    with pytest.raises(ConfigError, match=r"^--x must be (an integer|a number), got "):
+        parse_number(text, kind, "--x")
+    assert int("١٢") == 12  # what int() alone would have accepted
+
+
+def test_parse_number_checks_a_number_given_as_such_like_coerce():
+    assert parse_number(5, int, "--x") == 5
+    with pytest.raises(ConfigError, match="must be an integer"):
+        parse_number(True, int, "--x")
+
+
+@pytest.mark.parametrize("value", [0, 1, 2**32 - 1, 4.0])
+def test_in_range_accepts_its_bounds(value):
+    assert in_range(value, 0, 2**32 - 1, "--seed") == int(value)
+
+
+@pytest.mark.parametrize("value", [-1, 2**32, 2**64, 1.5, "3", True, None])
+def test_in_range_refuses_in_one_line_with_the_bounds(value):
+    with pytest.raises(ConfigError, match=r"^--seed must be an integer from 0 to 2\*\*32 - 1, got "):
+        in_range(value, 0, 2**32 - 1, "--seed")

@@ -36,7 +36,7 @@ from merit_core.compare_defaults import (  # the default comparison (no argument
 from merit_core.errors import ConfigError
 from merit_core.optim import canonical_name, resolve_hparams
 from merit_core.train.config import FIELD_NAMES, from_dict, parse_override, read_toml
-from merit_core.values import coerce, deep_merge, is_number, nest, positive_int
+from merit_core.values import coerce, deep_merge, is_number, nest, parse_number, positive_int
 
 # `--preset ablations`: MERIT and its registry ablations (each removes or changes one component)
 # with the LAMB reference, at the comparison's largest batch only.
@@ -284,9 +284,9 @@ def parse_batch_sizes(text: str) -> list[int]:
     values = []
     for item in items:
         try:
-            values.append(int(item.replace("_", "")))
-        except ValueError:
-            if item.lower().endswith("k") and item[:-1].isdigit():
+            values.append(parse_number(item.replace("_", ""), int, "--batch-sizes"))
+        except ConfigError:
+            if item.lower().endswith("k") and item[:-1].isascii() and item[:-1].isdigit():
                 values.append(int(item[:-1]) * 1024)
             else:
                 raise ConfigError(f"--batch-sizes: {item!r} is not an integer") from None
@@ -302,8 +302,8 @@ def parse_lrs(text: str) -> list[float] | str:
         if not item:
             continue
         try:
-            values.append(float(item))
-        except ValueError:
+            values.append(parse_number(item, float, "--lrs"))
+        except ConfigError:
             raise ConfigError(f"--lrs: {item!r} is not a number (give 'auto' or numbers like 1e-3,3e-3)") from None
     return _lr_list(values, "--lrs")
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from merit_core.errors import DataError
+from merit_core.errors import DataError, MeritError
+from merit_core.fileio import display, read_head
 from merit_core.version import __version__
 
 FORMAT = "merit-tokens-v1"
@@ -27,6 +28,8 @@ TOKENIZER_DIR = "tokenizer"
 SPLITS = ("train", "val")
 PREPARED_MARKER = ".merit-prepared"
 # The entries `merit prepare` writes into a folder; anything else there is the user's and is kept.
+MARKER_LIMIT = 4096  # bytes of PREPARED_MARKER read: merit writes well under 200
+META_LIMIT = 16 * 2**20  # bytes of meta.json read: merit writes about one kilobyte
 PREPARED_ENTRIES = frozenset({META_FILE, TOKENIZER_DIR, PREPARED_MARKER, *(f"{split}.bin" for split in SPLITS)})
 
 
@@ -114,8 +117,11 @@ def is_merit_prepared(path: str | Path) -> bool:
     if marker.is_symlink() or not marker.is_file():
         return False
     try:
-        raw = json.loads(marker.read_bytes()[:4096])
-    except (OSError, ValueError):
+        head = read_head(marker, MARKER_LIMIT)
+        if len(head) > MARKER_LIMIT:
+            return False
+        raw = json.loads(head)
+    except (OSError, ValueError, MeritError):  # unreadable, not JSON, or not a regular file
         return False
     return isinstance(raw, dict) and str(raw.get("format", "")).startswith("merit-tokens-")
 
@@ -129,9 +135,14 @@ def load_meta(path: str | Path) -> DataMeta:
     if not meta_file.is_file():
         raise DataError(f"{path} is not a prepared data folder (no {META_FILE}); run `merit prepare` on it first")
     try:
-        raw = json.loads(meta_file.read_text(encoding="utf-8"))
+        head = read_head(meta_file, META_LIMIT)
+        if len(head) > META_LIMIT:
+            raise DataError(f"corrupt {display(meta_file)}: larger than {META_LIMIT // 2**20} MiB")
+        raw = json.loads(head.decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"corrupt {meta_file}: {exc}") from None
+        raise DataError(f"corrupt {display(meta_file)}: {exc}") from None
+    except MeritError as exc:  # a FIFO or device named meta.json
+        raise DataError(str(exc)) from None
     if not isinstance(raw, dict):
         raise DataError(f"corrupt {meta_file}: expected a JSON object")
     missing = [k for k in _FIELDS if k not in raw]

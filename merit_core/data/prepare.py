@@ -30,7 +30,15 @@ from merit_core.data.meta import (
     load_meta,
     marker_text,
 )
-from merit_core.data.publish import TMP_PREFIX, check_target, lock_path, publish, recover, staging_dir
+from merit_core.data.publish import (
+    TMP_PREFIX,
+    check_target,
+    lock_path,
+    publish,
+    recover,
+    staging_dir,
+    writer_lock,
+)
 from merit_core.data.sources import resolve_source
 from merit_core.data.tokenizer import (
     MIN_BPE_VOCAB,
@@ -39,8 +47,13 @@ from merit_core.data.tokenizer import (
     save_tokenizer,
     train_bpe,
 )
-from merit_core.errors import ConfigError, DataError
-from merit_core.fileio import pid_alive, remove_stale_lock
+from merit_core.errors import ConfigError, DataError, MeritError
+from merit_core.fileio import (
+    pid_alive,
+    read_head,
+    refuse_dangling_parents,
+    remove_stale_lock,
+)
 from merit_core.progress import Progress, ProgressFn, report_to
 from merit_core.runs import STAGING_MARKER
 
@@ -140,7 +153,26 @@ def prepare_documents(
     check_val_fraction(val_fraction)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
-    target = Path(out_dir).expanduser().resolve()
+    given = Path(out_dir).expanduser()
+    refuse_dangling_parents(given, "output")  # resolve() would follow a link to nothing and write there
+    target = given.resolve()
+    check_target(target)  # refused before the lock file is made beside it
+    with writer_lock(target):  # one writer of the folder at a time: a second prepare is refused
+        return _prepare_locked(batches, target, source, tokenizer, vocab_size, val_fraction, seed, total, progress)
+
+
+def _prepare_locked(
+    batches: Batches,
+    target: Path,
+    source: str,
+    tokenizer: str | None,
+    vocab_size: int,
+    val_fraction: float,
+    seed: int,
+    total: int | None,
+    progress: ProgressFn | None,
+) -> DataMeta:
+    """`prepare_documents` once its writer lock on `target` is held."""
     remove_stale_temp(target)  # first: a killed re-prepare may have left the target mid-swap
     check_target(target)
     emit = report_to(progress)
@@ -246,14 +278,15 @@ def remove_stale_temp(target: Path) -> list[Path]:
 
 
 def _read_pid(path: Path) -> int | None:
+    """The PID in a staging marker (a bounded prefix of it: the file may be anything someone left)."""
     try:
-        return _read_pid_text(path.read_text().strip())
-    except OSError:
+        return _read_pid_text(read_head(path, 64)[:64].decode("ascii", "replace").strip())
+    except (OSError, MeritError):
         return None
 
 
 def _read_pid_text(text: str) -> int | None:
-    return int(text) if text.isdigit() else None
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def _train_tokenizer(batches: Batches, vocab_size: int, source: str, total: int | None, report: Report):

@@ -6,11 +6,14 @@ import contextlib
 import os
 import shutil
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from merit_core.data.meta import PREPARED_ENTRIES, PREPARED_MARKER, is_merit_prepared
-from merit_core.errors import ConfigError, DataError
+from merit_core.errors import ConfigError, DataError, RunBusy, UnsafePath
 from merit_core.fileio import (
+    FileLock,
     check_writable_folder,
     exchange_paths,
     exclusive_lock,
@@ -18,6 +21,8 @@ from merit_core.fileio import (
     fsync_dir,
     fsync_tree,
     pid_alive,
+    refuse_link,
+    rename_new,
 )
 from merit_core.runs import STAGING_MARKER
 
@@ -85,49 +90,121 @@ def side_path(target: Path, kind: str, pid: int | None = None) -> Path:
     return target.with_name(f"{TMP_PREFIX}{target.name}-{kind}-{os.getpid() if pid is None else pid}")
 
 
+def _move_aside(folder: Path, target: Path, kind: str) -> Path:
+    """Rename `folder` to a free `side_path(target, kind)` name (`-<kind>-<pid>`, else
+    `-<kind>-<pid>.<n>`), reserved by the rename itself: a name that exists is never reused."""
+    base = side_path(target, kind)
+    for n in range(1, 1000):
+        aside = base if n == 1 else base.with_name(f"{base.name}.{n}")
+        try:
+            rename_new(folder, aside)
+            return aside
+        except UnsafePath:
+            continue
+    raise DataError(f"cannot move {folder} aside: 999 names beside {target} are taken; remove the {TMP_PREFIX}* there")
+
+
+def pause(stage: str) -> None:
+    """Called by `publish` at each of its steps, by name ("moved-in", "user-entries-moved",
+    "swapped", "before-discard"); a no-op. A test replaces it to stop one publish at a chosen step
+    while another runs, forcing an interleaving that timing would give only by luck."""
+
+
 def publish(tmp: Path, target: Path) -> None:
     """Move the finished folder `tmp` to `target`, replacing merit's entries of an earlier prepared
     folder there and keeping everything else in it.
 
     Every file and folder of the new copy is fsynced before any rename. The new copy is first
-    renamed to `side_path(target, "new")`; the user's entries of `target` are moved into it; then
-    the two folders are swapped in one atomic step (`exchange_paths`), so `target` always holds
-    complete data, the old or the new; only then is the old copy removed. Where the file system
-    cannot swap, two renames are used and a kill between them is undone by the next prepare
-    (`recover`), as is a kill while the user's entries are being moved.
+    renamed to `side_path(target, "new")` (a name reserved: never one that exists); the user's
+    entries of `target` are moved into it; then the two folders are swapped in one atomic step
+    (`exchange_paths`), so `target` always holds complete data, the old or the new; only then is
+    the old copy discarded (`discard_copy`: merit's entries only; a user's entry found there goes
+    back, never away). Where the file system cannot swap, two renames are used and a kill between
+    them is undone by the next prepare (`recover`), as is a kill while the user's entries are being
+    moved. No rename goes through a symbolic link planted at `target` or beside it. Callers hold
+    `writer_lock(target)`; even without it, a second publish running at the same time never
+    deletes a user's file.
     """
     check_target(target)
     fsync_tree(tmp)
-    new = side_path(target, "new")
-    os.replace(tmp, new)  # from here on, named by PID: `recover` knows what to do with it
+    refuse_link(tmp)
+    new = _move_aside(tmp, target, "new")  # from here on, named by PID: `recover` knows what to do with it
     (new / STAGING_MARKER).unlink(missing_ok=True)
     fsync_dir(target.parent)
-    if not target.exists():
-        os.replace(new, target)
+    pause("moved-in")
+    if not os.path.lexists(target):
+        rename_new(new, target)
         fsync_dir(target.parent)
         return
     moved: list[str] = []
     try:
+        refuse_link(target, "where merit prepares data")
         for name in user_entries(target):
-            os.replace(target / name, new / name)
+            rename_new(target / name, new / name)
             moved.append(name)
         fsync_dir(target)
         fsync_dir(new)
+        pause("user-entries-moved")
+        refuse_link(target, "where merit prepares data")
+        refuse_link(new, "where merit prepares data")
         swapped = exchange_paths(new, target)
     except BaseException:
         for name in reversed(moved):  # the user's entries go back where they were
-            os.replace(new / name, target / name)
-        shutil.rmtree(new, ignore_errors=True)
+            if not os.path.lexists(target / name):
+                os.rename(new / name, target / name)
+        discard_copy(new, target)
         raise
     if swapped:
         fsync_dir(target.parent)
-        shutil.rmtree(new)  # the old copy: merit's entries only
+        pause("swapped")
+        discard_copy(new, target)  # the old copy
         return
-    old = side_path(target, "old")
-    os.replace(target, old)
-    os.replace(new, target)
+    refuse_link(target, "where merit prepares data")
+    old = _move_aside(target, target, "old")
+    try:
+        rename_new(new, target)
+    except BaseException:  # another process's copy took the name meanwhile: the user's entries go there
+        if not os.path.lexists(target):
+            os.rename(old, target)
+        else:
+            discard_copy(old, target)
+        discard_copy(new, target)
+        raise
     fsync_dir(target.parent)
-    shutil.rmtree(old)
+    pause("swapped")
+    discard_copy(old, target)
+
+
+def discard_copy(copy: Path, target: Path) -> list[str]:
+    """Remove a copy of prepared data that `target` no longer is: merit's entries are deleted; any
+    other entry (a user's file, moved there by a publish of another process running at the same
+    time) is moved back into `target` when its name is free there, else kept where it is, with the
+    folder. Returns the names kept. Nothing but merit's own entries is ever deleted."""
+    pause("before-discard")
+    kept: list[str] = []
+    try:
+        names = sorted(os.listdir(copy))
+    except FileNotFoundError:
+        return kept
+    for name in names:
+        path = copy / name
+        if name in _STAGING_ENTRIES:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            continue
+        try:
+            rename_new(path, target / name)
+        except (OSError, UnsafePath):
+            kept.append(name)
+    if not kept:
+        with contextlib.suppress(OSError):
+            os.rmdir(copy)
+    if kept:
+        fsync_dir(copy)
+    fsync_dir(target)
+    return kept
 
 
 def recover(target: Path) -> list[Path]:
@@ -146,8 +223,8 @@ def recover(target: Path) -> list[Path]:
         except OSError:
             return removed
         for child in children:
-            pid = child.name[len(prefix) :]
-            if not pid.isdigit() or pid_alive(int(pid)) or child.is_symlink() or not child.is_dir():
+            pid = child.name[len(prefix) :].split(".")[0]
+            if not (pid.isascii() and pid.isdigit()) or pid_alive(int(pid)) or child.is_symlink() or not child.is_dir():
                 continue
             if not target.exists() and not target.is_symlink():
                 (child / STAGING_MARKER).unlink(missing_ok=True)
@@ -163,9 +240,21 @@ def recover(target: Path) -> list[Path]:
     return removed
 
 
+# The lock files this process holds, by thread: `build_lock` and `writer_lock` taken again inside
+# a block that holds one (a cache builder calling prepare) do not wait for themselves.
+_held = threading.local()
+
+
+def _holding() -> set[str]:
+    if not hasattr(_held, "paths"):
+        _held.paths = set()
+    return _held.paths
+
+
 @contextlib.contextmanager
-def build_lock(target: Path):
-    """Hold an exclusive file lock beside `target` (POSIX; a no-op elsewhere), e.g. across DDP ranks.
+def build_lock(target: Path) -> Iterator[None]:
+    """Hold an exclusive file lock beside `target` (POSIX; a no-op elsewhere), waiting for it, e.g.
+    across DDP ranks or two processes filling one cache entry.
 
     The lock file is removed when released (merit_core.fileio.FileLock), so none is left behind.
     """
@@ -176,8 +265,45 @@ def build_lock(target: Path):
         return
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    with exclusive_lock(lock_path(target)):
+    key = str(lock_path(target))
+    if key in _holding():
         yield
+        return
+    with exclusive_lock(lock_path(target)):
+        _holding().add(key)
+        try:
+            yield
+        finally:
+            _holding().discard(key)
+
+
+@contextlib.contextmanager
+def writer_lock(target: Path) -> Iterator[None]:
+    """The one writer of the prepared folder `target`: the lock `build_lock` takes, taken at once
+    or refused (RunBusy naming the holder's PID), as `merit train` refuses a second writer of a
+    run folder. Held already by this thread (a cache builder waited for it), it is simply kept."""
+    try:
+        import fcntl  # noqa: F401
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+
+    key = str(lock_path(target))
+    if key in _holding():
+        yield
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(lock_path(target))
+    if not lock.acquire(wait=False):
+        pid = lock.holder()
+        who = f"merit process {pid}" if pid else "another merit process"
+        raise RunBusy(f"{target} is being prepared by {who}; wait for it to finish (one writer per folder)")
+    _holding().add(key)
+    try:
+        yield
+    finally:
+        _holding().discard(key)
+        lock.release()
 
 
 def lock_path(target: Path) -> Path:

@@ -18,6 +18,7 @@ import torch
 
 from merit_core.errors import CheckpointError, ConfigError
 from merit_core.models.family import CONV1D, FUSED_PER_HEAD, FamilySpec, all_families, get_family
+from merit_core.models.limits import check_raw_config
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def read_config(path: Path | None) -> dict | None:
         raise CheckpointError(f"{path} is not a readable JSON config: {exc}") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} is not a JSON object")
-    return data
+    return check_raw_config(data, str(path))
 
 
 def _matches(tensors: Mapping, spec: FamilySpec) -> list:

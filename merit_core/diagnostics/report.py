@@ -51,7 +51,7 @@ from merit_core.metric_names import (
     OUTPUT_LOGIT_MAX,
     UPDATE_RATIO,
 )
-from merit_core.metrics import read_metrics
+from merit_core.metrics import count_non_finite, json_safe, read_metrics
 from merit_core.models import context_length
 from merit_core.models.attention_probe import ProbeResult, probe_attention
 from merit_core.progress import Progress, ProgressFn, report_to
@@ -356,10 +356,15 @@ def inspect_paths(
     return InspectReport(inputs, checkpoints)
 
 
-def write_json(report: InspectReport | dict, path: str | Path) -> None:
-    """Write the report (its `to_dict()`) atomically and durably (merit_core.runs), with the user's umask."""
+def write_json(report: InspectReport | dict, path: str | Path) -> int:
+    """Write the report (its `to_dict()`) atomically and durably (merit_core.runs), with the user's umask.
+
+    JSON has no NaN or Infinity: a value that is not finite (a weight that overflowed) is written
+    as null (merit_core.metrics.json_safe). Returns how many were, for the caller to say so."""
     if hasattr(report, "to_dict"):
         report = report.to_dict()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, report, indent=1, allow_nan=True)
+    replaced = count_non_finite(report)
+    atomic_write_json(path, json_safe(report) if replaced else report, indent=1, allow_nan=False)
+    return replaced

@@ -355,7 +355,7 @@ def other_weights(tensors: Mapping) -> list[WeightSummary]:
         if len(tensor_shape(tensors, name)) != 2:
             continue
         w = tensors[name].detach()
-        if not w.is_floating_point():
+        if not w.is_floating_point() or w.numel() == 0:  # an empty matrix has no max-norm
             continue
         if w.dtype not in _REDUCIBLE:  # float8 (F8_E4M3, F8_E5M2): no min/max/norm kernels; exact in float32
             w = w.float()

@@ -35,6 +35,7 @@ from merit_core.evaluation.tasks import (
     resolve_tasks,
 )
 from merit_core.progress import Progress, ProgressFn
+from merit_core.values import in_range, parse_number
 
 CPU_BATCH_SIZE = 8  # what batch size "auto" means on CPU (lm-eval's search for the largest one is for GPUs)
 REQUEST_TYPES = ("loglikelihood", "loglikelihood_rolling", "generate_until")
@@ -69,9 +70,13 @@ class EvalSettings:
             raise ConfigError(f"--bootstrap-iters must be 0 or more, got {self.bootstrap_iters}")
         parse_batch_size(self.batch_size)
         resolve_dtype(self.dtype, "cpu")  # an unknown dtype name fails before anything is loaded
-        parse_seed(self.seed)
+        for value in parse_seed(self.seed):  # numpy and torch take a seed of 32 bits
+            if value is not None:
+                in_range(value, 0, SEED_MAX, "--seed")
         return self
 
+
+SEED_MAX = 2**32 - 1  # the largest seed numpy's legacy seeding (which lm-eval calls) accepts
 
 EvalProgress = Progress  # the former name of eval's progress event (merit_core.progress.Progress)
 
@@ -81,8 +86,8 @@ def parse_batch_size(value: int | str) -> int | str:
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
     try:
-        size = int(value)
-    except (TypeError, ValueError):
+        size = parse_number(value, int, "--batch-size")  # ASCII digits only
+    except ConfigError:
         raise ConfigError(f"--batch-size must be 'auto' or a positive integer, got {value!r}") from None
     if size < 1:
         raise ConfigError(f"--batch-size must be 'auto' or a positive integer, got {value!r}")

@@ -19,6 +19,7 @@ from typing import Any
 
 from merit_core.errors import ConfigError
 from merit_core.fileio import fsync_dir, fsync_file
+from merit_core.values import parse_number
 
 DEFAULT_SEED = (0, 1234, 1234, 1234)  # lm-eval's: python random, numpy, torch, few-shot sampler
 SEED_SLOTS = ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed")
@@ -36,8 +37,8 @@ def parse_seed(text: str | int | Sequence[int | None]) -> tuple[int | None, ...]
                 items.append(None)
                 continue
             try:
-                items.append(int(part))
-            except ValueError:
+                items.append(parse_number(part, int, "--seed"))  # ASCII digits only
+            except ConfigError:
                 raise ConfigError(
                     f"--seed {text}: give one integer (all four seeds) or four, python,numpy,torch,fewshot "
                     "(None leaves one unset), as lm-eval takes them"

@@ -9,13 +9,13 @@ import datetime
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from merit_core.errors import ConfigError
-from merit_core.fileio import atomic_write, check_path_names, refuse_dangling_parents
+from merit_core.fileio import atomic_write, check_path_names, refuse_dangling_parents, write_new_file
 
 _NOT_METRICS = {"alias", "name", "sample_len", "samples", " "}
 
@@ -90,17 +90,28 @@ def format_value(value: float | None, stderr: float | None = None) -> str:
 def output_file(path: str | os.PathLike, now: datetime.datetime | None = None) -> Path:
     """Where `-o PATH` writes: PATH itself when it names a file (it has a suffix such as .json and is
     no folder), else a new `results-<date>T<time>.json` inside the folder PATH (as `merit prepare -o`
-    and `merit train --out` name folders, and as lm-eval's --output_path takes one), never overwriting."""
+    and `merit train --out` name folders, and as lm-eval's --output_path takes one), never overwriting.
+
+    For a folder this is the name free now; `write_results_json` takes the one free when it writes
+    (another eval may have taken this one meanwhile)."""
     out = Path(path).expanduser()
     check_path_names(out, "--output")
-    if out.suffix and not out.is_dir():
+    if names_file(out):
         return out
+    return out / next(n for n in _result_names(now) if not os.path.lexists(out / n))
+
+
+def names_file(path: Path) -> bool:
+    """True when `-o PATH` names the results file itself rather than a folder for one."""
+    return bool(path.suffix) and not path.is_dir()
+
+
+def _result_names(now: datetime.datetime | None = None) -> Iterator[str]:
+    """`results-<date>T<time>.json`, then `results-<date>T<time>-2.json`, `-3`, ... (a bounded list)."""
     stamp = (now or datetime.datetime.now()).strftime("%Y%m%dT%H%M%S")
-    name, n = f"results-{stamp}.json", 1
-    while (out / name).exists():
-        n += 1
-        name = f"results-{stamp}-{n}.json"
-    return out / name
+    yield f"results-{stamp}.json"
+    for n in range(2, 100_000):
+        yield f"results-{stamp}-{n}.json"
 
 
 def check_output_path(path: str | os.PathLike) -> Path:
@@ -126,10 +137,20 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def write_results_json(path: str | os.PathLike, records: Sequence[CheckpointResult]) -> Path:
-    """Write all records to `path` atomically and durably (merit_core.fileio.atomic_write)."""
-    out = check_output_path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"checkpoints": [r.to_json() for r in records]}, indent=2, default=_jsonable)
-    atomic_write(out, text + "\n")
-    return out
+def write_results_json(
+    path: str | os.PathLike, records: Sequence[CheckpointResult], now: datetime.datetime | None = None
+) -> Path:
+    """Write all records durably to `path` (a file: replaced atomically, merit_core.fileio.atomic_write)
+    or, when `path` names a folder, to a new `results-<date>T<time>[-N].json` in it, a name reserved
+    as it is written (merit_core.fileio.write_new_file): two evals writing into one folder at the same
+    second never share a file. Returns the file written."""
+    given = Path(path).expanduser()
+    text = json.dumps({"checkpoints": [r.to_json() for r in records]}, indent=2, default=_jsonable) + "\n"
+    if names_file(given):
+        out = check_output_path(given)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(out, text)
+        return out
+    check_output_path(output_file(given, now))  # the folder can be made and written into
+    given.mkdir(parents=True, exist_ok=True)
+    return write_new_file(given, _result_names(now), text)  # a link planted at a name is skipped

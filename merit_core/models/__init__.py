@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from merit_core.errors import ConfigError, MeritError
 from merit_core.models import families as _families  # noqa: F401  (registers the specs)
 from merit_core.models.family import FamilySpec, all_families, family_names, get_family, register_family
+from merit_core.models.limits import check_raw_config
 from merit_core.runs import MODEL_CONFIG
 
 __all__ = [
@@ -115,7 +117,7 @@ def model_config(
     if path.is_dir():
         path = path / MODEL_CONFIG
     if path.suffix == ".json" or path.exists():
-        return _config_from_file(path, vocab_size, context)
+        return _config_from_file(path, vocab_size, context, special_ids)
 
     close = difflib.get_close_matches(name_or_path, NAMED_MODELS, n=3)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
@@ -142,19 +144,22 @@ def config_from_dict(raw: dict[str, Any], where: str = "config.json"):
 
     # auto_map would point transformers at Python files next to the config: never used here
     raw = {k: v for k, v in raw.items() if k not in ("architectures", "transformers_version", "auto_map")}
+    check_raw_config(raw, where)
     model_type = raw.pop("model_type", None)
     try:
         get_family(model_type)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     try:
-        return AutoConfig.for_model(model_type, **raw)
+        with warnings.catch_warnings():  # transformers' deprecation notes (rope_scaling) are not the user's to act on
+            warnings.simplefilter("ignore", FutureWarning)
+            return AutoConfig.for_model(model_type, **raw)
     except Exception as exc:  # ValueError, TypeError, huggingface_hub's strict-dataclass validation errors
         detail = " ".join(str(exc).split())[:240] or type(exc).__name__
         raise ConfigError(f"{where} is not a usable {model_type} config: {detail}") from None
 
 
-def _config_from_file(path: Path, vocab_size: int | None, context: int | None):
+def _config_from_file(path: Path, vocab_size: int | None, context: int | None, special_ids: dict[str, int]):
     if not path.is_file():
         raise ConfigError(f"model config not found: {path}")
     try:
@@ -166,9 +171,28 @@ def _config_from_file(path: Path, vocab_size: int | None, context: int | None):
     config = config_from_dict(raw, str(path))
     if vocab_size is not None:
         config.vocab_size = vocab_size
+    _fit_special_ids(config, raw, special_ids)
     if context is not None:
         set_context_length(config, context)
     return config
+
+
+def _fit_special_ids(config, raw: dict[str, Any], special_ids: dict[str, int]) -> None:
+    """The token ids of a config read from a file, made to fit its vocabulary: an id the file does
+    not give (transformers then fills in its own default, GPT-2's 50256) or one beyond the
+    vocabulary (a GPT-2 config.json trained on data of another tokenizer) becomes the data's
+    (`special_ids`, e.g. {"bos": eos, "eos": eos}); without one, an id beyond the vocabulary is unset."""
+    vocab = getattr(config, "vocab_size", None)
+    for short, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("pad", "pad_token_id")):
+        value = getattr(config, key, None)
+        given = raw.get(key) is not None
+        fits = isinstance(value, int) and not isinstance(value, bool) and (vocab is None or 0 <= value < vocab)
+        if given and fits:
+            continue
+        if short in special_ids:
+            setattr(config, key, special_ids[short])
+        elif value is not None and not fits:
+            setattr(config, key, None)
 
 
 def family_spec(config) -> FamilySpec:

@@ -12,7 +12,8 @@ import math
 from typing import Any
 
 from merit_core.devices import available_host_memory
-from merit_core.errors import ConfigError
+from merit_core.errors import ConfigError, printable
+from merit_core.values import coerce, is_number
 
 # The largest position table a model config may ask for (a learned table of this many rows is built).
 MAX_POSITIONS = 1 << 24
@@ -24,6 +25,54 @@ def _value(config: Any, *keys: str) -> Any:
 
 def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+# The sizes a config.json gives: whole positive numbers, never text ("2") or fractions, which
+# transformers stores as given and which then fail deep inside a division or a layer's constructor.
+COUNT_KEYS = (
+    "n_embd",
+    "hidden_size",
+    "n_layer",
+    "num_hidden_layers",
+    "n_head",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "n_positions",
+    "n_ctx",
+    "max_position_embeddings",
+    "intermediate_size",
+    "n_inner",
+)
+
+
+def check_raw_config(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """`raw` (a config.json as read) with its sizes checked before transformers or merit reads it:
+    each of COUNT_KEYS present an integer (an integral float becomes an int; whether it is large
+    enough is `check_model_config`'s, which words it per size), and
+    `rope_scaling` null or a table whose `factor` is a positive number. ConfigError in one line
+    naming the key otherwise. Returns `raw`, changed in place."""
+    for key in COUNT_KEYS:
+        if raw.get(key) is not None:
+            raw[key] = coerce(raw[key], int, f"{where}: {key}")  # its range: check_model_config
+    rope = raw.get("rope_scaling")
+    if rope is not None:
+        example = '{"rope_type": "linear", "factor": 2.0}'
+        if not isinstance(rope, dict):
+            raise ConfigError(f"{where}: rope_scaling must be a table such as {example} or null, got {_shown(rope)}")
+        kind = rope.get("rope_type", rope.get("type"))
+        if kind is not None and not isinstance(kind, str):
+            raise ConfigError(f"{where}: rope_scaling's rope_type must be a name such as 'linear', got {_shown(kind)}")
+        factor = rope.get("factor")
+        if factor is not None and not (is_number(factor) and math.isfinite(factor) and factor > 0):
+            raise ConfigError(f"{where}: rope_scaling's factor must be a positive number, got {_shown(factor)}")
+    return raw
+
+
+def _shown(value: Any) -> str:
+    text = printable(repr(value))
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def check_model_config(config: Any, name: str) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from merit_core.errors import ConfigError
-from merit_core.fileio import atomic_write
+from merit_core.fileio import atomic_write, check_utf8_path
 from merit_core.models import model_width
 from merit_core.optim.lr_table import LrDefault
 from merit_core.optim.registry import OptimizerSpec, default_lr, get_spec
@@ -218,6 +218,8 @@ def validate(config: TrainConfig) -> None:
         value = getattr(config, name)
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{name} must be a finite number, got {value}")
+        if isinstance(value, str):  # a path with bytes that are not UTF-8: config.toml could not hold it
+            check_utf8_path(value, name)
     if config.seed < 0 or config.seed >= 2**63:
         raise ConfigError(f"seed must be from 0 to 2**63 - 1, got {config.seed}")
     positive = [

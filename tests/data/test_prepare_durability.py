@@ -113,7 +113,9 @@ def _kill_at(step: int, swap: bool) -> None:
         return inner
 
     os.replace = wrap(os.replace)
+    os.rmdir = wrap(os.rmdir)
     shutil.rmtree = wrap(shutil.rmtree)
+    publish_mod.rename_new = wrap(publish_mod.rename_new)
     publish_mod.exchange_paths = wrap(publish_mod.exchange_paths if swap else lambda a, b: False)
 
 

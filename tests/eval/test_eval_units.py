@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
@@ -186,8 +187,13 @@ def test_json_is_written_atomically(tmp_path, monkeypatch):
         write_results_json(out, [_record("b", {})])
     assert json.loads(out.read_text())["checkpoints"][0]["path"] == "/runs/a"
     assert sorted(p.name for p in out.parent.iterdir()) == ["results.json"]
-    with pytest.raises(ConfigError, match="is a folder"):
-        write_results_json(tmp_path, [record])
+    monkeypatch.undo()
+    # A folder gets a new results-<time>.json, never the file another writer took in the same second.
+    now = datetime.datetime(2026, 1, 2, 3, 4, 5)
+    first = write_results_json(tmp_path, [record], now)
+    second = write_results_json(tmp_path, [_record("b", {})], now)
+    assert (first.name, second.name) == ("results-20260102T030405.json", "results-20260102T030405-2.json")
+    assert json.loads(first.read_text())["checkpoints"][0]["path"] == "/runs/a"
 
 
 def test_settings_are_validated():
