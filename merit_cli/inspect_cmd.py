@@ -444,7 +444,7 @@ def inspect_cmd(
     """
     for path in paths:  # before torch and transformers load (seconds): a typo is answered at once
         if not path.expanduser().exists():
-            from merit_core.runs import missing_step_hint
+            from merit_core.checkpoint.runs import missing_step_hint
 
             raise CheckpointError(f"checkpoint not found: {path}{missing_step_hint(path.expanduser())}")
     from rich.console import Console

@@ -26,10 +26,10 @@ from merit_cli.render import (
     train_log_line,
     training_progress,
 )
+from merit_core.checkpoint.runs import CONFIG_FILE
 from merit_core.errors import ConfigError, MeritError
 from merit_core.fileio import refuse_link
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
-from merit_core.runs import CONFIG_FILE
 
 if TYPE_CHECKING:
     from merit_core.train.callbacks import RunInfo, RunSummary

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from merit_core import runs as run_folders
+from merit_core.checkpoint import runs as run_folders
 from merit_core.compare.grid import (
     RUNS_DIR,
     PlannedRun,

@@ -11,6 +11,7 @@ from pathlib import Path
 from merit_core.data.meta import PREPARED_ENTRIES, PREPARED_MARKER, is_merit_prepared
 from merit_core.errors import ConfigError, DataError
 from merit_core.fileio import (
+    STAGING_MARKER,
     check_writable_folder,
     exchange_paths,
     exclusive_lock,
@@ -19,7 +20,6 @@ from merit_core.fileio import (
     fsync_tree,
     pid_alive,
 )
-from merit_core.runs import STAGING_MARKER
 
 TMP_PREFIX = ".merit-tmp-"
 

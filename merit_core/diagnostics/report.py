@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from merit_core import runs
-from merit_core.diagnostics.checkpoints import Checkpoint, SafetensorsReader, find_checkpoints
+from merit_core.checkpoint import runs
+from merit_core.checkpoint.resolve import Checkpoint, SafetensorsReader, find_checkpoints
 from merit_core.diagnostics.hessian import model_hessian
 from merit_core.diagnostics.layout import read_config
 from merit_core.diagnostics.probe import ProbeInfo, load_model, make_probe_batch
@@ -357,7 +357,7 @@ def inspect_paths(
 
 
 def write_json(report: InspectReport | dict, path: str | Path) -> None:
-    """Write the report (its `to_dict()`) atomically and durably (merit_core.runs), with the user's umask."""
+    """Write the report (its `to_dict()`) atomically and durably (merit_core.checkpoint.runs), with the user's umask."""
     if hasattr(report, "to_dict"):
         report = report.to_dict()
     path = Path(path)

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from merit_core import runs
+from merit_core.checkpoint import runs
 from merit_core.devices import available_host_memory
 from merit_core.diagnostics.weights import record_fields
 from merit_core.errors import CheckpointError
@@ -36,9 +36,9 @@ from merit_core.optim import build_optimizer
 from merit_core.optim.merit import MERIT
 from merit_core.optim.merit.common import Hyper
 from merit_core.optim.merit.reference import direction, trust_ratios
+from merit_core.schedule import lr_at
 from merit_core.train.checkpoint import check_optimizer_state, load_trainer_state
 from merit_core.train.config import load_config
-from merit_core.train.schedule import lr_at
 
 PERCENTILES = (0, 1, 10, 50, 90, 99, 100)
 

@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from merit_core import runs
-from merit_core.checkpoints import (
+from merit_core.checkpoint import runs
+from merit_core.checkpoint.safe import (
     PICKLE_SUFFIXES,
-    check_model_dims,
     check_special_tokens,
     index_files,
     refuse_pickle,
@@ -25,7 +24,7 @@ from merit_core.checkpoints import (
 from merit_core.errors import CheckpointError, ConfigError, first_line
 from merit_core.fileio import display
 from merit_core.hub import looks_like_hub_id
-from merit_core.models.limits import check_model_size
+from merit_core.models.limits import check_model_dims, check_model_size
 
 TOKENIZER_FILES = runs.TOKENIZER_FILES
 # trainer_state.json fields copied into the output's `meta`, with the type each must have.

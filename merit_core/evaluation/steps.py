@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from merit_core import runs
+from merit_core.checkpoint import runs
 from merit_core.diagnostics.plots import save_figure
 from merit_core.errors import CheckpointError, ConfigError
 from merit_core.fileio import display

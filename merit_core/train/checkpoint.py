@@ -6,10 +6,10 @@ own), `trainer_state.json` (step, tokens, lr, model, optimizer, batch shape: wha
 and `trainer_state.pt` (optimizer state, RNG states, data position; tensors and plain
 containers only, so it loads with `torch.load(weights_only=True)`). Under fsdp the optimizer
 state is instead an `optimizer/` folder of torch.distributed.checkpoint shards, which every
-process writes into the staged folder (`merit_core.runs.begin_staging`). It is written into
+process writes into the staged folder (`merit_core.checkpoint.runs.begin_staging`). It is written into
 `<run>/.tmp-step_<N>`, fsynced and renamed into place, so a crash never leaves half a
 checkpoint. What the folder layout is (naming, completeness, "latest", staging, durable
-writes) belongs to `merit_core.runs`; this module writes and reads the files inside.
+writes) belongs to `merit_core.checkpoint.runs`; this module writes and reads the files inside.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from merit_core import runs
-from merit_core.checkpoints import opened_path, validate_safetensors
+from merit_core.checkpoint import runs
+from merit_core.checkpoint.runs import STATE_FORMAT, STATE_JSON, STATE_PT, WEIGHTS_NAME
+from merit_core.checkpoint.safe import opened_path, validate_safetensors
 from merit_core.data.tokenizer import make_tokenizer_portable
 from merit_core.errors import CheckpointError, first_line, os_error_line
 from merit_core.fileio import open_regular
 from merit_core.models import family_spec
-from merit_core.runs import STATE_FORMAT, STATE_JSON, STATE_PT, WEIGHTS_NAME
 
 __all__ = [
     "STATE_FORMAT",
@@ -105,7 +105,7 @@ def load_trainer_state(checkpoint: str | Path, map_location: str | torch.device 
 def load_model_weights(model: torch.nn.Module, checkpoint: str | Path) -> None:
     """Copy the checkpoint's safetensors weights into `model` (tied weights may be absent).
 
-    The file is checked whole first (merit_core.checkpoints.validate_safetensors: a truncated file or
+    The file is checked whole first (merit_core.checkpoint.safe.validate_safetensors: a truncated file or
     a corrupt header is refused in one line) and loaded through the checked descriptor."""
     path = Path(checkpoint) / WEIGHTS_NAME
     if not os.path.lexists(path):

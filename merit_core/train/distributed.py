@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from merit_core import runs
+from merit_core.checkpoint import runs
 from merit_core.errors import CheckpointError
 from merit_core.train.checkpoint import check_optimizer_state
 from merit_core.train.compiling import compile_blocks

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from merit_core import runs
-from merit_core.checkpoints import refuse_special_files
+from merit_core.checkpoint import runs
+from merit_core.checkpoint.runs import METRICS_FILE
+from merit_core.checkpoint.safe import refuse_special_files
 from merit_core.errors import CheckpointError, ResumeMismatch, first_line
 from merit_core.metric_names import LOSS, VAL_LOSS
 from merit_core.metrics import read_metrics
-from merit_core.runs import METRICS_FILE
 from merit_core.train.checkpoint import load_model_weights, load_trainer_state
 from merit_core.train.config import TrainConfig
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from merit_core import fileio, runs
+from merit_core.checkpoint.runs import CONFIG_FILE
 from merit_core.data import load_meta, open_tokens, resolve_data
 from merit_core.data.meta import data_notes
 from merit_core.errors import (
@@ -34,7 +35,6 @@ from merit_core.errors import (
 from merit_core.metric_names import LOSS, MAX_ATTENTION_LOGIT, STEP, TOKENS, VAL_LOSS
 from merit_core.models import build_model, count_parameters, model_config
 from merit_core.optim.registry import get_spec, resolve_hparams
-from merit_core.runs import CONFIG_FILE
 from merit_core.train.callbacks import HANDLED_SIGNALS, STOP_SIGNALS, RunInfo, RunSummary, TrainCallbacks
 from merit_core.train.checkpoint import prune_checkpoints, save_checkpoint
 from merit_core.train.checks import check_data, check_model_and_batches

@@ -219,7 +219,7 @@ def test_no_loop_between_merit_core_folders():
         folders = _folder_graph(graph, depth)
         assert "merit_core.optim" in folders["merit_core.train"]  # the graph sees the folders' imports
         assert _cycles(folders) == [], depth
-    planted = {**graph, "merit_core.runs": graph["merit_core.runs"] | {"merit_core.train.config"}}
+    planted = {**graph, "merit_core.checkpoint.runs": graph["merit_core.checkpoint.runs"] | {"merit_core.train.config"}}
     assert _cycles(_folder_graph(planted, 2))  # train/ imports runs.py: runs.py importing train/ is a loop
 
 

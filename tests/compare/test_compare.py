@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from merit_cli.main import cli
-from merit_core import runs
+from merit_core.checkpoint import runs
 from merit_core.compare import CompareCallbacks, load_spec, plan_compare, run_compare
 from merit_core.compare.runner import STATUS_FILE, run_state
 from merit_core.train.metrics import read_metrics

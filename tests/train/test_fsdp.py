@@ -17,7 +17,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from merit_core import runs
+from merit_core.checkpoint import runs
 from merit_core.train.metrics import read_metrics
 from tests.prepared_data import write_prepared, write_tiny_model_config
 

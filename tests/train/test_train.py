@@ -8,7 +8,7 @@ import torch
 from click.testing import CliRunner
 
 from merit_cli.main import cli
-from merit_core import runs
+from merit_core.checkpoint import runs
 from merit_core.train.checkpoint import load_trainer_state
 from merit_core.train.metrics import read_metrics
 from tests.cli_runs import TINY_TRAIN, invoke, train_args

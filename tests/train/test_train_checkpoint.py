@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from merit_core import runs
+from merit_core.checkpoint import runs
 from merit_core.errors import CheckpointError
 from merit_core.train.checkpoint import (
     load_model_weights,
@@ -76,7 +76,7 @@ def test_trainer_state_refuses_pickled_objects(tmp_path, model):
 
 
 def test_resume_reads_refuse_truncated_weights_and_special_files(tmp_path, model, no_hang):
-    """What a resume reads goes through merit_core.checkpoints: a model.safetensors whose tensors end
+    """What a resume reads goes through merit_core.checkpoint.safe: a model.safetensors whose tensors end
     past the file, or a FIFO where trainer_state.pt / trainer_state.json / the weights should be, is
     one CheckpointError naming the file (never a blocked read), and the resume falls back to an
     older checkpoint that loads, saying why."""

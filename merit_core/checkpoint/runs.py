@@ -38,6 +38,7 @@ from typing import Any
 
 from merit_core.errors import CheckpointError, ConfigError, RunBusy, UnsafePath
 from merit_core.fileio import (
+    STAGING_MARKER,
     TMP_PREFIX,
     FileLock,
     atomic_write_json,
@@ -65,7 +66,6 @@ INDEX_NAME = "model.safetensors.index.json"
 MODEL_CONFIG = "config.json"
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
-STAGING_MARKER = ".merit-staging"
 # Files that make a folder's tokenizer (what a checkpoint copies from the prepared data, what eval needs).
 TOKENIZER_FILES = (
     "tokenizer.json",

@@ -18,8 +18,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from merit_core import runs
-from merit_core.checkpoints import (  # the one safe reader of a checkpoint, shared with eval and resume
+from merit_core.checkpoint import runs
+from merit_core.checkpoint.runs import INDEX_NAME, WEIGHTS_NAME
+from merit_core.checkpoint.safe import (  # the one safe reader of a checkpoint, shared with eval and resume
     PICKLE_SUFFIXES,
     index_files,
     open_regular,
@@ -30,7 +31,6 @@ from merit_core.checkpoints import (  # the one safe reader of a checkpoint, sha
 )
 from merit_core.errors import CheckpointError
 from merit_core.fileio import display
-from merit_core.runs import INDEX_NAME, WEIGHTS_NAME
 
 __all__ = [
     "PICKLE_SUFFIXES",
