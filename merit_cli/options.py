@@ -97,3 +97,36 @@ def dtype_callback(allowed: tuple[str, ...]):
         return name
 
     return convert
+
+
+def _selection(ctx, param, value):
+    """--steps as typed -> a Selection (merit_core.checkpoint's one parser), or one ConfigError line."""
+    from merit_core.checkpoint import parse_selection
+
+    return None if value is None else parse_selection(value)
+
+
+def steps_option(default: str):
+    """--steps latest|all|N,M: which checkpoints of a run folder a command takes, the same words in
+    inspect and eval (merit_core.checkpoint.resolve parses and applies them)."""
+    from merit_core.checkpoint import STEPS_HELP
+
+    return click.option(
+        "--steps",
+        "selection",
+        default=default,
+        show_default=True,
+        metavar="latest|all|N,M",
+        callback=_selection,
+        help=STEPS_HELP,
+    )
+
+
+def no_verify_option(what: str = "the checkpoints'"):
+    """--no-verify: skip checking a checkpoint's files against the sha256 its trainer_state.json records."""
+    return click.option(
+        "--no-verify",
+        "no_verify",
+        is_flag=True,
+        help=f"Skip checking {what} files against the checksums recorded when they were written (it says so).",
+    )

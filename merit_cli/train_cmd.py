@@ -262,6 +262,13 @@ CONFIG_OPTIONS = (
         default=None,
         help="Let --resume continue with another seed, data or tokenizer than the run was trained with.",
     ),
+    click.option(
+        "--no-verify",
+        "verify",
+        flag_value=False,
+        default=None,
+        help="Let --resume skip checking the checkpoint's files against the checksums it recorded (it says so).",
+    ),
     click.option("--seed", callback=number(int), help="Seed of the initialisation and the batch order (default 0)."),
     device_option(default=None),
     click.option(

@@ -15,3 +15,36 @@ a checkpoint's files hold, as the only reader and writer of them.
 
 Nothing here imports train/, diagnostics/ or evaluation/: they import it.
 """
+
+from merit_core.checkpoint.resolve import (
+    ALL,
+    LATEST,
+    STEPS_HELP,
+    Checkpoint,
+    Selection,
+    find_checkpoints,
+    is_run_folder,
+    parse_selection,
+    select_steps,
+    took,
+)
+from merit_core.checkpoint.runs import CONFIG_FILE, missing_step_hint
+from merit_core.checkpoint.state import TrainerState, read_trainer_state, verify_checkpoint
+
+__all__ = [
+    "ALL",
+    "CONFIG_FILE",
+    "LATEST",
+    "STEPS_HELP",
+    "Checkpoint",
+    "Selection",
+    "TrainerState",
+    "find_checkpoints",
+    "is_run_folder",
+    "missing_step_hint",
+    "parse_selection",
+    "read_trainer_state",
+    "select_steps",
+    "took",
+    "verify_checkpoint",
+]

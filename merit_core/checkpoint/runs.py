@@ -28,15 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import json
 import os
 import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from merit_core.errors import CheckpointError, ConfigError, RunBusy, UnsafePath
+from merit_core.errors import ConfigError, RunBusy, UnsafePath
 from merit_core.fileio import (
     STAGING_MARKER,
     TMP_PREFIX,
@@ -48,7 +46,6 @@ from merit_core.fileio import (
     folder_mode,
     fsync_dir,
     fsync_file,
-    open_regular,
     refuse_foreign_entries,
     refuse_link,
 )
@@ -155,42 +152,6 @@ def tokenizer_files(folder: str | Path) -> list[Path]:
     """The tokenizer files present in `folder` (see TOKENIZER_FILES)."""
     folder = Path(folder)
     return [folder / name for name in TOKENIZER_FILES if (folder / name).is_file()]
-
-
-# -- trainer state -----------------------------------------------------------------------------
-def read_trainer_state(folder: str | Path, *, strict: bool = True) -> dict[str, Any]:
-    """trainer_state.json of a checkpoint folder as a dict.
-
-    strict: a missing or unreadable file raises CheckpointError (what resume needs); otherwise
-    it gives {} (what eval and inspect want: the metadata is optional there).
-    """
-    path = Path(folder) / STATE_JSON
-    try:
-        with open_regular(path) as fh:  # a FIFO (which would block the read forever) is refused
-            state = json.loads(fh.read().decode("utf-8"))
-        if not isinstance(state, dict):
-            raise ValueError("not a JSON object")
-    except FileNotFoundError:
-        if strict:
-            raise CheckpointError(f"{folder} is not a merit checkpoint (no {STATE_JSON})") from None
-        return {}
-    except CheckpointError:
-        if strict:
-            raise
-        return {}
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        if strict:
-            raise CheckpointError(f"{path} is unreadable: {exc}") from None
-        return {}
-    return state
-
-
-def state_step(folder: str | Path) -> int | None:
-    """The step a checkpoint folder says it holds (its trainer_state.json, else its `step_N` name)."""
-    step = read_trainer_state(folder, strict=False).get("step")
-    if isinstance(step, int) and not isinstance(step, bool):
-        return step
-    return parse_step(Path(folder).name)
 
 
 # -- checkpoint staging --------------------------------------------------------------------------

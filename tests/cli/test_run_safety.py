@@ -15,8 +15,9 @@ import torch
 from click.testing import CliRunner
 
 from merit_cli.main import cli
-from merit_core import errors, fileio, runs
-from merit_core.train.checkpoint import load_trainer_state
+from merit_core import errors, fileio
+from merit_core.checkpoint import runs
+from merit_core.checkpoint.tensors import load_trainer_state
 from merit_core.train.metrics import read_metrics
 from tests import cli_runs
 from tests.cli_runs import invoke
