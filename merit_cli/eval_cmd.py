@@ -208,7 +208,9 @@ def _say_latest(console: Console, checkpoints: tuple, selection) -> None:
     for given in checkpoints:
         path = Path(given).expanduser()
         if is_run_folder(path) and path.exists():
-            console.print(f"[dim]{took(path, select_steps(path, selection, 'model'), selection)}[/]")
+            console.print(
+                f"[dim]{escape(took(path, select_steps(path, selection, 'model'), selection))}[/]", soft_wrap=True
+            )
 
 
 def _steps_table(steps: list[int], records: list[CheckpointResult], logits: dict[int, float]) -> Table:
@@ -385,7 +387,7 @@ def eval_cmd(
         from merit_core.evaluation.steps import step_checkpoints
 
         picked = step_checkpoints(step_run, selection)
-        console.print(f"[dim]{took(step_run, picked, selection)}[/]")
+        console.print(f"[dim]{escape(took(step_run, picked, selection))}[/]", soft_wrap=True)
         chosen = [step for step, _ in picked]
         checkpoints = tuple(str(folder) for _, folder in picked)
     else:
@@ -436,7 +438,7 @@ def eval_cmd(
         if own is not None:
             own.close()
     for text in notes:
-        console.print(f"[yellow]note[/] {escape(text)}")
+        console.print(f"[yellow]note[/] {escape(text)}", soft_wrap=True)
 
     console.print(results_table(records, settings.num_fewshot))
     if step_run is not None:

@@ -359,7 +359,7 @@ def _say_taken(console, report, selection) -> None:
         start += given.n_checkpoints
         if given.kind == "run":
             picked = [(c.step, Path(c.path)) for c in taken]
-            console.print(f"[dim]{escape(took(given.path, picked, selection))}[/]")
+            console.print(f"[dim]{escape(took(given.path, picked, selection))}[/]", soft_wrap=True)
 
 
 @click.command("inspect", context_settings={"show_default": True})

@@ -484,7 +484,7 @@ def open_regular(path: str | os.PathLike):
 
     Opened without blocking and checked on the open descriptor, so a FIFO swapped in after a
     check cannot hang the read. The shared opener of every file merit reads from a checkpoint
-    (merit_core.checkpoint.safe) and of its trainer_state.json (merit_core.checkpoint.runs)."""
+    (merit_core.checkpoint.safe) and of its trainer_state.json (merit_core.checkpoint.state)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         mode = os.fstat(fd).st_mode

@@ -35,7 +35,7 @@ from merit_core.checkpoint.safe import (  # the one safe reader of a checkpoint,
     refuse_special_files,
     validate_safetensors,
 )
-from merit_core.checkpoint.state import SKIPPED, state_step, verify_checkpoint
+from merit_core.checkpoint.state import SKIPPED, optional_trainer_state, verify_checkpoint
 from merit_core.errors import CheckpointError, ConfigError
 from merit_core.fileio import display
 
@@ -163,7 +163,9 @@ class Checkpoint:
 
 
 def _read_step(folder: Path) -> int | None:
-    return state_step(folder)
+    """The step a checkpoint folder says it holds (its trainer_state.json, else its `step_N` name)."""
+    state = optional_trainer_state(folder, strict=False)
+    return state.step if state is not None else runs.parse_step(folder.name)
 
 
 def _folder_checkpoint(folder: Path) -> Checkpoint | None:

@@ -7,7 +7,7 @@ Layout::
     <run>/config.toml           the resolved configuration
     <run>/metrics.jsonl         log and eval records
     <run>/step_<N>/             a checkpoint: config.json, model.safetensors, tokenizer files,
-                                trainer_state.json and trainer_state.pt (see train/checkpoint.py)
+                                trainer_state.json and trainer_state.pt (see checkpoint/state.py, tensors.py)
     <run>/.tmp-step_<N>/        a checkpoint being written (holds the `.merit-staging` marker)
 
 What counts as a checkpoint, at three levels (one rule for "latest": the highest N among the
@@ -34,6 +34,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from merit_core.checkpoint.state import STATE_JSON
 from merit_core.errors import ConfigError, RunBusy, UnsafePath
 from merit_core.fileio import (
     STAGING_MARKER,
@@ -55,9 +56,7 @@ RUN_FORMAT = "merit-run-v1"
 LOCK_FILE = ".merit-run.lock"
 CONFIG_FILE = "config.toml"
 CONFIG_HEADER = "# merit train: resolved run configuration"
-STATE_JSON = "trainer_state.json"
 STATE_PT = "trainer_state.pt"
-STATE_FORMAT = "merit-trainer-v1"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 MODEL_CONFIG = "config.json"

@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from merit_core.checkpoint.runs import STATE_FORMAT, STATE_JSON, parse_step
 from merit_core.errors import CheckpointError
 from merit_core.fileio import STAGING_MARKER, atomic_write, display, open_regular
 
+STATE_JSON = "trainer_state.json"
+STATE_FORMAT = "merit-trainer-v1"
 MAX_STATE_BYTES = 16 * 1024 * 1024  # a trainer_state.json is a few kB: a larger one is not merit's
 SELF_KEY = "state_sha256"
-NOT_VERIFIED = "not verified: no checksums recorded (a checkpoint written before merit recorded them)"
+NOT_VERIFIED = "not verified: no checksums recorded (written before merit recorded them)"
 SKIPPED = "checksums not verified (--no-verify)"
 _HASH_CHUNK = 1 << 20
 
@@ -171,14 +172,19 @@ def _read_raw(folder: Path) -> dict[str, Any]:
     return raw
 
 
-def read_trainer_state(folder: str | Path) -> TrainerState:
+def read_trainer_state(folder: str | Path, *, verify: bool = True) -> TrainerState:
     """The checkpoint folder's trainer_state.json, checked: CheckpointError when it is missing,
-    unreadable, altered (its own checksum differs) or a field has the wrong type."""
+    unreadable, altered (its own checksum differs; not checked without `verify`) or a field has the
+    wrong type."""
     folder = Path(folder)
     raw = _read_raw(folder)
     where = display(folder / STATE_JSON)
     recorded = raw.get(SELF_KEY)
-    if recorded is not None and (not _is_sha(recorded) or hashlib.sha256(_canonical(raw)).hexdigest() != recorded):
+    if (
+        verify
+        and recorded is not None
+        and (not _is_sha(recorded) or hashlib.sha256(_canonical(raw)).hexdigest() != recorded)
+    ):
         raise CheckpointError(f"{where} was altered since it was written (its checksum differs); refused")
     return from_dict(raw, where)
 
@@ -198,12 +204,6 @@ def optional_trainer_state(folder: str | Path, *, strict: bool = True) -> Traine
         if strict:
             raise
         return None
-
-
-def state_step(folder: str | Path) -> int | None:
-    """The step a checkpoint folder says it holds (its trainer_state.json, else its `step_N` name)."""
-    state = optional_trainer_state(folder, strict=False)
-    return state.step if state is not None else parse_step(Path(folder).name)
 
 
 # -- checksums ---------------------------------------------------------------------------------

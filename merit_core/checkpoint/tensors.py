@@ -17,8 +17,10 @@ its are).
 
 from __future__ import annotations
 
+import copy
 import math
 import os
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -163,7 +165,9 @@ def _same_kind(saved: Any, current: Any) -> bool:
     """Whether a saved hyperparameter can stand where the optimizer has `current`."""
     if isinstance(current, bool):
         return isinstance(saved, bool)
-    if isinstance(current, (int, float)) or current is None:
+    if current is None:  # unset (e.g. MERIT's implementation): a plain value may stand in for it
+        return saved is None or isinstance(saved, (str, bool)) or _same_kind(saved, 0.0)
+    if isinstance(current, (int, float)):
         return saved is None or (
             isinstance(saved, (int, float)) and not isinstance(saved, bool) and math.isfinite(saved)
         )
@@ -193,29 +197,34 @@ def _check_group(saved: dict[str, Any], current: dict[str, Any], where: str, i: 
             )
         got = saved[key]
         if key == "betas" and isinstance(got, (tuple, list)) and any(not (0 <= b <= 1) for b in got if b is not None):
-            raise CheckpointError(f"{where}: betas of parameter group {i} are {tuple(got)}, outside [0, 1]")
+            raise CheckpointError(
+                f"{where}: betas of parameter group {i} are {tuple(got)}, outside [0, 1]; this checkpoint cannot be resumed"
+            )
         if key in _NON_NEGATIVE and isinstance(got, (int, float)) and got < 0:
-            raise CheckpointError(f"{where}: {key} of parameter group {i} is {got}, below 0")
+            raise CheckpointError(
+                f"{where}: {key} of parameter group {i} is {got}, below 0; this checkpoint cannot be resumed"
+            )
 
 
 def _expected_entries(optimizer: torch.optim.Optimizer) -> list[list[dict[str, Any]]] | None:
-    """What the optimizer keeps per parameter after a step, learnt from a replica on parameters of two
-    elements per dimension (same groups, same hyperparameters) stepped once with zero gradients;
-    None when the optimizer cannot be rebuilt that way (its constructor takes other arguments)."""
-    groups, tiny = [], []
-    for group in optimizer.param_groups:
-        params = [torch.zeros([min(int(n), 2) for n in p.shape], requires_grad=True) for p in group["params"]]
-        tiny.append(params)
-        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
+    """What the optimizer keeps per parameter after a step, learnt from a replica on parameters of at
+    most two elements per dimension (same groups, same hyperparameters) stepped once with zero
+    gradients; None when the optimizer cannot be replicated that way."""
+    tiny = [
+        [torch.zeros([min(int(n), 2) for n in p.shape], requires_grad=True) for p in group["params"]]
+        for group in optimizer.param_groups
+    ]
+    memo = {id(p): q for group, params in zip(optimizer.param_groups, tiny) for p, q in zip(group["params"], params)}
     try:
-        replica = type(optimizer)(groups, **optimizer.defaults)
+        replica = copy.deepcopy(optimizer, memo)  # the same class and settings, on the tiny parameters
+        replica.state = defaultdict(dict)
         for params in tiny:
-            for p in params:
-                p.grad = torch.zeros_like(p)
+            for q in params:
+                q.grad = torch.zeros_like(q)
         replica.step()
-    except Exception:  # noqa: BLE001 - an optimizer that cannot be rebuilt from its groups: structure checks only
+    except Exception:  # noqa: BLE001 - an optimizer that cannot be replicated: the structure checks only
         return None
-    return [[dict(replica.state.get(p, {})) for p in params] for params in tiny]
+    return [[dict(replica.state.get(q, {})) for q in params] for params in tiny]
 
 
 def check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, where: str | Path) -> None:

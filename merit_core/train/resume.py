@@ -164,7 +164,7 @@ def _load_checked(ckpt: Path, model: Any, verify: bool) -> tuple[dict[str, Any],
     """trainer_state.pt of `ckpt` checked whole and the weights loaded into `model`, with a note when
     the files were not verified (no checksums recorded, or --no-verify)."""
     refuse_special_files(ckpt)
-    info = read_trainer_state(ckpt)
+    info = read_trainer_state(ckpt, verify=verify)
     named = runs.parse_step(ckpt.name)
     if named is not None and named != info.step:
         raise CheckpointError(f"{ckpt / runs.STATE_JSON} says step {info.step} but the folder is {ckpt.name}")

@@ -205,7 +205,7 @@ def test_next_eval_hint_is_a_command_that_runs(finished_run, monkeypatch):
     assert args[:2] == ["eval", str(out / "step_4")] and "--tasks" in args
     calls = []
 
-    def evaluate(checkpoints, settings, progress=None, quiet=True):
+    def evaluate(checkpoints, settings, progress=None, quiet=True, note=None):
         calls.append((checkpoints, settings))
         return [CheckpointResult(path=checkpoints[0], label="step_4", results={}, meta={})]
 
