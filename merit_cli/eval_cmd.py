@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from merit_cli.options import device_option, no_verify_option, steps_option
+from merit_cli.options import all_steps_option, device_option, no_verify_option, selection_of, steps_option
 from merit_cli.render import ProgressView
 from merit_core.errors import ConfigError
 from merit_core.evaluation import EvalSettings, evaluate_checkpoints
@@ -178,12 +178,9 @@ def _model_args(text: str) -> list[str]:
 def _chosen_steps(checkpoints: tuple, selection, all_steps: bool, plot: str | None):
     """The selection --steps / --all-steps make; checks that a selection other than the latest (scores
     over steps) has one run folder and that --plot comes only with one."""
-    from merit_core.checkpoint import ALL, LATEST
+    from merit_core.checkpoint import LATEST
 
-    if all_steps:
-        if selection not in (LATEST, ALL):
-            raise ConfigError(f"--all-steps is --steps all; it cannot go with --steps {selection}")
-        selection = ALL
+    selection = selection_of(selection, all_steps)
     if selection == LATEST:
         if plot is not None:
             raise ConfigError("--plot draws scores over steps: give it with --steps all or --steps N,M")
@@ -318,7 +315,7 @@ def _display_stream():
     "trust. Separate from --trust-remote-code, which trusts a checkpoint's code, not a task folder's.",
 )
 @steps_option(default="latest")
-@click.option("--all-steps", is_flag=True, help="The same as --steps all.")
+@all_steps_option()
 @no_verify_option()
 @click.option(
     "--plot",
@@ -364,7 +361,7 @@ def eval_cmd(
       merit eval runs/first --tasks builtin            # offline: the built-in corpus's held-out text
       merit eval --model hf --model_args pretrained=runs/a/step_100 --tasks builtin \\
           --output_path evals --log_samples           # lm-eval's spellings and its results layout
-      merit eval runs/a --all-steps --tasks builtin --plot scores.png -o steps.json
+      merit eval runs/a --steps all --tasks builtin --plot scores.png -o steps.json
 
     lm-eval's spellings work too: --model hf, --model_args pretrained=CKPT,dtype=D,
     --batch_size, --num_fewshot, --include_path, --bootstrap_iters, --log_samples, --seed;

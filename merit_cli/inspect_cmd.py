@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from merit_cli.options import device_option, no_verify_option, steps_option
+from merit_cli.options import all_steps_option, device_option, no_verify_option, selection_of, steps_option
 from merit_core.diagnostics.plots import plot_report, short_labels
 from merit_core.errors import CheckpointError, ConfigError
 from merit_core.fileio import check_writable
@@ -412,7 +412,7 @@ def _say_taken(console, report, selection) -> None:
 @click.option("--seed", default=0, type=int, help="Seed for the Hessian estimates and random probes.")
 @device_option()
 @steps_option(default="all")
-@click.option("--all-steps", is_flag=True, help="The same as --steps all.")
+@all_steps_option()
 @no_verify_option()
 @click.option("--per-head", is_flag=True, help="Also print a layer x head table.")
 @click.option(
@@ -459,6 +459,7 @@ def inspect_cmd(
     \b
     Examples:
       merit inspect runs/first                      # every checkpoint of a run
+      merit inspect runs/first --steps latest       # its latest checkpoint only
       merit inspect runs/a/step_200 runs/b/step_200 --json stats.json --plot layers.png
       merit inspect model.safetensors --no-logits --heads 12
       merit inspect runs/first/step_5 --hessian
@@ -468,11 +469,7 @@ def inspect_cmd(
             from merit_core.checkpoint import missing_step_hint
 
             raise CheckpointError(f"checkpoint not found: {path}{missing_step_hint(path.expanduser())}")
-    if all_steps:
-        from merit_core.checkpoint import ALL
-
-        if selection != ALL:
-            raise ConfigError(f"--all-steps is --steps all; it cannot go with --steps {selection}")
+    selection = selection_of(selection, all_steps)
     from rich.console import Console
 
     from merit_cli.render import ProgressView

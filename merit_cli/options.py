@@ -122,6 +122,22 @@ def steps_option(default: str):
     )
 
 
+def all_steps_option():
+    """--all-steps, kept as another spelling of --steps all (see `selection_of`)."""
+    return click.option("--all-steps", is_flag=True, help="The same as --steps all.")
+
+
+def selection_of(selection, all_steps: bool):
+    """The Selection --steps and --all-steps make together (--all-steps with other steps: one ConfigError line)."""
+    from merit_core.checkpoint import ALL, LATEST
+
+    if not all_steps:
+        return selection
+    if selection not in (LATEST, ALL):
+        raise ConfigError(f"--all-steps is --steps all; it cannot go with --steps {selection}")
+    return ALL
+
+
 def no_verify_option(what: str = "the checkpoints'"):
     """--no-verify: skip checking a checkpoint's files against the sha256 its trainer_state.json records."""
     return click.option(

@@ -206,7 +206,7 @@ def _from_folder(folder: Path, selection: Selection) -> list[Checkpoint]:
             ckpt.step = step
         steps.append(ckpt)
     if steps:
-        steps.sort(key=lambda c: c.step)
+        steps.sort(key=lambda c: c.step if c.step is not None else -1)  # each has its step here
         if skipped:
             steps[0].notes.append(f"skipped incomplete checkpoint folders: {', '.join(sorted(skipped))}")
         if selection.kind == "latest":

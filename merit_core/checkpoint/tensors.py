@@ -84,7 +84,7 @@ def check_trainer_state(state: Any, where: str | Path, step: int | None = None) 
     if not isinstance(state, dict):
         raise refuse("not a merit trainer state (step, optimizer, rng)")
     saved = state.get("step")
-    if not _is_int(saved) or saved < 0:
+    if not isinstance(saved, int) or isinstance(saved, bool) or saved < 0:
         raise refuse(f"its step is {_kind(saved)}, not a non-negative integer")
     if step is not None and saved != step:
         raise refuse(f"it holds step {saved} but its folder holds step {step}")

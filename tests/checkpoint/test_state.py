@@ -26,7 +26,9 @@ from merit_core.checkpoint.tensors import check_optimizer_state, check_trainer_s
 from merit_core.errors import CheckpointError, ConfigError, MeritError
 
 ROOT = Path(__file__).resolve().parents[2]
-FUZZ = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+)
 
 
 def _code_strings(tree: ast.AST) -> list[str]:
