@@ -29,7 +29,13 @@ class Arbitrary:
 
 def save(run, step, model, **state):
     return save_checkpoint(
-        run, step, model=model, state_dict=None, tokenizer_dir=None, info=TrainerState(step=step), state={"step": step, **state}
+        run,
+        step,
+        model=model,
+        state_dict=None,
+        tokenizer_dir=None,
+        info=TrainerState(step=step),
+        state={"step": step, **state},
     )
 
 
