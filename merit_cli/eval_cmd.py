@@ -8,9 +8,10 @@ import sys
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from merit_cli.options import device_option
+from merit_cli.options import all_steps_option, device_option, no_verify_option, selection_of, steps_option
 from merit_cli.render import ProgressView, shown
 from merit_core.errors import ConfigError
 from merit_core.evaluation import EvalSettings, evaluate_checkpoints
@@ -176,26 +177,39 @@ def _model_args(text: str) -> list[str]:
     return out
 
 
-def _expand_steps(checkpoints: tuple, all_steps: bool, steps: str | None, plot: str | None) -> list[int] | None:
-    """With --all-steps / --steps: the one run folder given, as its chosen step_N folders (in place
-    in `checkpoints`' stead, returned by `_step_paths`); None without them."""
-    from merit_core.evaluation.steps import parse_steps
+def _chosen_steps(checkpoints: tuple, selection, all_steps: bool, plot: str | None):
+    """The selection --steps / --all-steps make; checks that a selection other than the latest (scores
+    over steps) has one run folder and that --plot comes only with one."""
+    from merit_core.checkpoint import LATEST
 
-    if not all_steps and steps is None:
+    selection = selection_of(selection, all_steps)
+    if selection == LATEST:
         if plot is not None:
-            raise ConfigError("--plot draws scores over steps: give it with --all-steps or --steps")
-        return None
-    if all_steps and steps is not None:
-        raise ConfigError("give --all-steps or --steps, not both")
+            raise ConfigError("--plot draws scores over steps: give it with --steps all or --steps N,M")
+        return selection
     if len(checkpoints) != 1:
-        raise ConfigError("--all-steps / --steps take one `merit train` run folder")
+        raise ConfigError(f"--steps {selection} takes one `merit train` run folder")
     if plot is not None:
         from merit_core.fileio import check_writable
 
         if not plot.lower().endswith((".png", ".pdf", ".svg")):
             raise ConfigError(f"--plot {plot}: use a .png, .pdf or .svg file name")
         check_writable(plot, "--plot")
-    return parse_steps(steps) if steps is not None else []
+    return selection
+
+
+def _say_latest(console: Console, checkpoints: tuple, selection) -> None:
+    """For each run folder given, the step_N it takes (its latest), in one line."""
+    from pathlib import Path
+
+    from merit_core.checkpoint import is_run_folder, select_steps, took
+
+    for given in checkpoints:
+        path = Path(given).expanduser()
+        if is_run_folder(path) and path.exists():
+            console.print(
+                f"[dim]{escape(took(path, select_steps(path, selection, 'model'), selection))}[/]", soft_wrap=True
+            )
 
 
 def _steps_table(steps: list[int], records: list[CheckpointResult], logits: dict[int, float]) -> Table:
@@ -302,15 +316,14 @@ def _display_stream():
     "lm-eval renders prompts with Jinja, which can run commands. Off by default: only for task folders you "
     "trust. Separate from --trust-remote-code, which trusts a checkpoint's code, not a task folder's.",
 )
-@click.option("--all-steps", is_flag=True, help="Score every step_N checkpoint of the run folder given.")
-@click.option(
-    "--steps", default=None, metavar="N,N,...", help="Score these step_N checkpoints of the run folder given."
-)
+@steps_option(default="latest")
+@all_steps_option()
+@no_verify_option()
 @click.option(
     "--plot",
     default=None,
     metavar="PATH",
-    help="With --all-steps / --steps: scores over steps beside the recorded max logit (.png/.pdf/.svg).",
+    help="With --steps all / N,M: scores over steps beside the recorded max logit (.png/.pdf/.svg).",
 )
 @click.option("--list-tasks", is_flag=True, help="Show the task aliases (and --include-path tasks) and exit.")
 @click.option("--verbose", "-v", is_flag=True, help="Show lm-eval's own logs and progress bars.")
@@ -330,8 +343,9 @@ def eval_cmd(
     seed,
     lm_eval_layout,
     trust_task_code,
+    selection,
     all_steps,
-    steps,
+    no_verify,
     plot,
     list_tasks,
     verbose,
@@ -349,7 +363,7 @@ def eval_cmd(
       merit eval runs/first --tasks builtin            # offline: the built-in corpus's held-out text
       merit eval --model hf --model_args pretrained=runs/a/step_100 --tasks builtin \\
           --output_path evals --log_samples           # lm-eval's spellings and its results layout
-      merit eval runs/a --all-steps --tasks builtin --plot scores.png -o steps.json
+      merit eval runs/a --steps all --tasks builtin --plot scores.png -o steps.json
 
     lm-eval's spellings work too: --model hf, --model_args pretrained=CKPT,dtype=D,
     --batch_size, --num_fewshot, --include_path, --bootstrap_iters, --log_samples, --seed;
@@ -363,14 +377,20 @@ def eval_cmd(
 
     if not checkpoints:
         raise ConfigError("no checkpoint given: merit eval CKPT... --tasks lambada,wikitext")
-    chosen = _expand_steps(checkpoints, all_steps, steps, plot)
-    step_run = checkpoints[0] if chosen is not None else None
-    if chosen is not None:
+    from merit_core.checkpoint import LATEST, took
+
+    selection = _chosen_steps(checkpoints, selection, all_steps, plot)
+    step_run = checkpoints[0] if selection != LATEST else None
+    chosen: list[int] = []
+    if step_run is not None:
         from merit_core.evaluation.steps import step_checkpoints
 
-        picked = step_checkpoints(step_run, chosen or None)
+        picked = step_checkpoints(step_run, selection)
+        console.print(f"[dim]{escape(took(step_run, picked, selection))}[/]", soft_wrap=True)
         chosen = [step for step, _ in picked]
         checkpoints = tuple(str(folder) for _, folder in picked)
+    else:
+        _say_latest(console, checkpoints, selection)
     if not tasks or not split_task_list(tasks):
         raise ConfigError(
             "no task given: pass --tasks, e.g. --tasks builtin (offline) or lambada,wikitext (see --list-tasks)"
@@ -385,6 +405,7 @@ def eval_cmd(
         num_fewshot=num_fewshot,
         bootstrap_iters=bootstrap_iters,
         trust_remote_code=trust_remote_code,
+        verify=not no_verify,
         log_samples=log_samples,
         seed=parse_seed(seed),
     ).validated()
@@ -403,14 +424,19 @@ def eval_cmd(
         _quiet_libraries()
 
     # The display holds its own stderr: in quiet mode the library silences sys.stderr and fd 2 while it runs.
+    notes: list[str] = []
     own = _display_stream()
     try:
         display = Console(file=own or sys.stderr, stderr=own is None)
         with ProgressView(display, one_line=True, first="loading torch and lm-eval", redirect=False) as view:
-            records = evaluate_checkpoints(list(checkpoints), settings, progress=view, quiet=not verbose)
+            records = evaluate_checkpoints(
+                list(checkpoints), settings, progress=view, quiet=not verbose, note=notes.append
+            )
     finally:
         if own is not None:
             own.close()
+    for text in notes:
+        console.print(f"[yellow]note[/] {escape(text)}", soft_wrap=True)
 
     console.print(results_table(records, settings.num_fewshot))
     if step_run is not None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from merit_cli.options import device_option
+from merit_cli.options import all_steps_option, device_option, no_verify_option, selection_of, steps_option
 from merit_cli.render import shown
 from merit_core.diagnostics.plots import plot_report, short_labels
 from merit_core.errors import CheckpointError, ConfigError
@@ -348,6 +348,21 @@ def _print_notes(console, checkpoints: list) -> None:
         console.print(f"[yellow]note[/] {label}: {shown(note)}{also}")
 
 
+def _say_taken(console, report, selection) -> None:
+    """For each run folder given, which of its checkpoints were taken, in one line."""
+    from rich.markup import escape
+
+    from merit_core.checkpoint import took
+
+    start = 0
+    for given in report.inputs:  # the checkpoints of each input follow one another, in input order
+        taken = report.checkpoints[start : start + given.n_checkpoints]
+        start += given.n_checkpoints
+        if given.kind == "run":
+            picked = [(c.step, Path(c.path)) for c in taken]
+            console.print(f"[dim]{escape(took(given.path, picked, selection))}[/]", soft_wrap=True)
+
+
 @click.command("inspect", context_settings={"show_default": True})
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--text", help="Probe text for the max attention logit (default: a built-in paragraph).")
@@ -397,6 +412,9 @@ def _print_notes(console, checkpoints: list) -> None:
 )
 @click.option("--seed", default=0, type=int, help="Seed for the Hessian estimates and random probes.")
 @device_option()
+@steps_option(default="all")
+@all_steps_option()
+@no_verify_option()
 @click.option("--per-head", is_flag=True, help="Also print a layer x head table.")
 @click.option(
     "--weights/--no-weights",
@@ -425,6 +443,9 @@ def inspect_cmd(
     hutchinson_samples,
     seed,
     device,
+    selection,
+    all_steps,
+    no_verify,
     per_head,
     show_weights,
     json_path,
@@ -434,20 +455,22 @@ def inspect_cmd(
     log Z, update size and Hessian estimates of checkpoints (docs/DIAGNOSTICS.md).
 
     Each PATH is a .safetensors file, a sharded model.safetensors.index.json, a Hugging Face
-    checkpoint folder, or a `merit train` run folder (all its step_* checkpoints).
+    checkpoint folder, or a `merit train` run folder (its step_* checkpoints: --steps all, latest or N,M).
 
     \b
     Examples:
       merit inspect runs/first                      # every checkpoint of a run
+      merit inspect runs/first --steps latest       # its latest checkpoint only
       merit inspect runs/a/step_200 runs/b/step_200 --json stats.json --plot layers.png
       merit inspect model.safetensors --no-logits --heads 12
       merit inspect runs/first/step_5 --hessian
     """
     for path in paths:  # before torch and transformers load (seconds): a typo is answered at once
         if not path.expanduser().exists():
-            from merit_core.runs import missing_step_hint
+            from merit_core.checkpoint import missing_step_hint
 
             raise CheckpointError(f"checkpoint not found: {path}{missing_step_hint(path.expanduser())}")
+    selection = selection_of(selection, all_steps)
     from rich.console import Console
 
     from merit_cli.render import ProgressView
@@ -491,12 +514,15 @@ def inspect_cmd(
         seed=seed,
         device=device,
         updates=updates,
+        selection=selection,
+        verify=not no_verify,
     )
     console = Console()
     if not console.is_terminal:  # piped / redirected: no terminal width to respect
         console = Console(width=160)
     with ProgressView(console, one_line=True, first="inspecting") as view:
         report = inspect_paths([str(p) for p in paths], opts, progress=view)
+    _say_taken(console, report, selection)
     render(console, report, per_head, show_weights)
     if json_path is not None:
         replaced = write_json(report, json_path)

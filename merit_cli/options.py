@@ -141,3 +141,52 @@ def dtype_callback(allowed: tuple[str, ...]):
         return name
 
     return convert
+
+
+def _selection(ctx, param, value):
+    """--steps as typed -> a Selection (merit_core.checkpoint's one parser), or one ConfigError line."""
+    from merit_core.checkpoint import parse_selection
+
+    return None if value is None else parse_selection(value)
+
+
+def steps_option(default: str):
+    """--steps latest|all|N,M: which checkpoints of a run folder a command takes, the same words in
+    inspect and eval (merit_core.checkpoint.resolve parses and applies them)."""
+    from merit_core.checkpoint import STEPS_HELP
+
+    return click.option(
+        "--steps",
+        "selection",
+        default=default,
+        show_default=True,
+        metavar="latest|all|N,M",
+        callback=_selection,
+        help=STEPS_HELP,
+    )
+
+
+def all_steps_option():
+    """--all-steps, kept as another spelling of --steps all (see `selection_of`)."""
+    return click.option("--all-steps", is_flag=True, help="The same as --steps all.")
+
+
+def selection_of(selection, all_steps: bool):
+    """The Selection --steps and --all-steps make together (--all-steps with other steps: one ConfigError line)."""
+    from merit_core.checkpoint import ALL, LATEST
+
+    if not all_steps:
+        return selection
+    if selection not in (LATEST, ALL):
+        raise ConfigError(f"--all-steps is --steps all; it cannot go with --steps {selection}")
+    return ALL
+
+
+def no_verify_option(what: str = "the checkpoints'"):
+    """--no-verify: skip checking a checkpoint's files against the sha256 its trainer_state.json records."""
+    return click.option(
+        "--no-verify",
+        "no_verify",
+        is_flag=True,
+        help=f"Skip checking {what} files against the checksums recorded when they were written (it says so).",
+    )

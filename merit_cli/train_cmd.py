@@ -26,10 +26,10 @@ from merit_cli.render import (
     train_log_line,
     training_progress,
 )
+from merit_core.checkpoint.runs import CONFIG_FILE
 from merit_core.errors import ConfigError, MeritError
 from merit_core.fileio import refuse_link
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
-from merit_core.runs import CONFIG_FILE
 
 if TYPE_CHECKING:
     from merit_core.train.callbacks import RunInfo, RunSummary
@@ -261,6 +261,13 @@ CONFIG_OPTIONS = (
         is_flag=True,
         default=None,
         help="Let --resume continue with another seed, data or tokenizer than the run was trained with.",
+    ),
+    click.option(
+        "--no-verify",
+        "verify",
+        flag_value=False,
+        default=None,
+        help="Let --resume skip checking the checkpoint's files against the checksums it recorded (it says so).",
     ),
     click.option("--seed", callback=number(int), help="Seed of the initialisation and the batch order (default 0)."),
     device_option(default=None),

@@ -5,7 +5,7 @@ What merit writes is written so that a crash or a full disk never leaves half a 
 fsyncs the folder; `atomic_path` does the same for writers that want a path (matplotlib,
 tokenizers). New files and folders get the user's umask (not the 0600 of temp-file helpers).
 `FileLock` is the fcntl lock behind one writer per run folder and one builder per cached
-folder. This module knows no file names: the run folder's layout is merit_core.runs's.
+folder. This module knows no file names: the run folder's layout is merit_core.checkpoint.runs's.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from merit_core.errors import CheckpointError, ConfigError, DiskFull, UnsafePath
 
 # The name prefix of a file or folder still being written (readers and cleaners skip it).
 TMP_PREFIX = ".tmp-"
+# The marker (holding the writer's PID) inside a folder merit is staging: its contents are merit's to delete.
+STAGING_MARKER = ".merit-staging"
 
 
 def _umask() -> int:
@@ -557,7 +559,7 @@ def open_regular(path: str | os.PathLike):
 
     Opened without blocking and checked on the open descriptor, so a FIFO swapped in after a
     check cannot hang the read. The shared opener of every file merit reads from a checkpoint
-    (merit_core.checkpoints) and of its trainer_state.json (merit_core.runs)."""
+    (merit_core.checkpoint.safe) and of its trainer_state.json (merit_core.checkpoint.state)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         mode = os.fstat(fd).st_mode

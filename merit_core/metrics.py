@@ -13,8 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from merit_core.checkpoint.runs import METRICS_FILE
 from merit_core.fileio import open_regular
-from merit_core.runs import METRICS_FILE
 
 
 def json_safe(value: Any) -> Any:

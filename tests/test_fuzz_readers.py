@@ -19,15 +19,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from merit_core.checkpoints import validate_safetensors
+from merit_core.checkpoint.safe import validate_safetensors
 from merit_core.data.meta import PREPARED_MARKER, is_merit_prepared, load_meta
 from merit_core.data.prepare import remove_stale_temp
 from merit_core.data.publish import check_target
 from merit_core.diagnostics.layout import detect_layout, read_config
 from merit_core.errors import MeritError
+from merit_core.fileio import STAGING_MARKER
 from merit_core.models import model_config
 from merit_core.models.limits import check_model_config
-from merit_core.runs import STAGING_MARKER
 from merit_core.train.config import FIELD_NAMES, TrainConfig, load_config
 
 # The readers are imported above, once: the examples' seconds are the fuzzing's, not torch's import.

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from merit_core import runs as run_folders
+from merit_core.checkpoint import runs as run_folders
+from merit_core.checkpoint.state import read_trainer_state
 from merit_core.compare.grid import (
     RUNS_DIR,
     PlannedRun,
@@ -299,7 +300,7 @@ def _settings(spec: CompareSpec, runs: list[PlannedRun], meta, extra=None) -> Co
     for run in runs:
         ckpt = run_folders.latest(run.run_dir)
         if ckpt is not None:
-            n_params = run_folders.read_trainer_state(ckpt).get("n_params")
+            n_params = read_trainer_state(ckpt).n_params
             break
     grids = lr_grids(spec)
     rule = (

@@ -21,18 +21,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-from merit_core import runs
+from merit_core.checkpoint import runs
+from merit_core.checkpoint.resolve import SafetensorsReader, find_checkpoints
+from merit_core.checkpoint.runs import CONFIG_FILE
 from merit_core.compare.spec import EvalRequest
 from merit_core.compare.summary import spread
 from merit_core.data import open_tokens
-from merit_core.diagnostics.checkpoints import SafetensorsReader, find_checkpoints
 from merit_core.diagnostics.hessian import model_hessian
 from merit_core.diagnostics.probe import load_model
 from merit_core.errors import CheckpointError
 from merit_core.evaluation import EvalSettings, evaluate_checkpoints
 from merit_core.evaluation.results import CheckpointResult, metric_rows
 from merit_core.fileio import atomic_write_json
-from merit_core.runs import CONFIG_FILE
 from merit_core.train.batches import val_batches
 from merit_core.train.config import read_toml
 from merit_core.train.metrics import json_safe

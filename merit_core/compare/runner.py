@@ -30,12 +30,13 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from merit_core import runs
+from merit_core.checkpoint import runs
+from merit_core.checkpoint.runs import CONFIG_FILE
+from merit_core.checkpoint.state import read_trainer_state
 from merit_core.compare.grid import PlannedRun, config_mismatch
 from merit_core.errors import ConfigError, MeritError, RunFailed, RunInterrupted, TrainingDiverged
 from merit_core.fileio import atomic_write_json, open_truncated, refuse_link
 from merit_core.progress import Progress
-from merit_core.runs import CONFIG_FILE
 from merit_core.train import training_run  # run_training looked up per call: tests stand in for it
 from merit_core.train.callbacks import HANDLED_SIGNALS, STOP_SIGNALS, TrainCallbacks
 from merit_core.train.config import read_toml
@@ -100,7 +101,7 @@ def run_state(run: PlannedRun) -> str:
     ckpt = runs.latest(run.run_dir)
     if ckpt is None:
         return "new"
-    return "finished" if int(runs.read_trainer_state(ckpt).get("step", 0)) >= run.steps else "partial"
+    return "finished" if read_trainer_state(ckpt).step >= run.steps else "partial"
 
 
 def read_status(run_dir: Path) -> dict[str, Any]:

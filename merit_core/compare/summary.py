@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from merit_core import runs
+from merit_core.checkpoint import runs
 from merit_core.compare.grid import PlannedRun
 from merit_core.compare.instability import KEY as INSTABILITY
 from merit_core.compare.instability import instability_record

@@ -49,13 +49,13 @@ from merit_core.data.tokenizer import (
 )
 from merit_core.errors import ConfigError, DataError, MeritError
 from merit_core.fileio import (
+    STAGING_MARKER,
     pid_alive,
     read_head,
     refuse_dangling_parents,
     remove_stale_lock,
 )
 from merit_core.progress import Progress, ProgressFn, report_to
-from merit_core.runs import STAGING_MARKER
 
 Report = Callable[[str, int, "int | None"], None]  # report(stage, done, total): a Progress event each
 Batches = Callable[[], Iterable[tuple[list[str], int]]]

@@ -13,6 +13,7 @@ from pathlib import Path
 from merit_core.data.meta import PREPARED_ENTRIES, PREPARED_MARKER, is_merit_prepared
 from merit_core.errors import ConfigError, DataError, RunBusy, UnsafePath
 from merit_core.fileio import (
+    STAGING_MARKER,
     FileLock,
     check_writable_folder,
     exchange_paths,
@@ -24,7 +25,6 @@ from merit_core.fileio import (
     refuse_link,
     rename_new,
 )
-from merit_core.runs import STAGING_MARKER
 
 TMP_PREFIX = ".merit-tmp-"
 

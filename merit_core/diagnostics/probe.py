@@ -16,12 +16,12 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
+from merit_core.checkpoint.runs import TOKENIZER_FILES
 from merit_core.diagnostics.layout import read_config
 from merit_core.errors import CheckpointError, ConfigError, DataError
 from merit_core.fileio import display, special_file
 from merit_core.models import build_model, config_from_dict, family_spec
 from merit_core.models.limits import check_model_config, check_model_size
-from merit_core.runs import TOKENIZER_FILES
 
 PROBE_TEXT = (
     "The committee met on a grey Tuesday morning to review the budget for the coming year. "

@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
-from merit_core import runs
-from merit_core.diagnostics.checkpoints import Checkpoint, SafetensorsReader, find_checkpoints
+from merit_core.checkpoint import runs
+from merit_core.checkpoint.resolve import ALL, Checkpoint, SafetensorsReader, Selection, find_checkpoints
+from merit_core.checkpoint.state import optional_trainer_state
 from merit_core.diagnostics.hessian import model_hessian
 from merit_core.diagnostics.layout import read_config
 from merit_core.diagnostics.probe import ProbeInfo, load_model, make_probe_batch
@@ -78,6 +79,8 @@ class InspectOptions:
     seed: int = 0
     device: str = "cpu"
     updates: bool = True  # update size from a `merit train` checkpoint's optimizer state
+    selection: Selection = ALL  # which checkpoints of a run folder
+    verify: bool = True  # check each checkpoint's files against the checksums it recorded
 
 
 TRAINING_LOGIT_NOTE = "training recorded max attention logit"  # how training_logit_note's notes begin
@@ -182,8 +185,10 @@ class InspectReport:
 
 
 def _trainer_state(ckpt: Checkpoint) -> dict:
-    state = runs.read_trainer_state(ckpt.folder, strict=False)
-    return {k: state[k] for k in TRAINER_KEYS if k in state}
+    state = optional_trainer_state(ckpt.folder, strict=False)
+    if state is None:
+        return {}
+    return {k: state.get(k) for k in TRAINER_KEYS if state.get(k) is not None}
 
 
 def summarize(layers: list[LayerStats], output: dict | None = None, updates: UpdateReport | None = None) -> Summary:
@@ -350,14 +355,15 @@ def inspect_paths(
     paths: Sequence[str | Path], opts: InspectOptions | None = None, progress: ProgressFn | None = None
 ) -> InspectReport:
     """Inspect every checkpoint the paths resolve to (all are validated before any work starts)."""
-    resolved = [(Path(p), find_checkpoints(p)) for p in paths]
+    opts = opts or InspectOptions()
+    resolved = [(Path(p), find_checkpoints(p, opts.selection, opts.verify)) for p in paths]
     inputs = [InputInfo(str(p), "run" if any(c.run for c in cks) else "checkpoint", len(cks)) for p, cks in resolved]
     checkpoints = [inspect_checkpoint(c, opts, progress) for _, cks in resolved for c in cks]
     return InspectReport(inputs, checkpoints)
 
 
 def write_json(report: InspectReport | dict, path: str | Path) -> int:
-    """Write the report (its `to_dict()`) atomically and durably (merit_core.runs), with the user's umask.
+    """Write the report (its `to_dict()`) atomically and durably (merit_core.checkpoint.runs), with the user's umask.
 
     JSON has no NaN or Infinity: a value that is not finite (a weight that overflowed) is written
     as null (merit_core.metrics.json_safe). Returns how many were, for the caller to say so."""

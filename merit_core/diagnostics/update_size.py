@@ -26,19 +26,19 @@ from typing import Any
 
 import torch
 
-from merit_core import runs
+from merit_core.checkpoint import runs
+from merit_core.checkpoint.run_config import read_optimizer_settings
+from merit_core.checkpoint.tensors import check_optimizer_state, check_trainer_state, load_trainer_state
 from merit_core.devices import available_host_memory
 from merit_core.diagnostics.weights import record_fields
-from merit_core.errors import CheckpointError
+from merit_core.errors import CheckpointError, MeritError, first_line
 from merit_core.fileio import display
 from merit_core.metric_names import UPDATE_RATIO
 from merit_core.optim import build_optimizer
 from merit_core.optim.merit import MERIT
 from merit_core.optim.merit.common import Hyper
 from merit_core.optim.merit.reference import direction, trust_ratios
-from merit_core.train.checkpoint import check_optimizer_state, load_trainer_state
-from merit_core.train.config import load_config
-from merit_core.train.schedule import lr_at
+from merit_core.schedule import lr_at
 
 PERCENTILES = (0, 1, 10, 50, 90, 99, 100)
 
@@ -206,23 +206,35 @@ def checkpoint_update_sizes(checkpoint, model: torch.nn.Module) -> UpdateReport 
 
     folder = checkpoint.folder
     run = checkpoint.run or folder.parent
-    config_path = run / runs.CONFIG_FILE
-    if not (folder / runs.STATE_PT).is_file() or not config_path.is_file():
+    if not (folder / runs.STATE_PT).is_file():
         return None
-    c = load_config(config_path)
+    c = read_optimizer_settings(run)
+    if c is None:
+        return None
     state = load_trainer_state(folder)
-    optimizer_state = state.get("optimizer") if isinstance(state, dict) else None
-    if not isinstance(optimizer_state, dict) or "param_groups" not in optimizer_state:
+    where = folder / runs.STATE_PT
+    try:
+        step = check_trainer_state(state, where)
+    except CheckpointError as exc:  # said as what inspect does not measure, not as a resume refusal
+        raise CheckpointError(str(exc).removesuffix("; this checkpoint cannot be resumed")) from None
+    optimizer_state = state["optimizer"]
+    if "param_groups" not in optimizer_state:
         raise CheckpointError(
             f"{display(folder)} keeps its optimizer state in shards (fsdp), which inspect does not read"
         )
     model = model.to(_step_dtype(model)).train()  # the moments load in the weights' dtype
     optimizer = build_optimizer(c.optimizer, model, lr=c.lr, weight_decay=c.weight_decay, **c.optimizer_args)
     scales = [group["lr"] / c.lr for group in optimizer.param_groups]
-    check_optimizer_state(optimizer, optimizer_state, folder / runs.STATE_PT)
-    optimizer.load_state_dict(optimizer_state)
-    step = int(state["step"])
-    lr = lr_at(step, lr=c.lr, min_lr=c.min_lr, warmup_steps=c.warmup_steps, total_steps=c.steps)
-    for group, scale in zip(optimizer.param_groups, scales):
-        group["lr"] = lr * scale
-    return update_sizes(model, optimizer, step, c.optimizer)
+    check_optimizer_state(optimizer, optimizer_state, where)
+    try:
+        optimizer.load_state_dict(optimizer_state)
+        lr = lr_at(step, **c.lr_kwargs())
+        for group, scale in zip(optimizer.param_groups, scales):
+            group["lr"] = lr * scale
+        return update_sizes(model, optimizer, step, c.optimizer)
+    except MeritError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a state that passed the checks and still fails the step: one line
+        raise CheckpointError(
+            f"{display(where)}: the optimizer state does not step ({first_line(exc)[:120]})"
+        ) from None

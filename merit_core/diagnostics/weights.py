@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from merit_core.diagnostics.checkpoints import Checkpoint, SafetensorsReader, find_checkpoints
+from merit_core.checkpoint.resolve import Checkpoint, SafetensorsReader, find_checkpoints
 from merit_core.diagnostics.layout import (
     AttentionLayout,
     detect_layout,

@@ -1,41 +1,39 @@
 """Checkpoints to evaluate: find the model folder, read its training metadata, load model and tokenizer.
 
 A checkpoint is a Hugging Face causal-LM folder (config.json, weights, tokenizer files), a `merit train`
-run folder (its latest `step_N/` is used), or a hub model name when the hub (or its cache) has it.
+run folder (its latest `step_N/` is used: merit_core.checkpoint.resolve picks it), or a hub model name
+when the hub (or its cache) has it. A merit checkpoint's files are verified against the checksums its
+trainer_state.json records before anything loads them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from merit_core import runs
-from merit_core.checkpoints import (
+from merit_core.checkpoint import runs
+from merit_core.checkpoint.resolve import LATEST, select_steps
+from merit_core.checkpoint.safe import (
     PICKLE_SUFFIXES,
-    check_model_dims,
     check_special_tokens,
     index_files,
     refuse_pickle,
     refuse_special_files,
     validate_safetensors,
 )
+from merit_core.checkpoint.state import SKIPPED, optional_trainer_state, verify_checkpoint
 from merit_core.errors import CheckpointError, ConfigError, first_line
 from merit_core.fileio import display
 from merit_core.hub import looks_like_hub_id
-from merit_core.models.limits import check_model_size
+from merit_core.models.limits import check_model_dims, check_model_size
 
 TOKENIZER_FILES = runs.TOKENIZER_FILES
-# trainer_state.json fields copied into the output's `meta`, with the type each must have.
-TRAINER_STATE_FIELDS: dict[str, type] = {
-    "optimizer": str,
-    "step": int,
-    "global_batch_size": int,
-    "seq_len": int,
-    "tokens": int,
-}
+# trainer_state.json fields copied into the output's `meta`.
+TRAINER_STATE_FIELDS = ("optimizer", "step", "global_batch_size", "seq_len", "tokens")
 
 
 @dataclass
@@ -46,6 +44,7 @@ class CheckpointRef:
     location: str  # model folder (absolute) or hub name
     is_local: bool
     meta: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what the user is told once (checksums not verified)
 
     @property
     def label(self) -> str:
@@ -56,32 +55,30 @@ class CheckpointRef:
         return f"{path.parent.name}/{path.name}" if runs.parse_step(path.name) is not None else path.name
 
 
-def read_trainer_state(model_dir: Path) -> dict[str, Any]:
-    """The known fields of `trainer_state.json` with the right types; {} when absent or unreadable."""
-    state = runs.read_trainer_state(model_dir, strict=False)
-    out = {}
-    for key, kind in TRAINER_STATE_FIELDS.items():
-        value = state.get(key)
-        if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
-            out[key] = value
-    return out
+def trainer_meta(model_dir: Path) -> dict[str, Any]:
+    """The TRAINER_STATE_FIELDS trainer_state.json records; {} when it is absent (or, unverified, unreadable)."""
+    state = optional_trainer_state(model_dir, strict=False)
+    if state is None:
+        return {}
+    return {key: state.get(key) for key in TRAINER_STATE_FIELDS if state.get(key) is not None}
 
 
-def resolve_checkpoint(given: str | os.PathLike, trust_remote_code: bool = False) -> CheckpointRef:
+def resolve_checkpoint(given: str | os.PathLike, trust_remote_code: bool = False, verify: bool = True) -> CheckpointRef:
     """Find the model folder for `given` and check it has config.json, safe weights and a tokenizer.
 
     Raises CheckpointError for a missing path, a run folder without steps, a folder without
     config.json or tokenizer files, weights that are pickles or not complete safetensors files, a
     FIFO or device among the files, or (without `trust_remote_code`) code the folder asks to run.
-    Strings shaped like hub ids that are not local paths pass through.
+    Strings shaped like hub ids that are not local paths pass through. With `verify`, a merit
+    checkpoint's files are checked against its recorded checksums (CheckpointError on a mismatch).
     """
     try:
-        return _resolve_checkpoint(os.fspath(given), trust_remote_code)
+        return _resolve_checkpoint(os.fspath(given), trust_remote_code, verify)
     except PermissionError as exc:
         raise CheckpointError(f"cannot read {display(exc.filename or given)}: permission denied") from None
 
 
-def _resolve_checkpoint(text: str, trust_remote_code: bool) -> CheckpointRef:
+def _resolve_checkpoint(text: str, trust_remote_code: bool, verify: bool) -> CheckpointRef:
     path = Path(text).expanduser()
     if not path.exists():
         if looks_like_hub_id(text):
@@ -93,13 +90,12 @@ def _resolve_checkpoint(text: str, trust_remote_code: bool) -> CheckpointRef:
     source = "hf-folder"
     refuse_special_files(path)
     if not (path / runs.MODEL_CONFIG).is_file():
-        step = runs.latest(path, "model")
-        if step is None:
+        if not runs.checkpoints(path, "model"):
             raise CheckpointError(
                 f"checkpoint {text} has no config.json and no step_N/ checkpoint folder: "
                 "give a Hugging Face model folder or a `merit train` run folder"
             )
-        path = step
+        ((_, path),) = select_steps(path, LATEST, "model")
         refuse_special_files(path)
     if not runs.tokenizer_files(path):
         raise CheckpointError(
@@ -109,10 +105,12 @@ def _resolve_checkpoint(text: str, trust_remote_code: bool) -> CheckpointRef:
     check_weight_files(path)
     if not trust_remote_code:
         refuse_custom_code(path)
-    state = read_trainer_state(path)
+    note = verify_checkpoint(path) if verify else SKIPPED
+    state = trainer_meta(path)
     if state:
         source = "merit-train"
-    return CheckpointRef(text, str(path), is_local=True, meta={"source": source, **state})
+    notes = [note] if note is not None else []
+    return CheckpointRef(text, str(path), is_local=True, meta={"source": source, **state}, notes=notes)
 
 
 def check_weight_files(folder: Path) -> list[Path]:
@@ -233,10 +231,15 @@ def _load_error(exc: BaseException) -> str:
 
 
 def load_model_and_tokenizer(
-    ref: CheckpointRef, device: str, dtype: str, trust_remote_code: bool = False
+    ref: CheckpointRef,
+    device: str,
+    dtype: str,
+    trust_remote_code: bool = False,
+    note: Callable[[str], None] | None = None,
 ) -> tuple[Any, Any]:
     """Load the causal LM (eval mode, on `device`, in `dtype`) and its tokenizer; code shipped with
-    the checkpoint runs only with `trust_remote_code`, and weights are read from safetensors only."""
+    the checkpoint runs only with `trust_remote_code`, and weights are read from safetensors only.
+    `note` is told (one line) when the weights leave parameters of the config at random init."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -250,9 +253,21 @@ def load_model_and_tokenizer(
     check_special_tokens(tokenizer, f"checkpoint {ref.given}")
     try:
         # use_safetensors: never a pickle, not even one next to the safetensors or on the hub
-        model = AutoModelForCausalLM.from_pretrained(
-            ref.location, dtype=getattr(torch, dtype), use_safetensors=True, **remote
+        model, info = AutoModelForCausalLM.from_pretrained(
+            ref.location, dtype=getattr(torch, dtype), use_safetensors=True, output_loading_info=True, **remote
         )
     except Exception as exc:  # noqa: BLE001 - a crafted file makes transformers / safetensors raise many types
         raise CheckpointError(f"cannot load the model weights of {ref.given}: {_load_error(exc)}") from None
+    missing = sorted((info or {}).get("missing_keys") or [])
+    if missing and note is not None:
+        note(random_init_warning(ref.given, missing))
     return model.to(device).eval(), tokenizer
+
+
+def random_init_warning(given: str, missing: list[str]) -> str:
+    """One line: the checkpoint's weights leave these parameters of its config at random init."""
+    shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    return (
+        f"warning: {given}: {len(missing)} parameters of its config.json are not in its weights and stay at "
+        f"random init ({shown}); the scores are of a partly random model (does config.json describe these weights?)"
+    )

@@ -12,7 +12,7 @@ import gc
 import io
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,7 @@ class EvalSettings:
     num_fewshot: int = 0
     bootstrap_iters: int = 1000
     trust_remote_code: bool = False  # run code shipped with a checkpoint (auto_map): only on explicit request
+    verify: bool = True  # check a merit checkpoint's files against the checksums it recorded
     log_samples: bool = False  # keep lm-eval's per-document records (written by --output_path)
     seed: tuple[int | None, ...] = DEFAULT_SEED  # lm-eval's python, numpy, torch and few-shot seeds
 
@@ -221,21 +222,32 @@ def _exact_float32(device: str, dtype: str):
 
 
 def evaluate_checkpoints(
-    checkpoints: Sequence[str], settings: EvalSettings, progress: ProgressFn | None = None, quiet: bool = False
+    checkpoints: Sequence[str],
+    settings: EvalSettings,
+    progress: ProgressFn | None = None,
+    quiet: bool = False,
+    note: Callable[[str], None] | None = None,
 ) -> list[CheckpointResult]:
     """Evaluate each checkpoint on the settings' tasks; one result record per checkpoint, in order.
 
     All checkpoints, task names and datasets are checked before the first model is loaded, so bad
     input fails in seconds (CheckpointError, ConfigError, DataError) rather than after a long run.
     `quiet` swallows lm-eval's own prints and bars, file descriptor 2 included: a caller drawing its
-    own progress must then write to a stream it holds on a duplicate of that descriptor.
+    own progress must then write to a stream it holds on a duplicate of that descriptor. `note` is
+    told, one line each, what the user should know: checksums not verified (said once), weights
+    that leave a config's parameters at random init.
     """
     import lm_eval
 
     settings = settings.validated()
     if not checkpoints:
         raise ConfigError("no checkpoint given: pass one or more model folders, run folders or hub names")
-    run = _Run(settings, progress, [resolve_checkpoint(c, settings.trust_remote_code) for c in checkpoints])
+    refs = [resolve_checkpoint(c, settings.trust_remote_code, settings.verify) for c in checkpoints]
+    run = _Run(settings, progress, refs)
+    said = sorted({n for ref in refs for n in ref.notes})
+    for text in said if note is not None else []:
+        who = [ref.label for ref in refs if text in ref.notes]
+        note(f"{who[0] if len(who) == 1 else f'{len(who)} checkpoints'}: {text}")
     run.report("checking checkpoints")
     device = str(resolve_device(settings.device))
     dtype = resolve_dtype(settings.dtype, device)
@@ -253,7 +265,7 @@ def evaluate_checkpoints(
     for index, (ref, config) in enumerate(zip(run.refs, configs)):
         run.report("loading model", index)
         with _silenced(quiet), _exact_float32(device, dtype):
-            model, tokenizer = load_model_and_tokenizer(ref, device, dtype, settings.trust_remote_code)
+            model, tokenizer = load_model_and_tokenizer(ref, device, dtype, settings.trust_remote_code, note)
             lm, batch_size = build_lm(model, tokenizer, parse_batch_size(settings.batch_size), device)
             report_request_progress(
                 lm,

@@ -1,4 +1,4 @@
-"""`merit eval RUN --all-steps` / `--steps 100,200`: score a run's checkpoints over its steps, beside
+"""`merit eval RUN --steps all` / `--steps 100,200`: score a run's checkpoints over its steps, beside
 the max attention logit training recorded at each step, as a table and a figure.
 
 The recorded max logit is the one `merit train` wrote at that step (metrics.jsonl's eval record,
@@ -11,9 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from merit_core import runs
+from merit_core.checkpoint import runs
+from merit_core.checkpoint.resolve import Selection, is_run_folder, select_steps
+from merit_core.checkpoint.state import optional_trainer_state
 from merit_core.diagnostics.plots import save_figure
-from merit_core.errors import CheckpointError, ConfigError
+from merit_core.errors import ConfigError
 from merit_core.fileio import display
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, STEP
 from merit_core.metrics import read_metrics
@@ -21,42 +23,16 @@ from merit_core.metrics import read_metrics
 RECORDED_LOGIT = "recorded_max_attention_logit"  # the key added to each result's meta
 
 
-def parse_steps(text: str) -> list[int]:
-    """'100,200' -> [100, 200] (sorted, unique); a ConfigError for anything else."""
-    steps = set()
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        if not part.isdigit():
-            raise ConfigError(f"--steps {text}: give step numbers separated by commas, e.g. --steps 100,200")
-        steps.add(int(part))
-    if not steps:
-        raise ConfigError("--steps is empty: give step numbers, e.g. --steps 100,200")
-    return sorted(steps)
-
-
-def step_checkpoints(given: str, steps: list[int] | None = None) -> list[tuple[int, Path]]:
-    """The (step, folder) checkpoints of the run folder `given` that hold a model: all of them, or
-    those in `steps` (each must exist)."""
+def step_checkpoints(given: str, selection: Selection) -> list[tuple[int, Path]]:
+    """The (step, folder) checkpoints with a model of the run folder `given` that `selection` picks
+    (merit_core.checkpoint.resolve.select_steps); ConfigError when `given` is not a run folder."""
     path = Path(given).expanduser()
-    if not path.is_dir() or (path / runs.MODEL_CONFIG).is_file():
+    if not is_run_folder(path):
         raise ConfigError(
-            f"--all-steps / --steps take a `merit train` run folder (with step_N/ checkpoints); "
+            f"--steps {selection} takes a `merit train` run folder (with step_N/ checkpoints); "
             f"{display(given)} is not one"
         )
-    found = runs.checkpoints(path, "model")
-    if not found:
-        raise CheckpointError(f"{display(given)} has no step_N/ checkpoint with a model")
-    if steps is None:
-        return found
-    have = dict(found)
-    missing = [s for s in steps if s not in have]
-    if missing:
-        raise ConfigError(
-            f"--steps: {display(given)} has no checkpoint at step {', '.join(map(str, missing))}; "
-            f"it has {', '.join(str(s) for s, _ in found)}"
-        )
-    return [(s, have[s]) for s in steps]
+    return select_steps(path, selection, "model")
 
 
 def recorded_max_logits(run: Path) -> dict[int, float]:
@@ -64,8 +40,8 @@ def recorded_max_logits(run: Path) -> dict[int, float]:
 
     out: dict[int, float] = {}
     for step, folder in runs.checkpoints(run, "model"):
-        value = runs.read_trainer_state(folder, strict=False).get(MAX_ATTENTION_LOGIT)
-        peak = _peak(value)
+        state = optional_trainer_state(folder, strict=False)
+        peak = _peak(state.max_attention_logit if state is not None else None)
         if peak is not None:
             out[step] = peak
     if (run / runs.METRICS_FILE).is_file():

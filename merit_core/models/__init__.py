@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from merit_core.checkpoint.runs import MODEL_CONFIG
 from merit_core.errors import ConfigError, MeritError
 from merit_core.models import families as _families  # noqa: F401  (registers the specs)
 from merit_core.models.family import FamilySpec, all_families, family_names, get_family, register_family
 from merit_core.models.limits import check_raw_config
-from merit_core.runs import MODEL_CONFIG
 
 __all__ = [
     "NAMED_MODELS",

@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from merit_core.devices import available_host_memory
-from merit_core.errors import ConfigError, printable
+from merit_core.errors import CheckpointError, ConfigError, printable
 from merit_core.values import coerce, is_number
 
 # The largest position table a model config may ask for (a learned table of this many rows is built).
@@ -159,3 +159,31 @@ def _count(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.1f}{unit}"
     return str(n)
+
+
+# Sizes every model family needs: null in a config.json (which transformers' defaults do not catch) is refused.
+_REQUIRED_SIZES = (
+    "n_head",
+    "n_layer",
+    "n_embd",
+    "num_attention_heads",
+    "num_hidden_layers",
+    "hidden_size",
+    "vocab_size",
+)
+
+
+def check_model_dims(config: Any, where: str) -> None:
+    """CheckpointError for a model config (a transformers config) that cannot be built: a size that
+    is null, zero, negative or not an integer, heads that do not divide the width, ... (the rules are
+    `check_model_config`'s, which inspect's probe applies too): a config.json
+    with n_head = 0 or null would otherwise fail inside the model's constructor."""
+
+    raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    nulls = [key for key in _REQUIRED_SIZES if key in raw and raw[key] is None]
+    if nulls:
+        raise CheckpointError(f"{where}: {nulls[0]} is null in config.json; it must be a positive integer")
+    try:
+        check_model_config(config, where)
+    except ConfigError as exc:
+        raise CheckpointError(str(exc)) from None

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from merit_core.checkpoint.runs import CONFIG_HEADER
 from merit_core.errors import ConfigError
 from merit_core.fileio import atomic_write, check_utf8_path
 from merit_core.models import model_width
 from merit_core.optim.lr_table import LrDefault
 from merit_core.optim.registry import OptimizerSpec, default_lr, get_spec
-from merit_core.runs import CONFIG_HEADER
 from merit_core.values import coerce, deep_merge, nest
 
 DTYPES = ("auto", "float32", "bfloat16")
@@ -71,6 +71,7 @@ class TrainConfig:
     save_every_minutes: also checkpoint when this many minutes passed since the last one (0: off).
     resume_from: resume from this checkpoint (`step_N` of the run, or a path) instead of the latest.
     allow_changes: let a resume continue with another seed, data or tokenizer than the run's.
+    verify: check a resumed checkpoint's files against the sha256 its trainer_state.json records.
     kernels: 'auto' (Liger Kernel's fused linear cross-entropy, RMSNorm, RoPE and SwiGLU on CUDA
         for the families it supports when liger-kernel is installed; merit's own chunked loss
         otherwise), 'liger' (insist), 'none' (plain modules); see merit_core.train.kernels.
@@ -118,6 +119,7 @@ class TrainConfig:
     save_every_minutes: float = 0.0
     resume_from: str | None = None
     allow_changes: bool = False
+    verify: bool = True
 
     # -- derived values ------------------------------------------------------------------
     @property
@@ -209,7 +211,7 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
 
 
 # Actions of one invocation, not properties of the run: not written to the run's config.toml.
-ACTION_KEYS = ("resume", "resume_from", "allow_changes")
+ACTION_KEYS = ("resume", "resume_from", "allow_changes", "verify")
 
 
 def validate(config: TrainConfig) -> None:

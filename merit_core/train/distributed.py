@@ -16,19 +16,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from merit_core import runs
+from merit_core.checkpoint import runs
+from merit_core.checkpoint.tensors import check_optimizer_state, is_sharded_optimizer_state
 from merit_core.errors import CheckpointError
-from merit_core.train.checkpoint import check_optimizer_state
 from merit_core.train.compiling import compile_blocks
-
-# What a sharded scheme keeps in trainer_state.pt in place of the optimizer state: a marker naming
-# the format of the shards it wrote into the checkpoint folder (see merit_core.train.fsdp).
-DCP_FORMAT = "torch.distributed.checkpoint"
-
-
-def is_sharded_optimizer_state(state: Any) -> bool:
-    """True for the marker fsdp checkpoints keep in trainer_state.pt instead of the optimizer state."""
-    return isinstance(state, dict) and state.get("format") == DCP_FORMAT
 
 
 class Parallel:

@@ -45,11 +45,12 @@ from typing import Any
 
 import torch
 
+from merit_core.checkpoint.sharded import METADATA_FILE, load_sharded
+from merit_core.checkpoint.tensors import DCP_FORMAT, is_sharded_optimizer_state
 from merit_core.errors import CheckpointError, ConfigError
 from merit_core.optim.registry import OptimizerSpec, get_spec
 from merit_core.train.compiling import compile_blocks, transformer_blocks
-from merit_core.train.distributed import DCP_FORMAT, DDPParallel, is_sharded_optimizer_state
-from merit_core.train.sharded_state import METADATA_FILE, load_sharded
+from merit_core.train.distributed import DDPParallel
 
 OPTIMIZER_DIR = "optimizer"
 

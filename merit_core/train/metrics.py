@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from merit_core.checkpoint.runs import METRICS_FILE
 from merit_core.fileio import atomic_write, refuse_link
 from merit_core.metrics import json_safe, read_metrics
-from merit_core.runs import METRICS_FILE
 
 
 class MetricsLog:

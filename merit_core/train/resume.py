@@ -7,7 +7,11 @@ one --resume-from names). Before anything is written:
   another seed, data or tokenizer unless --allow-changes;
 - the run's metrics.jsonl must be readable (it is cut back to the checkpoint's step);
 - fallback: when the newest checkpoint does not load, the next older one that does is used and
-  the user is told in one line.
+  the user is told in one line;
+- the checkpoint loaded is checked whole before anything of the run is moved or cut back: its
+  files against the checksums trainer_state.json records (unless --no-verify), trainer_state.pt's
+  step, RNG and optimizer structure (merit_core.checkpoint.tensors), the step against the
+  folder's; the optimizer state against the optimizer when the trainer loads it.
 The timeline after a resume: metrics.jsonl keeps the records up to the checkpoint's step, and the
 last log and eval records before it are what the summary reports until new ones are written.
 """
@@ -20,13 +24,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from merit_core import runs
-from merit_core.checkpoints import refuse_special_files
+from merit_core.checkpoint import runs
+from merit_core.checkpoint.resolve import ALL, select_steps
+from merit_core.checkpoint.runs import METRICS_FILE
+from merit_core.checkpoint.safe import refuse_special_files
+from merit_core.checkpoint.state import (
+    SKIPPED,
+    TrainerState,
+    optional_trainer_state,
+    read_trainer_state,
+    verify_checkpoint,
+)
+from merit_core.checkpoint.tensors import check_trainer_state, load_model_weights, load_trainer_state
 from merit_core.errors import CheckpointError, ResumeMismatch, first_line
 from merit_core.metric_names import LOSS, VAL_LOSS
 from merit_core.metrics import read_metrics
-from merit_core.runs import METRICS_FILE
-from merit_core.train.checkpoint import load_model_weights, load_trainer_state
+from merit_core.models import family_spec
 from merit_core.train.config import TrainConfig
 
 
@@ -35,8 +48,9 @@ class ResumePlan:
     """The checkpoints a resume may load, newest first, and the trainer_state.json that speaks for them."""
 
     candidates: list[Path] = field(default_factory=list)
-    info: dict[str, Any] | None = None  # trainer_state.json of `ckpt`
+    info: TrainerState | None = None  # trainer_state.json of `ckpt`
     ckpt: Path | None = None
+    verify: bool = True  # check each checkpoint's files against its recorded checksums
 
     def __bool__(self) -> bool:
         return bool(self.candidates)
@@ -48,6 +62,7 @@ def plan_resume(config: TrainConfig, run_dir: Path) -> ResumePlan:
         return ResumePlan()
     candidates = _candidates(config, run_dir)
     plan = _compatible(config, candidates)
+    plan.verify = config.verify
     _check_metrics(run_dir)
     return plan
 
@@ -69,20 +84,19 @@ def _candidates(config: TrainConfig, run_dir: Path) -> list[Path]:
     for step, path in runs.step_folders(run_dir):
         if step > newest:  # a newer checkpoint that a FIFO or device makes incomplete is not skipped silently
             refuse_special_files(path)
-    found = [p for _, p in reversed(complete)]
-    if not found:
+    if not complete:
         raise CheckpointError(
             f"nothing to resume: {run_dir} has no complete checkpoint; drop --resume to start a new run"
         )
-    return found
+    return [p for _, p in reversed(select_steps(run_dir, ALL, "complete"))]
 
 
 def _compatible(config: TrainConfig, candidates: list[Path]) -> ResumePlan:
     """ResumeMismatch when the run's checkpoints were trained with other settings (the newest
     readable trainer_state.json speaks for the run; data and tokenizer are checked in `check_same_data`)."""
     for ckpt in candidates:
-        info = runs.read_trainer_state(ckpt, strict=False)
-        if info:
+        info = optional_trainer_state(ckpt, strict=False)
+        if info is not None:
             break
     else:
         return ResumePlan(candidates)
@@ -131,37 +145,34 @@ def load_resumable(plan: ResumePlan, model, run_dir: Path, note: Callable[[str],
     failures: list[str] = []
     for ckpt in plan.candidates:
         try:
-            refuse_special_files(ckpt)
-            runs.read_trainer_state(ckpt)
-            state = load_trainer_state(ckpt, map_location="cpu")
-            check_trainer_state(state, ckpt)
-            load_model_weights(model, ckpt)
+            state, why = _load_checked(ckpt, model, plan.verify)
         except CheckpointError as exc:
             failures.append(f"{ckpt.name}: {exc}")
             continue
+        except Exception as exc:  # noqa: BLE001 - whatever a crafted state raises is one line, never a traceback
+            failures.append(f"{ckpt.name}: {runs.STATE_PT} is not a usable trainer state ({first_line(exc)[:120]})")
+            continue
         if failures:
             note(f"{plan.candidates[0]} does not load ({failures[0]}); resuming from {ckpt} instead")
+        if why is not None:
+            note(f"{ckpt}: {why}")
         return ckpt, state
     raise CheckpointError(f"no checkpoint of {run_dir} loads: {'; '.join(failures)}"[:600])
 
 
-def check_trainer_state(state: Any, ckpt: Path) -> None:
-    """CheckpointError unless trainer_state.pt has the shape a resume needs (checked before anything is applied)."""
-    import torch
-
-    try:
-        ok = (
-            isinstance(state, dict)
-            and isinstance(state["step"], int)
-            and isinstance(state["optimizer"], dict)
-            and isinstance(state["rng"]["torch"], torch.Tensor)
-            and state["rng"]["torch"].dtype == torch.uint8
-            and state["rng"]["torch"].shape == torch.get_rng_state().shape
-        )
-    except (KeyError, TypeError):
-        ok = False
-    if not ok:
-        raise CheckpointError(f"{ckpt / runs.STATE_PT} is not a merit trainer state (step, optimizer, rng)")
+def _load_checked(ckpt: Path, model: Any, verify: bool) -> tuple[dict[str, Any], str | None]:
+    """trainer_state.pt of `ckpt` checked whole and the weights loaded into `model`, with a note when
+    the files were not verified (no checksums recorded, or --no-verify)."""
+    refuse_special_files(ckpt)
+    info = read_trainer_state(ckpt, verify=verify)
+    named = runs.parse_step(ckpt.name)
+    if named is not None and named != info.step:
+        raise CheckpointError(f"{ckpt / runs.STATE_JSON} says step {info.step} but the folder is {ckpt.name}")
+    why = verify_checkpoint(ckpt, info) if verify else SKIPPED
+    state = load_trainer_state(ckpt, map_location="cpu")
+    check_trainer_state(state, ckpt / runs.STATE_PT, step=info.step)
+    load_model_weights(model, ckpt, rename=family_spec(model.config).model_name)
+    return state, why
 
 
 def to_device(state: Any, device) -> Any:

@@ -33,6 +33,7 @@ from merit_core.metric_names import (
 from merit_core.models.attention_probe import probe_attention
 from merit_core.optim.merit.verify import guard_training
 from merit_core.optim.registry import OptimizerSpec, StepHook, build_optimizer, get_spec
+from merit_core.schedule import lr_at
 from merit_core.train import lm_loss
 from merit_core.train.batches import TrainBatches, to_device, val_batches
 from merit_core.train.compiling import (
@@ -47,7 +48,6 @@ from merit_core.train.compiling import (
 from merit_core.train.config import TrainConfig
 from merit_core.train.distributed import Parallel
 from merit_core.train.kernels import apply_liger, choose_kernels, mask_free_attention
-from merit_core.train.schedule import lr_at
 from merit_core.train.step_hooks import StepContext
 
 

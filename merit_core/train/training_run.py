@@ -21,7 +21,10 @@ from typing import Any
 
 import torch
 
-from merit_core import fileio, runs
+from merit_core import fileio
+from merit_core.checkpoint import runs
+from merit_core.checkpoint.runs import CONFIG_FILE
+from merit_core.checkpoint.state import TrainerState
 from merit_core.data import load_meta, open_tokens, resolve_data
 from merit_core.data.meta import data_notes
 from merit_core.errors import (
@@ -34,7 +37,6 @@ from merit_core.errors import (
 from merit_core.metric_names import LOSS, MAX_ATTENTION_LOGIT, STEP, TOKENS, VAL_LOSS
 from merit_core.models import build_model, count_parameters, model_config
 from merit_core.optim.registry import get_spec, resolve_hparams
-from merit_core.runs import CONFIG_FILE
 from merit_core.train.callbacks import HANDLED_SIGNALS, STOP_SIGNALS, RunInfo, RunSummary, TrainCallbacks
 from merit_core.train.checkpoint import prune_checkpoints, save_checkpoint
 from merit_core.train.checks import check_data, check_model_and_batches
@@ -209,7 +211,9 @@ class TrainingRun:
         if ckpt is not None:
             try:
                 trainer.load_state_dict(to_device(state, device), ckpt)
-            except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:
+            except MeritError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - whatever a crafted state raises: one line, nothing moved yet
                 raise CheckpointError(
                     f"{ckpt} cannot be resumed: its trainer state does not fit ({exc!r:.200})"
                 ) from None
@@ -452,25 +456,25 @@ class TrainingRun:
         if staging is not None:
             self.parallel.barrier()  # all shards are on disk before rank 0 renames the folder
         if self.parallel.is_main:
-            info = {
-                "step": trainer.step,
-                "tokens": trainer.step * c.tokens_per_step,
-                "total_steps": c.steps,
-                "lr": trainer.lr_for(trainer.step - 1),
-                "model": c.model,
-                "optimizer": c.optimizer,
-                "global_batch_size": c.batch_size,
-                "micro_batch_size": c.micro_batch_size,
-                "seq_len": c.seq_len,
-                "world_size": self.parallel.world_size,
-                "parallel": self.parallel.name,
-                "seed": c.seed,
-                "n_params": self.n_params,
-                LOSS: self.last_log.get(LOSS),
-                VAL_LOSS: self.last_eval.get(VAL_LOSS),
-                MAX_ATTENTION_LOGIT: self.last_eval.get(MAX_ATTENTION_LOGIT),
+            info = TrainerState(
+                step=trainer.step,
+                tokens=trainer.step * c.tokens_per_step,
+                total_steps=c.steps,
+                lr=trainer.lr_for(trainer.step - 1),
+                model=c.model,
+                optimizer=c.optimizer,
+                global_batch_size=c.batch_size,
+                micro_batch_size=c.micro_batch_size,
+                seq_len=c.seq_len,
+                world_size=self.parallel.world_size,
+                parallel=self.parallel.name,
+                seed=c.seed,
+                n_params=self.n_params,
+                loss=self.last_log.get(LOSS),
+                val_loss=self.last_eval.get(VAL_LOSS),
+                max_attention_logit=self.last_eval.get(MAX_ATTENTION_LOGIT),
                 **self.data_info,
-            }
+            )
             target = self.run_dir / runs.step_name(trainer.step)
             with fileio.disk_full_guard(target, self.last_ckpt):
                 try:

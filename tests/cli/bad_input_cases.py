@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from merit_core import runs
+from merit_core.checkpoint import runs
 from tests.prepared_data import TINY_GPT2, write_tiny_model_config
 
 TRAIN_SETS = ["--set", "eval_batches=1", "--set", "eval_batch_size=2", "--set", "log_every=1"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from merit_core import runs
+from merit_core.checkpoint import runs
 from tests.cli.bad_input_cases import (
     COMPARE,
     INSPECT,

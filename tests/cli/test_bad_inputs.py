@@ -20,7 +20,7 @@ import torch
 from click.testing import CliRunner
 
 from merit_cli.main import cli
-from merit_core import runs
+from merit_core.checkpoint import runs
 from tests.cli import hostile_file_cases, reliability_cases  # noqa: F401  (importing them adds their cases to CASES)
 from tests.cli.bad_input_cases import CASES, INSPECT, World
 from tests.cli.hostile_file_cases import fifo, with_auto_map

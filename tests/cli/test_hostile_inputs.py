@@ -320,8 +320,8 @@ def test_resume_refuses_a_config_toml_that_is_a_folder(home, tmp_path):
 def test_optimizer_moments_that_share_memory_are_refused_before_resuming(moment):
     import torch
 
+    from merit_core.checkpoint.tensors import check_optimizer_state
     from merit_core.errors import CheckpointError
-    from merit_core.train.checkpoint import check_optimizer_state
 
     param = torch.nn.Parameter(torch.zeros(4, 3))
     optimizer = torch.optim.AdamW([param])

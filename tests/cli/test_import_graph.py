@@ -219,7 +219,7 @@ def test_no_loop_between_merit_core_folders():
         folders = _folder_graph(graph, depth)
         assert "merit_core.optim" in folders["merit_core.train"]  # the graph sees the folders' imports
         assert _cycles(folders) == [], depth
-    planted = {**graph, "merit_core.runs": graph["merit_core.runs"] | {"merit_core.train.config"}}
+    planted = {**graph, "merit_core.checkpoint.runs": graph["merit_core.checkpoint.runs"] | {"merit_core.train.config"}}
     assert _cycles(_folder_graph(planted, 2))  # train/ imports runs.py: runs.py importing train/ is a loop
 
 
@@ -283,3 +283,23 @@ def test_imports_inside_functions_of_merit_core_are_listed_with_a_reason():
         f"{path.relative_to(ROOT)}:{line}" for path, line in statements if not _has_reason(texts[path], line)
     )
     assert silent == [], "say beside each why it waits"
+
+
+# Folders that read what training wrote only through merit_core.checkpoint (and the neutral
+# modules: schedule, metrics), never through train/: inspecting or scoring a checkpoint needs
+# neither the trainer nor its config machinery.
+NOT_THROUGH_TRAIN = ("merit_core.diagnostics", "merit_core.evaluation", "merit_core.checkpoint")
+
+
+def test_diagnostics_evaluation_and_checkpoint_do_not_import_train():
+    folders = _folder_graph(_graph(function_level=True), 2)
+    assert "merit_core.checkpoint" in folders["merit_core.diagnostics"]  # the graph sees what they import
+    assert "merit_core.checkpoint" in folders["merit_core.evaluation"]
+    for folder in NOT_THROUGH_TRAIN:
+        assert "merit_core.train" not in folders[folder], folder
+    assert (
+        "merit_core.train"
+        in _folder_graph({**_graph(), "merit_core.diagnostics.report": {"merit_core.train.config"}}, 2)[
+            "merit_core.diagnostics"
+        ]
+    )  # a planted import is seen

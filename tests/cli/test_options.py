@@ -105,7 +105,7 @@ def fake_eval(monkeypatch):
 
     calls = []
 
-    def evaluate(checkpoints, settings, progress=None, quiet=True):
+    def evaluate(checkpoints, settings, progress=None, quiet=True, note=None):
         calls.append((checkpoints, settings))
         return [CheckpointResult(path=checkpoints[0], label="ckpt", results={}, meta={})]
 

@@ -15,8 +15,9 @@ import torch
 from click.testing import CliRunner
 
 from merit_cli.main import cli
-from merit_core import errors, fileio, runs
-from merit_core.train.checkpoint import load_trainer_state
+from merit_core import errors, fileio
+from merit_core.checkpoint import runs
+from merit_core.checkpoint.tensors import load_trainer_state
 from merit_core.train.metrics import read_metrics
 from tests import cli_runs
 from tests.cli_runs import invoke
@@ -146,7 +147,7 @@ def test_a_second_writer_is_refused_and_a_dead_holder_is_taken_over(model_cfg, d
         [
             sys.executable,
             "-c",
-            "import sys, time; from merit_core.runs import lock_run; lock_run(sys.argv[1]); print('held', flush=True); "
+            "import sys, time; from merit_core.checkpoint.runs import lock_run; lock_run(sys.argv[1]); print('held', flush=True); "
             "time.sleep(120)",
             str(run),
         ],
@@ -398,8 +399,8 @@ def test_prepare_cleans_only_its_own_stale_temp_folders_and_locks(tmp_path):
 
 def test_run_lock_never_follows_a_planted_link(tmp_path):
     """A link planted at the lock's name is refused; the file it points to is left as it was."""
+    from merit_core.checkpoint.runs import LOCK_FILE, lock_run
     from merit_core.errors import MeritError
-    from merit_core.runs import LOCK_FILE, lock_run
 
     victim = tmp_path / "precious.txt"
     victim.write_text("keep me\n")
@@ -441,7 +442,7 @@ def test_resume_from_an_older_step_never_prunes_the_new_timeline(model_cfg, data
 _KILL_IN_REWRITE = """
 import os, shutil, signal, sys
 from pathlib import Path
-from merit_core import runs
+from merit_core.checkpoint import runs
 
 run, step = Path(sys.argv[1]), int(sys.argv[2])
 final = runs.step_path(run, step)

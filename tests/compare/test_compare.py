@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from merit_cli.main import cli
-from merit_core import runs
+from merit_core.checkpoint import runs
+from merit_core.checkpoint.state import read_trainer_state
 from merit_core.compare import CompareCallbacks, load_spec, plan_compare, run_compare
 from merit_core.compare.runner import STATUS_FILE, run_state
 from merit_core.train.metrics import read_metrics
@@ -67,7 +68,7 @@ def test_every_run_is_a_train_run_folder(finished):
         assert r["tokens"] == 512 and r["steps"] == 512 // (32 * r["batch_size"])
         assert (run_dir / "config.toml").is_file() and (run_dir / "curves.png").is_file()
         step, ckpt = runs.checkpoints(run_dir)[-1]
-        assert step == r["steps"] and runs.read_trainer_state(ckpt)["optimizer"] == r["optimizer"]
+        assert step == r["steps"] and read_trainer_state(ckpt).optimizer == r["optimizer"]
         final = [m for m in read_metrics(run_dir) if "val_loss" in m][-1]
         assert final["step"] == r["steps"] and final["val_loss"] == pytest.approx(r["final_val_loss"])
         assert r["max_attention_logit_by_layer"] == final["max_attention_logit"]

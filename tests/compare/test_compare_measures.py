@@ -104,8 +104,8 @@ def test_seeds_are_separate_runs(measured):
 def test_hessian_fields_match_inspects_estimators(measured, data_dir):
     import torch
 
+    from merit_core.checkpoint.resolve import SafetensorsReader, find_checkpoints
     from merit_core.data import open_tokens
-    from merit_core.diagnostics.checkpoints import SafetensorsReader, find_checkpoints
     from merit_core.diagnostics.hessian import model_hessian
     from merit_core.diagnostics.probe import load_model
     from merit_core.train.batches import val_batches

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from safetensors.torch import save_file
 
 from merit_cli.main import cli
-from merit_core.diagnostics.checkpoints import find_checkpoints
+from merit_core.checkpoint.resolve import find_checkpoints
 from merit_core.errors import CheckpointError
 from tests.diagnostics.planted_models import diag_gpt2, diag_llama
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from merit_core.diagnostics.checkpoints import find_checkpoints
+from merit_core.checkpoint.resolve import find_checkpoints
 from merit_core.diagnostics.weights import model_weight_stats, weight_stats
 from tests.diagnostics.planted_models import (
     GPT2_K_COL,

@@ -1,4 +1,4 @@
-"""`merit eval RUN --all-steps` / `--steps`: one row per step beside the recorded max logit, a
+"""`merit eval RUN --steps all` (or --all-steps) / `--steps N,M`: one row per step beside the recorded max logit, a
 figure, and each step's result with its recorded logit in the JSON."""
 
 import json
@@ -46,6 +46,7 @@ def test_all_steps_prints_one_row_per_step_with_recorded_logit(world, tmp_path):
     ]
     res = _eval(str(run), "--all-steps", *common, "--limit", "4", "-o", str(out), "--plot", str(fig))
     assert res.exit_code == 0, res.output
+    assert f"{run}: took step_5, step_12 (--steps all)" in res.output  # which checkpoints, said once
     table = res.output[res.output.index("scores over training steps") :]
     rows = [line for line in table.splitlines() if line.startswith("│")]
     assert [r.split("│")[1].strip() for r in rows] == ["5", "12"]
@@ -60,22 +61,26 @@ def test_all_steps_prints_one_row_per_step_with_recorded_logit(world, tmp_path):
 
 
 def test_steps_choose_those_checkpoints(world):  # noqa: F811
-    from merit_core.evaluation.steps import parse_steps, step_checkpoints
+    from merit_core.checkpoint import ALL, LATEST, parse_selection
+    from merit_core.evaluation.steps import step_checkpoints
 
-    assert parse_steps("12, 5,12") == [5, 12]
-    assert step_checkpoints(str(world["run"]), [12]) == [(12, world["run"] / "step_12")]
-    assert [s for s, _ in step_checkpoints(str(world["run"]))] == [5, 12]  # step_20.tmp is no checkpoint
+    assert step_checkpoints(str(world["run"]), parse_selection("12, 12")) == [(12, world["run"] / "step_12")]
+    assert [s for s, _ in step_checkpoints(str(world["run"]), ALL)] == [5, 12]  # step_20.tmp is no checkpoint
+    assert [s for s, _ in step_checkpoints(str(world["run"]), LATEST)] == [12]
 
 
 def test_steps_input_errors_are_one_line(world, tmp_path):  # noqa: F811
     run = world["run"]
     common = ["--tasks", TASK, "--include-path", str(world["tasks"]), "--trust-task-code"]
     for args, words in (
-        ([str(run), "--steps", "7"], "has no checkpoint at step 7; it has 5, 12"),
-        ([str(run), "--steps", "x"], "give step numbers"),
+        ([str(run), "--steps", "7"], "has no checkpoint at step 7; it has step_5, step_12"),
+        ([str(run), "--steps", "x"], "give latest, all or step numbers"),
+        ([str(run), "--steps", "²"], "give latest, all or step numbers"),
         ([str(run / "step_5"), "--all-steps"], "run folder"),
+        ([str(run / "step_5"), "--steps", "all"], "run folder"),
         ([str(run), str(run), "--all-steps"], "one `merit train` run folder"),
-        ([str(run), "--plot", str(tmp_path / "a.png")], "with --all-steps or --steps"),
+        ([str(run), "--all-steps", "--steps", "5"], "--all-steps is --steps all"),
+        ([str(run), "--plot", str(tmp_path / "a.png")], "with --steps all or --steps N,M"),
     ):
         res = CliRunner().invoke(cli, ["eval", *args, *common])
         assert res.exit_code == 2, (args, res.output)

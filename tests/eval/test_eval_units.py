@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from merit_core.checkpoint.state import NOT_VERIFIED
 from merit_core.errors import CheckpointError, ConfigError
 from merit_core.evaluation.checkpoint import resolve_checkpoint
 from merit_core.evaluation.results import CheckpointResult, format_value, metric_rows, write_results_json
@@ -70,11 +71,20 @@ def test_run_folder_means_its_latest_complete_step(tmp_path):
 
 
 def test_trainer_state_is_read_defensively(tmp_path):
+    """A trainer_state.json that is not JSON, not an object, or holds fields of the wrong type cannot be
+    verified: refused in one line; with verify=False (--no-verify) it is no metadata, and eval goes on."""
     assert resolve_checkpoint(_model_folder(tmp_path / "plain")).meta == {"source": "hf-folder"}
-    assert resolve_checkpoint(_model_folder(tmp_path / "corrupt", "{not json")).meta == {"source": "hf-folder"}
-    assert resolve_checkpoint(_model_folder(tmp_path / "list", "[1, 2]")).meta == {"source": "hf-folder"}
-    odd = _model_folder(tmp_path / "odd", {"step": "7", "optimizer": "lamb", "global_batch_size": True, "tokens": 5})
-    assert resolve_checkpoint(odd).meta == {"source": "merit-train", "optimizer": "lamb", "tokens": 5}
+    odd = {"step": "7", "optimizer": "lamb", "global_batch_size": True, "tokens": 5}
+    for name, state in (("corrupt", "{not json"), ("list", "[1, 2]"), ("odd", odd)):
+        folder = _model_folder(tmp_path / name, state)
+        with pytest.raises(CheckpointError, match="trainer_state.json"):
+            resolve_checkpoint(folder)
+        ref = resolve_checkpoint(folder, verify=False)
+        assert ref.meta == {"source": "hf-folder"} and ref.notes == ["checksums not verified (--no-verify)"]
+    old = _model_folder(tmp_path / "old", {"step": 7, "optimizer": "lamb", "tokens": 5})  # before checksums
+    ref = resolve_checkpoint(old)
+    assert ref.meta == {"source": "merit-train", "optimizer": "lamb", "step": 7, "tokens": 5}
+    assert ref.notes == [NOT_VERIFIED]
 
 
 def test_checkpoint_errors(tmp_path):

@@ -17,7 +17,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from merit_core import runs
+from merit_core.checkpoint import runs
 from merit_core.train.metrics import read_metrics
 from tests.prepared_data import write_prepared, write_tiny_model_config
 
@@ -112,7 +112,8 @@ def test_fsdp_matches_single_process(work, tmp_path, optimizer):
 def test_checkpoint_layout_and_hf_load(work):
     from transformers import AutoModelForCausalLM
 
-    from merit_core.train.checkpoint import load_trainer_state
+    from merit_core.checkpoint.state import read_trainer_state
+    from merit_core.checkpoint.tensors import load_trainer_state
 
     run = work / "fsdp_merit"
     assert [step for step, _ in runs.checkpoints(run)] == [2, 4]
@@ -120,7 +121,7 @@ def test_checkpoint_layout_and_hf_load(work):
     ckpt = run / "step_4"
     assert (ckpt / "optimizer" / ".metadata").is_file()
     assert sorted(p.name for p in (ckpt / "optimizer").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
-    info = runs.read_trainer_state(ckpt)
+    info = read_trainer_state(ckpt).to_dict()
     assert (info["parallel"], info["world_size"], info["step"]) == ("fsdp", 2, 4)
     marker = load_trainer_state(ckpt)["optimizer"]
     assert marker == {"format": "torch.distributed.checkpoint", "path": "optimizer", "world_size": 2}

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from merit_core import runs
+from merit_core.checkpoint import runs
 from merit_core.train.metrics import read_metrics
 from tests.cli.test_run_safety import TINY, subprocess_env, train_args
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from merit_core.train.schedule import lr_at
+from merit_core.schedule import lr_at
 
 
 def test_warmup_then_cosine_shape():

@@ -9,11 +9,11 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
+from merit_core.checkpoint.sharded import METADATA_FILE, load_sharded
+from merit_core.checkpoint.tensors import DCP_FORMAT
 from merit_core.errors import CheckpointError
 from merit_core.optim import MERIT
-from merit_core.train.distributed import DCP_FORMAT
 from merit_core.train.fsdp import OPTIMIZER_DIR, FSDPParallel
-from merit_core.train.sharded_state import METADATA_FILE, load_sharded
 
 
 class Planted:
@@ -74,6 +74,26 @@ def test_metadata_that_calls_a_function_is_refused_before_the_call(tmp_path):
     with pytest.raises(CheckpointError, match="never unpickles code"):
         _load(get_optimizer_state_dict(model, opt), tmp_path)
     assert not marker.exists()
+
+
+class UnknownLayout:
+    """A metadata pickle that calls an allowed function (the layout lookup) with a name it does not know."""
+
+    def __reduce__(self):
+        return (torch.serialization._get_layout, ("torch.no_such_layout",))
+
+
+@pytest.mark.parametrize("planted", [UnknownLayout(), torch.Size([2, 3]), b"not a pickle", b""], ids=repr)
+def test_metadata_an_allowed_call_cannot_build_is_one_error_line(tmp_path, planted):
+    """An allowed constructor given a crafted argument (a KeyError inside torch), a record of the wrong
+    type, bytes that are no pickle: each is one CheckpointError line naming the file."""
+    model, opt = _trained()
+    _save(get_optimizer_state_dict(model, opt), tmp_path)
+    raw = planted if isinstance(planted, bytes) else pickle.dumps(planted)
+    (tmp_path / METADATA_FILE).write_bytes(raw)
+    with pytest.raises(CheckpointError, match=r"\.metadata is not .*metadata") as caught:
+        _load(get_optimizer_state_dict(model, opt), tmp_path)
+    assert "\n" not in str(caught.value)
 
 
 def test_a_planted_non_tensor_value_is_refused_before_it_is_unpickled(tmp_path):

@@ -8,8 +8,9 @@ import torch
 from click.testing import CliRunner
 
 from merit_cli.main import cli
-from merit_core import runs
-from merit_core.train.checkpoint import load_trainer_state
+from merit_core.checkpoint import runs
+from merit_core.checkpoint.state import read_trainer_state
+from merit_core.checkpoint.tensors import load_trainer_state
 from merit_core.train.metrics import read_metrics
 from tests.cli_runs import TINY_TRAIN, invoke, train_args
 
@@ -43,7 +44,7 @@ def test_run_folder_layout_and_metrics(finished_run):
             "trainer_state.json",
             "trainer_state.pt",
         } <= names
-        info = runs.read_trainer_state(path)
+        info = read_trainer_state(path).to_dict()
         assert info["step"] == step and info["tokens"] == step * 8 * 32
         assert (info["global_batch_size"], info["seq_len"], info["optimizer"]) == (8, 32, "merit")
         assert info["lr"] > 0 and info["model"].endswith("config.json")
@@ -204,7 +205,7 @@ def test_next_eval_hint_is_a_command_that_runs(finished_run, monkeypatch):
     assert args[:2] == ["eval", str(out / "step_4")] and "--tasks" in args
     calls = []
 
-    def evaluate(checkpoints, settings, progress=None, quiet=True):
+    def evaluate(checkpoints, settings, progress=None, quiet=True, note=None):
         calls.append((checkpoints, settings))
         return [CheckpointResult(path=checkpoints[0], label="step_4", results={}, meta={})]
 

@@ -6,14 +6,11 @@ import os
 import pytest
 import torch
 
-from merit_core import runs
+from merit_core.checkpoint import runs
+from merit_core.checkpoint.state import TrainerState, optional_trainer_state, read_trainer_state
+from merit_core.checkpoint.tensors import load_model_weights, load_trainer_state
 from merit_core.errors import CheckpointError
-from merit_core.train.checkpoint import (
-    load_model_weights,
-    load_trainer_state,
-    prune_checkpoints,
-    save_checkpoint,
-)
+from merit_core.train.checkpoint import prune_checkpoints, save_checkpoint
 from tests.prepared_data import TINY_GPT2
 
 
@@ -32,7 +29,13 @@ class Arbitrary:
 
 def save(run, step, model, **state):
     return save_checkpoint(
-        run, step, model=model, state_dict=None, tokenizer_dir=None, info={"step": step}, state={"step": step, **state}
+        run,
+        step,
+        model=model,
+        state_dict=None,
+        tokenizer_dir=None,
+        info=TrainerState(step=step),
+        state={"step": step, **state},
     )
 
 
@@ -76,13 +79,13 @@ def test_trainer_state_refuses_pickled_objects(tmp_path, model):
 
 
 def test_resume_reads_refuse_truncated_weights_and_special_files(tmp_path, model, no_hang):
-    """What a resume reads goes through merit_core.checkpoints: a model.safetensors whose tensors end
+    """What a resume reads goes through merit_core.checkpoint.safe: a model.safetensors whose tensors end
     past the file, or a FIFO where trainer_state.pt / trainer_state.json / the weights should be, is
     one CheckpointError naming the file (never a blocked read), and the resume falls back to an
     older checkpoint that loads, saying why."""
     from merit_core.train.resume import ResumePlan, load_resumable
 
-    resumable = {"optimizer": {}, "rng": {"torch": torch.get_rng_state()}}
+    resumable = {"optimizer": {"state": {}, "param_groups": []}, "rng": {"torch": torch.get_rng_state()}}
     old, new = save(tmp_path, 1, model, **resumable), save(tmp_path, 2, model, **resumable)
     weights = new / runs.WEIGHTS_NAME
     weights.write_bytes(weights.read_bytes()[:-16])  # the header's offsets now run past the end
@@ -92,12 +95,12 @@ def test_resume_reads_refuse_truncated_weights_and_special_files(tmp_path, model
     os.mkfifo(weights)
     with pytest.raises(CheckpointError, match="FIFO"):
         load_model_weights(model, new)
-    for name, read in ((runs.STATE_PT, load_trainer_state), (runs.STATE_JSON, runs.read_trainer_state)):
+    for name, read in ((runs.STATE_PT, load_trainer_state), (runs.STATE_JSON, read_trainer_state)):
         (new / name).unlink()
         os.mkfifo(new / name)
         with pytest.raises(CheckpointError, match=rf"{name} is a FIFO \(named pipe\); merit reads only regular"):
             read(new)
-    assert runs.read_trainer_state(new, strict=False) == {}  # optional metadata: a FIFO is no metadata
+    assert optional_trainer_state(new, strict=False) is None  # optional metadata: a FIFO is no metadata
     notes = []
     assert load_resumable(ResumePlan([new, old]), model, tmp_path, notes.append)[0] == old
     assert len(notes) == 1 and "FIFO" in notes[0] and str(old) in notes[0]

@@ -1,11 +1,17 @@
-"""Finding and validating safetensors checkpoints without loading (or unpickling) anything.
+"""The one resolver of a user's path to checkpoints, and the checkpoints inspect reads.
 
-A user path resolves to one or more `Checkpoint`s:
+A run folder's steps are chosen by a `Selection` (`latest`, `all`, or chosen steps: what
+`--steps latest|all|N,M` of inspect and eval parse, what resume and compare ask for) through
+`select_steps`, at the level the caller needs (see merit_core.checkpoint.runs: weights, model,
+complete). `took` says in one line which it took.
+
+For inspect a user path resolves to one or more `Checkpoint`s (`find_checkpoints`):
 - a `*.safetensors` file;
 - a sharded checkpoint's `model.safetensors.index.json`;
 - a Hugging Face folder (`model.safetensors` or the sharded index, `config.json` alongside);
-- a `merit train` run folder: every complete `step_<N>/` subfolder, in step order
+- a `merit train` run folder: its selected `step_<N>/` subfolders with weights, in step order
   (temporary `.tmp*` folders and folders without weights are skipped).
+Each is verified against the checksums its trainer_state.json records unless told not to.
 
 Every weight file's header is checked against the file size before safetensors opens it, so a
 truncated or corrupt file gets a precise one-line `CheckpointError`. Pickle-based checkpoints
@@ -18,8 +24,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from merit_core import runs
-from merit_core.checkpoints import (  # the one safe reader of a checkpoint, shared with eval and resume
+from merit_core.checkpoint import runs
+from merit_core.checkpoint.runs import INDEX_NAME, WEIGHTS_NAME
+from merit_core.checkpoint.safe import (  # the one safe reader of a checkpoint, shared with eval and resume
     PICKLE_SUFFIXES,
     index_files,
     open_regular,
@@ -28,13 +35,20 @@ from merit_core.checkpoints import (  # the one safe reader of a checkpoint, sha
     refuse_special_files,
     validate_safetensors,
 )
-from merit_core.errors import CheckpointError
+from merit_core.checkpoint.state import SKIPPED, optional_trainer_state, verify_checkpoint
+from merit_core.errors import CheckpointError, ConfigError
 from merit_core.fileio import display
-from merit_core.runs import INDEX_NAME, WEIGHTS_NAME
 
 __all__ = [
+    "ALL",
+    "LATEST",
     "PICKLE_SUFFIXES",
+    "STEPS_HELP",
     "Checkpoint",
+    "Selection",
+    "parse_selection",
+    "select_steps",
+    "took",
     "SafetensorsReader",
     "find_checkpoints",
     "index_files",
@@ -43,6 +57,87 @@ __all__ = [
     "refuse_special_files",
     "validate_safetensors",
 ]
+
+
+STEPS_HELP = "Which step_N checkpoints of a run folder: latest, all, or chosen steps (e.g. 100,200)."
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which checkpoints of a run folder: the latest, all of them, or the chosen `steps`."""
+
+    kind: str  # 'latest' | 'all' | 'steps'
+    steps: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        return ",".join(map(str, self.steps)) if self.kind == "steps" else self.kind
+
+
+LATEST = Selection("latest")
+ALL = Selection("all")
+
+
+def parse_selection(text: str, option: str = "--steps") -> Selection:
+    """'latest', 'all' or '100,200' (sorted, unique; ASCII digits only) -> a Selection; ConfigError else."""
+    word = text.strip().lower()
+    if word in ("latest", "all"):
+        return Selection(word)
+    steps = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if not (part.isascii() and part.isdigit()):
+            raise ConfigError(
+                f"{option} {text}: give latest, all or step numbers separated by commas, e.g. {option} 100,200"
+            )
+        steps.add(int(part))
+    if not steps:
+        raise ConfigError(f"{option} is empty: give latest, all or step numbers, e.g. {option} 100,200")
+    return Selection("steps", tuple(sorted(steps)))
+
+
+def select_steps(
+    run_dir: str | Path, selection: Selection, level: str = "model", option: str = "--steps"
+) -> list[tuple[int, Path]]:
+    """The (step, folder) checkpoints of a run folder at `level` that `selection` picks, oldest first.
+
+    CheckpointError when the run has none; ConfigError naming the steps it has when a chosen step
+    is not among them."""
+    run_dir = Path(run_dir)
+    found = runs.checkpoints(run_dir, level)
+    if not found:
+        raise CheckpointError(f"{display(run_dir)} has no step_N/ checkpoint{_LEVEL_WORDS[level]}")
+    if selection.kind == "latest":
+        return found[-1:]
+    if selection.kind == "all":
+        return found
+    have = dict(found)
+    missing = [s for s in selection.steps if s not in have]
+    if missing:
+        raise ConfigError(
+            f"{option} {selection}: {display(run_dir)} has no checkpoint at step {', '.join(map(str, missing))}; "
+            f"it has {_names(found)}"
+        )
+    return [(s, have[s]) for s in selection.steps]
+
+
+_LEVEL_WORDS = {"weights": " with weights", "model": " with a model", "complete": " that is complete"}
+
+
+def _names(found: list[tuple[int, Path]]) -> str:
+    names = [p.name for _, p in found]
+    return ", ".join(names if len(names) <= 8 else [*names[:3], "...", *names[-4:]])
+
+
+def took(run_dir: str | Path, picked: list[tuple[int, Path]], selection: Selection) -> str:
+    """One line saying which checkpoints of a run folder a command took, and why."""
+    return f"{display(run_dir)}: took {_names(picked)} (--steps {selection})"
+
+
+def is_run_folder(path: str | Path) -> bool:
+    """A folder whose checkpoints are its step_N subfolders: no weights of its own."""
+    path = Path(path)
+    return path.is_dir() and not runs.has_weights(path) and not (path / runs.MODEL_CONFIG).is_file()
 
 
 @dataclass
@@ -68,7 +163,9 @@ class Checkpoint:
 
 
 def _read_step(folder: Path) -> int | None:
-    return runs.state_step(folder)
+    """The step a checkpoint folder says it holds (its trainer_state.json, else its `step_N` name)."""
+    state = optional_trainer_state(folder, strict=False)
+    return state.step if state is not None else runs.parse_step(folder.name)
 
 
 def _folder_checkpoint(folder: Path) -> Checkpoint | None:
@@ -90,7 +187,7 @@ def _describe(folder: Path, limit: int = 8) -> str:
     return "found: " + ", ".join(names[:limit]) + more
 
 
-def _from_folder(folder: Path) -> list[Checkpoint]:
+def _from_folder(folder: Path, selection: Selection) -> list[Checkpoint]:
     single = _folder_checkpoint(folder)
     if single is not None:
         return [single]
@@ -109,9 +206,14 @@ def _from_folder(folder: Path) -> list[Checkpoint]:
             ckpt.step = step
         steps.append(ckpt)
     if steps:
-        steps.sort(key=lambda c: c.step)
+        steps.sort(key=lambda c: c.step if c.step is not None else -1)  # each has its step here
         if skipped:
             steps[0].notes.append(f"skipped incomplete checkpoint folders: {', '.join(sorted(skipped))}")
+        if selection.kind == "latest":
+            return steps[-1:]
+        if selection.kind == "steps":
+            picked = dict(select_steps(folder, selection, "weights"))
+            return [c for c in steps if c.folder in picked.values()]
         return steps
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
     if pickles:
@@ -123,20 +225,26 @@ def _from_folder(folder: Path) -> list[Checkpoint]:
     )
 
 
-def find_checkpoints(path: str | Path) -> list[Checkpoint]:
-    """Resolve a user path to its checkpoints (validated), in step order for a run folder."""
+def find_checkpoints(path: str | Path, selection: Selection = ALL, verify: bool = True) -> list[Checkpoint]:
+    """Resolve a user path to its checkpoints (validated), in step order for a run folder; a run
+    folder's steps as `selection` picks them. With `verify`, each checkpoint's files are checked
+    against the checksums its trainer_state.json records (CheckpointError on a mismatch)."""
     path = Path(path).expanduser()
     try:
-        return _find_checkpoints(path)
+        found = _find_checkpoints(path, selection)
     except PermissionError as exc:
         raise CheckpointError(f"cannot read {display(exc.filename or path)}: permission denied") from None
+    notes = [SKIPPED] if not verify else [n for n in (verify_checkpoint(c.folder) for c in found) if n is not None]
+    if notes:  # said once for the path, on its first checkpoint
+        found[0].notes.append(notes[0] if len(found) == 1 or not verify else f"{notes[0]} ({len(notes)} checkpoints)")
+    return found
 
 
-def _find_checkpoints(path: Path) -> list[Checkpoint]:
+def _find_checkpoints(path: Path, selection: Selection) -> list[Checkpoint]:
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {display(path)}{runs.missing_step_hint(path)}")
     if path.is_dir():
-        found = _from_folder(path)
+        found = _from_folder(path, selection)
     elif path.name.endswith(".index.json"):
         found = [Checkpoint(path=path, files=index_files(path), folder=path.parent, step=_read_step(path.parent))]
     else:

@@ -6,8 +6,8 @@ data exactly, the header-size limit of the safetensors library), so every crafte
 file is refused with one `CheckpointError` line before a library opens it; pickle-based files
 are refused on their name or magic bytes; FIFOs, sockets and devices are never opened
 (`open_regular`, `opened_path` for the libraries that load a checked file by name). The
-model config's sizes (`check_model_dims`) and a tokenizer's special tokens
-(`check_special_tokens`) are checked here too, so inspect and eval refuse the same files.
+tokenizer's special tokens (`check_special_tokens`) are checked here too, so inspect and eval
+refuse the same files (a model config's sizes: merit_core.models.limits.check_model_dims).
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from merit_core.errors import CheckpointError, ConfigError
+from merit_core.errors import CheckpointError
 from merit_core.fileio import display, open_regular, special_entries
-from merit_core.models.limits import check_model_config
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 _DTYPE_BYTES = {
@@ -170,34 +169,6 @@ def index_files(index: Path) -> list[Path]:
     if not files:
         raise CheckpointError(f"{display(index)} lists no shards")
     return files
-
-
-# Sizes every model family needs: null in a config.json (which transformers' defaults do not catch) is refused.
-_REQUIRED_SIZES = (
-    "n_head",
-    "n_layer",
-    "n_embd",
-    "num_attention_heads",
-    "num_hidden_layers",
-    "hidden_size",
-    "vocab_size",
-)
-
-
-def check_model_dims(config: Any, where: str) -> None:
-    """CheckpointError for a model config (a transformers config) that cannot be built: a size that
-    is null, zero, negative or not an integer, heads that do not divide the width, ... (the rules are
-    merit_core.models.limits.check_model_config's, which inspect's probe applies too): a config.json
-    with n_head = 0 or null would otherwise fail inside the model's constructor."""
-
-    raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    nulls = [key for key in _REQUIRED_SIZES if key in raw and raw[key] is None]
-    if nulls:
-        raise CheckpointError(f"{where}: {nulls[0]} is null in config.json; it must be a positive integer")
-    try:
-        check_model_config(config, where)
-    except ConfigError as exc:
-        raise CheckpointError(str(exc)) from None
 
 
 def check_special_tokens(tokenizer: Any, where: str) -> None:

@@ -7,7 +7,7 @@ Layout::
     <run>/config.toml           the resolved configuration
     <run>/metrics.jsonl         log and eval records
     <run>/step_<N>/             a checkpoint: config.json, model.safetensors, tokenizer files,
-                                trainer_state.json and trainer_state.pt (see train/checkpoint.py)
+                                trainer_state.json and trainer_state.pt (see checkpoint/state.py, tensors.py)
     <run>/.tmp-step_<N>/        a checkpoint being written (holds the `.merit-staging` marker)
 
 What counts as a checkpoint, at three levels (one rule for "latest": the highest N among the
@@ -28,16 +28,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import json
 import os
 import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from merit_core.errors import CheckpointError, ConfigError, RunBusy, UnsafePath
+from merit_core.checkpoint.state import STATE_JSON
+from merit_core.errors import ConfigError, RunBusy, UnsafePath
 from merit_core.fileio import (
+    STAGING_MARKER,
     TMP_PREFIX,
     FileLock,
     atomic_write_json,
@@ -47,7 +47,6 @@ from merit_core.fileio import (
     folder_mode,
     fsync_dir,
     fsync_file,
-    open_regular,
     refuse_foreign_entries,
     refuse_link,
 )
@@ -57,15 +56,12 @@ RUN_FORMAT = "merit-run-v1"
 LOCK_FILE = ".merit-run.lock"
 CONFIG_FILE = "config.toml"
 CONFIG_HEADER = "# merit train: resolved run configuration"
-STATE_JSON = "trainer_state.json"
 STATE_PT = "trainer_state.pt"
-STATE_FORMAT = "merit-trainer-v1"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 MODEL_CONFIG = "config.json"
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
-STAGING_MARKER = ".merit-staging"
 # Files that make a folder's tokenizer (what a checkpoint copies from the prepared data, what eval needs).
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -155,42 +151,6 @@ def tokenizer_files(folder: str | Path) -> list[Path]:
     """The tokenizer files present in `folder` (see TOKENIZER_FILES)."""
     folder = Path(folder)
     return [folder / name for name in TOKENIZER_FILES if (folder / name).is_file()]
-
-
-# -- trainer state -----------------------------------------------------------------------------
-def read_trainer_state(folder: str | Path, *, strict: bool = True) -> dict[str, Any]:
-    """trainer_state.json of a checkpoint folder as a dict.
-
-    strict: a missing or unreadable file raises CheckpointError (what resume needs); otherwise
-    it gives {} (what eval and inspect want: the metadata is optional there).
-    """
-    path = Path(folder) / STATE_JSON
-    try:
-        with open_regular(path) as fh:  # a FIFO (which would block the read forever) is refused
-            state = json.loads(fh.read().decode("utf-8"))
-        if not isinstance(state, dict):
-            raise ValueError("not a JSON object")
-    except FileNotFoundError:
-        if strict:
-            raise CheckpointError(f"{folder} is not a merit checkpoint (no {STATE_JSON})") from None
-        return {}
-    except CheckpointError:
-        if strict:
-            raise
-        return {}
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        if strict:
-            raise CheckpointError(f"{path} is unreadable: {exc}") from None
-        return {}
-    return state
-
-
-def state_step(folder: str | Path) -> int | None:
-    """The step a checkpoint folder says it holds (its trainer_state.json, else its `step_N` name)."""
-    step = read_trainer_state(folder, strict=False).get("step")
-    if isinstance(step, int) and not isinstance(step, bool):
-        return step
-    return parse_step(Path(folder).name)
 
 
 # -- checkpoint staging --------------------------------------------------------------------------
@@ -313,7 +273,7 @@ def recover_staging(run_dir: str | Path) -> list[str]:
     checkpoints are listed (what a resume continues from depends on it).
     """
     run_dir = Path(run_dir)
-    notes = []
+    notes: list[str] = []
     if not run_dir.is_dir():
         return notes
     for child in sorted(run_dir.iterdir()):

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
 
-from merit_core.errors import CheckpointError, first_line
+from merit_core.errors import CheckpointError, MeritError, first_line
 from merit_core.fileio import display, open_regular
 
 METADATA_FILE = ".metadata"
@@ -71,14 +71,18 @@ class SafeShardReader(FileSystemReader):
         path = folder / (METADATA_FILE if rank is None else f"__{rank}{METADATA_FILE}")
         try:
             with open_regular(path) as fh:
-                metadata = _MetadataUnpickler(io.BytesIO(fh.read())).load()
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as exc:
+                raw = fh.read()
+        except OSError as exc:
+            raise CheckpointError(f"cannot read {display(path)}: {exc.strerror or exc}") from None
+        try:
+            metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
+        except MeritError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an allowed constructor given a crafted argument raises anything (KeyError)
             raise CheckpointError(
                 f"{display(path)} is not checkpoint metadata merit can read safely ({first_line(exc)}); "
                 "merit never unpickles code from a checkpoint"
             ) from None
-        except OSError as exc:
-            raise CheckpointError(f"cannot read {display(path)}: {exc.strerror or exc}") from None
         if not isinstance(metadata, dcp_metadata.Metadata):
             raise CheckpointError(f"{display(path)} is not torch.distributed.checkpoint metadata")
         for info in (metadata.storage_data or {}).values():

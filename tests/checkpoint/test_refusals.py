@@ -1,0 +1,161 @@
+"""What resume, inspect and eval do with a checkpoint that is damaged or crafted: one error line
+(exit 2), nothing of the run moved or truncated, no traceback; a flipped byte in any checkpoint file
+is refused by all three; --no-verify skips the checksums and says so; an older checkpoint without
+checksums still loads, said once."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from merit_core.checkpoint.state import NOT_VERIFIED, SKIPPED, STATE_JSON
+from tests.cli_runs import TINY_TRAIN, invoke, train_args
+
+# One checkpoint at step 2 (and no other to fall back to).
+SETTINGS = {**TINY_TRAIN, "save_every": 0, "eval_every": 0}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, model_cfg, data_dir):
+    run = tmp_path_factory.mktemp("refusals") / "run"
+    result = invoke(train_args(model_cfg, data_dir, run, "--steps", "2", settings=SETTINGS))
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in run.glob("step_*")) == ["step_2"]
+    return run
+
+
+@pytest.fixture
+def run(trained, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(trained, copy)
+    return copy
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _resume(model_cfg, data_dir, run, *extra):
+    return invoke(train_args(model_cfg, data_dir, run, "--steps", "4", "--resume", *extra, settings=SETTINGS))
+
+
+def _refused(result, *words):
+    """Exit 2 with one error line naming `words`, and no traceback."""
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in result.output, result.output
+    for word in words:
+        assert word in errors[0], errors[0]
+    return errors[0]
+
+
+def _flip(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
+FILES = ["model.safetensors", "config.json", "trainer_state.pt", STATE_JSON, "tokenizer.json"]
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_a_flipped_byte_in_each_checkpoint_file_is_refused_by_resume_inspect_and_eval(run, model_cfg, data_dir, name):
+    _flip(run / "step_2" / name)
+    before = _snapshot(run)
+    _refused(_resume(model_cfg, data_dir, run), name)
+    assert _snapshot(run) == before  # nothing moved aside, metrics.jsonl not cut back
+    _refused(invoke(["inspect", str(run), "--no-logits", "--no-updates"]), name)
+    _refused(invoke(["eval", str(run), "--tasks", "lambada"]), name)
+    assert _snapshot(run) == before
+
+
+def _craft_state(run: Path, change) -> None:
+    path = run / "step_2" / "trainer_state.pt"
+    state = torch.load(path, weights_only=True)
+    change(state)
+    torch.save(state, path)
+
+
+def _param_state(state):
+    return state["optimizer"]["state"][0]
+
+
+CRAFTED = {
+    "negative step": lambda s: s.update(step=-5),
+    "text step": lambda s: s.update(step="2"),
+    "vector step": lambda s: s.update(step=torch.tensor([2, 2])),
+    "meta-device moment": lambda s: _param_state(s).update(
+        exp_avg=torch.zeros_like(_param_state(s)["exp_avg"], device="meta")
+    ),
+    "missing exp_avg_sq": lambda s: _param_state(s).pop("exp_avg_sq"),
+    "text betas": lambda s: s["optimizer"]["param_groups"][0].update(betas="(0.9, 0.99)"),
+    "betas of three": lambda s: s["optimizer"]["param_groups"][0].update(betas=(0.9, 0.99, 0.5)),
+    "negative clip": lambda s: s["optimizer"]["param_groups"][0].update(clip=-1.0),
+    "text clip": lambda s: s["optimizer"]["param_groups"][0].update(clip="none"),
+    "no rng": lambda s: s.pop("rng"),
+}
+
+
+@pytest.mark.parametrize("case", list(CRAFTED))
+def test_a_crafted_trainer_state_is_one_line_and_moves_nothing(run, model_cfg, data_dir, case):
+    """Checked with --no-verify, so that the state's own checks are what refuses it (with the checksums
+    on, the changed file is refused before it is read)."""
+    _craft_state(run, CRAFTED[case])
+    before = _snapshot(run)
+    _refused(_resume(model_cfg, data_dir, run), "trainer_state.pt")  # checksums on: refused unread
+    _refused(_resume(model_cfg, data_dir, run, "--no-verify"), "step_2")
+    assert _snapshot(run) == before
+
+
+def test_inspect_says_in_one_line_that_a_crafted_optimizer_state_gives_no_update_size(run):
+    _craft_state(run, CRAFTED["missing exp_avg_sq"])
+    result = invoke(["inspect", str(run / "step_2"), "--no-verify", "--seq-len", "8"])
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    flat = " ".join(result.output.split())  # rich wraps long notes
+    assert flat.count("update size not measured") == 1, result.output
+    assert "has no 'exp_avg_sq'" in flat.split("update size not measured")[1].split("note ")[0]
+    assert flat.count(SKIPPED) == 1
+
+
+def test_a_tampered_step_in_trainer_state_json_is_refused_with_or_without_checksums(run, model_cfg, data_dir):
+    path = run / "step_2" / STATE_JSON
+    path.write_text(path.read_text().replace('"step": 2', '"step": 5', 1))
+    before = _snapshot(run)
+    _refused(_resume(model_cfg, data_dir, run), "altered")
+    _refused(_resume(model_cfg, data_dir, run, "--no-verify"), "says step 5 but the folder is step_2")
+    assert _snapshot(run) == before
+
+
+def test_a_checkpoint_without_checksums_loads_and_is_said_not_verified_once(run, model_cfg, data_dir):
+    path = run / "step_2" / STATE_JSON
+    state = json.loads(path.read_text())
+    for key in ("checksums", "state_sha256"):
+        state.pop(key)
+    path.write_text(json.dumps(state))  # as merit wrote it before checksums were recorded
+    result = invoke(["inspect", str(run), "--no-logits", "--no-updates"])
+    assert result.exit_code == 0, result.output
+    assert " ".join(result.output.split()).count(NOT_VERIFIED) == 1
+    assert f"{run}: took step_2 (--steps all)" in result.output
+    resumed = _resume(model_cfg, data_dir, run)
+    assert resumed.exit_code == 0, resumed.output
+    assert " ".join(resumed.output.split()).count(NOT_VERIFIED) == 1
+
+
+def test_eval_warns_when_the_weights_leave_modules_of_the_config_at_random_init(run, tmp_path):
+    from merit_core.evaluation.checkpoint import load_model_and_tokenizer, resolve_checkpoint
+
+    folder = tmp_path / "claims-more"
+    shutil.copytree(run / "step_2", folder)
+    for name in (STATE_JSON, "trainer_state.pt"):
+        (folder / name).unlink()
+    config = json.loads((folder / "config.json").read_text())
+    layers = config["n_layer"]
+    (folder / "config.json").write_text(json.dumps({**config, "n_layer": layers + 3}))
+    notes: list[str] = []
+    load_model_and_tokenizer(resolve_checkpoint(folder), "cpu", "float32", note=notes.append)
+    assert len(notes) == 1 and "random init" in notes[0] and f"h.{layers}." in notes[0], notes
+    notes.clear()
+    load_model_and_tokenizer(resolve_checkpoint(run / "step_2"), "cpu", "float32", note=notes.append)
+    assert notes == []  # the checkpoint as trained: every parameter from its weights
