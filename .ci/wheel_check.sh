@@ -3,8 +3,7 @@
 # fresh virtual environment that borrows the current environment's packages for torch & co (a
 # plain path in a .pth file, so the checkout's editable install is not picked up), and run
 # `merit` from outside the checkout, a shipped config by its name among them. Catches files missing
-# from the wheel (the shipped configs,
-# the C++ kernel source) and a broken entry point.
+# from the wheel (the shipped configs, the C++ kernel source) and a broken entry point.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python}
