@@ -3,11 +3,11 @@
 The standard library only (no torch, transformers or numpy), so that `--help` and the config
 readers can use it without loading a model: `merit_cli` builds each option's help text and shown
 default from here, `merit_core.train.config` reads, checks and resolves a `TrainConfig`, and
-`merit_core.compare.spec` fills a comparison from `CompareSettings`.
+`merit_core.compare.spec` fills a comparison from `CompareDefaults`.
 
 - `TrainConfig`: a training run as the user gives it; `None` means "derived" (lr, steps, ...).
 - `ResolvedConfig`: the same run after `merit_core.train.config.resolve`, those fields filled.
-- `CompareSettings`: the comparison's own keys (the top level of a compare TOML) and their defaults;
+- `CompareDefaults`: the comparison's own keys (the top level of a compare TOML) and their defaults;
   `COMPARE_TRAIN`: the `merit train` settings a comparison runs with unless told otherwise.
 
 Adding a `merit train` setting is one field of `TrainConfig`, declared with `setting(...)`: its
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -277,7 +278,7 @@ class ResolvedConfig(TrainConfig):
 
 # -- merit compare ------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
-class CompareSettings:
+class CompareDefaults:
     """The default comparison `merit compare` runs with no arguments, and its other settings.
 
     The paper's three optimizers on the tiny GPT-2 and the built-in corpus, a small and a large batch
@@ -341,7 +342,7 @@ class CompareSettings:
     )
 
 
-COMPARE = CompareSettings()
+COMPARE = CompareDefaults()
 # `--preset ablations`: MERIT and its registry ablations (each removes or changes one component)
 # with the LAMB reference, at the comparison's largest batch only.
 PRESETS = {"ablations": ("merit", "merit-noclip", "merit-nobound", "max-lamb", "l2-merit", "lamb-ref")}
@@ -377,7 +378,7 @@ def shown_default(cls: type, name: str, default: Any = dataclasses.MISSING) -> s
     if value is None:
         return ""
     if isinstance(value, bool):
-        return "on" if value else "off"
+        return "on" if value else ""  # a flag off unless given shows no default
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, (tuple, list)):
@@ -388,11 +389,12 @@ def shown_default(cls: type, name: str, default: Any = dataclasses.MISSING) -> s
 def value_type(cls: type, name: str) -> type:
     """The plain type of field `name`: int, float, str or bool (`X | None` -> X; `str | bool` -> bool)."""
     hint = typing.get_type_hints(cls)[name]
-    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+    args = [a for a in typing.get_args(hint) if a is not type(None)] if union else [hint]
     if bool in args:
         return bool
     origin = typing.get_origin(args[0]) or args[0]
-    return str if origin is tuple else origin
+    return str if origin in (tuple, list) else origin  # a list is given as comma-separated text
 
 
 def option_names(cls: type) -> tuple[str, ...]:

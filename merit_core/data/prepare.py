@@ -43,6 +43,7 @@ from merit_core.errors import ConfigError, DataError
 from merit_core.fileio import pid_alive, remove_stale_lock
 from merit_core.progress import Progress, ProgressFn, report_to
 from merit_core.runs import STAGING_MARKER
+from merit_core.settings import VOCAB_SIZE
 
 Report = Callable[[str, int, "int | None"], None]  # report(stage, done, total): a Progress event each
 Batches = Callable[[], Iterable[tuple[list[str], int]]]
@@ -68,7 +69,7 @@ def prepare_corpus(
     out_dir: str | Path,
     *,
     tokenizer: str | None = None,
-    vocab_size: int = 4096,
+    vocab_size: int = VOCAB_SIZE,
     val_fraction: float = 0.01,
     seed: int = 0,
     progress: ProgressFn | None = None,
@@ -129,7 +130,7 @@ def prepare_documents(
     *,
     source: str,
     tokenizer: str | None = None,
-    vocab_size: int = 4096,
+    vocab_size: int = VOCAB_SIZE,
     val_fraction: float = 0.01,
     seed: int = 0,
     total: int | None = None,
