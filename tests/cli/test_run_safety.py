@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 from merit_cli.main import cli
 from merit_core import errors, fileio, runs
+from merit_core.metrics import read_metrics
 from merit_core.train.checkpoint import load_trainer_state
-from merit_core.train.metrics import read_metrics
 from tests import cli_runs
 from tests.cli_runs import invoke
 

@@ -171,8 +171,8 @@ def test_compiled_run_trains_evaluates_saves_and_resumes_like_the_eager_run(mode
     (measured 5.7e-4 at worst: the optimizer's normalised updates amplify the reordering),
     evaluation and the attention probe work, checkpoints keep the plain parameter names, and a
     resume continues the compiled run."""
+    from merit_core.metrics import read_metrics
     from merit_core.train.checkpoint import load_trainer_state  # noqa: F401  (the run writes it)
-    from merit_core.train.metrics import read_metrics
     from merit_core.train.training_run import TrainCallbacks, run_training
 
     notes = []
