@@ -118,7 +118,7 @@ class MetricsLog:
         """Drop records of steps after `step` (what a crash left past the resumed checkpoint)."""
         if not self.path.exists():
             return
-        kept = [r for r in read_metrics(self.path) if r.get(STEP, 0) <= step]
+        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]
         atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def reset(self) -> None:
