@@ -14,6 +14,8 @@ from merit_core.settings import (
     DEVICE_PATTERN,
     DEVICE_WORDS,
     DTYPE_SPELLINGS,
+    TrainConfig,
+    default_of,
     setting_of,
     shown_default,
     value_type,
@@ -71,16 +73,15 @@ def device_callback(ctx, param, value):
     return name
 
 
-def device_option(default: str | None = "auto"):
-    """--device, the same words in every command: auto, cpu, cuda or cuda:N (train, eval, inspect)."""
-    shown = "" if default is not None else " [default: auto]"
+def device_option():
+    """--device for eval and inspect: the words train's `device` setting takes (auto, cpu, cuda or
+    cuda:N), auto by default."""
     return click.option(
         "--device",
-        default=default,
-        show_default=default is not None,
-        metavar="DEVICE",
+        default=default_of(TrainConfig, "device"),
+        metavar=setting_of(TrainConfig, "device").metavar,
         callback=device_callback,
-        help=f"{DEVICE_HELP}{shown}",
+        help=DEVICE_HELP,
     )
 
 
