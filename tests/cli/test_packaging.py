@@ -70,6 +70,7 @@ def test_metadata_license_python_and_package_data():
     assert (ROOT / "merit_core" / "py.typed").is_file()
     data = PYPROJECT["tool"]["setuptools"]["package-data"]
     assert "py.typed" in data["merit_core"] and data["merit_core.shipped_configs"] == ["*.toml"]
+    assert data["merit_core.optim.merit.csrc"] == ["*.cpp"]
     assert project["scripts"]["merit"] == "merit_cli.entry:main"
 
 
@@ -78,10 +79,12 @@ def test_the_wheel_lists_every_package_and_ships_the_top_level_configs():
     package folder left out of the list would be missing from the wheel."""
     setuptools = PYPROJECT["tool"]["setuptools"]
     folders = {
-        ".".join(path.parent.relative_to(ROOT).parts)
+        ".".join(path.relative_to(ROOT).parts)
         for folder in ("merit_core", "merit_cli")
-        for path in (ROOT / folder).rglob("__init__.py")
+        for path in [ROOT / folder, *(ROOT / folder).rglob("*")]
+        if path.is_dir() and path.name != "__pycache__" and not path.name.startswith(".")
     }
+    assert {"merit_core.optim.merit.triton", "merit_core.optim.merit.csrc"} <= folders  # code and data folders
     assert set(setuptools["packages"]) == folders | {"merit_core.shipped_configs"}
     assert setuptools["package-dir"] == {"merit_core.shipped_configs": "configs"}
     assert not (ROOT / "merit_core" / "configs").exists()  # one source of the shipped configs
