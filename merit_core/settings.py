@@ -34,7 +34,7 @@ DEFAULT_STEPS = 300
 # The device words train, eval, inspect and compare take.
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 DEVICE_WORDS = "auto, cpu, cuda or cuda:N"
-DEVICE_HELP = f"auto (a CUDA GPU when one is visible, else the CPU), {DEVICE_WORDS.removeprefix('auto, ')}."
+DEVICE_HELP = "auto (a CUDA GPU when one is visible, else the CPU), cpu, cuda or cuda:N."
 # Dtype names as users type them -> the full name (merit eval takes all of them, merit train the
 # compute dtypes of TRAIN_DTYPES, 'auto' besides).
 DTYPE_SPELLINGS = {
@@ -350,10 +350,12 @@ PRESETS = {"ablations": ("merit", "merit-noclip", "merit-nobound", "max-lamb", "
 
 # -- reading the declarations ------------------------------------------------------------------
 def setting_of(cls: type, name: str) -> Setting:
-    """The Setting declared for field `name` of a settings dataclass (KeyError: not a setting)."""
-    for f in dataclasses.fields(cls):
-        if f.name == name:
-            return f.metadata["setting"]
+    """The Setting declared for field `name` of a settings dataclass or the class it refines
+    (ResolvedConfig redeclares TrainConfig's derived fields); KeyError: not a setting."""
+    for klass in cls.__mro__:
+        for f in dataclasses.fields(klass) if dataclasses.is_dataclass(klass) else ():
+            if f.name == name and "setting" in f.metadata:
+                return f.metadata["setting"]
     raise KeyError(f"{cls.__name__} has no setting {name!r}")
 
 
@@ -399,7 +401,7 @@ def value_type(cls: type, name: str) -> type:
 
 def option_names(cls: type) -> tuple[str, ...]:
     """The fields with a command-line option, in declaration order."""
-    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata["setting"].option is not None)
+    return tuple(f.name for f in dataclasses.fields(cls) if setting_of(cls, f.name).option is not None)
 
 
 def _train_default(name: str) -> Any:

@@ -128,6 +128,8 @@ def test_resolve_returns_the_resolved_type_without_optional_fields():
     from merit_core.train.config import load_config, resolve
 
     hints = typing.get_type_hints(ResolvedConfig)
+    assert option_names(ResolvedConfig) == option_names(TrainConfig)  # the declarations carry over
+    assert setting_of(ResolvedConfig, "lr") == setting_of(TrainConfig, "lr")
     for name in ("lr", "min_lr", "warmup_steps", "weight_decay", "steps", "out"):
         assert type(None) not in typing.get_args(hints[name]), name
         assert type(None) in typing.get_args(typing.get_type_hints(TrainConfig)[name]), name
