@@ -2,8 +2,8 @@
 # The built wheel installs and runs on its own: build it, install it (without dependencies) into a
 # fresh virtual environment that borrows the current environment's packages for torch & co (a
 # plain path in a .pth file, so the checkout's editable install is not picked up), and run
-# `merit` from outside the checkout. Catches files missing from the wheel (the shipped configs,
-# the C++ kernel source) and a broken entry point.
+# `merit` from outside the checkout, a shipped config by its name among them. Catches files missing
+# from the wheel (the shipped configs, the C++ kernel source) and a broken entry point.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python}
@@ -21,6 +21,10 @@ cd "$work"
 env -u PYTHONPATH "$work/venv/bin/merit" --version
 env -u PYTHONPATH "$work/venv/bin/merit" train --list-configs > configs.txt
 grep -q "merit train gpt2-small" configs.txt
+# a shipped config by its bare name, found in the wheel (two steps of the CPU debug run)
+env -u PYTHONPATH "$work/venv/bin/merit" train debug --steps 2 --set warmup_steps=0 --out "$work/run" > train.txt
+grep -q "2 steps on cpu" train.txt
+test -d "$work/run/step_2"
 env -u PYTHONPATH "$work/venv/bin/python" - "$site" <<'PY'
 import sys
 import merit_cli

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The paper's experiment on one H200 node without internet, in about 10 minutes: the shipped
-# comparison `compare-h200` (merit_core/configs/compare-h200.toml: AdamW, LAMB and MERIT on the
+# comparison `compare-h200` (configs/compare-h200.toml: AdamW, LAMB and MERIT on the
 # GPT-2 small shape and the built-in corpus, batch 16 and 128 x 1024, a 3-point lr grid around the
 # measured defaults, compile on, max logit over steps, Hessians of the best runs). Where there is
 # internet, once:

@@ -11,15 +11,10 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from merit_cli.options import device_callback, setting_option
 from merit_cli.render import EtaColumn, LiveReport, fmt_duration, fmt_float, plain_line, plural
-from merit_core.compare_defaults import (
-    DEFAULT_BATCH_SIZES,
-    DEFAULT_OPTIMIZERS,
-    DEFAULT_TOKENS,
-    DEFAULT_TRAIN,
-    QUICK_TOKENS,
-)
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
+from merit_core.settings import COMPARE, COMPARE_TRAIN, CompareDefaults, TrainConfig
 
 if TYPE_CHECKING:  # read at `merit compare --help`: the comparison (torch) is imported when it runs
     from merit_core.compare.results import CompareSummary
@@ -308,61 +303,27 @@ def _check_task_trust(spec, trusted: bool) -> None:
 
 @click.command("compare", context_settings={"show_default": True})
 @click.argument("config_file", required=False, metavar="[CONFIG]")
-@click.option("--optimizers", help=f"Comma-separated optimizers  [default: {','.join(DEFAULT_OPTIMIZERS)}]")
-@click.option(
-    "--batch-sizes",
-    help=f"Comma-separated global batch sizes in sequences  [default: {','.join(map(str, DEFAULT_BATCH_SIZES))}]",
-)
-@click.option(
-    "--lrs",
-    help="'auto': three lrs (x1/3, x1, x3) around the registry's measured lr for the model and each batch "
-    "(or the nearest measured one x sqrt(tokens ratio)); or comma-separated lrs for every optimizer  [default: auto]",
-)
-@click.option(
-    "--tokens", type=int, help=f"Training tokens per run, the same at every batch size  [default: {DEFAULT_TOKENS}]"
-)
-@click.option("--model", help=f"Named model or config.json  [default: {DEFAULT_TRAIN['model']}]")
-@click.option("--data", help="Prepared folder, text file/folder or dataset name (default: built-in corpus).")
-@click.option("--seq-len", type=int, help=f"Tokens per sequence  [default: {DEFAULT_TRAIN['seq_len']}]")
-@click.option("--device", help="auto, cpu, cuda.")
-@click.option("--out", help="Comparison folder (default runs/compare-<model>); re-running skips finished runs.")
-@click.option(
-    "--jobs", type=int, help="Runs at once (default: one per GPU; on CPU one per core, at most 4, sharing the cores)."
-)
+@setting_option(CompareDefaults, "optimizers")
+@setting_option(CompareDefaults, "batch_sizes")
+@setting_option(CompareDefaults, "lrs")
+@setting_option(CompareDefaults, "tokens", type=int, callback=None)
+@setting_option(TrainConfig, "model", default=COMPARE_TRAIN["model"])
+@setting_option(TrainConfig, "data")
+@setting_option(TrainConfig, "seq_len", default=COMPARE_TRAIN["seq_len"], type=int, callback=None)
+@setting_option(TrainConfig, "device", callback=device_callback)
+@setting_option(CompareDefaults, "out")
+@setting_option(CompareDefaults, "jobs", type=int, callback=None)
 @click.option(
     "--quick",
     is_flag=True,
-    help=f"A smoke run: {QUICK_TOKENS} tokens per run and only the centre of each auto grid (6 runs of the "
+    help=f"A smoke run: {COMPARE.quick_tokens} tokens per run and only the centre of each auto grid (6 runs of the "
     "default); its report gives no verdict on the paper's claims.",
 )
-@click.option(
-    "--seeds",
-    type=int,
-    help="Runs per learning rate, with train seeds seed, seed+1, ...; best lr on the mean  [default: 1]",
-)
-@click.option(
-    "--best-seeds",
-    type=int,
-    help="Seeds of each best lr, topped up after the grids (at least --seeds; --seeds with --quick)  [default: 3]",
-)
-@click.option(
-    "--environment-check/--no-environment-check",
-    default=None,
-    help="Re-run each best cell's first seed at another thread count to measure the environment spread "
-    "verdicts must exceed (off with --quick)  [default: on]",
-)
-@click.option(
-    "--hessian",
-    is_flag=True,
-    default=None,
-    help="Hessian eigenvalues (largest and smallest algebraic, largest magnitude) and trace of each best "
-    "run's final weights on a fixed validation batch.",
-)
-@click.option(
-    "--preset",
-    type=click.Choice(["ablations"]),
-    help="ablations: merit, merit-noclip, merit-nobound, max-lamb, l2-merit, lamb-ref at the largest batch.",
-)
+@setting_option(CompareDefaults, "seeds", type=int, callback=None)
+@setting_option(CompareDefaults, "best_seeds", type=int, callback=None)
+@setting_option(CompareDefaults, "environment_check")
+@setting_option(CompareDefaults, "hessian")
+@setting_option(CompareDefaults, "preset")
 @click.option("--eval", "eval_tasks", metavar="TASKS", help="Zero-shot tasks (merit eval's names) for each best run.")
 @click.option(
     "--include-path",
@@ -375,11 +336,7 @@ def _check_task_trust(spec, trusted: bool) -> None:
     help="Read the --include-path task folder (or the spec's eval.include_path), which is code: see merit eval.",
 )
 @click.option("--eval-limit", type=int, help="At most this many documents per --eval task.")
-@click.option(
-    "--max-extensions",
-    type=int,
-    help="x3 steps an auto lr grid may grow past an edge holding the best lr, per side  [default: 2]",
-)
+@setting_option(CompareDefaults, "max_extensions", type=int, callback=None)
 @click.option(
     "--set",
     "overrides",

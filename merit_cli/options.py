@@ -1,16 +1,26 @@
-"""Click option helpers shared by the commands: numbers, --device, --dtype, and their metavars."""
+"""Click option helpers shared by the commands: numbers, --device, --dtype, options declared by
+merit_core.settings, and their metavars."""
 
 from __future__ import annotations
 
-import re
+import dataclasses
+from typing import Any
 
 import click
 
 from merit_core.errors import ConfigError
+from merit_core.settings import (
+    DEVICE_HELP,
+    DEVICE_PATTERN,
+    DEVICE_WORDS,
+    DTYPE_SPELLINGS,
+    TrainConfig,
+    default_of,
+    setting_of,
+    shown_default,
+    value_type,
+)
 from merit_core.values import parse_number
-
-# The device names train, eval and inspect take (train's config checks the same words).
-DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 
 
 def number(kind: type):
@@ -97,44 +107,40 @@ def fill_metavars(command: click.Command) -> click.Command:
     return command
 
 
-def _device(ctx, param, value):
+def device_callback(ctx, param, value):
     """--device as typed -> lower case, if it is auto, cpu, cuda, cuda:N (or mps); else one ConfigError line."""
     if value is None:
         return None
     name = value.strip().lower()
     if not DEVICE_PATTERN.fullmatch(name):
-        raise ConfigError(f"--device {value}: use auto, cpu, cuda or cuda:N")
+        raise ConfigError(f"--device {value}: use {DEVICE_WORDS}")
     return name
 
 
-def device_option(default: str | None = "auto"):
-    """--device, the same words in every command: auto, cpu, cuda or cuda:N (train, eval, inspect)."""
-    shown = "" if default is not None else " [default: auto]"
+def device_option():
+    """--device for eval and inspect: the words train's `device` setting takes (auto, cpu, cuda or
+    cuda:N), auto by default."""
     return click.option(
         "--device",
-        default=default,
-        show_default=default is not None,
-        metavar="DEVICE",
-        callback=_device,
-        help=f"auto (a CUDA GPU when one is visible, else the CPU), cpu, cuda or cuda:N.{shown}",
+        default=default_of(TrainConfig, "device"),
+        metavar=setting_of(TrainConfig, "device").metavar,
+        callback=device_callback,
+        help=DEVICE_HELP,
     )
 
 
 def dtype_callback(allowed: tuple[str, ...]):
     """A click callback: a dtype as users type it (bf16, bfloat16, fp32, ...) -> its full name, one of `allowed`.
 
-    The spellings are eval's (merit_core.evaluation.checkpoint.resolve_dtype), so every command reads them alike.
+    The spellings are merit_core.settings.DTYPE_SPELLINGS, which merit eval reads too, so every command
+    reads them alike.
     """
 
     def convert(ctx, param, value):
         if value is None:
             return None
-        from merit_core.evaluation.checkpoint import resolve_dtype
-
-        try:
-            name = "auto" if value.strip().lower() == "auto" else resolve_dtype(value.strip(), "cpu")
-        except ConfigError:
-            name = None
+        word = value.strip().lower()
+        name = "auto" if word == "auto" else DTYPE_SPELLINGS.get(word)
         if name not in allowed:
             extra = " (float16 needs loss scaling, which merit train does not do)" if name == "float16" else ""
             raise ConfigError(f"--dtype {value}: use {', '.join(allowed)}{extra}")
@@ -190,3 +196,33 @@ def no_verify_option(what: str = "the checkpoints'"):
         is_flag=True,
         help=f"Skip checking {what} files against the checksums recorded when they were written (it says so).",
     )
+
+
+def setting_help(cls: type, name: str, default: Any = dataclasses.MISSING) -> str:
+    """A setting's help as --help shows it: the declared help and, where there is one, its default
+    (`default`: another default to show) in click's own `[default: ...]` form."""
+    shown = shown_default(cls, name, default)
+    return setting_of(cls, name).help + (f"  [default: {shown}]" if shown else "")
+
+
+def setting_option(cls: type, name: str, *, default: Any = dataclasses.MISSING, **extra: Any):
+    """The option `--NAME` of setting `name` of a merit_core.settings dataclass, as it declares it: its
+    kind (value, flag, switch, choice), help, metavar and shown default (`default`: another default
+    to show, e.g. compare's own for a train setting). The option's value is None when not given, so
+    that the config's own precedence decides; `extra` adds or replaces click arguments (a callback)."""
+    declared = setting_of(cls, name)
+    flag = "--" + name.replace("_", "-")
+    decls: tuple[str, ...] = (flag,)
+    kwargs: dict[str, Any] = {"help": setting_help(cls, name, default), "show_default": False}
+    kwargs["metavar"] = declared.metavar
+    if declared.option == "switch":
+        decls = (f"{flag}/--no-{flag[2:]}", name)
+        kwargs["default"] = None
+    elif declared.option == "flag":
+        kwargs.update(is_flag=True, default=None)
+    elif declared.option == "choice":
+        kwargs["type"] = click.Choice(declared.choices or ())
+    elif value_type(cls, name) in (int, float):
+        kwargs["callback"] = number(value_type(cls, name))
+    kwargs.update(extra)
+    return click.option(*decls, **kwargs)

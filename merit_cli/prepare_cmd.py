@@ -14,6 +14,7 @@ from rich.table import Table
 from merit_cli.options import number_option
 from merit_cli.render import ProgressView, shown
 from merit_core.errors import ConfigError
+from merit_core.settings import VOCAB_SIZE
 
 
 def _summary(meta, seconds: float):
@@ -56,7 +57,7 @@ def _summary(meta, seconds: float):
     metavar="NAME|PATH",
     help="Hub tokenizer (e.g. gpt2) or local folder. Default: train a byte-level BPE on the corpus.",
 )
-@number_option("--vocab-size", int, default=4096, help="Vocabulary size of the trained BPE.")
+@number_option("--vocab-size", int, default=VOCAB_SIZE, help="Vocabulary size of the trained BPE.")
 @number_option(
     "--val-fraction",
     float,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from merit_cli.options import device_option, dtype_callback, number
+from merit_cli.options import device_callback, dtype_callback, number, setting_option
 from merit_cli.render import (
     LiveReport,
     configs_table,
@@ -30,6 +30,7 @@ from merit_core.checkpoint.runs import CONFIG_FILE
 from merit_core.errors import ConfigError, MeritError
 from merit_core.fileio import refuse_link
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
+from merit_core.settings import TRAIN_DTYPES, TrainConfig, option_names
 
 if TYPE_CHECKING:
     from merit_core.train.callbacks import RunInfo, RunSummary
@@ -221,93 +222,19 @@ def peak_memory_text(peak: int | None, device: str) -> str:
     return f"{peak / 2**30:.2f} GiB ({what})"
 
 
-# The options of `merit train` that set a config key, each declared once: an option's parameter
-# name is its TrainConfig key, so the command passes them to load_config as they are (None: not given).
-CONFIG_OPTIONS = (
-    click.option("--model", help="Named model (gpt2-tiny, gpt2-small, llama-130m, ...) or a config.json path."),
-    click.option("--optimizer", help="Optimizer name from the registry (merit, adamw, lamb, lion, sophiag, ...)."),
-    click.option(
-        "--lr",
-        callback=number(float),
-        help="Peak learning rate (default: the measured lr for the model and batch, see "
-        "merit_core.optim.lr_table; the start line says which and from which run, and 'extrapolated' with "
-        "the cap when the batch or model is far from every measurement). For MERIT and LAMB the lr is "
-        "relative: each step moves a weight by at most about lr x max|W| of its tensor (max-norm ratios; "
-        "docs/MERIT.md), not by lr.",
-    ),
-    click.option("--batch-size", callback=number(int), help="Global batch size in sequences (default 16)."),
-    click.option(
-        "--micro-batch-size",
-        metavar="INTEGER|auto",
-        callback=micro_batch,
-        help="Sequences per forward pass per process (smaller: gradient accumulation), or auto (the default: "
-        "the largest that fits on a GPU, the whole batch on CPU; recorded in the run's config.toml).",
-    ),
-    click.option("--seq-len", callback=number(int), help="Tokens per sequence (default 128)."),
-    click.option("--steps", callback=number(int), help="Optimizer updates (default 300)."),
-    click.option("--tokens", callback=number(int), help="Training tokens (instead of --steps)."),
-    click.option("--data", help="Prepared folder, text file/folder or dataset name (default: built-in corpus)."),
-    click.option("--tokenizer", help="Tokenizer name or path when data must be prepared (default: train a BPE)."),
-    click.option("--vocab-size", callback=number(int), help="Vocabulary of a BPE trained on the data (default 4096)."),
-    click.option("--out", help="Run folder (default runs/<date>-<model>-<optimizer>)."),
-    click.option("--resume", is_flag=True, default=None, help="Continue the run in --out from its latest checkpoint."),
-    click.option(
-        "--resume-from",
-        metavar="step_N",
-        help="Continue the run in --out from this checkpoint (a step_N of the run) instead of the latest.",
-    ),
-    click.option(
-        "--allow-changes",
-        is_flag=True,
-        default=None,
-        help="Let --resume continue with another seed, data or tokenizer than the run was trained with.",
-    ),
-    click.option(
-        "--no-verify",
-        "verify",
-        flag_value=False,
-        default=None,
-        help="Let --resume skip checking the checkpoint's files against the checksums it recorded (it says so).",
-    ),
-    click.option("--seed", callback=number(int), help="Seed of the initialisation and the batch order (default 0)."),
-    device_option(default=None),
-    click.option(
-        "--dtype",
-        metavar="DTYPE",
-        callback=dtype_callback(("auto", "bfloat16", "float32")),
-        help="Compute dtype: auto (bf16 autocast on CUDA, float32 on CPU), bfloat16 (or bf16) or float32 (fp32). "
-        "[default: auto]",
-    ),
-    click.option("--eval-every", callback=number(int), help="Steps between evaluations (0: only at the end)."),
-    click.option("--save-every", callback=number(int), help="Steps between checkpoints (0: only at the end)."),
-    click.option(
-        "--save-every-minutes",
-        callback=number(float),
-        help="Also checkpoint when this many minutes passed since the last checkpoint (0: off).",
-    ),
-    click.option(
-        "--compile/--no-compile",
-        "compile",
-        default=None,
-        help="torch.compile each transformer block (default: on CUDA, off on CPU).",
-    ),
-    click.option(
-        "--tf32/--no-tf32",
-        default=None,
-        help="Let CUDA float32 matrix products use TF32 (default on; --no-tf32 for full fp32 products).",
-    ),
-    click.option(
-        "--parallel",
-        type=click.Choice(["ddp", "fsdp"]),
-        help="Under torchrun: ddp (replicated weights; the default) or fsdp (FSDP2: weights, gradients and "
-        "optimizer state sharded over the processes).",
-    ),
-    click.option(
-        "--report-to",
-        metavar="TRACKERS",
-        help="Experiment trackers, comma-separated: tensorboard, wandb, mlflow or none (default none). "
-        "TensorBoard writes to RUN/tensorboard; W&B runs offline unless WANDB_MODE or WANDB_API_KEY is set.",
-    ),
+# How `merit train` converts the options whose words differ from their setting's type; every other
+# option is what merit_core.settings declares (setting_option).
+CONVERTERS = {
+    "micro_batch_size": micro_batch,
+    "device": device_callback,
+    "dtype": dtype_callback(TRAIN_DTYPES),
+}
+# The options of `merit train` that set a config key, one per TrainConfig setting declared with an
+# option (merit_core.settings), in its order: an option's parameter name is its TrainConfig key, so the
+# command passes them to load_config as they are (None: not given).
+CONFIG_OPTIONS = tuple(
+    setting_option(TrainConfig, name, **({"callback": CONVERTERS[name]} if name in CONVERTERS else {}))
+    for name in option_names(TrainConfig)
 )
 
 

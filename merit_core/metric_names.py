@@ -5,6 +5,10 @@ writer cannot drift apart. JSON files keep these exact strings."""
 STEP = "step"
 TOKENS = "tokens"
 LOSS = "loss"
+# A log line's learning rate, global gradient norm (before clipping) and training throughput.
+LR = "lr"
+GRAD_NORM = "grad_norm"
+TOKENS_PER_S = "tokens_per_s"
 VAL_LOSS = "val_loss"
 # Max over heads and positions of q.k / sqrt(d_head), per layer in a run's eval records: the
 # quantity MERIT is built to keep bounded (docs/MERIT.md).

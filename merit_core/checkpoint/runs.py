@@ -50,6 +50,7 @@ from merit_core.fileio import (
     refuse_foreign_entries,
     refuse_link,
 )
+from merit_core.metrics import METRICS_FILE  # the metrics log is metrics.py's
 
 RUN_MARKER = ".merit-run"
 RUN_FORMAT = "merit-run-v1"
@@ -60,7 +61,6 @@ STATE_PT = "trainer_state.pt"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 MODEL_CONFIG = "config.json"
-METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
 # Files that make a folder's tokenizer (what a checkpoint copies from the prepared data, what eval needs).
 TOKENIZER_FILES = (

@@ -69,6 +69,7 @@ from merit_core.fileio import (
     refuse_link,
     refuse_special,
 )
+from merit_core.settings import VOCAB_SIZE
 from merit_core.train.hardware import float_environment
 
 REPORT_FILE = "REPORT.md"
@@ -288,7 +289,7 @@ def _prepare_data(spec: CompareSpec, callbacks: CompareCallbacks):
     path = resolve_data(
         spec.train.get("data"),
         tokenizer=spec.train.get("tokenizer"),
-        vocab_size=int(spec.train.get("vocab_size", 4096)),
+        vocab_size=int(spec.train.get("vocab_size", VOCAB_SIZE)),
         progress=callbacks.on_prepare,
     )
     return Path(path), load_meta(path)

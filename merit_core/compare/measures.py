@@ -33,9 +33,9 @@ from merit_core.errors import CheckpointError
 from merit_core.evaluation import EvalSettings, evaluate_checkpoints
 from merit_core.evaluation.results import CheckpointResult, metric_rows
 from merit_core.fileio import atomic_write_json
+from merit_core.metrics import json_safe
 from merit_core.train.batches import val_batches
 from merit_core.train.config import read_toml
-from merit_core.train.metrics import json_safe
 
 HESSIAN_FILE = "compare_hessian.json"
 EVAL_FILE = "compare_eval.json"

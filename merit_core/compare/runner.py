@@ -36,11 +36,11 @@ from merit_core.checkpoint.state import read_trainer_state
 from merit_core.compare.grid import PlannedRun, config_mismatch
 from merit_core.errors import ConfigError, MeritError, RunFailed, RunInterrupted, TrainingDiverged
 from merit_core.fileio import atomic_write_json, open_truncated, refuse_link
+from merit_core.metrics import json_safe, read_metrics
 from merit_core.progress import Progress
 from merit_core.train import training_run  # run_training looked up per call: tests stand in for it
 from merit_core.train.callbacks import HANDLED_SIGNALS, STOP_SIGNALS, TrainCallbacks
 from merit_core.train.config import read_toml
-from merit_core.train.metrics import json_safe, read_metrics
 
 STATUS_FILE = "compare_status.json"
 EXIT_INTERRUPTED = (130, 143)

@@ -26,26 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from merit_core.compare_defaults import (  # the default comparison (no arguments)
-    DEFAULT_BATCH_SIZES,
-    DEFAULT_OPTIMIZERS,
-    DEFAULT_TOKENS,
-    DEFAULT_TRAIN,
-    QUICK_TOKENS,
-)
 from merit_core.errors import ConfigError
 from merit_core.optim import canonical_name, resolve_hparams
+from merit_core.settings import COMPARE, COMPARE_TRAIN, PRESETS
 from merit_core.train.config import FIELD_NAMES, from_dict, parse_override, read_toml
 from merit_core.values import coerce, deep_merge, is_number, nest, parse_number, positive_int
 
-# `--preset ablations`: MERIT and its registry ablations (each removes or changes one component)
-# with the LAMB reference, at the comparison's largest batch only.
-PRESETS = {"ablations": ("merit", "merit-noclip", "merit-nobound", "max-lamb", "l2-merit", "lamb-ref")}
-# Seeds of each best cell: after the grids, every best (optimizer, batch) cell is trained with at
-# least this many seeds (the grid's other lrs keep `seeds`), so each verdict rests on >= 3 values.
-DEFAULT_BEST_SEEDS = 3
-# How many x3 steps an auto grid may grow beyond each of its edges while its best lr sits there.
-DEFAULT_MAX_EXTENSIONS = 2
+# The default comparison, its presets and every other default are merit_core.settings' (COMPARE).
 
 COMPARE_KEYS = (
     "optimizers",
@@ -109,11 +96,11 @@ class CompareSpec:
     out: Path = Path("runs/compare")
     jobs: int | None = None
     quick: bool = False
-    seeds: int = 1
-    hessian: bool = False
+    seeds: int = COMPARE.seeds
+    hessian: bool = COMPARE.hessian
     eval: EvalRequest | None = None
     preset: str | None = None
-    max_extensions: int = DEFAULT_MAX_EXTENSIONS
+    max_extensions: int = COMPARE.max_extensions
     best_seeds: int = 1
     environment_check: bool = False
     command: str | None = None  # the command line that made it, recorded in summary.json and REPORT.md
@@ -149,7 +136,7 @@ def load_spec(
 
     String values are the command-line forms: comma-separated optimizers and batch sizes, and
     lrs as 'auto' or comma-separated numbers. `train_values` (None entries ignored) and the
-    `key=value` `overrides` set [train] keys. `best_seeds` defaults to DEFAULT_BEST_SEEDS and
+    `key=value` `overrides` set [train] keys. `best_seeds` defaults to COMPARE.best_seeds and
     `environment_check` to true; `quick` turns both off. `preset` ('ablations') sets the optimizers and keeps
     only the largest batch size. Raises ConfigError on any bad value.
     """
@@ -169,21 +156,21 @@ def load_spec(
         parse_optimizers(optimizers)
         if optimizers is not None
         else _optimizer_list(
-            list(PRESETS[preset_name]) if preset_name else raw.get("optimizers", list(DEFAULT_OPTIMIZERS))
+            list(PRESETS[preset_name]) if preset_name else raw.get("optimizers", list(COMPARE.optimizers))
         )
     )
     default_batches = (
         parse_batch_sizes(batch_sizes)
         if batch_sizes is not None
-        else _batch_list(raw.get("batch_sizes", list(DEFAULT_BATCH_SIZES)), "batch_sizes")
+        else _batch_list(raw.get("batch_sizes", list(COMPARE.batch_sizes)), "batch_sizes")
     )
     if preset_name is not None:
         default_batches = default_batches[-1:]  # the large batch: where the components are claimed to matter
     if lrs is not None:
         lr_setting: Any = parse_lrs(lrs)
     else:
-        lr_setting = raw.get("lrs", "auto")
-    budget = tokens if tokens is not None else raw.get("tokens", QUICK_TOKENS if quick else DEFAULT_TOKENS)
+        lr_setting = raw.get("lrs", COMPARE.lrs)
+    budget = tokens if tokens is not None else raw.get("tokens", COMPARE.quick_tokens if quick else COMPARE.tokens)
     budget = positive_int(budget, "tokens")
 
     per = raw.get("per_optimizer", {})
@@ -219,13 +206,15 @@ def load_spec(
     n_jobs = jobs if jobs is not None else raw.get("jobs")
     if n_jobs is not None:
         n_jobs = positive_int(n_jobs, "jobs")
-    n_seeds = positive_int(seeds if seeds is not None else raw.get("seeds", 1), "seeds")
-    with_hessian = coerce(hessian if hessian else raw.get("hessian", False), bool, "hessian")
-    extensions = max_extensions if max_extensions is not None else raw.get("max_extensions", DEFAULT_MAX_EXTENSIONS)
+    n_seeds = positive_int(seeds if seeds is not None else raw.get("seeds", COMPARE.seeds), "seeds")
+    with_hessian = coerce(hessian if hessian else raw.get("hessian", COMPARE.hessian), bool, "hessian")
+    extensions = max_extensions if max_extensions is not None else raw.get("max_extensions", COMPARE.max_extensions)
     extensions = positive_int(extensions, "max_extensions", zero=True)
-    n_best = best_seeds if best_seeds is not None else raw.get("best_seeds", DEFAULT_BEST_SEEDS)
+    n_best = best_seeds if best_seeds is not None else raw.get("best_seeds", COMPARE.best_seeds)
     n_best = max(positive_int(n_best, "best_seeds"), n_seeds)
-    env = environment_check if environment_check is not None else raw.get("environment_check", True)
+    env = (
+        environment_check if environment_check is not None else raw.get("environment_check", COMPARE.environment_check)
+    )
     env = coerce(env, bool, "environment_check")
     if quick:  # a smoke run: no best cell to top up, no verdict to weigh against the environment
         n_best, env = n_seeds, False
@@ -367,10 +356,10 @@ def _is_train_key(key: str) -> bool:
 
 
 def _train_settings(table: Any, values: dict[str, Any], overrides: Iterable[str], parse_override) -> dict[str, Any]:
-    """DEFAULT_TRAIN < [train] < --set < options, checked by building a TrainConfig."""
+    """COMPARE_TRAIN < [train] < --set < options, checked by building a TrainConfig."""
     if not isinstance(table, dict):
         raise ConfigError("train must be a table of merit train settings ([train])")
-    merged: dict[str, Any] = dict(DEFAULT_TRAIN)
+    merged: dict[str, Any] = dict(COMPARE_TRAIN)
     deep_merge(merged, table)
     for item in overrides:
         deep_merge(merged, nest(*parse_override(item)))

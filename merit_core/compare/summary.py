@@ -26,7 +26,7 @@ from merit_core.diagnostics.weights import weight_stats
 from merit_core.errors import MeritError
 from merit_core.fileio import atomic_write_json
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
-from merit_core.train.metrics import json_safe, read_metrics
+from merit_core.metrics import json_safe, read_metrics
 
 SUMMARY_FILE = "summary.json"
 CELL_KEYS = ("final_val_loss", MAX_ATTENTION_LOGIT, "final_train_loss", "tokens_per_s")

@@ -22,6 +22,7 @@ from merit_core.data.publish import build_lock
 from merit_core.data.tokenizer import tokenizer_identity
 from merit_core.paths import cache_dir
 from merit_core.progress import Progress, ProgressFn
+from merit_core.settings import VOCAB_SIZE
 
 SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"})
 BUILTIN_VAL_FRACTION = 0.02  # ~1.6 MB corpus: 2% keeps the validation loss steady
@@ -95,7 +96,7 @@ def prepare_builtin(
     out_dir: str | Path,
     *,
     tokenizer: str | None = None,
-    vocab_size: int = 4096,
+    vocab_size: int = VOCAB_SIZE,
     val_fraction: float = BUILTIN_VAL_FRACTION,
     seed: int = 0,
     progress: ProgressFn | None = None,
@@ -117,7 +118,9 @@ def prepare_builtin(
     )
 
 
-def builtin_data(vocab_size: int = 4096, *, tokenizer: str | None = None, progress: ProgressFn | None = None) -> Path:
+def builtin_data(
+    vocab_size: int = VOCAB_SIZE, *, tokenizer: str | None = None, progress: ProgressFn | None = None
+) -> Path:
     """The prepared built-in corpus, built on first use and then cached in the user cache folder.
 
     With `tokenizer` None it uses a byte-level BPE of `vocab_size` trained on the corpus;

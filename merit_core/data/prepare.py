@@ -56,6 +56,7 @@ from merit_core.fileio import (
     remove_stale_lock,
 )
 from merit_core.progress import Progress, ProgressFn, report_to
+from merit_core.settings import VOCAB_SIZE
 
 Report = Callable[[str, int, "int | None"], None]  # report(stage, done, total): a Progress event each
 Batches = Callable[[], Iterable[tuple[list[str], int]]]
@@ -81,7 +82,7 @@ def prepare_corpus(
     out_dir: str | Path,
     *,
     tokenizer: str | None = None,
-    vocab_size: int = 4096,
+    vocab_size: int = VOCAB_SIZE,
     val_fraction: float = 0.01,
     seed: int = 0,
     progress: ProgressFn | None = None,
@@ -142,7 +143,7 @@ def prepare_documents(
     *,
     source: str,
     tokenizer: str | None = None,
-    vocab_size: int = 4096,
+    vocab_size: int = VOCAB_SIZE,
     val_fraction: float = 0.01,
     seed: int = 0,
     total: int | None = None,

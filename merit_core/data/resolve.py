@@ -13,6 +13,7 @@ from merit_core.data.sources import resolve_source
 from merit_core.data.tokenizer import tokenizer_identity
 from merit_core.paths import cache_dir
 from merit_core.progress import ProgressFn
+from merit_core.settings import VOCAB_SIZE
 
 
 def cache_key(
@@ -29,7 +30,7 @@ def resolve_data(
     data: str | None,
     *,
     tokenizer: str | None = None,
-    vocab_size: int = 4096,
+    vocab_size: int = VOCAB_SIZE,
     progress: ProgressFn | None = None,
     text_column: str = "text",
     dataset_config: str | None = None,

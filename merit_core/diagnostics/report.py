@@ -216,23 +216,18 @@ def _number(x) -> bool:
 
 def fill_probe(stats: CheckpointReport, probed: ProbeResult) -> None:
     """Copy one probe pass's measurements into the report's layer and head records."""
-    entropy = {k: v.tolist() for k, v in (probed.entropy or {}).items()}
-    for i, (layer, row) in enumerate(zip(stats.layers, probed.max_logits.tolist())):
-        layer.max_attention_logit = max(row)
+    for layer, probe in zip(stats.layers, probed.layers()):
+        layer.max_attention_logit = probe.max_attention_logit
         if not layer.heads:
-            layer.heads = [HeadStats(h) for h in range(len(row))]
-        for head, value in zip(layer.heads, row):
+            layer.heads = [HeadStats(h) for h in range(len(probe.heads_max_attention_logit))]
+        for head, value in zip(layer.heads, probe.heads_max_attention_logit):
             head.max_attention_logit = value
-        if entropy:
-            for key, agg in (("mean", _mean), ("min", min)):
-                for prefix in ("", "normalized_"):
-                    values = entropy[prefix + key][i]
-                    name = f"{prefix}attention_entropy_{key}"
-                    setattr(layer, name, agg(values))
-                    for head, value in zip(layer.heads, values):
-                        setattr(head, name, value)
-        if probed.activations:
-            a = probed.activations[i]
+        for name, value in probe.entropy.items():
+            setattr(layer, name, value)
+            for head, per_head in zip(layer.heads, probe.heads_entropy[name]):
+                setattr(head, name, per_head)
+        a = probe.activation
+        if a is not None:
             layer.activation_max, layer.activation_median, layer.activation_ratio = a.max_abs, a.median_abs, a.ratio
             layer.activation_max_position, layer.activation_max_dim = a.position, a.dim
     if probed.output is not None:
@@ -243,10 +238,6 @@ def fill_probe(stats: CheckpointReport, probed: ProbeResult) -> None:
             LOG_Z_STD: o.log_z_std,
             LOG_Z_MAX: o.log_z_max,
         }
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
 
 
 def _measure(

@@ -30,6 +30,7 @@ from merit_core.errors import CheckpointError, ConfigError, first_line
 from merit_core.fileio import display
 from merit_core.hub import looks_like_hub_id
 from merit_core.models.limits import check_model_dims, check_model_size
+from merit_core.settings import DTYPE_SPELLINGS
 
 TOKENIZER_FILES = runs.TOKENIZER_FILES
 # trainer_state.json fields copied into the output's `meta`.
@@ -189,14 +190,7 @@ def check_causal_lm(ref: CheckpointRef, trust_remote_code: bool = False) -> Any:
     return config
 
 
-_DTYPES = {
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-    "float16": "float16",
-    "fp16": "float16",
-    "float32": "float32",
-    "fp32": "float32",
-}
+_DTYPES = DTYPE_SPELLINGS  # the spellings every command reads (merit_core.settings)
 
 
 def resolve_dtype(dtype: str | None, device: str) -> str:

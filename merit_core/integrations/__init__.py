@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from merit_core.metric_names import ACTIVATION_RATIO, LOG_Z_MEAN, MAX_ATTENTION_LOGIT, NORMALIZED_ENTROPY_MIN
+from merit_core.metric_names import MAX_ATTENTION_LOGIT
 
 METRIC = MAX_ATTENTION_LOGIT
 
@@ -41,14 +41,10 @@ def logit_metrics(
         ids = ids.unsqueeze(0)
     mask = None if attention_mask is None else torch.as_tensor(attention_mask, device=device).reshape(ids.shape)
     probed = probe_attention(model, ids, attention_mask=mask, instability=precursors)
-    per_layer = probed.max_logits.amax(dim=1).tolist()  # [layers, heads] -> per layer
-    metrics = {prefix: float(max(per_layer))}
-    metrics.update({f"{prefix}/layer_{i}": float(v) for i, v in enumerate(per_layer)})
-    if precursors:
-        metrics[NORMALIZED_ENTROPY_MIN] = float(probed.entropy["normalized_min"].min())
-        metrics[ACTIVATION_RATIO] = max(a.ratio for a in probed.activations)
-        metrics[LOG_Z_MEAN] = probed.output.log_z_mean
-    return metrics
+    overall = probed.overall_metrics()
+    metrics = {prefix: overall.pop(MAX_ATTENTION_LOGIT)}
+    metrics.update({f"{prefix}/layer_{i}": float(v) for i, v in enumerate(probed.eval_metrics()[MAX_ATTENTION_LOGIT])})
+    return {**metrics, **overall}  # with precursors: normalized entropy min, activation ratio, log Z mean
 
 
 def check_every(every_n_steps: int) -> int:

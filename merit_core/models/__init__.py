@@ -23,6 +23,7 @@ from merit_core.errors import ConfigError, MeritError
 from merit_core.models import families as _families  # noqa: F401  (registers the specs)
 from merit_core.models.family import FamilySpec, all_families, family_names, get_family, register_family
 from merit_core.models.limits import check_raw_config
+from merit_core.settings import VOCAB_SIZE
 
 __all__ = [
     "NAMED_MODELS",
@@ -60,16 +61,17 @@ class ModelSpec:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # further config keys
 
 
+# The tiny models' vocabulary is the default BPE's (merit_core.settings), so they fit the built-in data.
 def _tiny(family: str, n_kv_head: int | None = 2, **extra) -> ModelSpec:
-    return ModelSpec(family, 4, 128, 4, 256, 4096, d_ff=344, n_kv_head=n_kv_head, extra=extra)
+    return ModelSpec(family, 4, 128, 4, 256, VOCAB_SIZE, d_ff=344, n_kv_head=n_kv_head, extra=extra)
 
 
 NAMED_MODELS: dict[str, ModelSpec] = {
-    "gpt2-tiny": ModelSpec("gpt2", 4, 128, 4, 256, 4096),
+    "gpt2-tiny": ModelSpec("gpt2", 4, 128, 4, 256, VOCAB_SIZE),
     "gpt2-small": ModelSpec("gpt2", 12, 768, 12, 1024, 50257),
     "gpt2-medium": ModelSpec("gpt2", 24, 1024, 16, 1024, 50257),
     "gpt2-large": ModelSpec("gpt2", 36, 1280, 20, 1024, 50257),
-    "llama-tiny": ModelSpec("llama", 4, 128, 4, 256, 4096, d_ff=344),
+    "llama-tiny": ModelSpec("llama", 4, 128, 4, 256, VOCAB_SIZE, d_ff=344),
     "llama-60m": ModelSpec("llama", 8, 512, 8, 256, 32000, d_ff=1376),
     "llama-130m": ModelSpec("llama", 12, 768, 12, 256, 32000, d_ff=2048),
     "llama-350m": ModelSpec("llama", 24, 1024, 16, 256, 32000, d_ff=2736),

@@ -39,12 +39,22 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
+from merit_core.metric_names import (
+    ACTIVATION_RATIO,
+    ATTENTION_ENTROPY_MEAN,
+    ATTENTION_ENTROPY_MIN,
+    LOG_Z_MEAN,
+    MAX_ATTENTION_LOGIT,
+    NORMALIZED_ENTROPY_MEAN,
+    NORMALIZED_ENTROPY_MIN,
+)
 from merit_core.models import family_spec
 
 PROBE_NAME = "merit_logit_probe"  # delegates to SDPA
@@ -328,6 +338,71 @@ class ProbeResult:
     entropy: dict[str, torch.Tensor] | None = None
     activations: list[ActivationStats] | None = None
     output: OutputLogitStats | None = None
+
+    def layers(self) -> list[LayerProbe]:
+        """Each layer's numbers, reduced over its heads: the max logit by max, an entropy's mean by the
+        mean of the heads' means and its min by their min (the one reduction train, inspect and the
+        integrations share)."""
+        entropy = {name: self.entropy[key].tolist() for name, key in ENTROPY_KEYS.items()} if self.entropy else {}
+        found = []
+        for i, heads in enumerate(self.max_logits.tolist()):
+            per_head = {name: rows[i] for name, rows in entropy.items()}
+            found.append(
+                LayerProbe(
+                    max_attention_logit=max(heads),
+                    heads_max_attention_logit=heads,
+                    entropy={name: (min if name.endswith("_min") else _mean)(v) for name, v in per_head.items()},
+                    heads_entropy=per_head,
+                    activation=self.activations[i] if self.activations else None,
+                )
+            )
+        return found
+
+    def eval_metrics(self) -> dict[str, Any]:
+        """What a run's eval record holds of this pass: per layer the max attention logit and, when
+        measured, the smallest normalised entropy and the residual stream's max/median |h| ratio, and
+        the output layer's mean log Z (merit_core.metrics.MetricsRecord)."""
+        layers = self.layers()
+        record: dict[str, Any] = {MAX_ATTENTION_LOGIT: [layer.max_attention_logit for layer in layers]}
+        if self.entropy:
+            record[NORMALIZED_ENTROPY_MIN] = [layer.entropy[NORMALIZED_ENTROPY_MIN] for layer in layers]
+        if self.activations:
+            record[ACTIVATION_RATIO] = [a.ratio for a in self.activations]
+        if self.output is not None:
+            record[LOG_Z_MEAN] = self.output.log_z_mean
+        return record
+
+    def overall_metrics(self) -> dict[str, float]:
+        """`eval_metrics` as one number each over the layers: the largest max logit and activation
+        ratio, the smallest normalised entropy (min over layers and heads), the mean log Z."""
+        per_layer = self.eval_metrics()
+        pick = {MAX_ATTENTION_LOGIT: max, NORMALIZED_ENTROPY_MIN: min, ACTIVATION_RATIO: max}
+        return {k: float(pick[k](v)) if k in pick else float(v) for k, v in per_layer.items()}
+
+
+# Entropy statistics: their names in metrics and reports -> the key of ProbeResult.entropy.
+ENTROPY_KEYS = {
+    ATTENTION_ENTROPY_MEAN: "mean",
+    ATTENTION_ENTROPY_MIN: "min",
+    NORMALIZED_ENTROPY_MEAN: "normalized_mean",
+    NORMALIZED_ENTROPY_MIN: "normalized_min",
+}
+
+
+@dataclass(frozen=True)
+class LayerProbe:
+    """One layer of a probe pass: the max attention logit and the entropies (metric name -> value)
+    reduced over heads, the same per head, and the residual stream after the layer."""
+
+    max_attention_logit: float
+    heads_max_attention_logit: list[float]
+    entropy: dict[str, float]
+    heads_entropy: dict[str, list[float]]
+    activation: ActivationStats | None
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
 
 
 @torch.no_grad()

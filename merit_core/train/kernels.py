@@ -29,8 +29,8 @@ import torch
 from merit_core.errors import ConfigError
 from merit_core.models import family_spec
 from merit_core.models.family import LigerKernels
+from merit_core.settings import KERNELS
 
-KERNELS = ("auto", "liger", "none")
 CAUSAL_SDPA = "merit_causal_sdpa"
 INSTALL_HINT = "pip install 'merit-optim[gpu]' (liger-kernel)"
 

@@ -23,10 +23,6 @@ import torch.nn.functional as F
 
 from merit_core.devices import available_host_memory
 from merit_core.metric_names import (
-    ACTIVATION_RATIO,
-    LOG_Z_MEAN,
-    MAX_ATTENTION_LOGIT,
-    NORMALIZED_ENTROPY_MIN,
     UPDATE_RATIO,
     VAL_LOSS,
 )
@@ -358,13 +354,7 @@ class Trainer:
                 probed = probe_attention(self.model, self.val[0][0].to(self.device), instability=True)
         finally:
             self.model.train()
-        record = {
-            VAL_LOSS: float(val_loss.item()),
-            MAX_ATTENTION_LOGIT: probed.max_logits.amax(dim=1).tolist(),
-            NORMALIZED_ENTROPY_MIN: probed.entropy["normalized_min"].amin(dim=1).tolist(),
-            ACTIVATION_RATIO: [a.ratio for a in probed.activations],
-            LOG_Z_MEAN: probed.output.log_z_mean,
-        }
+        record = {VAL_LOSS: float(val_loss.item()), **probed.eval_metrics()}
         ratio = self.update_ratio()
         if ratio is not None:
             record[UPDATE_RATIO] = ratio

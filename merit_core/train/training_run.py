@@ -34,7 +34,8 @@ from merit_core.errors import (
     RunInterrupted,
     TrainingDiverged,
 )
-from merit_core.metric_names import LOSS, MAX_ATTENTION_LOGIT, STEP, TOKENS, VAL_LOSS
+from merit_core.metric_names import GRAD_NORM, LOSS, LR, MAX_ATTENTION_LOGIT, STEP, TOKENS, TOKENS_PER_S, VAL_LOSS
+from merit_core.metrics import MetricsLog
 from merit_core.models import build_model, count_parameters, model_config
 from merit_core.optim.registry import get_spec, resolve_hparams
 from merit_core.train.callbacks import HANDLED_SIGNALS, STOP_SIGNALS, RunInfo, RunSummary, TrainCallbacks
@@ -43,7 +44,6 @@ from merit_core.train.checks import check_data, check_model_and_batches
 from merit_core.train.config import TrainConfig, resolve, save_config
 from merit_core.train.fsdp import check_fsdp_optimizer
 from merit_core.train.hardware import device_info, mfu, peak_memory, reset_peak_memory
-from merit_core.train.metrics import MetricsLog
 from merit_core.train.parallel import setup_parallel
 from merit_core.train.plots import plot_curves
 from merit_core.train.resume import (
@@ -411,7 +411,7 @@ class TrainingRun:
         loss = float(self.parallel.all_reduce(out.loss, op="mean").item())
         rate = (step - tick[1]) * self.config.tokens_per_step / max(now - tick[0], 1e-9)
         self.last_log = self._record(
-            {LOSS: loss, "lr": out.lr, "grad_norm": float(out.grad_norm.item()), "tokens_per_s": rate}
+            {LOSS: loss, LR: out.lr, GRAD_NORM: float(out.grad_norm.item()), TOKENS_PER_S: rate}
         )
         self.cb.on_log(self.last_log)
         self._check_finite()

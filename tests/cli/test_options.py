@@ -51,10 +51,10 @@ def test_one_device_option_everywhere(command, tmp_path):
 
 def test_inspect_accepts_cuda_n():
     """`inspect --device cuda:N` parses as in train and eval; without a GPU it is refused by name."""
-    from merit_cli.options import _device
+    from merit_cli.options import device_callback
     from merit_core.devices import resolve_device
 
-    assert _device(None, None, "CUDA:1") == "cuda:1"
+    assert device_callback(None, None, "CUDA:1") == "cuda:1"
     if not __import__("torch").cuda.is_available():
         with pytest.raises(Exception, match="--device cuda:1: no CUDA GPU is visible"):
             resolve_device("cuda:1")

@@ -68,9 +68,27 @@ def test_metadata_license_python_and_package_data():
     assert project["requires-python"] == ">=3.11"
     assert not any(c.startswith("License ::") for c in project["classifiers"])  # SPDX expression instead
     assert (ROOT / "merit_core" / "py.typed").is_file()
-    data = PYPROJECT["tool"]["setuptools"]["package-data"]["merit_core"]
-    assert "py.typed" in data and "configs/*.toml" in data
+    data = PYPROJECT["tool"]["setuptools"]["package-data"]
+    assert "py.typed" in data["merit_core"] and data["merit_core.shipped_configs"] == ["*.toml"]
+    assert data["merit_core.optim.merit.csrc"] == ["*.cpp"]
     assert project["scripts"]["merit"] == "merit_cli.entry:main"
+
+
+def test_the_wheel_lists_every_package_and_ships_the_top_level_configs():
+    """pyproject.toml names the packages (the shipped configs are mapped in from configs/): a new
+    package folder left out of the list would be missing from the wheel."""
+    setuptools = PYPROJECT["tool"]["setuptools"]
+    folders = {
+        ".".join(path.relative_to(ROOT).parts)
+        for folder in ("merit_core", "merit_cli")
+        for path in [ROOT / folder, *(ROOT / folder).rglob("*")]
+        if path.is_dir() and path.name != "__pycache__" and not path.name.startswith(".")
+    }
+    assert {"merit_core.optim.merit.triton", "merit_core.optim.merit.csrc"} <= folders  # code and data folders
+    assert set(setuptools["packages"]) == folders | {"merit_core.shipped_configs"}
+    assert setuptools["package-dir"] == {"merit_core.shipped_configs": "configs"}
+    assert not (ROOT / "merit_core" / "configs").exists()  # one source of the shipped configs
+    assert len(list((ROOT / "configs").glob("*.toml"))) > 5
 
 
 def test_merit_without_its_extra_prints_one_line(monkeypatch, capsys):

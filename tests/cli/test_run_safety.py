@@ -18,7 +18,7 @@ from merit_cli.main import cli
 from merit_core import errors, fileio
 from merit_core.checkpoint import runs
 from merit_core.checkpoint.tensors import load_trainer_state
-from merit_core.train.metrics import read_metrics
+from merit_core.metrics import read_metrics
 from tests import cli_runs
 from tests.cli_runs import invoke
 

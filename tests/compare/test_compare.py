@@ -14,7 +14,7 @@ from merit_core.checkpoint import runs
 from merit_core.checkpoint.state import read_trainer_state
 from merit_core.compare import CompareCallbacks, load_spec, plan_compare, run_compare
 from merit_core.compare.runner import STATUS_FILE, run_state
-from merit_core.train.metrics import read_metrics
+from merit_core.metrics import read_metrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TRAIN = dict(eval_batches=2, eval_batch_size=4, eval_every=4, log_every=1, save_every=2, keep_checkpoints=0)

@@ -231,7 +231,7 @@ def test_shipped_cpu_reproduction_spec():
     """compare-cpu.toml: >= 100 steps at the large batch, >= 2 seeds, the Hessian on, 36 base runs."""
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "merit_core" / "configs" / "compare-cpu.toml"
+    path = Path(__file__).resolve().parents[2] / "configs" / "compare-cpu.toml"
     spec = load_spec(path)
     runs = plan_runs(spec)
     assert spec.seeds >= 2 and spec.hessian and spec.max_extensions == 2

@@ -220,7 +220,7 @@ def test_worker_env_splits_cores_or_gpus(monkeypatch):
 def test_shipped_compare_configs_plan_the_paper_runs(name):
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "merit_core" / "configs" / f"{name}.toml"
+    path = Path(__file__).resolve().parents[2] / "configs" / f"{name}.toml"
     runs = plan_runs(load_spec(path))
     assert {r.optimizer for r in runs} >= {"adamw", "merit"}
     assert 480 in {r.batch_size for r in runs if r.optimizer == "adamw"}

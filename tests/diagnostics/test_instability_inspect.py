@@ -27,7 +27,7 @@ def run(model_cfg, data_dir, tmp_path_factory):
 
 
 def test_train_records_the_cheap_statistics(run):
-    from merit_core.train.metrics import read_metrics
+    from merit_core.metrics import read_metrics
     from merit_core.train.trackers import scalars
 
     evals = [r for r in read_metrics(run) if MAX_ATTENTION_LOGIT in r]
@@ -66,7 +66,7 @@ def test_inspect_run_tables_json_and_trajectory(run, tmp_path):
         assert head_min == layer_min
     # training measured the same update ratio live (float32, MERIT's update_ratios) as inspect from the
     # checkpoint (float64, a zero-gradient step of a rebuilt optimizer)
-    from merit_core.train.metrics import read_metrics
+    from merit_core.metrics import read_metrics
 
     live = {r["step"]: r[UPDATE_RATIO] for r in read_metrics(run) if UPDATE_RATIO in r}
     for c in report["checkpoints"]:

@@ -94,8 +94,8 @@ def test_resume_on_cuda_reproduces_the_uninterrupted_run(model_cfg, data_dir, tm
     step, amplified by bf16 rounding): rel 1e-3 on the losses. This tolerance is reasoned, not yet
     measured: the first GPU run should report the observed difference (printed below).
     """
+    from merit_core.metrics import read_metrics
     from merit_core.train.callbacks import TrainCallbacks
-    from merit_core.train.metrics import read_metrics
     from merit_core.train.training_run import run_training
 
     class CrashAtStep3(TrainCallbacks):

@@ -156,7 +156,7 @@ def _train(cli, optimizer, model_cfg, data_dir, out, steps, sets):
 
 def test_merit_train_with_the_toy_runs_its_hook(toy, model_cfg, data_dir, tmp_path):
     from merit_cli.main import cli
-    from merit_core.train.metrics import read_metrics
+    from merit_core.metrics import read_metrics
 
     _, calls = toy
     out = tmp_path / "run"

@@ -163,9 +163,7 @@ def test_shipped_configs_are_valid():
 
     # compare-*.toml are `merit compare` specs, checked in tests/test_compare_units.py
     paths = sorted(
-        p
-        for p in (Path(__file__).resolve().parents[2] / "merit_core" / "configs").glob("*.toml")
-        if not p.stem.startswith("compare-")
+        p for p in (Path(__file__).resolve().parents[2] / "configs").glob("*.toml") if not p.stem.startswith("compare-")
     )
     assert {p.stem for p in paths} >= {
         "debug",

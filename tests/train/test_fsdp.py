@@ -18,7 +18,7 @@ import torch
 from click.testing import CliRunner
 
 from merit_core.checkpoint import runs
-from merit_core.train.metrics import read_metrics
+from merit_core.metrics import read_metrics
 from tests.prepared_data import write_prepared, write_tiny_model_config
 
 ROOT = Path(__file__).resolve().parents[2]

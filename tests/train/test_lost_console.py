@@ -14,7 +14,7 @@ import time
 import pytest
 
 from merit_core.checkpoint import runs
-from merit_core.train.metrics import read_metrics
+from merit_core.metrics import read_metrics
 from tests.cli.test_run_safety import TINY, subprocess_env, train_args
 
 DATA_SENTENCES = 600  # the data_dir fixture's corpus (tests/conftest.py), as test_run_safety's

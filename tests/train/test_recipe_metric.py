@@ -8,7 +8,7 @@ import torch
 from click.testing import CliRunner
 
 from merit_cli.main import cli
-from merit_core.train.metrics import read_metrics
+from merit_core.metrics import read_metrics
 from merit_core.train.trainer import Trainer
 
 

@@ -11,7 +11,7 @@ from merit_cli.main import cli
 from merit_core.checkpoint import runs
 from merit_core.checkpoint.state import read_trainer_state
 from merit_core.checkpoint.tensors import load_trainer_state
-from merit_core.train.metrics import read_metrics
+from merit_core.metrics import read_metrics
 from tests.cli_runs import TINY_TRAIN, invoke, train_args
 
 
@@ -230,7 +230,7 @@ def test_next_inspect_hint_runs_and_notes_the_probe_differs(finished_run):
     assert "were measured" not in ran.output
 
     from merit_core.diagnostics.report import InspectOptions, inspect_paths
-    from merit_core.train.metrics import read_metrics
+    from merit_core.metrics import read_metrics
 
     (ckpt,) = [c for c in inspect_paths([out], InspectOptions(seq_len=16)).checkpoints if c.step == 4]
     assert ckpt.probe.source == "builtin" and ckpt.probe.n_tokens == 16 and ckpt.probe.notes == []
@@ -289,3 +289,15 @@ def test_a_run_looks_its_optimizer_up_once_and_its_start_line_prints_resolves_lr
     assert info.config.lr == info.lr_default.lr == spec.defaults["lr"]
     text = " ".join(report.out.file.getvalue().split())
     assert f"with sophiag, lr {info.config.lr:g} (sophiag's registry default (no measured lr for it))," in text
+
+
+def test_every_metrics_line_is_a_metrics_record(finished_run):
+    """What a run writes is what MetricsRecord declares: step and tokens in every line, no other key."""
+    from merit_core.metrics import MetricsRecord, eval_lines, log_lines
+
+    records = read_metrics(finished_run[0])
+    declared = set(MetricsRecord.__annotations__)
+    for record in records:
+        assert MetricsRecord.__required_keys__ <= set(record) <= declared, sorted(set(record) - declared)
+    assert [r["step"] for r in log_lines(records)] == [1, 2, 3, 4]
+    assert [r["step"] for r in eval_lines(records)] == [0, 2, 4]

@@ -5,7 +5,7 @@ import json
 from click.testing import CliRunner
 
 from merit_cli.main import cli
-from merit_core.train.metrics import read_metrics
+from merit_core.metrics import read_metrics
 from tests.prepared_data import write_tiny_model_config
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from merit_core.train.metrics import read_metrics
+from merit_core.metrics import read_metrics
 from tests.prepared_data import write_prepared, write_tiny_model_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ good checkpoint."""
 import torch
 
 from merit_core.checkpoint import runs
-from merit_core.train.metrics import read_metrics
+from merit_core.metrics import read_metrics
 from tests.cli_runs import invoke, train_args
 
 

@@ -172,7 +172,7 @@ def test_compiled_run_trains_evaluates_saves_and_resumes_like_the_eager_run(mode
     evaluation and the attention probe work, checkpoints keep the plain parameter names, and a
     resume continues the compiled run."""
     from merit_core.checkpoint.tensors import load_trainer_state  # noqa: F401  (the run writes it)
-    from merit_core.train.metrics import read_metrics
+    from merit_core.metrics import read_metrics
     from merit_core.train.training_run import TrainCallbacks, run_training
 
     notes = []

@@ -1,4 +1,7 @@
-"""The shipped configs (package data): the paper's GPU runs, their comparisons, and CPU runs.
+"""The shipped configs: the paper's GPU runs, their comparisons, and CPU runs.
+
+Their source is the top-level `configs/` folder of the repository; the wheel installs the same files
+as package data in `merit_core/shipped_configs/` (pyproject.toml maps that package to `configs/`).
 
 A shipped config is named by its file name without `.toml` (`merit train gpt2-small`,
 `merit compare compare-gpt2-small`). Files named `compare-*` are `merit compare` specs, the
@@ -16,7 +19,9 @@ from pathlib import Path
 
 from merit_core.errors import ConfigError
 
-CONFIG_DIR = Path(__file__).resolve().parent
+# The installed wheel's copy first, else the checkout's own configs/ (beside merit_core/).
+INSTALLED_DIR = Path(__file__).resolve().parent / "shipped_configs"
+CONFIG_DIR = INSTALLED_DIR if INSTALLED_DIR.is_dir() else Path(__file__).resolve().parents[1] / "configs"
 COMPARE_PREFIX = "compare-"
 
 
