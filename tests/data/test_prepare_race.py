@@ -96,6 +96,9 @@ class Interleaving:
 def test_two_publishes_at_once_never_lose_a_users_file(tmp_path, monkeypatch, swap):
     if not swap:
         monkeypatch.setattr(publish_mod, "exchange_paths", lambda a, b: False)
+    # durability is test_prepare_durability's: here only the order of the renames matters
+    monkeypatch.setattr(publish_mod, "fsync_tree", lambda folder: None)
+    monkeypatch.setattr(publish_mod, "fsync_dir", lambda folder: None)
     decoy = _prepared(tmp_path / "decoy", "decoy")
     (decoy / "mine.txt").write_text("the user's, beside the target")
     decoy_before = {p: p.read_bytes() for p in decoy.rglob("*") if p.is_file()}
