@@ -31,9 +31,12 @@ def render(report) -> None:
     console.print(f"[bold]device[/] {escape(report.device)}")
     console.print(escape(", ".join(f"{k} {v}" for k, v in report.versions.items())))
     table = Table(show_edge=False, pad_edge=False)
-    for name, justify in (("check", "left"), ("backend", "left"), ("dtype", "left"), ("shape", "left"),
-                          ("max rel. error", "right"), ("tolerance", "right"), ("ok", "left"), ("note", "left")):  # fmt: skip
-        table.add_column(name, justify=justify, overflow="fold")
+    for name in ("check", "backend", "dtype", "shape"):
+        table.add_column(name, overflow="fold")
+    for name in ("max rel. error", "tolerance"):
+        table.add_column(name, justify="right")
+    for name in ("ok", "note"):
+        table.add_column(name, overflow="fold")
     for r in report.rows:
         ok = "[green]ok[/]" if r.ok else "[bold red]FAIL[/]"
         table.add_row(r.check, r.backend, r.dtype, r.shape, _cell(r.error), _cell(r.tolerance), ok, escape(r.note))

@@ -50,7 +50,7 @@ def environment(device: torch.device) -> tuple[str, dict[str, str]]:
     versions: dict[str, str] = {}
     if device.type == "cuda":
         with contextlib.suppress(Exception):
-            driver = torch._C._cuda_getDriverVersion()
+            driver = torch._C._cuda_getDriverVersion()  # type: ignore[attr-defined]
             versions["CUDA driver"] = f"{driver // 1000}.{driver % 1000 // 10}"
         versions["CUDA"] = str(torch.version.cuda)
     versions["torch"] = torch.__version__
@@ -81,7 +81,8 @@ def state_dict_row(device: torch.device) -> Row:
             p.grad = x
         o.step()
     same = all(torch.equal(p, q) for p, q in zip(params, clones))
-    name = functional.choose(None, params, [p.grad for p in params])[0]
+    tensors: list[torch.Tensor] = list(params)
+    name = functional.choose(None, tensors, [p.grad for p in params if p.grad is not None])[0]
     note = "" if same else "the loaded optimizer's next step differs"
     return Row("state_dict", name, "float32", " ".join("x".join(map(str, s)) for s in shapes), None, None, same, note)
 
@@ -90,7 +91,8 @@ def train_row(device: torch.device) -> Row:
     """One training step of a tiny GPT-2 with MERIT under the default ``compile=auto``."""
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0)
-    model = GPT2LMHeadModel(config).to(device)
+    model: torch.nn.Module = GPT2LMHeadModel(config)
+    model.to(device)
     compiled = resolve_compile("auto", device)
     forward = torch.compile(model) if compiled else model
     optimizer = build_optimizer("merit", model, lr=1e-2)
@@ -103,7 +105,7 @@ def train_row(device: torch.device) -> Row:
     finite = bool(torch.isfinite(loss)) and all(bool(torch.isfinite(p).all()) for p in model.parameters())
     moved = sum(not torch.equal(p, q) for p, q in zip(model.parameters(), before))
     groups = [p for g in optimizer.param_groups for p in g["params"]]
-    name = functional.choose(None, groups, [p.grad for p in groups])[0]
+    name = functional.choose(None, groups, [p.grad for p in groups if p.grad is not None])[0]
     ok = finite and moved == len(before)
     note = f"compile={'on' if compiled else 'off'} (auto), loss {loss.item():.3f}"
     if not ok:

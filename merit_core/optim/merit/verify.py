@@ -42,6 +42,7 @@ import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ import torch
 from torch import Tensor
 
 from merit_core import paths
+from merit_core.errors import MeritError
 from merit_core.optim.merit import cpu, functional
 from merit_core.optim.merit.common import Hyper, state_dtype
 from merit_core.optim.merit.reference import merit_reference
@@ -57,7 +59,7 @@ CHECK_VERSION = 1  # bump when the short form changes: cached verdicts are then 
 EPS32 = torch.finfo(torch.float32).eps
 # The step's hyperparameters: MERIT's default ablation with every term switched on (decay, bias
 # correction at step 5), |w| ~ 0.2 so that most |s*u| stay below the clip and the ratios decide.
-HYPER = dict(
+HYPER: dict[str, Any] = dict(
     lr=0.02,
     betas=(0.9, 0.999),
     eps=1e-8,
@@ -286,6 +288,13 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _run(t: dict[str, list[Tensor]], steps: list[Tensor], name: str) -> None:
+    """One step of backend ``name`` on the tensors of ``t`` through the functional core (its checks included)."""
+    functional.merit(
+        t["params"], t["grads"], t["exp_avgs"], t["exp_avg_sqs"], steps, **HYPER, backend=name
+    )  # fmt: skip
+
+
 def step_row(name: str, case: Case, dtype: torch.dtype, device: torch.device, seed: int = 0) -> Row:
     """One step of ``case`` by backend ``name`` against the float64 reference step."""
     t = _make(case, dtype, device, seed)
@@ -293,7 +302,7 @@ def step_row(name: str, case: Case, dtype: torch.dtype, device: torch.device, se
     ref = _reference64(t, 4.0)
     steps = [torch.tensor(4.0) for _ in t["params"]]
     try:
-        functional.merit(**t, state_steps=steps, **HYPER, backend=name)
+        _run(t, steps, name)
     except ValueError as exc:  # a backend that cannot take these tensors must say so with nothing changed
         unchanged = all(float(s) == 4.0 for s in steps) and all(
             torch.equal(a, b) for k in t for a, b in zip(t[k], old[k])
@@ -327,7 +336,7 @@ def big_row(name: str, device: torch.device) -> Row:
              "exp_avgs": [m_row.expand(2, cols)], "exp_avg_sqs": [v_row.expand(2, cols)]}  # fmt: skip
     ref = _reference64(small, 4.0)
     big = {k: [x[0][:1].to(device).expand(rows, cols).contiguous()] for k, x in small.items()}
-    functional.merit(**big, state_steps=[torch.tensor(4.0)], **HYPER, backend=name)
+    _run(big, [torch.tensor(4.0)], name)
     w = big["params"][0]
     picks = (0, rows // 2, (1 << 31) // cols - 1, (1 << 31) // cols, rows - 1)  # both sides of 2**31
     got = {"params": [w[list(picks)]], "exp_avgs": [big["exp_avgs"][0][list(picks)]],
@@ -360,7 +369,7 @@ def nonfinite_row(name: str, device: torch.device) -> Row:
     clean = {k: [v[1]] for k, v in t.items()}
     ref = _reference64(clean, 4.0)
     old = [t["params"][1].detach().clone()]
-    functional.merit(**t, state_steps=[torch.tensor(4.0), torch.tensor(4.0)], **HYPER, backend=name)
+    _run(t, [torch.tensor(4.0), torch.tensor(4.0)], name)
     problems = []
     if not bool(t["params"][0].isnan().all()):
         problems.append("poisoned tensor not NaN everywhere")
@@ -410,10 +419,10 @@ def step_rows(
             add(Row("step", b, "", "", None, None, True, f"skipped: {available[b]}"))
     for b in run:
         for case, dtype in cases(device, quick, [b]):
-            add(_guarded("step", b, lambda b=b, case=case, dtype=dtype: step_row(b, case, dtype, device)))
+            add(_guarded("step", b, partial(step_row, b, case, dtype, device)))
         if not quick and b in ("triton", "cpu"):
-            add(_guarded("step", b, lambda b=b: big_row(b, device)))
-        add(_guarded("non-finite", b, lambda b=b: nonfinite_row(b, device)))
+            add(_guarded("step", b, partial(big_row, b, device)))
+        add(_guarded("non-finite", b, partial(nonfinite_row, b, device)))
 
 
 # --- the short form, once per machine, device and versions -------------------------------------
@@ -436,7 +445,7 @@ def _device_key(device: torch.device) -> list[Any]:
         props = torch.cuda.get_device_properties(device)
         key += [props.name, props.major, props.minor, torch.version.cuda]
         with contextlib.suppress(Exception):
-            key.append(torch._C._cuda_getDriverVersion())
+            key.append(torch._C._cuda_getDriverVersion())  # type: ignore[attr-defined]
     return key
 
 
@@ -476,10 +485,13 @@ def verify_backend(device: str | torch.device, backend: str | None = None) -> tu
     name = backend or fused_default(dev)
     if name is None or backends_for(dev).get(name, "unknown") is not None:
         return None, None  # nothing fused to prove here (the default does not take it either)
-    path = _cache_file(dev, name)
+    try:
+        path: Path | None = _cache_file(dev, name)
+    except (OSError, MeritError):  # no usable cache folder: check in every process
+        path = None
     verdict = None
-    with contextlib.suppress(OSError, ValueError):
-        verdict = json.loads(path.read_text())
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        verdict = json.loads(path.read_text())  # type: ignore[union-attr]
         if not isinstance(verdict, dict) or not isinstance(verdict.get("ok"), bool):
             verdict = None
     if verdict is None:
@@ -493,8 +505,9 @@ def verify_backend(device: str | torch.device, backend: str | None = None) -> tu
         with contextlib.suppress(_Verdict):
             step_rows(dev, quick=True, backends=[name], add=add)
         verdict = {"ok": report.ok, "line": report.failure()}
-        with contextlib.suppress(OSError):
-            _save(path, verdict)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                _save(path, verdict)
     if verdict["ok"]:
         functional.replace_default(name, None)
         return name, None
