@@ -1,37 +1,40 @@
 """The names of the measurements merit records: keys of metrics.jsonl lines, of the callbacks'
 records, of compare's summary and of inspect's report. One spelling, so that a reader and its
-writer cannot drift apart. JSON files keep these exact strings."""
+writer cannot drift apart. JSON files keep these exact strings. `Final`: a type checker reads each as its literal string, so
+that it checks them as keys of merit_core.metrics.MetricsRecord."""
 
-STEP = "step"
-TOKENS = "tokens"
-LOSS = "loss"
+from typing import Final
+
+STEP: Final = "step"
+TOKENS: Final = "tokens"
+LOSS: Final = "loss"
 # A log line's learning rate, global gradient norm (before clipping) and training throughput.
-LR = "lr"
-GRAD_NORM = "grad_norm"
-TOKENS_PER_S = "tokens_per_s"
-VAL_LOSS = "val_loss"
+LR: Final = "lr"
+GRAD_NORM: Final = "grad_norm"
+TOKENS_PER_S: Final = "tokens_per_s"
+VAL_LOSS: Final = "val_loss"
 # Max over heads and positions of q.k / sqrt(d_head), per layer in a run's eval records: the
 # quantity MERIT is built to keep bounded (docs/MERIT.md).
-MAX_ATTENTION_LOGIT = "max_attention_logit"
+MAX_ATTENTION_LOGIT: Final = "max_attention_logit"
 
 # The probe's instability statistics (docs/DIAGNOSTICS.md). Attention entropy in nats, per layer
 # and head (inspect) or per layer, min over heads (a run's eval records): mean / min over query
 # positions, plain and divided by log(number of keys seen).
-ATTENTION_ENTROPY_MEAN = "attention_entropy_mean"
-ATTENTION_ENTROPY_MIN = "attention_entropy_min"
-NORMALIZED_ENTROPY_MEAN = "normalized_attention_entropy_mean"
-NORMALIZED_ENTROPY_MIN = "normalized_attention_entropy_min"
+ATTENTION_ENTROPY_MEAN: Final = "attention_entropy_mean"
+ATTENTION_ENTROPY_MIN: Final = "attention_entropy_min"
+NORMALIZED_ENTROPY_MEAN: Final = "normalized_attention_entropy_mean"
+NORMALIZED_ENTROPY_MIN: Final = "normalized_attention_entropy_min"
 # The residual stream after each layer: max |h|, median |h|, their ratio, and where the max sits.
-ACTIVATION_MAX = "activation_max"
-ACTIVATION_MEDIAN = "activation_median"
-ACTIVATION_RATIO = "activation_ratio"
-ACTIVATION_MAX_POSITION = "activation_max_position"
-ACTIVATION_MAX_DIM = "activation_max_dim"
+ACTIVATION_MAX: Final = "activation_max"
+ACTIVATION_MEDIAN: Final = "activation_median"
+ACTIVATION_RATIO: Final = "activation_ratio"
+ACTIVATION_MAX_POSITION: Final = "activation_max_position"
+ACTIVATION_MAX_DIM: Final = "activation_max_dim"
 # The output layer: the largest |logit| and log Z = logsumexp of the logits over positions.
-OUTPUT_LOGIT_MAX = "output_logit_max_abs"
-LOG_Z_MEAN = "log_z_mean"
-LOG_Z_STD = "log_z_std"
-LOG_Z_MAX = "log_z_max"
+OUTPUT_LOGIT_MAX: Final = "output_logit_max_abs"
+LOG_Z_MEAN: Final = "log_z_mean"
+LOG_Z_STD: Final = "log_z_std"
+LOG_Z_MAX: Final = "log_z_max"
 # RMS(next update) / RMS(weight) of a 2-D weight, from a checkpoint's optimizer state; the max over
 # weights in a run's eval records.
-UPDATE_RATIO = "update_rms_ratio"
+UPDATE_RATIO: Final = "update_rms_ratio"

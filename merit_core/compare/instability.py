@@ -5,6 +5,7 @@ activation ratio, mean output log Z and (MERIT) largest update / weight ratio.""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from merit_core.compare.results import CompareSummary
@@ -24,7 +25,7 @@ def _numbers(value: Any) -> list[float]:
     return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
-def instability_record(final: dict[str, Any] | None) -> dict[str, float | None] | None:
+def instability_record(final: Mapping[str, Any] | None) -> dict[str, float | None] | None:
     """From a run's final eval record: the max logit and activation ratio over layers, the min
     normalised entropy over layers, and the mean log Z; None when the run recorded none of them."""
     if not final:

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ class CompareCallbacks:
     def on_run_start(self, run: PlannedRun, resumed: bool) -> None:
         """A run starts training (`resumed`: from its latest checkpoint)."""
 
-    def on_run_progress(self, run: PlannedRun, record: dict[str, Any]) -> None:
+    def on_run_progress(self, run: PlannedRun, record: Mapping[str, Any]) -> None:
         """A metrics record of a running run (log or eval line, with 'step')."""
 
     def on_run_end(self, run: PlannedRun, state: str, message: str | None) -> None:

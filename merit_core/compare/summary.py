@@ -26,7 +26,7 @@ from merit_core.diagnostics.weights import weight_stats
 from merit_core.errors import MeritError
 from merit_core.fileio import atomic_write_json
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
-from merit_core.metrics import json_safe, read_metrics
+from merit_core.metrics import eval_lines, json_safe, read_metrics
 
 SUMMARY_FILE = "summary.json"
 CELL_KEYS = ("final_val_loss", MAX_ATTENTION_LOGIT, "final_train_loss", "tokens_per_s")
@@ -36,7 +36,7 @@ def run_record(run: PlannedRun, state: str) -> dict[str, Any]:
     """What one run gave: final validation loss, max attention logit (max over layers and per
     layer) at the end, and its trajectory (step, val loss, max logit) for the plots."""
     records = read_metrics(run.run_dir) if run.run_dir.is_dir() else []
-    evals = [r for r in records if VAL_LOSS in r]
+    evals = eval_lines(records)
     logs = [r for r in records if r.get("loss") is not None]
     final = evals[-1] if evals and evals[-1].get("step") == run.steps else None
     by_layer = final.get(MAX_ATTENTION_LOGIT) if final else None

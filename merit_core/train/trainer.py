@@ -30,6 +30,7 @@ from merit_core.models.attention_probe import probe_attention
 from merit_core.optim.merit.verify import guard_training
 from merit_core.optim.registry import OptimizerSpec, StepHook, build_optimizer, get_spec
 from merit_core.schedule import lr_at
+from merit_core.settings import ResolvedConfig
 from merit_core.train import lm_loss
 from merit_core.train.batches import TrainBatches, to_device, val_batches
 from merit_core.train.compiling import (
@@ -41,7 +42,6 @@ from merit_core.train.compiling import (
     resolve_compile,
     transformer_blocks,
 )
-from merit_core.train.config import TrainConfig
 from merit_core.train.distributed import Parallel
 from merit_core.train.kernels import apply_liger, choose_kernels, mask_free_attention
 from merit_core.train.step_hooks import StepContext
@@ -68,7 +68,7 @@ def _autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextMan
 
 
 def build_trainer(
-    config: TrainConfig,
+    config: ResolvedConfig,
     model: torch.nn.Module,
     parallel: Parallel,
     train_tokens: np.ndarray,
@@ -93,7 +93,7 @@ def build_trainer(
 
 
 class Trainer:
-    """Model + optimizer + data for a resolved TrainConfig, on the processes of `parallel`.
+    """Model + optimizer + data for a ResolvedConfig, on the processes of `parallel`.
 
     `model` is the plain transformers module (on the device); `forward` is what training runs
     through (the parallel wrapper, compiled if asked). Evaluation, diagnostics and saving use
@@ -102,7 +102,7 @@ class Trainer:
 
     def __init__(
         self,
-        config: TrainConfig,
+        config: ResolvedConfig,
         model: torch.nn.Module,
         forward: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
