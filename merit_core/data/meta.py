@@ -28,7 +28,7 @@ TOKENIZER_DIR = "tokenizer"
 SPLITS = ("train", "val")
 PREPARED_MARKER = ".merit-prepared"
 # The entries `merit prepare` writes into a folder; anything else there is the user's and is kept.
-MARKER_LIMIT = 4096  # bytes of PREPARED_MARKER read: merit writes well under 200
+MARKER_LIMIT = 4 * 1024  # bytes of PREPARED_MARKER read: merit writes well under 200
 META_LIMIT = 16 * 2**20  # bytes of meta.json read: merit writes about one kilobyte
 PREPARED_ENTRIES = frozenset({META_FILE, TOKENIZER_DIR, PREPARED_MARKER, *(f"{split}.bin" for split in SPLITS)})
 
