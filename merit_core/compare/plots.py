@@ -30,6 +30,7 @@ COLORS = {"adamw": "tab:blue", "lamb": "tab:orange", "merit": "tab:green"}
 BATCH_COLORS = ("tab:purple", "tab:red", "tab:cyan", "tab:olive", "tab:brown", "tab:pink")
 BATCH_MARKERS = ("o", "s", "D", "v", "P", "*")
 DIVERGED_LABEL = "diverged (drawn at the top edge)"
+UNSTABLE_LABEL = "unstable (excluded from the best)"
 BEST_LABEL = "best lr"
 BAND_LABEL = f"good lrs (within {100 * GOOD_LR_TOLERANCE:g}% of the best)"
 
@@ -193,7 +194,20 @@ def _plot_sensitivity(
                     capsize=3,
                     label=f"batch {b}",
                 )
-            failed = [r.lr for r in cells if r.status != "finished"]
+            shaky = [r for r in cells if r.status == "unstable" and r.value(key) is not None]
+            if shaky:
+                ax.plot(
+                    [r.lr for r in shaky],
+                    [r.value(key) for r in shaky],
+                    linestyle="",
+                    marker="X",
+                    markersize=9,
+                    markerfacecolor="none",
+                    markeredgewidth=1.6,
+                    color=color,
+                    label=f"batch {b}: {UNSTABLE_LABEL}",
+                )
+            failed = [r.lr for r in cells if not r.valued]
             if failed:
                 edge = blended_transform_factory(ax.transData, ax.transAxes)  # x: lr, y: the top edge
                 ax.plot(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from merit_core.compare.instability import instability_lines
-from merit_core.compare.results import BestResult, CellResult, CompareSummary
+from merit_core.compare.results import BestResult, CellResult, CompareSummary, EnvironmentCheck
 from merit_core.compare.verdicts import (
     PAPER_SHARPNESS,
     SHARPNESS,
@@ -42,7 +42,7 @@ def results_table(summary: CompareSummary) -> list[str]:
             if e is None:
                 cells += ["", "", ""]
             elif not is_finished(e):
-                cells += ["diverged", "-", "-"]
+                cells += [e.status, "-", "-"]
             else:
                 cells += [mean_std(e, "final_val_loss"), fmt_lr(e.lr), mean_std(e, MAX_ATTENTION_LOGIT, 2)]
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -123,35 +123,71 @@ def environment_lines(summary: CompareSummary) -> list[str]:
         return rows
     rows += [
         "",
-        "Each best cell's first seed, trained again with everything equal but the thread count: |difference| is "
-        "the cell's environment spread. A difference between two cells is resolved only when the seeds resolve it "
-        "and it exceeds the sum of their environment spreads.",
+        "Each best cell's seed(s), trained again with everything equal but one part of the floating-point "
+        "environment (a perturbation: the thread count, torch's ISA, MKL's ISA; "
+        "merit_core/compare/environment.py): |difference| per sample, and the cell's environment spread, the "
+        "largest difference, never below a floor relative to the value "
+        + ", ".join(f"{k} {100 * v:g}%" for k, v in (env.get("floors") or {}).items() if k in _ENV_FLOOR_KEYS)
+        + ". A difference between two cells is resolved only when the seeds resolve it and it exceeds the sum of "
+        "their environment spreads.",
         "",
-        "| optimizer | batch | lr | threads | val loss | re-run | spread | max logit | re-run | spread |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| optimizer | batch | lr | seed | perturbation | val loss | re-run | difference | max logit | re-run "
+        "| difference |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for b in checked:
         e = b.environment
-        threads = "-" if "threads" in e.absent else e.threads
-        rows.append(
-            f"| {b.optimizer} | {b.batch_size} | {fmt_lr(b.lr)} | {env.get('threads', '-')} -> {threads} | "
-            f"{fmt(e.final_val_loss_original)} | {fmt(e.final_val_loss_rerun)} | "
-            f"{fmt(e.final_val_loss_spread)} | {fmt(e.max_attention_logit_original, 2)} | "
-            f"{fmt(e.max_attention_logit_rerun, 2)} | {fmt(e.max_attention_logit_spread, 2)} |"
+        samples = e.samples or [_legacy_sample(e, env)]
+        for sample in samples:
+            rows.append(
+                f"| {b.optimizer} | {b.batch_size} | {fmt_lr(b.lr)} | {sample.get('seed')} | "
+                f"{sample.get('perturbation') or '-'} | {fmt(sample.get('final_val_loss_original'))} | "
+                f"{fmt(sample.get('final_val_loss_rerun'))} | {fmt(sample.get('final_val_loss_difference'))} | "
+                f"{fmt(sample.get('max_attention_logit_original'), 2)} | "
+                f"{fmt(sample.get('max_attention_logit_rerun'), 2)} | "
+                f"{fmt(sample.get('max_attention_logit_difference'), 2)} |"
+            )
+    rows += [
+        "",
+        "Environment spread of each best cell (largest difference, floored): "
+        + "; ".join(
+            f"{b.optimizer} b{b.batch_size} loss {fmt(b.environment.final_val_loss_spread)}, max logit "
+            f"{fmt(b.environment.max_attention_logit_spread, 2)}"
+            for b in checked
         )
+        + ".",
+    ]
     sharp = [b for b in checked if (b.environment.hessian or {}).get(f"{SHARPNESS}_spread") is not None]
     if sharp:
         rows += [
             "",
-            "Hessian of the re-run (largest batch): "
+            "Hessian environment spread (largest difference over the samples, floored): "
             + "; ".join(
-                f"{b.optimizer} largest algebraic spread {fmt(b.environment.hessian[f'{SHARPNESS}_spread'], 3)}, "
+                f"{b.optimizer} b{b.batch_size} largest algebraic spread {fmt(b.environment.hessian[f'{SHARPNESS}_spread'], 3)}, "
                 f"largest magnitude spread {fmt(b.environment.hessian.get(f'{PAPER_SHARPNESS}_spread'), 3)}"
                 for b in sharp
             )
             + ".",
         ]
     return rows
+
+
+_ENV_FLOOR_KEYS = ("final_val_loss", MAX_ATTENTION_LOGIT, SHARPNESS)
+
+
+def _legacy_sample(e: EnvironmentCheck, env: dict) -> dict:
+    """A summary.json of an earlier version: its one thread-count re-run as a sample."""
+    threads = "-" if "threads" in e.absent else e.threads
+    return {
+        "seed": e.seed,
+        "perturbation": f"{env.get('threads', '-')} -> {threads} intra-op thread(s)",
+        "final_val_loss_original": e.final_val_loss_original,
+        "final_val_loss_rerun": e.final_val_loss_rerun,
+        "final_val_loss_difference": e.final_val_loss_spread,
+        "max_attention_logit_original": e.max_attention_logit_original,
+        "max_attention_logit_rerun": e.max_attention_logit_rerun,
+        "max_attention_logit_difference": e.max_attention_logit_spread,
+    }
 
 
 def speed_lines(summary: CompareSummary) -> list[str]:
@@ -290,6 +326,8 @@ def grid_table(summary: CompareSummary) -> list[str]:
         cells = []
         for r in sorted(runs, key=lambda r: r.lr):
             value = mean_std(r, "final_val_loss") if r.status == "finished" else r.status
+            if r.valued and r.status != "finished":
+                value += f" ({mean_std(r, 'final_val_loss')})"
             cell = f"{fmt_lr(r.lr)}: {value}"
             cells.append(f"**{cell}**" if r.lr == best.get((name, batch)) and r.status == "finished" else cell)
         rows.append(f"| {name} | {batch} | {runs[0].steps} | {', '.join(cells)} |")
@@ -312,8 +350,8 @@ def sensitivity_lines(summary: CompareSummary) -> list[str]:
         "cell's best loss, and their span (largest / smallest) says how forgiving the optimizer is "
         "at that batch.",
         "",
-        "| optimizer | batch | lr | final val loss | max logit | diverged seeds |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| optimizer | batch | lr | final val loss | max logit | diverged seeds | status |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
     spans = []
     for (name, batch), cells in groups.items():
@@ -322,15 +360,15 @@ def sensitivity_lines(summary: CompareSummary) -> list[str]:
             finished = r.status == "finished"
             n_seeds = len(r.seeds or [r.seed])
             values = r.final_val_loss_values or [r.final_val_loss]
-            n_bad = 0 if finished else sum(v is None or not math.isfinite(v) for v in values) or n_seeds
+            n_bad = 0 if r.valued else sum(v is None or not math.isfinite(v) for v in values) or n_seeds
             rows.append(
                 f"| {name} | {batch} | {fmt_lr(r.lr)} | "
                 + (
                     f"{mean_std(r, 'final_val_loss')} | {mean_std(r, 'max_attention_logit', 2)}"
-                    if finished
+                    if finished or r.valued
                     else "- | -"
                 )
-                + f" | {n_bad} of {n_seeds} |"
+                + f" | {n_bad} of {n_seeds} | {r.status} |"
             )
         done = [r for r in cells if r.finished]
         if done:
@@ -385,6 +423,21 @@ def caveats(summary: CompareSummary) -> list[str]:
                 f"of its grid ({reason}), so its optimum may lie outside the grid: this comparison is not "
                 "fair to it yet."
             )
+    unstable = [c for c in summary.grid_cells() if c.status == "unstable"]
+    if unstable:
+        lines.append(
+            "Unstable lrs (finished with a finite loss, but the attention logit saturated or the loss collapsed; "
+            "shown, never a best lr; the rule: merit_core/compare/stability.py): "
+            + "; ".join(f"{c.optimizer} b{c.batch_size} lr {fmt_lr(c.lr)} ({c.message})" for c in unstable)
+            + "."
+        )
+    missing = [r for r in summary.runs if r.status == "missing"]
+    if missing:
+        lines.append(
+            "Missing runs (their folder no longer held the run; not counted): "
+            + ", ".join(r.name for r in missing)
+            + "."
+        )
     diverged = [r for r in summary.runs if r.status == "diverged"]
     if diverged:
         lines.append(

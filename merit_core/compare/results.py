@@ -87,6 +87,9 @@ class EnvironmentCheck(_Record):
     max_attention_logit_rerun: float | None = None
     max_attention_logit_spread: float | None = None
     hessian: dict[str, Any] | None = field(default=None, metadata={"omit_none": True})
+    final_val_loss_floor: float | None = None
+    max_attention_logit_floor: float | None = None
+    samples: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -97,7 +100,7 @@ class RunResult(_Record):
     optimizer: str
     batch_size: int
     lr: float
-    status: str  # 'finished' | 'diverged'
+    status: str  # 'finished' | 'unstable' | 'diverged' | 'missing' (see merit_core.compare.summary)
     final_val_loss: float | None = None
     max_attention_logit: float | None = None
     max_attention_logit_by_layer: list[float | None] | None = None
@@ -113,6 +116,13 @@ class RunResult(_Record):
     qk_bound_by_layer: list[float] | None = None
     instability: dict[str, float | None] | None = None  # see merit_core.compare.instability
     last_step: int = 0
+    perturbation: str | None = None  # an environment re-run's change of environment (environment.py)
+    cpu_capability: str | None = None  # the ISA torch dispatched to (the host's, or the one forced)
+
+    @property
+    def valued(self) -> bool:
+        """Finished or unstable: it has its final numbers (an unstable one is shown, never a best)."""
+        return self.status in ("finished", "unstable") and self.final_val_loss is not None
 
     @property
     def finished(self) -> bool:
@@ -156,6 +166,7 @@ class BestResult(CellResult):
 
     grid: list[float] = field(default_factory=list)
     n_diverged: int = 0
+    n_unstable: int = 0
     lr_at_edge: str | None = None
     lr_extended: list[float] = field(default_factory=list)
     edge_reason: str | None = None
@@ -210,6 +221,7 @@ class CompareSettings(_Record):
     out: str | None = None
     quick: bool = False
     environment: dict[str, Any] | None = None
+    provenance: dict[str, Any] | None = field(default=None, metadata={"omit_none": True})  # see compare.provenance
 
 
 @dataclass

@@ -11,6 +11,7 @@ terminal and compare.png read the same functions.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -273,23 +274,43 @@ def _argmax(entry: BestResult) -> str:
 
 
 def _claim_lines(best, optimizers, batches) -> list[str]:
-    """The paper's claims, checked against these numbers (only when MERIT and a baseline ran): each
-    holds only when MERIT is better than every other optimizer *and* each difference is resolved
-    (`resolution`), does not hold when another optimizer is better by a resolved difference, and is
-    otherwise not resolved (the means are given)."""
+    """The paper's claims, checked against these numbers (only when MERIT and a baseline ran), at
+    every batch size, largest first: each holds only when MERIT is better than every other
+    optimizer *and* each difference is resolved (`resolution`), does not hold when another
+    optimizer is better by a resolved difference, and is otherwise not resolved (the means are
+    given). Then claim 4, larger batches without loss of quality (`_batch_claim`)."""
     if "merit" not in optimizers or len(optimizers) < 2:
         return []
-    large = batches[-1]
-    entries = {o: best.get((o, large)) for o in optimizers}
+    lines = []
+    for batch in sorted(batches, reverse=True):
+        lines.extend(_batch_claims(best, optimizers, batch))
+    if len(batches) > 1:
+        line = _batch_claim(best, optimizers, batches[0], batches[-1])
+        if line:
+            lines.append(line)
+    return lines
+
+
+def _batch_claims(best, optimizers, batch: int) -> list[str]:
+    """Claims 1-3 at one batch size (see `_claim_lines`)."""
+    entries = {o: best.get((o, batch)) for o in optimizers}
     merit = entries["merit"]
     others = {o: e for o, e in entries.items() if o != "merit" and is_finished(e)}
     if not is_finished(merit) or not others:
         return []
-    lines = [_claim("1 (MERIT has the lowest loss at large batch)", large, merit, others, "final_val_loss", 4)]
+    largest = " at large batch" if batch == max(b for _, b in best) else ""
+    lines = [_claim(f"1 (MERIT has the lowest loss{largest})", f"at batch {batch}", merit, others, "final_val_loss", 4)]
     with_logit = {o: e for o, e in others.items() if e.max_attention_logit is not None}
     if merit.max_attention_logit is not None and with_logit:
         lines.append(
-            _claim("2 (MERIT keeps the max attention logit lower)", large, merit, with_logit, MAX_ATTENTION_LOGIT, 2)
+            _claim(
+                "2 (MERIT keeps the max attention logit lower)",
+                f"at batch {batch}",
+                merit,
+                with_logit,
+                MAX_ATTENTION_LOGIT,
+                2,
+            )
         )
     sharp = {o: _hessian_entry(e) for o, e in others.items() if (e.hessian or {}).get(SHARPNESS) is not None}
     mh = _hessian_entry(merit)
@@ -297,8 +318,32 @@ def _claim_lines(best, optimizers, batches) -> list[str]:
         for key, what in ((SHARPNESS, "largest algebraic"), (PAPER_SHARPNESS, "largest-magnitude")):
             claim = f"3 (MERIT finds a flatter minimum: a lower {what} Hessian eigenvalue)"
             paper = " (paper, GPT-2 Small, top eigenvalue by power iteration: MERIT 12.3 vs AdamW 37.2)"
-            lines.append(_claim(claim, large, mh, sharp, key, 3, paper if key == PAPER_SHARPNESS else ""))
+            lines.append(_claim(claim, f"at batch {batch}", mh, sharp, key, 3, paper if key == PAPER_SHARPNESS else ""))
     return lines
+
+
+BATCH_CLAIM = "4 (MERIT trains with larger batches without loss of quality)"
+
+
+def _batch_claim(best, optimizers, small: int, large: int) -> str | None:
+    """Claim 4: MERIT's best-lr loss rises less than every other optimizer's from the smallest to
+    the largest batch (same tokens). Each optimizer's change is paired seed by seed and its
+    environment spread is the sum of both ends' (`_seed_deltas`); the changes are then judged by
+    the same rule as a claim at one batch (`_claim`)."""
+    changes = {}
+    for name in optimizers:
+        a, b = best.get((name, small)), best.get((name, large))
+        if is_finished(a) and is_finished(b):
+            delta = _seed_deltas(a, b)
+            values = delta["change_values"]
+            delta["change"] = sum(values) / len(values) if values else b.final_val_loss - a.final_val_loss
+            delta["change_std"] = statistics.stdev(values) if len(values) > 1 else None
+            changes[name] = delta
+    if "merit" not in changes or len(changes) < 2:
+        return None
+    merit = changes.pop("merit")
+    where = f"from batch {small} to {large} (best-lr validation loss change, same tokens)"
+    return _claim(BATCH_CLAIM, where, merit, changes, "change", 4)
 
 
 # Claim 3 is judged on the largest algebraic eigenvalue (the most positive curvature) and, as the
@@ -315,7 +360,7 @@ def _hessian_entry(entry: BestResult) -> dict[str, Any]:
 
 def _claim(
     claim: str,
-    batch: int,
+    where: str,
     merit: Figures,
     others: dict[str, Figures],
     key: str,
@@ -323,7 +368,8 @@ def _claim(
     note: str = "",
 ) -> str:
     """'Paper claim N (...): at batch B, **holds here**: MERIT x vs adamw y (resolution), ...' for a
-    claim that MERIT's `key` is below every other optimizer's (see `_claim_lines` for the rule)."""
+    claim that MERIT's `key` is below every other optimizer's (see `_claim_lines` for the rule);
+    `where` says at which batch size(s)."""
     checks = {o: (lookup(merit, key) < lookup(e, key), resolution(merit, e, key).resolved) for o, e in others.items()}
     if all(better and ok for better, ok in checks.values()):
         verdict = "**holds here**"
@@ -332,7 +378,7 @@ def _claim(
     else:
         verdict = "**not resolved**"
     return (
-        f"Paper claim {claim}: at batch {batch}, "
+        f"Paper claim {claim}: {where}, "
         + verdict
         + f": MERIT {mean_std(merit, key, digits)} vs "
         + ", ".join(f"{o} {mean_std(e, key, digits)} ({resolution_text(merit, e, key)})" for o, e in others.items())

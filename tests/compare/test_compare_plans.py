@@ -10,6 +10,7 @@ import pytest
 
 import merit_core.compare as compare
 from merit_core.compare import load_spec, run_compare
+from merit_core.compare.environment import DEFAULT_PERTURBATIONS, FLOORS, perturbations
 from merit_core.compare.grid import next_extensions, plan_runs
 from merit_core.compare.report import ablation_lines, render_report
 from merit_core.compare.results import BestResult, CompareSummary
@@ -18,6 +19,7 @@ from merit_core.compare.spec import PRESETS
 from merit_core.compare.summary import cells, select_best
 from merit_core.compare.verdicts import resolved
 from merit_core.errors import ConfigError
+from merit_core.train.hardware import float_environment
 from tests.compare.test_compare_units import record, synthetic_summary
 
 
@@ -103,18 +105,25 @@ def fake_training(monkeypatch, target):
     """Every run 'finishes' at once with a loss that is lowest at lr target[optimizer]."""
     trained = []
 
+    done: set[str] = set()
+
     def execute(runs, how):
         trained.append(sorted(run.name for run in runs if how.states[run.name] in ("new", "partial")))
+        done.update(run.name for run in runs)
         return {**how.states, **{run.name: "finished" for run in runs}}
 
-    def run_record(run, state):
+    def run_state(run):  # no folders: a run is finished once the fake trained it
+        return "finished" if run.name in done else "new"
+
+    def run_record(run, state, host_isa=None):
         loss = 3.0 + (math.log10(run.lr) - math.log10(target[run.optimizer])) ** 2
         r = record(run.optimizer, run.batch_size, run.lr, loss)
         r.update(name=run.name, seed=run.seed, steps=run.steps, tokens=run.tokens, qk_bound_by_layer=None)
-        r.update(threads=run.threads)
+        r.update(threads=run.threads, perturbation=None if run.perturbation is None else run.perturbation.describe())
         return r
 
     monkeypatch.setattr(compare, "execute", execute)
+    monkeypatch.setattr(compare, "run_state", run_state)
     monkeypatch.setattr(compare.summary, "run_record", run_record)
     return trained
 
@@ -132,7 +141,9 @@ def test_grid_extends_past_an_edge_until_interior_or_the_limit(tmp_path, model_c
         train_values=dict(model=str(model_cfg), data=str(data_dir), seq_len=32),
     )
     result = run_compare(spec)
-    alt = other_threads(compare_threads("auto", None))
+    threads = compare_threads("auto", None)
+    alt = other_threads(threads)
+    made, _ = perturbations(DEFAULT_PERTURBATIONS, threads, float_environment(threads))
     assert trained == [
         [f"adamw-b8-lr{lr}" for lr in ("0.000333", "0.001", "0.003")]
         + [f"merit-b8-lr{lr}" for lr in ("0.00333", "0.01", "0.03")],
@@ -140,12 +151,14 @@ def test_grid_extends_past_an_edge_until_interior_or_the_limit(tmp_path, model_c
         ["adamw-b8-lr0.027"],  # adamw still on its top edge; merit's best (0.00333) is now interior
         # the best cells topped up to 3 seeds (the default best_seeds)
         ["adamw-b8-lr0.027-s1", "adamw-b8-lr0.027-s2", "merit-b8-lr0.00333-s1", "merit-b8-lr0.00333-s2"],
-        # each best cell's first seed again, at the other thread count (the environment check)
-        [f"adamw-b8-lr0.027-env{alt}t", f"merit-b8-lr0.00333-env{alt}t"],
+        # each best cell's first seed again, under each perturbation the host can make (the environment check)
+        sorted(f"{cell}{p.suffix}" for cell in ("adamw-b8-lr0.027", "merit-b8-lr0.00333") for p in made),
     ]
+    assert made[0].suffix == f"-env{alt}t"
     assert result.summary.best_for("adamw", 8).seeds == [0, 1, 2]
     env = result.summary.best_for("adamw", 8).environment
-    assert env.threads == alt and env.final_val_loss_spread == 0.0
+    # the fake re-runs equal their originals: the spread is the floor, never 0
+    assert env.threads == alt and env.final_val_loss_spread == FLOORS["final_val_loss"] * env.final_val_loss_original
     assert result.summary.settings.environment["check_threads"] == alt
     adamw = result.summary.best_for("adamw", 8)
     merit = result.summary.best_for("merit", 8)
