@@ -226,16 +226,19 @@ def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) ->
     if spec.environment_check:
         made, skipped = perturbations(spec.environment_perturbations, threads or _torch_threads(), host)
         best = build_summary(None, plan.runs, states).best
-        env_runs = {
-            (b.optimizer, b.batch_size, b.lr): [
-                (index, p) for index in range(min(spec.environment_samples, len(b.seeds or [0]))) for p in made
-            ]
+        samples = {
+            (b.optimizer, b.batch_size, b.lr): range(min(spec.environment_samples, len(b.seeds or [0])))
             for b in best
             if b.status == "finished"
         }
-        env_runs = {cell: samples for cell, samples in env_runs.items() if samples}
-        if env_runs:  # as many at once as the cores hold at the largest thread count of a re-run
-            widest = max(p.threads or threads or 1 for p in made)
+        # the re-runs at the comparison's thread count first, as many at once as the grid's; then
+        # those at another thread count, as many at once as the cores hold at theirs
+        for group in ([p for p in made if p.threads is None], [p for p in made if p.threads is not None]):
+            if not group or not samples:
+                continue
+            for cell, indices in samples.items():
+                env_runs.setdefault(cell, []).extend((index, p) for index in indices for p in group)
+            widest = max(p.threads or threads or 1 for p in group)
             train_new("environment", max(1, usable_cores() // widest) if threads is not None else None)
     # a run folder removed after its run finished (or diverged) is trained again, once
     now = {r.name: run_state(r) for r in plan.runs if states[r.name] in ("finished", "diverged")}

@@ -236,7 +236,8 @@ def environment_check(entry: dict[str, Any], reruns: list[dict[str, Any]]) -> di
     again under perturbations, environment.py): per sample both values and |difference|; per key
     `<key>_spread`, the largest difference over the samples and never below the key's floor
     (environment.floored_spread; None when no sample finished), with `<key>_original` and
-    `<key>_rerun` of the sample that moved it most; `run`, `seed`, `threads`: that sample's."""
+    `<key>_rerun` of the sample that moved it most; `run` and `seed`: the first sample's; `threads`:
+    the thread count of the thread-count sample (None without one)."""
     seeds = entry.get("seeds") or [entry.get("seed", 0)]
     samples = []
     for rerun in reruns:
@@ -257,7 +258,8 @@ def environment_check(entry: dict[str, Any], reruns: list[dict[str, Any]]) -> di
             sample[f"{key}_difference"] = abs(again - original) if ok else None
         samples.append(sample)
     first = samples[0] if samples else {"run": "", "seed": 0, "threads": None, "status": "missing"}
-    out: dict[str, Any] = {k: first[k] for k in ("run", "seed", "threads", "status")}
+    out: dict[str, Any] = {k: first[k] for k in ("run", "seed", "status")}
+    out["threads"] = next((s["threads"] for s in samples if s["threads"] is not None), None)
     if any(s["status"] not in VALUED for s in samples):
         out["status"] = next(s["status"] for s in samples if s["status"] not in VALUED)
     for key in ENV_KEYS:

@@ -144,16 +144,21 @@ def test_grid_extends_past_an_edge_until_interior_or_the_limit(tmp_path, model_c
     threads = compare_threads("auto", None)
     alt = other_threads(threads)
     made, _ = perturbations(DEFAULT_PERTURBATIONS, threads, float_environment(threads))
-    assert trained == [
-        [f"adamw-b8-lr{lr}" for lr in ("0.000333", "0.001", "0.003")]
-        + [f"merit-b8-lr{lr}" for lr in ("0.00333", "0.01", "0.03")],
-        ["adamw-b8-lr0.009", "merit-b8-lr0.00111"],  # one x3 step past each edge holding the best
-        ["adamw-b8-lr0.027"],  # adamw still on its top edge; merit's best (0.00333) is now interior
-        # the best cells topped up to 3 seeds (the default best_seeds)
-        ["adamw-b8-lr0.027-s1", "adamw-b8-lr0.027-s2", "merit-b8-lr0.00333-s1", "merit-b8-lr0.00333-s2"],
-        # each best cell's first seed again, under each perturbation the host can make (the environment check)
-        sorted(f"{cell}{p.suffix}" for cell in ("adamw-b8-lr0.027", "merit-b8-lr0.00333") for p in made),
-    ]
+    assert (
+        trained
+        == [
+            [f"adamw-b8-lr{lr}" for lr in ("0.000333", "0.001", "0.003")]
+            + [f"merit-b8-lr{lr}" for lr in ("0.00333", "0.01", "0.03")],
+            ["adamw-b8-lr0.009", "merit-b8-lr0.00111"],  # one x3 step past each edge holding the best
+            ["adamw-b8-lr0.027"],  # adamw still on its top edge; merit's best (0.00333) is now interior
+            # the best cells topped up to 3 seeds (the default best_seeds)
+            ["adamw-b8-lr0.027-s1", "adamw-b8-lr0.027-s2", "merit-b8-lr0.00333-s1", "merit-b8-lr0.00333-s2"],
+            # each best cell's first seed again, under each perturbation the host can make (the environment check):
+            # those at the grid's thread count first, then the one at another thread count
+            sorted(f"{cell}{p.suffix}" for cell in ("adamw-b8-lr0.027", "merit-b8-lr0.00333") for p in made[1:]),
+            [f"adamw-b8-lr0.027-env{alt}t", f"merit-b8-lr0.00333-env{alt}t"],
+        ]
+    )
     assert made[0].suffix == f"-env{alt}t"
     assert result.summary.best_for("adamw", 8).seeds == [0, 1, 2]
     env = result.summary.best_for("adamw", 8).environment
