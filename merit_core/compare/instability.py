@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from merit_core.compare.results import CompareSummary
+from merit_core.compare.verdicts import no_verdict
 from merit_core.metric_names import (
     ACTIVATION_RATIO,
     LOG_Z_MEAN,
@@ -48,8 +49,9 @@ def instability_lines(summary: CompareSummary) -> list[str]:
     entries = [b for b in summary.best if b.instability]
     if not entries:
         return []
+    which = "the one lr's first seed: a smoke run" if no_verdict(summary) else "the best lr's first seed"
     lines = [
-        "At the end of training, on the run's first validation batch (the best lr's first seed; "
+        f"At the end of training, on the run's first validation batch ({which}; "
         "definitions and healthy values in docs/DIAGNOSTICS.md):",
         "",
         "| optimizer | batch | max attention logit | min entropy / log n | max activation ratio | mean log Z "
