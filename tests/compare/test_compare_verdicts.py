@@ -108,7 +108,7 @@ def test_plot_marks_diverged_lrs_at_the_edge_and_the_best_lr_with_its_band():
     summary["best"] = select_best(records)
     fig = compare_figure(CompareSummary.from_dict(summary))
     try:
-        panels = {ax.get_title(): ax for ax in fig.axes}
+        panels = {ax.get_title().split("\n")[0]: ax for ax in fig.axes}
         assert all(ax.axison and (ax.lines or ax.patches or ax.collections) for ax in fig.axes)  # no empty panel
         merit_loss = panels["merit: final validation loss vs lr"]
         labels = _labels(merit_loss)
