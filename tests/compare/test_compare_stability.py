@@ -292,3 +292,16 @@ def test_environment_check_setting(tmp_path):
     toml.write_text("environment_samples = 4\n")
     with pytest.raises(ConfigError, match="exceeds best_seeds 3"):
         load_spec(toml, out=str(tmp_path / "x"))
+
+
+def test_the_gpu_logit_spec_plans_the_claims_test():
+    from merit_core.configs import find_config
+
+    spec = load_spec(find_config("compare-gpt2-small-logit", "compare"))
+    runs = plan_runs(spec)
+    assert {r.optimizer for r in runs} == {"adamw", "merit"} and {r.batch_size for r in runs} == {128, 512}
+    assert min(r.steps for r in runs if r.batch_size == 512) >= 1000 and len(runs) == 12
+    assert all(r.config.model == "gpt2-small" and r.config.seq_len == 1024 for r in runs)
+    for optimizer, batch in {(r.optimizer, r.batch_size) for r in runs}:
+        grid = sorted(r.lr for r in runs if (r.optimizer, r.batch_size) == (optimizer, batch))
+        assert grid[2] / grid[1] == pytest.approx(3, rel=0.01)  # the best lr (the centre) and 3x it
