@@ -195,7 +195,7 @@ def lr_grids(
             grid = (
                 auto_lr_grid(name, batch, smallest, model, seq_len, spec.quick)
                 if setting == "auto"
-                else sorted({round_lr(v) for v in setting})
+                else sorted({round_lr(float(v)) for v in setting})
             )
             grids[name, batch] = sorted(set(grid) | set((extra or {}).get((name, batch), ())))
     return grids
@@ -284,8 +284,8 @@ def plan_runs(
             plans: list[tuple[int, int, Perturbation | None]] = [
                 (index, seed, None) for index, seed in enumerate(seeds)
             ]
-            for index, perturbation in (env_runs or {}).get(cell, []):
-                plans.append((index, seed_list(spec, index + 1)[index], perturbation))
+            for index, change in (env_runs or {}).get(cell, []):
+                plans.append((index, seed_list(spec, index + 1)[index], change))
             for index, seed, perturbation in plans:
                 name = run_name(optimizer, batch, lr, seed if index else None)
                 if perturbation is not None:

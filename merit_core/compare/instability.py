@@ -60,6 +60,6 @@ def instability_lines(summary: CompareSummary) -> list[str]:
     ]
     for b in entries:
         keys = (MAX_ATTENTION_LOGIT, NORMALIZED_ENTROPY_MIN, ACTIVATION_RATIO, LOG_Z_MEAN, UPDATE_RATIO)
-        cells = [_cell(b.instability.get(k)) for k in keys]
+        cells = [_cell((b.instability or {}).get(k)) for k in keys]
         lines.append(f"| {b.optimizer} | {b.batch_size} | " + " | ".join(cells) + " |")
     return lines

@@ -19,12 +19,13 @@ row below the row.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from merit_core.compare.report import GOOD_LR_TOLERANCE
 from merit_core.compare.results import BestResult, CellResult, CompareSummary
-from merit_core.compare.verdicts import no_verdict
+from merit_core.compare.verdicts import no_verdict, num
 from merit_core.fileio import atomic_path
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 
@@ -76,7 +77,7 @@ def compare_figure(summary: CompareSummary) -> Any:
     panels = 5 if with_hessian else 4
     width = 5.2 * max(panels, 0 if smoke else len(optimizers))
     fig = plt.figure(figsize=(width, 5.6 if smoke else 15.6), layout="constrained")
-    rows = [fig] if smoke else list(fig.subfigures(3, 1, height_ratios=[1.05, 1, 1]))
+    rows: list[Any] = [fig] if smoke else list(cast(Iterable[Any], fig.subfigures(3, 1, height_ratios=[1.05, 1, 1])))
     axes = list(rows[0].subplots(1, panels))
     ax_b, ax_lb, ax_logit, ax_val = axes[:4]
     which = "one untuned lr each" if smoke else "best lr each"
@@ -218,13 +219,12 @@ def _plot_sensitivity(
         if not cells:
             continue
         color, marker = BATCH_COLORS[j % len(BATCH_COLORS)], BATCH_MARKERS[j % len(BATCH_MARKERS)]
-        done_loss = [r for r in cells if r.finished]
+        done_loss = [(num(r.final_val_loss), r.lr) for r in cells if r.finished]
         band = None
         if done_loss:
-            top = min(r.final_val_loss for r in done_loss)
-            winner = min(done_loss, key=lambda r: (r.final_val_loss, r.lr))
-            good = [r.lr for r in done_loss if r.final_val_loss <= top * (1 + GOOD_LR_TOLERANCE)]
-            band = (min(good), max(good), winner.lr)
+            top, best_lr = min(done_loss)
+            good = [lr for loss, lr in done_loss if loss <= top * (1 + GOOD_LR_TOLERANCE)]
+            band = (min(good), max(good), best_lr)
         for ax, key in ((ax_loss, "final_val_loss"), (ax_logit, MAX_ATTENTION_LOGIT)):
             done = [r for r in cells if r.status == "finished" and r.value(key) is not None]
             if done:
@@ -301,7 +301,7 @@ def _log_if_spread(ax: Any, ratio: float = 20.0) -> None:
 
 def _plot_seeds(ax: Any, steps: list[int], series: list[list[float | None]], label: str, style: dict) -> None:
     """The mean over seeds at each step where every seed has a value, with the seeds' range shaded."""
-    points = [(s, [v[k] for v in series]) for k, s in enumerate(steps) if all(v[k] is not None for v in series)]
+    points = [(s, [num(v[k]) for v in series]) for k, s in enumerate(steps) if all(v[k] is not None for v in series)]
     if not points:
         return
     xs = [s for s, _ in points]

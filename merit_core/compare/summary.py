@@ -128,7 +128,7 @@ def rank_key(record: dict[str, Any]) -> tuple[int, float, float]:
     loss = record.get("final_val_loss")
     valued = record.get("status") in VALUED and loss is not None and math.isfinite(loss)
     rank = 0 if record.get("status") == "finished" and valued else 1 if valued else 2
-    return (rank, loss if valued else math.inf, record["lr"])
+    return (rank, float(loss) if valued and loss is not None else math.inf, float(record["lr"]))
 
 
 def spread(values: list[float | None]) -> tuple[float | None, float | None]:
@@ -265,9 +265,12 @@ def environment_check(entry: dict[str, Any], reruns: list[dict[str, Any]]) -> di
     for key in ENV_KEYS:
         measured = [s for s in samples if s[f"{key}_difference"] is not None]
         top = max(measured, key=lambda s: s[f"{key}_difference"]) if measured else first
-        out[f"{key}_original"], out[f"{key}_rerun"] = top.get(f"{key}_original"), top.get(f"{key}_rerun")
+        original = top.get(f"{key}_original")
+        out[f"{key}_original"], out[f"{key}_rerun"] = original, top.get(f"{key}_rerun")
         out[f"{key}_spread"] = floored_spread(
-            [s[f"{key}_difference"] for s in measured], top.get(f"{key}_original"), key
+            [s[f"{key}_difference"] for s in measured],
+            float(original) if isinstance(original, (int, float)) else None,
+            key,
         )
         out[f"{key}_floor"] = FLOORS[key]
     out["samples"] = samples
@@ -295,9 +298,9 @@ def build_summary(settings: CompareSettings | None, runs: list[PlannedRun], stat
     table = [{k: v for k, v in c.items() if k not in ("curve", "seed_curves")} for c in cells(grid)]
     return CompareSummary(
         settings=settings or CompareSettings(),
-        runs=[RunResult.from_dict(r, built=True) for r in plain],
-        best=[BestResult.from_dict(b, built=True) for b in best],
-        cells=[CellResult.from_dict(c, built=True) for c in table],
+        runs=[RunResult.from_dict(r) for r in plain],
+        best=[BestResult.from_dict(b) for b in best],
+        cells=[CellResult.from_dict(c) for c in table],
     )
 
 

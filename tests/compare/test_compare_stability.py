@@ -166,7 +166,10 @@ def test_the_batch_change_claim_resolves_by_the_same_rule():
     # merit rises by 0.10 (seeds 0.10 each), adamw by 0.30: MERIT loses less, resolved
     line = next(line for line in findings(_batch_summary([4.00, 4.01, 4.02])) if BATCH_CLAIM in line)
     assert line.startswith(f"Paper claim {BATCH_CLAIM}: from batch 8 to 64") and "**holds here**" in line
-    assert "MERIT 0.1000 ± 0.0000 vs adamw 0.3000 ± 0.0000 (resolved by 3 seeds and beyond the environment spread 0.0200)" in line
+    assert (
+        "MERIT 0.1000 ± 0.0000 vs adamw 0.3000 ± 0.0000 (resolved by 3 seeds and beyond the environment spread 0.0200)"
+        in line
+    )
     # merit rises by 0.50: the claim does not hold (resolved the other way)
     line = next(line for line in findings(_batch_summary([4.40, 4.41, 4.42])) if BATCH_CLAIM in line)
     assert "**does not hold here**" in line and "MERIT 0.5000" in line
