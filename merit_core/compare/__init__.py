@@ -7,8 +7,11 @@ execution), worker (one run in a subprocess), summary, report, plots.
 
 Rounds: train the planned runs; while an auto grid's best lr sits on its edge, train the next
 lr beyond it (grid); top each best cell up to `best_seeds` seeds (3 by default) until the best
-cells stand; re-run each best cell's first seed under another thread count (the environment
-check, grid); then measure the best runs (--hessian, --eval: measures) and write the outputs.
+cells stand; re-run each best cell's first seed(s) under each perturbation of the floating-point
+environment (another thread count, a lower torch ISA, a lower MKL ISA: the environment check,
+environment); train again any run whose folder was removed meanwhile (a run that stays gone is
+'missing' in the summary, never 'diverged'); then measure the best runs (--hessian, --eval:
+measures) and write the outputs, with the commit, times and host in settings.provenance.
 Every run but the environment re-runs uses one intra-op thread count (runner.compare_threads). `--seeds N` trains every lr N times and ranks on the mean (summary); `--preset
 ablations` compares MERIT with its registry ablations at the largest batch (spec, report).
 `run_compare` returns a typed `CompareSummary` (results) whose `to_dict()` is summary.json.
@@ -18,7 +21,8 @@ with the built-in corpus, sequence length 128, batch sizes 2 and 16 (8x apart, a
 GPT-2 medium 480 -> 4k) at 131,072 tokens per run (512 and 64 optimizer steps), a three-point
 lr grid each (extended past an edge holding the best lr, at most twice per side): 18 runs or
 more, one per core at a time on CPU; then two more seeds for each of the 6 best cells (12 runs)
-and an environment re-run of each (6 runs): 36 runs or more, twice the grid's cost. `--quick` runs the auto grid's centre only, at 65,536
+and three environment re-runs of each where the host can make them (18 runs): 48 runs or more,
+about 2.7 times the grid's cost. `--quick` runs the auto grid's centre only, at 65,536
 tokens: 6 runs, a smoke run; with one lr per cell its report states no verdict on the paper's
 claims (report).
 """
