@@ -13,7 +13,7 @@ from merit_core.compare import load_spec, run_compare
 from merit_core.compare.environment import DEFAULT_PERTURBATIONS, FLOORS, perturbations
 from merit_core.compare.grid import next_extensions, plan_runs
 from merit_core.compare.report import ablation_lines, render_report
-from merit_core.compare.results import BestResult, CompareSummary
+from merit_core.compare.results import BestResult, CompareSummary, Measured
 from merit_core.compare.runner import compare_threads, other_threads
 from merit_core.compare.spec import PRESETS
 from merit_core.compare.summary import cells, select_best
@@ -73,9 +73,15 @@ def test_report_calls_a_difference_within_the_seed_spread_not_resolved():
     b = {"final_val_loss": 4.05, "final_val_loss_values": [4.0, 4.1]}
     c = {"final_val_loss": 4.5, "final_val_loss_values": [4.4, 4.6]}
     # seeds apart but no environment spread measured: not resolved
-    assert resolved(a, c) is False
-    with_env([a, b, c])
-    assert resolved(a, b) is False and resolved(a, c) is True and resolved({"final_val_loss": 4.0}, c) is None
+    assert resolved(Measured(a), Measured(c)) is False
+    with_env([a, b, c])  # an environment spread of 0.01 each
+
+    def figures(d):
+        return Measured(d, environment=Measured(d["environment"]))
+
+    ma, mb, mc = figures(a), figures(b), figures(c)
+    assert resolved(ma, mb) is False and resolved(ma, mc) is True
+    assert resolved(Measured({"final_val_loss": 4.0}), mc) is None
 
     records = [*seeded("adamw", 8, 1e-3, [4.0, 4.2]), *seeded("merit", 8, 1e-3, [4.05, 4.1])]
     records += [*seeded("adamw", 64, 1e-3, [4.6, 4.7]), *seeded("merit", 64, 1e-3, [4.3, 4.35])]
