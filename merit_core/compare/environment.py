@@ -12,10 +12,10 @@ floating-point environment (a *perturbation*):
 A perturbation the host cannot make (no lower ISA, a BLAS that cannot be switched) is left out
 and said so. A cell's environment spread of a key is the largest |re-run - original| over its
 samples and perturbations, and never below a stated floor (`FLOORS`, relative to the value): one
-sample of a chaotic quantity can fall close to its original by luck, and a re-run on another ISA
-moved a committed AdamW cell's loss by 0.6% and its max logit by 27% where the thread-count
-re-run had moved them 16x and 27x less (results/compare-cpu/README.md). The floors are those
-relative movements, rounded: a verdict must exceed what a change of machine did once already.
+sample of a chaotic quantity can fall close to its original by luck, and a re-run of committed
+cells on a machine with another ISA moved them an order of magnitude more than a thread-count
+re-run had (results/compare-cpu/README.md gives the numbers). The floors are those relative
+movements, rounded: a verdict must exceed what a change of machine did once already.
 """
 
 from __future__ import annotations

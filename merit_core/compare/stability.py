@@ -4,17 +4,16 @@ A finite loss is not a healthy run. Two rules, each stated with its reason:
 
 - **The attention logit saturated** (one run): its max attention logit at the end is at least
   LOGIT_LIMIT = 88. exp(-88) = 6e-39 is below float32's (and bfloat16's) smallest normal number,
-  1.2e-38, so once one query-key logit leads the others of its row by 88 the softmax gives every
-  other key a weight that underflows: the attention is exactly one-hot in the arithmetic the run
-  computes in and passes no gradient to the other keys. That is the saturation the paper's
-  max-logit claim is about (the logits at initialisation are below 1, those of the best lrs of
-  results/compare-cpu below 35), so it is a threshold on the value itself, not on its growth.
+  1.2e-38, so in a row where that logit leads the others by 88 (they sit near zero in a healthy
+  model, as at initialisation) the softmax gives every other key a weight that underflows: the
+  attention is exactly one-hot in the arithmetic the run computes in and passes no gradient to
+  the other keys. That is the saturation the paper's max-logit claim is about, so it is a
+  threshold on the value itself, not on its growth.
 - **The loss collapsed** (one cell, against its grid): its lr is above the grid's best lr and its
   mean final validation loss is more than LOSS_EXCESS = 5% above the best's. Above the best lr a
-  loss can only rise because the steps are too large; the lrs of results/compare-cpu within 2.2%
-  of their grid's best trained normally, those 11-17% above it sat near the loss of predicting
-  token frequencies alone (about 6.6 nats). 5% is 2.5 times the report's band of good lrs
-  (report.GOOD_LR_TOLERANCE, 2%). A cell below the best lr is slow, not unstable: it is not marked.
+  loss rises because the steps are too large, and a collapsed run sits near the loss of predicting
+  token frequencies alone; 5% is 2.5 times the report's band of good lrs (report.GOOD_LR_TOLERANCE,
+  2%). A cell below the best lr is slow, not unstable: it is not marked.
 
 An unstable run or cell keeps its numbers (they are shown, marked), ranks below every finished
 cell, is never a best lr, and is left out of the lrs the optimizer registry's caps are built from
