@@ -90,9 +90,14 @@ class RichCompareReport(LiveReport):
     def on_add(self, runs, states, jobs, why: str) -> None:
         if why == "seeds":
             self._added(runs, states, "best seeds", "topping the best cells up with seeds:")
+        elif why == "missing":
+            self._added(runs, states, "missing runs", "run folders removed after their run; training again:")
         else:
             self._added(
-                runs, states, "environment check", "re-running each best cell's first seed at another thread count:"
+                runs,
+                states,
+                "environment check",
+                "re-running best cells' seeds in a perturbed floating-point environment (threads, ISA, BLAS):",
             )
 
     def _added(self, runs, states, label: str, text: str) -> None:
@@ -279,7 +284,7 @@ def results_table(summary: CompareSummary):
             if e is None:
                 cells += ["", "", ""]
             elif e.status != "finished":
-                cells += ["[red]diverged[/]", "-", "-"]
+                cells += [f"[red]{e.status}[/]", "-", "-"]
             else:
                 loss, logit = e.final_val_loss, e.max_attention_logit
                 loss_text = f"{loss:.4f}" + (f" ± {e.final_val_loss_std:.4f}" if e.final_val_loss_std else "")
@@ -428,9 +433,10 @@ def compare(
     measures = measures_table(summary)
     if measures is not None:
         out_console.print(measures)
-    diverged = [r.name for r in summary.runs if r.status == "diverged"]
-    if diverged:
-        out_console.print(f"[red]diverged:[/] {', '.join(diverged)}")
+    for status in ("diverged", "unstable", "missing"):
+        failed = [r.name for r in summary.runs if r.status == status]
+        if failed:
+            out_console.print(f"[red]{status}:[/] {', '.join(failed)}")
     extended = [b for b in summary.best if b.lr_extended]
     if extended:
         out_console.print(

@@ -7,8 +7,11 @@ execution), worker (one run in a subprocess), summary, report, plots.
 
 Rounds: train the planned runs; while an auto grid's best lr sits on its edge, train the next
 lr beyond it (grid); top each best cell up to `best_seeds` seeds (3 by default) until the best
-cells stand; re-run each best cell's first seed under another thread count (the environment
-check, grid); then measure the best runs (--hessian, --eval: measures) and write the outputs.
+cells stand; re-run each best cell's first seed(s) under each perturbation of the floating-point
+environment (another thread count, a lower torch ISA, a lower MKL ISA: the environment check,
+environment); train again any run whose folder was removed meanwhile (a run that stays gone is
+'missing' in the summary, never 'diverged'); then measure the best runs (--hessian, --eval:
+measures) and write the outputs, with the commit, times and host in settings.provenance.
 Every run but the environment re-runs uses one intra-op thread count (runner.compare_threads). `--seeds N` trains every lr N times and ranks on the mean (summary); `--preset
 ablations` compares MERIT with its registry ablations at the largest batch (spec, report).
 `run_compare` returns a typed `CompareSummary` (results) whose `to_dict()` is summary.json.
@@ -18,7 +21,8 @@ with the built-in corpus, sequence length 128, batch sizes 2 and 16 (8x apart, a
 GPT-2 medium 480 -> 4k) at 131,072 tokens per run (512 and 64 optimizer steps), a three-point
 lr grid each (extended past an edge holding the best lr, at most twice per side): 18 runs or
 more, one per core at a time on CPU; then two more seeds for each of the 6 best cells (12 runs)
-and an environment re-run of each (6 runs): 36 runs or more, twice the grid's cost. `--quick` runs the auto grid's centre only, at 65,536
+and three environment re-runs of each where the host can make them (18 runs): 48 runs or more,
+about 2.7 times the grid's cost. `--quick` runs the auto grid's centre only, at 65,536
 tokens: 6 runs, a smoke run; with one lr per cell its report states no verdict on the paper's
 claims (report).
 """
@@ -32,8 +36,10 @@ from typing import Any
 
 from merit_core.checkpoint import runs as run_folders
 from merit_core.checkpoint.state import read_trainer_state
+from merit_core.compare.environment import FLOORS, Perturbation, perturbations
 from merit_core.compare.grid import (
     RUNS_DIR,
+    Cell,
     PlannedRun,
     annotate_extensions,
     lr_grids,
@@ -42,8 +48,17 @@ from merit_core.compare.grid import (
     plan_runs,
     seed_list,
 )
-from merit_core.compare.measures import PAPER, eval_cell, hessian_cell, hessian_spread, run_eval, run_hessian
+from merit_core.compare.measures import (
+    PAPER,
+    eval_cell,
+    hessian_cell,
+    hessian_environment,
+    hessian_spread,
+    run_eval,
+    run_hessian,
+)
 from merit_core.compare.plots import PLOT_FILE, plot_compare
+from merit_core.compare.provenance import Provenance
 from merit_core.compare.report import render_report
 from merit_core.compare.results import BestResult, CompareSettings, CompareSummary, RunResult
 from merit_core.compare.runner import (
@@ -52,7 +67,6 @@ from merit_core.compare.runner import (
     compare_threads,
     default_jobs,
     execute,
-    other_threads,
     run_state,
     usable_cores,
 )
@@ -178,13 +192,17 @@ def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) ->
         resolve_tasks(list(spec.eval.tasks), spec.eval.include_path)  # a bad task name fails before training
     plan = plan_compare(spec)
     threads = compare_threads(str(spec.train.get("device", "auto")), spec.jobs)
+    host = float_environment(threads)
+    provenance = Provenance(host)
     data_dir, meta = _prepare_data(spec, callbacks)
     callbacks.on_plan(plan.runs, plan.states, plan.jobs)
     states = execute(plan.runs, Execution(plan.states, plan.jobs, spec.out / "logs", callbacks, threads))
     before = dict(plan.states)
     extra: dict[tuple[str, int], list[float]] = {}
     top_ups: dict = {}
-    env_runs: dict = {}
+    env_runs: dict[Cell, list[tuple[int, Perturbation]]] = {}
+    made: list[Perturbation] = []
+    skipped: list[str] = []
 
     def train_new(why: str | None, jobs: int | None = None) -> None:
         nonlocal plan
@@ -212,17 +230,38 @@ def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) ->
         top_ups = more
         train_new("seeds")
     if spec.environment_check:
-        alternative = other_threads(threads or _torch_threads())
+        made, skipped = perturbations(spec.environment_perturbations, threads or _torch_threads(), host)
         best = build_summary(None, plan.runs, states).best
-        env_runs = {(b.optimizer, b.batch_size, b.lr): alternative for b in best if b.status == "finished"}
-        if env_runs:  # as many at once as the cores hold at their thread count
-            train_new("environment", max(1, usable_cores() // alternative) if threads is not None else None)
+        samples = {
+            (b.optimizer, b.batch_size, b.lr): range(min(spec.environment_samples, len(b.seeds or [0])))
+            for b in best
+            if b.status == "finished"
+        }
+        # the re-runs at the comparison's thread count first, as many at once as the grid's; then
+        # those at another thread count, as many at once as the cores hold at theirs
+        for group in ([p for p in made if p.threads is None], [p for p in made if p.threads is not None]):
+            if not group or not samples:
+                continue
+            for cell, indices in samples.items():
+                env_runs.setdefault(cell, []).extend((index, p) for index in indices for p in group)
+            widest = max(p.threads or threads or 1 for p in group)
+            train_new("environment", max(1, usable_cores() // widest) if threads is not None else None)
+    # a run folder removed after its run finished (or diverged) is trained again, once
+    now = {r.name: run_state(r) for r in plan.runs if states[r.name] in ("finished", "diverged")}
+    vanished = [r for r in plan.runs if now.get(r.name) in ("new", "partial")]
+    if vanished:
+        again = {r.name: now[r.name] for r in vanished}
+        states.update(again)
+        before.update(again)
+        callbacks.on_add(vanished, again, plan.jobs, "missing")
+        states.update(execute(vanished, Execution({**states}, plan.jobs, spec.out / "logs", callbacks, threads)))
     settings = _settings(spec, plan.runs, meta, extra)
-    settings.environment = _environment(threads, env_runs)
+    settings.environment = _environment(threads, host, made, skipped, spec.environment_samples if env_runs else 0)
     summary = build_summary(settings, plan.runs, states)
     annotate_extensions(spec, summary.best)
     _measure(spec, summary, data_dir, callbacks)
     spec.out.mkdir(parents=True, exist_ok=True)
+    summary.settings.provenance = provenance.record()
     summary_path = write_json(spec.out / SUMMARY_FILE, summary.to_dict())
     plot_path = plot_compare(summary, spec.out)
     report_path = atomic_write(spec.out / REPORT_FILE, render_report(summary))
@@ -245,7 +284,6 @@ def _measure(spec: CompareSpec, summary: CompareSummary, data_dir: Path, callbac
     finished = [b for b in summary.best if b.status == "finished"]
     if spec.hessian:
         device = measurement_device(spec.train.get("device"))
-        largest = max(spec.all_batch_sizes)
         for entry in finished:
             measured = []
             for name in entry.run_names:
@@ -253,10 +291,16 @@ def _measure(spec: CompareSpec, summary: CompareSummary, data_dir: Path, callbac
                 measured.append(run_hessian(run_dirs[name], data_dir, device))
             entry.hessian = hessian_cell(measured)
             env = entry.environment
-            if env and env.status == "finished" and entry.batch_size == largest:
-                # the claims are judged at the largest batch: their Hessian gets an environment spread too
-                callbacks.on_measure("hessian", env.run)
-                env.hessian = hessian_spread(measured[0], run_hessian(run_dirs[env.run], data_dir, device))
+            if env is not None:  # the Hessian's environment spread, at every batch
+                spreads = []
+                for sample in env.samples:
+                    if sample["status"] not in ("finished", "unstable"):
+                        continue
+                    index = entry.run_names.index(_original(entry, sample["seed"]))
+                    callbacks.on_measure("hessian", sample["run"])
+                    again = run_hessian(run_dirs[sample["run"]], data_dir, device)
+                    spreads.append(hessian_spread(measured[index], again))
+                env.hessian = hessian_environment(spreads) if spreads else None
     if spec.eval is not None and finished:
         names = [name for entry in finished for name in entry.run_names]
         for name in names:
@@ -268,19 +312,38 @@ def _measure(spec: CompareSpec, summary: CompareSummary, data_dir: Path, callbac
             entry.zero_shot = eval_cell([results[name] for name in entry.run_names])
 
 
+def _original(entry: BestResult, seed: int) -> str:
+    """The name of a best cell's run of `seed` (an environment sample's original)."""
+    seeds = entry.seeds or [entry.seed]
+    return entry.run_names[seeds.index(seed)] if seed in seeds else entry.run_names[0]
+
+
 def _torch_threads() -> int:
     import torch
 
     return torch.get_num_threads()
 
 
-def _environment(threads: int | None, env_runs: dict) -> dict[str, Any]:
+def _environment(
+    threads: int | None, host: dict[str, Any], made: list[Perturbation], skipped: list[str], samples: int
+) -> dict[str, Any]:
     """summary.json settings.environment: the floating-point environment of the runs (hardware.
-    float_environment at the runs' thread count) and the environment check's thread count."""
+    float_environment at the runs' thread count) and what the environment check changed: its
+    perturbations, the ones this host could not make, and the seeds re-run per best cell."""
+    threaded = next((p.threads for p in made if p.threads is not None), None)
     return {
-        **float_environment(threads),
-        "check": "each best cell's first seed re-trained at another intra-op thread count" if env_runs else "not run",
-        "check_threads": next(iter(env_runs.values()), None),
+        **host,
+        "check": (
+            f"each best cell's first {samples} seed(s) re-trained under each perturbation: "
+            + ", ".join(p.describe() for p in made)
+        )
+        if samples and made
+        else "not run",
+        "check_threads": threaded if samples else None,
+        "perturbations": [{"kind": p.kind, "value": p.value} for p in made] if samples else [],
+        "perturbations_skipped": skipped if samples else [],
+        "samples": samples,
+        "floors": dict(FLOORS) if samples else {},
     }
 
 

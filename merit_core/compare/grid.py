@@ -22,10 +22,11 @@ side (`next_extensions`). Given lists (--lrs 1e-3,...) are never extended.
 With `spec.seeds` > 1 every lr is trained with train seeds seed, seed + 1, ...; the first keeps
 the plain run name, the others add '-s<seed>' (so a one-seed comparison's runs are reused).
 After the grids, each best cell is topped up to `spec.best_seeds` seeds (`top_ups`: the same
-names, more seeds), and with `spec.environment_check` its first seed is trained once more
-under another intra-op thread count (`env_runs`: '-env<threads>t'): the same computation in a
-perturbed floating-point environment, whose difference from the original is the environment
-spread the report weighs verdicts against (merit_core.compare.report).
+names, more seeds), and with `spec.environment_check` its first `spec.environment_samples` seeds
+are trained once more under each perturbation of the floating-point environment (`env_runs`:
+'-env2t', '-envisa-avx2', ..., merit_core.compare.environment): the same computation in another
+environment, whose largest difference from the original is the environment spread the verdicts
+weigh against (merit_core.compare.verdicts).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from merit_core import models
+from merit_core.compare.environment import Perturbation
 from merit_core.compare.results import BestResult
 from merit_core.compare.spec import CompareSpec
 from merit_core.errors import ConfigError
@@ -82,7 +84,18 @@ class PlannedRun:
     grid: tuple[float, ...]
     config: Any  # merit_core.train.config.TrainConfig
     seed_index: int = 0  # 0 for the comparison's first seed
-    threads: int | None = None  # an environment re-run's intra-op thread count; None for every other run
+    # an environment re-run's change of the floating-point environment; None for every other run
+    perturbation: Perturbation | None = None
+
+    @property
+    def threads(self) -> int | None:
+        """An environment re-run's own intra-op thread count (None: the comparison's)."""
+        return None if self.perturbation is None else self.perturbation.threads
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment variables of the run's process beside the comparison's (an ISA or BLAS re-run's)."""
+        return {} if self.perturbation is None else self.perturbation.env()
 
     @property
     def seed(self) -> int:
@@ -91,7 +104,7 @@ class PlannedRun:
     @property
     def name(self) -> str:
         return run_name(self.optimizer, self.batch_size, self.lr, self.seed if self.seed_index else None) + (
-            "" if self.threads is None else env_suffix(self.threads)
+            "" if self.perturbation is None else self.perturbation.suffix
         )
 
     @property
@@ -110,11 +123,6 @@ class PlannedRun:
 def run_name(optimizer: str, batch_size: int, lr: float, seed: int | None = None) -> str:
     """'<optimizer>-b<batch>-lr<lr>', e.g. 'merit-b64-lr0.003'; '-s<seed>' added for a seed other than the first."""
     return f"{optimizer}-b{batch_size}-lr{lr:.3g}" + ("" if seed is None else f"-s{seed}")
-
-
-def env_suffix(threads: int) -> str:
-    """The run-name suffix of an environment re-run at `threads` intra-op threads."""
-    return f"-env{threads}t"
 
 
 def seed_list(spec: CompareSpec, n: int | None = None) -> list[int]:
@@ -187,7 +195,7 @@ def lr_grids(
             grid = (
                 auto_lr_grid(name, batch, smallest, model, seq_len, spec.quick)
                 if setting == "auto"
-                else sorted({round_lr(v) for v in setting})
+                else sorted({round_lr(float(v)) for v in setting})
             )
             grids[name, batch] = sorted(set(grid) | set((extra or {}).get((name, batch), ())))
     return grids
@@ -253,12 +261,12 @@ def plan_runs(
     spec: CompareSpec,
     extra: dict[tuple[str, int], list[float]] | None = None,
     top_ups: dict[Cell, int] | None = None,
-    env_runs: dict[Cell, int] | None = None,
+    env_runs: dict[Cell, list[tuple[int, Perturbation]]] | None = None,
 ) -> list[PlannedRun]:
     """Every run of the comparison with its resolved train config; ConfigError on bad settings.
 
-    `top_ups`: cells trained with more seeds than spec.seeds; `env_runs`: cells whose first
-    seed is trained again at the given thread count (see the module docstring)."""
+    `top_ups`: cells trained with more seeds than spec.seeds; `env_runs`: cells whose seeds (by
+    index) are trained again under the given perturbations (see the module docstring)."""
     model = str(spec.train["model"])
     context = context_length(model_config(model))
     seq_len = int(spec.train.get("seq_len", 128))
@@ -272,13 +280,16 @@ def plan_runs(
         for lr in grid:
             cell = (optimizer, batch, lr)
             n_seeds = max(spec.seeds, (top_ups or {}).get(cell, 0))
-            plans = [(index, seed, None) for index, seed in enumerate(seed_list(spec, n_seeds))]
-            if cell in (env_runs or {}):
-                plans.append((0, seed_list(spec)[0], env_runs[cell]))
-            for index, seed, threads in plans:
+            seeds = seed_list(spec, n_seeds)
+            plans: list[tuple[int, int, Perturbation | None]] = [
+                (index, seed, None) for index, seed in enumerate(seeds)
+            ]
+            for index, change in (env_runs or {}).get(cell, []):
+                plans.append((index, seed_list(spec, index + 1)[index], change))
+            for index, seed, perturbation in plans:
                 name = run_name(optimizer, batch, lr, seed if index else None)
-                if threads is not None:
-                    name += env_suffix(threads)
+                if perturbation is not None:
+                    name += perturbation.suffix
                 values = {
                     **spec.train,
                     "optimizer": optimizer,
@@ -293,7 +304,7 @@ def plan_runs(
                 values.setdefault("save_every", max(1, math.ceil(steps / 4)))
                 values.setdefault("keep_checkpoints", 1)
                 config = resolve(from_dict(values)).config
-                runs.append(PlannedRun(optimizer, batch, lr, tuple(grid), config, index, threads))
+                runs.append(PlannedRun(optimizer, batch, lr, tuple(grid), config, index, perturbation))
     return runs
 
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from merit_core.compare.results import CompareSummary
+from merit_core.compare.verdicts import no_verdict
 from merit_core.metric_names import (
     ACTIVATION_RATIO,
     LOG_Z_MEAN,
@@ -49,8 +50,9 @@ def instability_lines(summary: CompareSummary) -> list[str]:
     entries = [b for b in summary.best if b.instability]
     if not entries:
         return []
+    which = "the one lr's first seed: a smoke run" if no_verdict(summary) else "the best lr's first seed"
     lines = [
-        "At the end of training, on the run's first validation batch (the best lr's first seed; "
+        f"At the end of training, on the run's first validation batch ({which}; "
         "definitions and healthy values in docs/DIAGNOSTICS.md):",
         "",
         "| optimizer | batch | max attention logit | min entropy / log n | max activation ratio | mean log Z "
@@ -59,6 +61,6 @@ def instability_lines(summary: CompareSummary) -> list[str]:
     ]
     for b in entries:
         keys = (MAX_ATTENTION_LOGIT, NORMALIZED_ENTROPY_MIN, ACTIVATION_RATIO, LOG_Z_MEAN, UPDATE_RATIO)
-        cells = [_cell(b.instability.get(k)) for k in keys]
+        cells = [_cell((b.instability or {}).get(k)) for k in keys]
         lines.append(f"| {b.optimizer} | {b.batch_size} | " + " | ".join(cells) + " |")
     return lines

@@ -24,6 +24,7 @@ from typing import Any
 from merit_core.checkpoint import runs
 from merit_core.checkpoint.resolve import SafetensorsReader, find_checkpoints
 from merit_core.checkpoint.runs import CONFIG_FILE
+from merit_core.compare.environment import floored_spread
 from merit_core.compare.spec import EvalRequest
 from merit_core.compare.summary import spread
 from merit_core.data import open_tokens
@@ -150,6 +151,20 @@ def hessian_spread(original: dict[str, Any], rerun: dict[str, Any]) -> dict[str,
         a, b = original.get(key), rerun.get(key)
         out[f"{key}_original"], out[f"{key}_rerun"] = a, b
         out[f"{key}_spread"] = abs(b - a) if a is not None and b is not None else None
+    return out
+
+
+def hessian_environment(spreads: list[dict[str, Any]]) -> dict[str, Any]:
+    """A best cell's Hessian environment spread over its environment samples (`hessian_spread` each):
+    per key the sample that moved it most (`<key>_original`, `<key>_rerun`) and `<key>_spread`, the
+    largest |difference|, never below the key's floor (environment.floored_spread)."""
+    out: dict[str, Any] = {}
+    for key in HESSIAN_KEYS:
+        measured = [s for s in spreads if s.get(f"{key}_spread") is not None]
+        top = max(measured, key=lambda s: s[f"{key}_spread"]) if measured else {}
+        out[f"{key}_original"], out[f"{key}_rerun"] = top.get(f"{key}_original"), top.get(f"{key}_rerun")
+        out[f"{key}_spread"] = floored_spread([s[f"{key}_spread"] for s in measured], top.get(f"{key}_original"), key)
+    out["samples"] = len(spreads)
     return out
 
 

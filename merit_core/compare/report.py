@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from merit_core.compare.instability import instability_lines
-from merit_core.compare.results import BestResult, CellResult, CompareSummary
+from merit_core.compare.results import BestResult, CellResult, CompareSummary, EnvironmentCheck, Measured
 from merit_core.compare.verdicts import (
     PAPER_SHARPNESS,
     SHARPNESS,
@@ -22,6 +22,7 @@ from merit_core.compare.verdicts import (
     is_finished,
     mean_std,
     no_verdict,
+    num,
     resolution_text,
 )
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
@@ -42,7 +43,7 @@ def results_table(summary: CompareSummary) -> list[str]:
             if e is None:
                 cells += ["", "", ""]
             elif not is_finished(e):
-                cells += ["diverged", "-", "-"]
+                cells += [e.status, "-", "-"]
             else:
                 cells += [mean_std(e, "final_val_loss"), fmt_lr(e.lr), mean_std(e, MAX_ATTENTION_LOGIT, 2)]
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -67,7 +68,7 @@ def hessian_lines(summary: CompareSummary) -> list[str]:
     entries = [b for b in summary.best if b.hessian]
     if not entries:
         return []
-    first = entries[0].hessian
+    first = entries[0].hessian or {}
     batch, est = first.get("batch") or {}, first.get("estimator") or {}
     paper = (summary.settings.paper or {}).get("hessian") or {}
     rows = [
@@ -85,8 +86,8 @@ def hessian_lines(summary: CompareSummary) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for b in entries:
-        h = b.hessian
-        conv = "yes" if all(h.get("eigen_converged") or [False]) else "no"
+        h = Measured(dict(b.hessian or {}))
+        conv = "yes" if all(h.values.get("eigen_converged") or [False]) else "no"
         top = (paper.get("top_eigenvalue") or {}).get(b.optimizer)
         trace = (paper.get("trace") or {}).get(b.optimizer)
         rows.append(
@@ -123,35 +124,82 @@ def environment_lines(summary: CompareSummary) -> list[str]:
         return rows
     rows += [
         "",
-        "Each best cell's first seed, trained again with everything equal but the thread count: |difference| is "
-        "the cell's environment spread. A difference between two cells is resolved only when the seeds resolve it "
-        "and it exceeds the sum of their environment spreads.",
+        "Each best cell's seed(s), trained again with everything equal but one part of the floating-point "
+        "environment (a perturbation: the thread count, torch's ISA, MKL's ISA; "
+        "merit_core/compare/environment.py): |difference| per sample, and the cell's environment spread, the "
+        "largest difference, never below a floor relative to the value ("
+        + (
+            ", ".join(f"{k} {100 * v:g}%" for k, v in (env.get("floors") or {}).items() if k in _ENV_FLOOR_KEYS)
+            or "none: a summary of an earlier version"
+        )
+        + "). A difference between two cells is resolved only when the seeds resolve it and it exceeds the sum of "
+        "their environment spreads.",
         "",
-        "| optimizer | batch | lr | threads | val loss | re-run | spread | max logit | re-run | spread |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| optimizer | batch | lr | seed | perturbation | val loss | re-run | difference | max logit | re-run "
+        "| difference |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for b in checked:
-        e = b.environment
-        threads = "-" if "threads" in e.absent else e.threads
-        rows.append(
-            f"| {b.optimizer} | {b.batch_size} | {fmt_lr(b.lr)} | {env.get('threads', '-')} -> {threads} | "
-            f"{fmt(e.final_val_loss_original)} | {fmt(e.final_val_loss_rerun)} | "
-            f"{fmt(e.final_val_loss_spread)} | {fmt(e.max_attention_logit_original, 2)} | "
-            f"{fmt(e.max_attention_logit_rerun, 2)} | {fmt(e.max_attention_logit_spread, 2)} |"
+        e = _env(b)
+        samples = e.samples or [_legacy_sample(e, env)]
+        for sample in samples:
+            rows.append(
+                f"| {b.optimizer} | {b.batch_size} | {fmt_lr(b.lr)} | {sample.get('seed')} | "
+                f"{sample.get('perturbation') or '-'} | {fmt(sample.get('final_val_loss_original'))} | "
+                f"{fmt(sample.get('final_val_loss_rerun'))} | {fmt(sample.get('final_val_loss_difference'))} | "
+                f"{fmt(sample.get('max_attention_logit_original'), 2)} | "
+                f"{fmt(sample.get('max_attention_logit_rerun'), 2)} | "
+                f"{fmt(sample.get('max_attention_logit_difference'), 2)} |"
+            )
+    rows += [
+        "",
+        "Environment spread of each best cell (largest difference, floored): "
+        + "; ".join(
+            f"{b.optimizer} b{b.batch_size} loss {fmt(_env(b).final_val_loss_spread)}, max logit "
+            f"{fmt(_env(b).max_attention_logit_spread, 2)}"
+            for b in checked
         )
-    sharp = [b for b in checked if (b.environment.hessian or {}).get(f"{SHARPNESS}_spread") is not None]
+        + ".",
+    ]
+    sharp = [b for b in checked if (_env(b).hessian or {}).get(f"{SHARPNESS}_spread") is not None]
     if sharp:
         rows += [
             "",
-            "Hessian of the re-run (largest batch): "
+            "Hessian environment spread (largest difference over the samples, floored): "
             + "; ".join(
-                f"{b.optimizer} largest algebraic spread {fmt(b.environment.hessian[f'{SHARPNESS}_spread'], 3)}, "
-                f"largest magnitude spread {fmt(b.environment.hessian.get(f'{PAPER_SHARPNESS}_spread'), 3)}"
+                f"{b.optimizer} b{b.batch_size} largest algebraic spread "
+                f"{fmt((_env(b).hessian or {}).get(f'{SHARPNESS}_spread'), 3)}, "
+                f"largest magnitude spread {fmt((_env(b).hessian or {}).get(f'{PAPER_SHARPNESS}_spread'), 3)}"
                 for b in sharp
             )
             + ".",
         ]
     return rows
+
+
+def _env(entry: BestResult) -> EnvironmentCheck:
+    """A checked best cell's environment check (callers list only cells that have one)."""
+    if entry.environment is None:
+        raise ValueError(f"{entry.optimizer} b{entry.batch_size} has no environment check")
+    return entry.environment
+
+
+_ENV_FLOOR_KEYS = ("final_val_loss", MAX_ATTENTION_LOGIT, SHARPNESS)
+
+
+def _legacy_sample(e: EnvironmentCheck, env: dict) -> dict:
+    """A summary.json of an earlier version: its one thread-count re-run as a sample."""
+    threads = "-" if e.threads is None else e.threads
+    return {
+        "seed": e.seed,
+        "perturbation": f"{env.get('threads', '-')} -> {threads} intra-op thread(s)",
+        "final_val_loss_original": e.final_val_loss_original,
+        "final_val_loss_rerun": e.final_val_loss_rerun,
+        "final_val_loss_difference": e.final_val_loss_spread,
+        "max_attention_logit_original": e.max_attention_logit_original,
+        "max_attention_logit_rerun": e.max_attention_logit_rerun,
+        "max_attention_logit_difference": e.max_attention_logit_spread,
+    }
 
 
 def speed_lines(summary: CompareSummary) -> list[str]:
@@ -161,11 +209,11 @@ def speed_lines(summary: CompareSummary) -> list[str]:
     batches = summary.settings.batch_sizes
     rows = []
     for batch in batches:
-        speeds = {
-            o: best[o, batch].tokens_per_s
-            for o in summary.settings.optimizers
-            if (o, batch) in best and best[o, batch].tokens_per_s
-        }
+        speeds: dict[str, float] = {}
+        for o in summary.settings.optimizers:
+            speed = best[o, batch].tokens_per_s if (o, batch) in best else None
+            if speed:
+                speeds[o] = speed
         if not speeds:
             continue
         ref = speeds.get("lamb")
@@ -219,11 +267,11 @@ def ablation_lines(summary: CompareSummary) -> list[str]:
                 "only acts on a tensor holding an entry above 1 in magnitude; nothing here tests it."
             )
             continue
-        delta = e.final_val_loss - merit.final_val_loss
+        delta = num(e.final_val_loss) - num(merit.final_val_loss)
         verdict = "hurt" if delta > 0 else "did not hurt"
         lines.append(
             f"Without {what} ({name}): {verdict}: loss {mean_std(e, 'final_val_loss')} vs MERIT "
-            f"{mean_std(merit, 'final_val_loss')} ({delta:+.4f}, {100 * delta / merit.final_val_loss:+.2f}%; "
+            f"{mean_std(merit, 'final_val_loss')} ({delta:+.4f}, {100 * delta / num(merit.final_val_loss):+.2f}%; "
             f"{resolution_text(merit, e)}); max logit {mean_std(e, MAX_ATTENTION_LOGIT, 2)} vs "
             f"{mean_std(merit, MAX_ATTENTION_LOGIT, 2)}."
         )
@@ -248,15 +296,15 @@ def zero_shot_lines(summary: CompareSummary) -> list[str]:
     entries = [b for b in summary.best if b.zero_shot]
     if not entries:
         return []
-    keys = list(dict.fromkeys((r["task"], r["metric"]) for b in entries for r in b.zero_shot))
-    arrows = {}
+    keys = list(dict.fromkeys((r["task"], r["metric"]) for b in entries for r in b.zero_shot or []))
+    arrows: dict[tuple[str, str], str] = {}
     for b in entries:
-        for r in b.zero_shot:
+        for r in b.zero_shot or []:
             arrows.setdefault((r["task"], r["metric"]), {True: " ↑", False: " ↓"}.get(r["higher_is_better"], ""))
     head = "| optimizer | batch | lr | " + " | ".join(f"{t} {m}{arrows[t, m]}" for t, m in keys) + " |"
     rows = [head, "|---|---:|---:|" + "---:|" * len(keys)]
     for b in entries:
-        by_key = {(r["task"], r["metric"]): r for r in b.zero_shot}
+        by_key = {(r["task"], r["metric"]): Measured(r) for r in b.zero_shot or []}
         cells = [mean_std(by_key[k], "value") if k in by_key else "-" for k in keys]
         rows.append(f"| {b.optimizer} | {b.batch_size} | {fmt_lr(b.lr)} | " + " | ".join(cells) + " |")
     ev = summary.settings.eval or {}
@@ -290,6 +338,8 @@ def grid_table(summary: CompareSummary) -> list[str]:
         cells = []
         for r in sorted(runs, key=lambda r: r.lr):
             value = mean_std(r, "final_val_loss") if r.status == "finished" else r.status
+            if r.valued and r.status != "finished":
+                value += f" ({mean_std(r, 'final_val_loss')})"
             cell = f"{fmt_lr(r.lr)}: {value}"
             cells.append(f"**{cell}**" if r.lr == best.get((name, batch)) and r.status == "finished" else cell)
         rows.append(f"| {name} | {batch} | {runs[0].steps} | {', '.join(cells)} |")
@@ -312,8 +362,8 @@ def sensitivity_lines(summary: CompareSummary) -> list[str]:
         "cell's best loss, and their span (largest / smallest) says how forgiving the optimizer is "
         "at that batch.",
         "",
-        "| optimizer | batch | lr | final val loss | max logit | diverged seeds |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| optimizer | batch | lr | final val loss | max logit | diverged seeds | status |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
     spans = []
     for (name, batch), cells in groups.items():
@@ -322,20 +372,20 @@ def sensitivity_lines(summary: CompareSummary) -> list[str]:
             finished = r.status == "finished"
             n_seeds = len(r.seeds or [r.seed])
             values = r.final_val_loss_values or [r.final_val_loss]
-            n_bad = 0 if finished else sum(v is None or not math.isfinite(v) for v in values) or n_seeds
+            n_bad = 0 if r.valued else sum(v is None or not math.isfinite(v) for v in values) or n_seeds
             rows.append(
                 f"| {name} | {batch} | {fmt_lr(r.lr)} | "
                 + (
                     f"{mean_std(r, 'final_val_loss')} | {mean_std(r, 'max_attention_logit', 2)}"
-                    if finished
+                    if finished or r.valued
                     else "- | -"
                 )
-                + f" | {n_bad} of {n_seeds} |"
+                + f" | {n_bad} of {n_seeds} | {r.status} |"
             )
         done = [r for r in cells if r.finished]
         if done:
-            top = min(r.final_val_loss for r in done)
-            good = [r.lr for r in done if r.final_val_loss <= top * (1 + GOOD_LR_TOLERANCE)]
+            top = min(num(r.final_val_loss) for r in done)
+            good = [r.lr for r in done if num(r.final_val_loss) <= top * (1 + GOOD_LR_TOLERANCE)]
             edge = " (reaches the grid's edge)" if min(good) == cells[0].lr or max(good) == cells[-1].lr else ""
             spans.append(
                 f"- {name} at batch {batch}: good lrs {fmt_lr(min(good))}-{fmt_lr(max(good))}, "
@@ -379,12 +429,27 @@ def caveats(summary: CompareSummary) -> list[str]:
                 "limit": f"after {s.max_extensions} extension(s) on that side, the stated limit",
                 "given": "a given lr list, which is never extended",
                 "quick": "--quick runs one lr per grid and never extends it",
-            }.get(b.edge_reason, "")
+            }.get(b.edge_reason or "", "")
             lines.append(
                 f"{b.optimizer} at batch {b.batch_size}: the best lr ({fmt_lr(b.lr)}) is still the {side} "
                 f"of its grid ({reason}), so its optimum may lie outside the grid: this comparison is not "
                 "fair to it yet."
             )
+    unstable = [c for c in summary.grid_cells() if c.status == "unstable"]
+    if unstable:
+        lines.append(
+            "Unstable lrs (finished with a finite loss, but the attention logit saturated or the loss collapsed; "
+            "shown, never a best lr; the rule: merit_core/compare/stability.py): "
+            + "; ".join(f"{c.optimizer} b{c.batch_size} lr {fmt_lr(c.lr)} ({c.message})" for c in unstable)
+            + "."
+        )
+    missing = [r for r in summary.runs if r.status == "missing"]
+    if missing:
+        lines.append(
+            "Missing runs (their folder no longer held the run; not counted): "
+            + ", ".join(r.name for r in missing)
+            + "."
+        )
     diverged = [r for r in summary.runs if r.status == "diverged"]
     if diverged:
         lines.append(

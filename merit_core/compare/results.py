@@ -1,80 +1,58 @@
 """Typed results of a comparison: what `run_compare` hands back, one dataclass per summary.json part.
 
-`CompareSummary.to_dict()` is summary.json (the keys scripts read stay stable: additions are
-fine, renames are not); `CompareSummary.from_dict` reads one back, and `from_dict(d).to_dict()`
-gives `d` again (for a summary.json merit wrote, key order included): keys a dataclass does not
-name (added by a newer version) are kept in `extra`, and a field the dict did not hold (written
-by an older version) is left out again while it holds its default.
+Each record is a plain dataclass, built as such by the code that measures it (merit_core.compare.
+summary), and `to_dict()` is the standard serializer, `dataclasses.asdict`: summary.json holds every
+field of every record (the keys scripts read stay stable: additions are fine, renames are not).
+`from_dict` reads a summary.json back, of this version or an earlier one: a field the file does not
+hold keeps its default, a key no field names (written by a newer version) is dropped, and
+`from_dict(d).to_dict()` gives `d` again for a summary.json this version wrote.
 
 A best entry is its winning cell with the grid it came from, and a cell is its first seed's run
 with the means over its seeds: `BestResult` extends `CellResult`, which extends `RunResult`, so a
-reader of cells reads best entries too. summary.json lists each record's keys in its own order
-(`_ORDER`), as earlier versions wrote them.
+reader of cells reads best entries too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
+
+R = TypeVar("R", bound="_Record")
 
 
 @dataclass
 class _Record:
-    """from_dict / to_dict over a dataclass's fields, with unnamed keys kept in `extra`."""
+    """A summary.json record: `to_dict` (dataclasses.asdict) and `from_dict` (the fields it names)."""
 
-    extra: dict[str, Any] = field(default_factory=dict, kw_only=True, repr=False)
-    # the fields from_dict did not get (summary.json of an older version): not part of the record's value
-    absent: frozenset[str] = field(default=frozenset(), kw_only=True, repr=False, compare=False)
-
-    _ORDER: ClassVar[tuple[str, ...]] = ()  # summary.json's key order when it is not the fields' order
     _NESTED: ClassVar[dict[str, type[_Record]]] = {}  # fields holding a record of their own
 
-    @classmethod
-    def _names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls) if f.name not in ("extra", "absent")]
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, built: bool = False):
-        """The record of `data`; `built`: a record made now (summary.build_summary), whose every
-        field to_dict writes, rather than one read back from summary.json."""
-        names = cls._names()
+    def from_dict(cls: type[R], data: dict[str, Any]) -> R:
+        names = {f.name for f in dataclasses.fields(cls) if f.init}
         known = {k: v for k, v in data.items() if k in names}
         for name, record in cls._NESTED.items():
             if isinstance(known.get(name), dict):
-                known[name] = record.from_dict(known[name], built=built)
-        extra = {k: v for k, v in data.items() if k not in names}
-        return cls(**known, extra=extra, absent=frozenset() if built else frozenset(n for n in names if n not in data))
-
-    def to_dict(self) -> dict[str, Any]:
-        fields = {f.name: f for f in dataclasses.fields(self)}
-        out = {}
-        for name in dict.fromkeys([*self._ORDER, *self._names()]):
-            value = getattr(self, name)
-            if value is None and fields[name].metadata.get("omit_none"):
-                continue
-            if name in self.absent and value == _default(fields[name]):
-                continue
-            out[name] = value.to_dict() if isinstance(value, _Record) else value
-        out.update(self.extra)
-        return out
+                known[name] = record.from_dict(known[name])
+        return cls(**known)
 
     def value(self, key: str) -> Any:
-        """The field or unnamed key `key` (None when absent): for readers whose key is a parameter
+        """The field `key` (None when the record has none): for readers whose key is a parameter
         (`<key>_std`, `<key>_values`); a reader of a named field reads the attribute."""
-        return getattr(self, key) if key in self._names() else self.extra.get(key)
-
-
-def _default(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        return getattr(self, key, None)
 
 
 @dataclass
 class EnvironmentCheck(_Record):
-    """A best cell's first seed against the same run re-trained under another thread count
-    (summary.json `best[].environment`, see summary.environment_check): per key both values and
-    |difference| (`<key>_spread`, None when either did not finish); `hessian`: the re-run's
-    Hessian spreads (--hessian, largest batch only; absent from the JSON otherwise)."""
+    """A best cell's environment spread (summary.json `best[].environment`, see
+    summary.environment_check): per key the largest |difference| of its seeds re-trained in a
+    perturbed environment, floored (`<key>_spread`, None when no re-run finished), with both values
+    of the sample that moved it most (`<key>_original`, `<key>_rerun`); `hessian`: the
+    Hessian environment spread (--hessian; measures.hessian_environment); `samples`: each re-run
+    with both values and |difference| per key; `<key>_floor`: the floor of the spread (environment.FLOORS)."""
 
     run: str = ""
     seed: int = 0
@@ -86,7 +64,10 @@ class EnvironmentCheck(_Record):
     max_attention_logit_original: float | None = None
     max_attention_logit_rerun: float | None = None
     max_attention_logit_spread: float | None = None
-    hessian: dict[str, Any] | None = field(default=None, metadata={"omit_none": True})
+    hessian: dict[str, Any] | None = None
+    final_val_loss_floor: float | None = None
+    max_attention_logit_floor: float | None = None
+    samples: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -97,7 +78,7 @@ class RunResult(_Record):
     optimizer: str
     batch_size: int
     lr: float
-    status: str  # 'finished' | 'diverged'
+    status: str  # 'finished' | 'unstable' | 'diverged' | 'missing' (see merit_core.compare.summary)
     final_val_loss: float | None = None
     max_attention_logit: float | None = None
     max_attention_logit_by_layer: list[float | None] | None = None
@@ -113,6 +94,13 @@ class RunResult(_Record):
     qk_bound_by_layer: list[float] | None = None
     instability: dict[str, float | None] | None = None  # see merit_core.compare.instability
     last_step: int = 0
+    perturbation: str | None = None  # an environment re-run's change of environment (environment.py)
+    cpu_capability: str | None = None  # the ISA torch dispatched to (the host's, or the one forced)
+
+    @property
+    def valued(self) -> bool:
+        """Finished or unstable: it has its final numbers (an unstable one is shown, never a best)."""
+        return self.status in ("finished", "unstable") and self.final_val_loss is not None
 
     @property
     def finished(self) -> bool:
@@ -137,12 +125,6 @@ class CellResult(RunResult):
     seeds: list[int] = field(default_factory=list)
     run_names: list[str] = field(default_factory=list)
 
-    _ORDER: ClassVar[tuple[str, ...]] = (
-        *"name optimizer batch_size lr seed threads tokens steps seq_len status message final_val_loss".split(),
-        *"max_attention_logit max_attention_logit_by_layer final_train_loss tokens_per_s qk_bound_by_layer".split(),
-        *"instability last_step run_dir".split(),
-    )
-
 
 @dataclass
 class BestResult(CellResult):
@@ -156,6 +138,7 @@ class BestResult(CellResult):
 
     grid: list[float] = field(default_factory=list)
     n_diverged: int = 0
+    n_unstable: int = 0
     lr_at_edge: str | None = None
     lr_extended: list[float] = field(default_factory=list)
     edge_reason: str | None = None
@@ -165,13 +148,6 @@ class BestResult(CellResult):
     curve: dict[str, list] | None = None
     seed_curves: list[dict[str, Any]] | None = None
 
-    _ORDER: ClassVar[tuple[str, ...]] = (
-        *"optimizer batch_size lr status final_val_loss final_val_loss_std final_val_loss_values".split(),
-        *"max_attention_logit max_attention_logit_std max_attention_logit_values seeds run_names grid".split(),
-        *"n_diverged lr_at_edge lr_extended edge_reason hessian zero_shot environment name seed threads".split(),
-        *"tokens steps seq_len message max_attention_logit_by_layer final_train_loss tokens_per_s".split(),
-        *"qk_bound_by_layer instability last_step run_dir curve".split(),
-    )
     _NESTED: ClassVar[dict[str, type[_Record]]] = {"environment": EnvironmentCheck}
 
 
@@ -210,6 +186,21 @@ class CompareSettings(_Record):
     out: str | None = None
     quick: bool = False
     environment: dict[str, Any] | None = None
+    provenance: dict[str, Any] | None = None  # see merit_core.compare.provenance
+
+
+@dataclass
+class Measured:
+    """A record of numbers over seeds that is not a run: a Hessian cell or a zero-shot row as
+    merit_core.compare.measures writes them, or a loss change between two batch sizes (verdicts):
+    `values` holds `<key>`, `<key>_std` and `<key>_values`; `environment` its environment spreads
+    (`<key>_spread`, another Measured), None when not measured."""
+
+    values: dict[str, Any]
+    environment: Measured | None = None
+
+    def value(self, key: str) -> Any:
+        return self.environment if key == "environment" else self.values.get(key)
 
 
 @dataclass

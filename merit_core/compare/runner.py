@@ -42,6 +42,7 @@ from merit_core.progress import Progress
 from merit_core.train import training_run  # run_training looked up per call: tests stand in for it
 from merit_core.train.callbacks import HANDLED_SIGNALS, STOP_SIGNALS, TrainCallbacks
 from merit_core.train.config import read_toml
+from merit_core.values import coerce
 
 STATUS_FILE = "compare_status.json"
 EXIT_INTERRUPTED = (130, 143)
@@ -105,12 +106,41 @@ def run_state(run: PlannedRun) -> str:
     return "finished" if read_trainer_state(ckpt).step >= run.steps else "partial"
 
 
+STATUS_STATES = ("diverged",)
+MAX_STATUS_BYTES = 1 << 20  # a marker is a few kB: its config and one message
+
+
 def read_status(run_dir: Path) -> dict[str, Any]:
-    """The comparison's marker of a run ({} when there is none or it is unreadable)."""
+    """The comparison's marker of a run ({} when there is none).
+
+    ConfigError in one line when the file is not a marker the comparison wrote (not JSON, another
+    shape, an unknown state, a non-text message or a config that is not a table, more than
+    MAX_STATUS_BYTES): each field is checked with values.coerce before it is used."""
+    path = Path(run_dir) / STATUS_FILE
     try:
-        return json.loads((Path(run_dir) / STATUS_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_STATUS_BYTES + 1)
+    except FileNotFoundError:
         return {}
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the comparison's run marker ({exc.strerror})") from None
+    fix = "remove it to train that run again"
+    if len(raw) > MAX_STATUS_BYTES:
+        raise ConfigError(f"{path}: not a comparison run marker (over {MAX_STATUS_BYTES:,} bytes); {fix}")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise ConfigError(f"{path}: not a comparison run marker (not JSON); {fix}") from None
+    try:
+        data = coerce(data, dict[str, Any], str(path))
+        state = coerce(data.get("state"), str, f"{path}: state")
+        if state not in STATUS_STATES:
+            raise ConfigError(f"{path}: state must be one of {', '.join(STATUS_STATES)}, got {state!r}")
+        message = coerce(data.get("message"), str | None, f"{path}: message")
+        config = coerce(data.get("config"), dict[str, Any] | None, f"{path}: config")
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; {fix}") from None
+    return {**data, "state": state, "message": message, "config": config}
 
 
 def mark_diverged(run: PlannedRun, message: str) -> None:
@@ -162,8 +192,13 @@ def execute(runs: list[PlannedRun], how: Execution) -> dict[str, str]:
     todo = [run for run in runs if how.states[run.name] in ("new", "partial")]
     final = dict(how.states)
     if how.jobs <= 1:
+        # a run with its own environment variables (an ISA or BLAS re-run) needs a process of its own:
+        # torch and MKL read them when they start
         for run in todo:
-            final[run.name] = _run_here(run, how.states[run.name] == "partial", how.callbacks, how.threads)
+            if run.env:
+                final.update(_run_parallel([run], how))
+            else:
+                final[run.name] = _run_here(run, how.states[run.name] == "partial", how.callbacks, how.threads)
     else:
         final.update(_run_parallel(todo, how))
     return final
@@ -306,7 +341,7 @@ def _run_parallel(todo: list[PlannedRun], how: Execution) -> dict[str, str]:
                             [sys.executable, "-m", "merit_core.compare.worker", json.dumps(config)],
                             stdout=fh,
                             stderr=subprocess.STDOUT,
-                            env=worker_env(slot, jobs, n_gpus, run.threads or how.threads),
+                            env={**worker_env(slot, jobs, n_gpus, run.threads or how.threads), **run.env},
                             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
                             start_new_session=True,  # Ctrl-C reaches the comparison, which forwards it once
                         )

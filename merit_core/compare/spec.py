@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from merit_core.compare.environment import DEFAULT_PERTURBATIONS, PERTURBATIONS
 from merit_core.errors import ConfigError
 from merit_core.optim import canonical_name, resolve_hparams
 from merit_core.settings import COMPARE, COMPARE_TRAIN, PRESETS
@@ -50,6 +51,7 @@ COMPARE_KEYS = (
     "max_extensions",
     "best_seeds",
     "environment_check",
+    "environment_samples",
 )
 PER_OPTIMIZER_KEYS = ("lrs", "batch_sizes", "optimizer_args")
 OWNED_TRAIN_KEYS = {
@@ -83,8 +85,11 @@ class CompareSpec:
     eval: zero-shot tasks for each best run's final checkpoint, or None.
     max_extensions: how many x3 steps an auto grid may grow past an edge holding the best lr.
     best_seeds: seeds of each best cell (topped up after the grids; at least `seeds`; `seeds` with --quick).
-    environment_check: re-run each best cell's first seed under another thread count, to measure how
-        far the floating-point environment alone moves its numbers (off with --quick).
+    environment_check: re-run best cells' seeds in a perturbed floating-point environment, to measure
+        how far the environment alone moves their numbers (off with --quick; merit_core.compare.environment).
+    environment_perturbations: which parts of the environment the check changes, one re-run each
+        (the TOML's `environment_check` as a list, e.g. ["threads", "isa"]; true: all of PERTURBATIONS).
+    environment_samples: how many seeds of each best cell (the first ones) the check re-runs.
     """
 
     optimizers: list[str]
@@ -103,6 +108,8 @@ class CompareSpec:
     max_extensions: int = COMPARE.max_extensions
     best_seeds: int = 1
     environment_check: bool = False
+    environment_perturbations: tuple[str, ...] = DEFAULT_PERTURBATIONS
+    environment_samples: int = 1
     command: str | None = None  # the command line that made it, recorded in summary.json and REPORT.md
 
     @property
@@ -212,10 +219,14 @@ def load_spec(
     extensions = positive_int(extensions, "max_extensions", zero=True)
     n_best = best_seeds if best_seeds is not None else raw.get("best_seeds", COMPARE.best_seeds)
     n_best = max(positive_int(n_best, "best_seeds"), n_seeds)
-    env = (
+    env_setting = (
         environment_check if environment_check is not None else raw.get("environment_check", COMPARE.environment_check)
     )
-    env = coerce(env, bool, "environment_check")
+    kinds = _perturbation_list(env_setting)
+    env = bool(kinds)
+    samples = positive_int(raw.get("environment_samples", 1), "environment_samples")
+    if samples > n_best:
+        raise ConfigError(f"environment_samples {samples} exceeds best_seeds {n_best}: a sample re-runs a best seed")
     if quick:  # a smoke run: no best cell to top up, no verdict to weigh against the environment
         n_best, env = n_seeds, False
     return CompareSpec(
@@ -235,7 +246,22 @@ def load_spec(
         max_extensions=extensions,
         best_seeds=n_best,
         environment_check=env,
+        environment_perturbations=kinds or DEFAULT_PERTURBATIONS,
+        environment_samples=samples,
     )
+
+
+def _perturbation_list(value: Any) -> tuple[str, ...]:
+    """environment_check: true (every perturbation), false (none) or a list of PERTURBATIONS' names."""
+    if isinstance(value, list):
+        bad = [v for v in value if v not in PERTURBATIONS]
+        if bad or not value:
+            raise ConfigError(
+                f"environment_check: {bad[0] if bad else 'an empty list'!r} is not a perturbation; "
+                f"give true, false or a list of {', '.join(PERTURBATIONS)}"
+            )
+        return tuple(dict.fromkeys(value))
+    return DEFAULT_PERTURBATIONS if coerce(value, bool, "environment_check") else ()
 
 
 def _eval_request(table: Any, tasks: str | None, include_path: str | None, limit: int | None) -> EvalRequest | None:

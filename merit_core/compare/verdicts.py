@@ -11,21 +11,36 @@ terminal and compare.png read the same functions.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeGuard, TypeVar
 
-from merit_core.compare.results import BestResult, CellResult, CompareSummary, EnvironmentCheck
+from merit_core.compare.results import BestResult, CompareSummary, Measured, RunResult
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
 
-# What `mean_std`, `resolution` and the claims read `<key>`, `<key>_std`, `<key>_values` and
-# `environment.<key>_spread` of: a cell or best entry, or one of measures' records of the same
-# shape (a Hessian cell, a zero-shot row: plain dicts, as measures writes them).
-Figures = CellResult | dict[str, Any]
+
+class Figures(Protocol):
+    """What `mean_std`, `resolution` and the claims read `<key>`, `<key>_std`, `<key>_values` and
+    `environment.<key>_spread` of: a cell or best entry (results.CellResult), or a record of the
+    same shape that measures or a claim computes (results.Measured: a Hessian cell, a zero-shot row,
+    a loss change between batch sizes)."""
+
+    def value(self, key: str) -> Any: ...
 
 
-def lookup(entry: Figures | EnvironmentCheck, key: str) -> Any:
-    """`entry`'s `key` (None when it has none): a typed record's field, or a measures record's key."""
-    return entry.get(key) if isinstance(entry, dict) else entry.value(key)
+def lookup(entry: Figures, key: str) -> Any:
+    """`entry`'s `key` (None when it has none)."""
+    return entry.value(key)
+
+
+def num(value: float | None) -> float:
+    """A number a finished record holds (a finished cell's loss, its max logit once checked)."""
+    if value is None:
+        raise ValueError("a finished record without its number")
+    return value
+
+
+C = TypeVar("C", bound=RunResult)
 
 
 def fmt(value: float | None, digits: int = 4) -> str:
@@ -38,7 +53,7 @@ def fmt_lr(value: float) -> str:
     return f"{value:.3g}"
 
 
-def is_finished(entry: CellResult | None) -> bool:
+def is_finished(entry: C | None) -> TypeGuard[C]:
     return entry is not None and entry.finished
 
 
@@ -135,7 +150,7 @@ def findings(summary: CompareSummary) -> list[str]:
 SMOKE = "no verdict: smoke run"
 
 
-def _smoke_lines(best, optimizers, batches) -> list[str]:
+def _smoke_lines(best: Best, optimizers: list[str], batches: list[int]) -> list[str]:
     """A smoke run's numbers, in the optimizers' order: no ranking, no best lr, no ratios."""
     lines = []
     for batch in batches:
@@ -175,7 +190,7 @@ def no_verdict(summary: CompareSummary) -> str | None:
 
 
 def _loss_line(batch: int, entries: list[BestResult | None]) -> str:
-    ranked = sorted((e for e in entries if is_finished(e)), key=lambda e: e.final_val_loss)
+    ranked = sorted((e for e in entries if is_finished(e)), key=lambda e: num(e.final_val_loss))
     failed = [e.optimizer for e in entries if e is not None and not is_finished(e)]
     tail = f" Diverged at every learning rate tried: {', '.join(failed)}." if failed else ""
     if not ranked:
@@ -188,8 +203,8 @@ def _loss_line(batch: int, entries: list[BestResult | None]) -> str:
     if len(ranked) == 1:
         return text + "." + tail
     gaps = [
-        f"{e.optimizer} {mean_std(e, 'final_val_loss')} (+{fmt(e.final_val_loss - top.final_val_loss)}, "
-        f"{100 * (e.final_val_loss / top.final_val_loss - 1):+.1f}%"
+        f"{e.optimizer} {mean_std(e, 'final_val_loss')} (+{fmt(num(e.final_val_loss) - num(top.final_val_loss))}, "
+        f"{100 * (num(e.final_val_loss) / num(top.final_val_loss) - 1):+.1f}%"
         + ("" if resolved(top, e) is None else f"; {resolution_text(top, e)}")
         + ")"
         for e in ranked[1:]
@@ -197,12 +212,15 @@ def _loss_line(batch: int, entries: list[BestResult | None]) -> str:
     return f"{text}; then {', '.join(gaps)}.{tail}"
 
 
-def _degradation_lines(best, optimizers, small: int, large: int) -> list[str]:
+Best = dict[tuple[str, int], BestResult]
+
+
+def _degradation_lines(best: Best, optimizers: list[str], small: int, large: int) -> list[str]:
     rows = []
     for name in optimizers:
         a, b = best.get((name, small)), best.get((name, large))
         if is_finished(a) and is_finished(b):
-            rows.append((name, b.final_val_loss - a.final_val_loss, a, b))
+            rows.append((name, num(b.final_val_loss) - num(a.final_val_loss), a, b))
     if not rows:
         return []
     rows.sort(key=lambda r: r[1])
@@ -217,25 +235,25 @@ def _degradation_lines(best, optimizers, small: int, large: int) -> list[str]:
             f" The smallest change: {rows[0][0]} ({rows[0][1]:+.4f}); the largest: {rows[-1][0]} ({rows[-1][1]:+.4f})"
         )
         first, last = _seed_deltas(rows[0][2], rows[0][3]), _seed_deltas(rows[-1][2], rows[-1][3])
-        line += f" ({resolution_text(first, last, 'change')})." if len(first["change_values"]) > 1 else "."
+        line += f" ({resolution_text(first, last, 'change')})." if len(first.value("change_values")) > 1 else "."
     return [line]
 
 
-def _seed_deltas(small: BestResult, large: BestResult) -> dict[str, Any]:
+def _seed_deltas(small: BestResult, large: BestResult) -> Measured:
     """The loss change from the small to the large batch, seed by seed (same seeds, paired), with the
     environment spread of a change: the sum of both cells' (None when either is not measured); a
     record of `Figures`' shape for `resolution`."""
     a, b = seed_values(small, "final_val_loss"), seed_values(large, "final_val_loss")
     values = [y - x for x, y in zip(a, b)] if len(a) == len(b) else []
     ea, eb = env_spread(small, "final_val_loss"), env_spread(large, "final_val_loss")
-    env = None if ea is None or eb is None else {"change_spread": ea + eb}  # each end may move that far
-    return {"change": None, "change_values": values, "environment": env}
+    env = None if ea is None or eb is None else Measured({"change_spread": ea + eb})  # each end may move that far
+    return Measured({"change": None, "change_values": values}, environment=env)
 
 
 def _logit_line(batch: int, entries: list[BestResult | None]) -> str | None:
     ranked = sorted(
         (e for e in entries if is_finished(e) and e.max_attention_logit is not None),
-        key=lambda e: e.max_attention_logit,
+        key=lambda e: num(e.max_attention_logit),
     )
     if not ranked:
         return None
@@ -247,7 +265,7 @@ def _logit_line(batch: int, entries: list[BestResult | None]) -> str | None:
         for e in ranked
     ]
     line = f"**Max attention logit at the end, batch {batch}** (best-lr runs, max over layers): {', '.join(parts)}."
-    lo, hi = ranked[0].max_attention_logit, ranked[-1].max_attention_logit
+    lo, hi = num(ranked[0].max_attention_logit), num(ranked[-1].max_attention_logit)
     if len(ranked) > 1 and lo > 0:
         line += f" The largest is {hi / lo:.2f}x the smallest."
     return line
@@ -255,10 +273,11 @@ def _logit_line(batch: int, entries: list[BestResult | None]) -> str | None:
 
 def _bound_line(batch: int, entries: list[BestResult | None]) -> str | None:
     """The max-norm bound term ||W_Q||_m * ||W_K||_m at the end (max over layers), lowest first."""
-    rows = sorted((max(e.qk_bound_by_layer), e.optimizer) for e in entries if is_finished(e) and e.qk_bound_by_layer)
+    done = [e for e in entries if is_finished(e)]
+    rows = sorted((max(e.qk_bound_by_layer), e.optimizer) for e in done if e.qk_bound_by_layer)
     if not rows:
         return None
-    seeds = next((e.seeds for e in entries if is_finished(e) and e.seeds), None) or []
+    seeds = next((e.seeds for e in done if e.seeds), None) or []
     which = f"; seed {seeds[0]}'s run of each" if len(seeds) > 1 else ""
     return (
         f"**||W_Q||_m x ||W_K||_m at the end, batch {batch}** (the max-norm product that bounds the logit; "
@@ -272,33 +291,84 @@ def _argmax(entry: BestResult) -> str:
     return str(max(values)[1]) if values else "-"  # layers count from 0, as in merit train and inspect
 
 
-def _claim_lines(best, optimizers, batches) -> list[str]:
-    """The paper's claims, checked against these numbers (only when MERIT and a baseline ran): each
-    holds only when MERIT is better than every other optimizer *and* each difference is resolved
-    (`resolution`), does not hold when another optimizer is better by a resolved difference, and is
-    otherwise not resolved (the means are given)."""
+def _claim_lines(best: Best, optimizers: list[str], batches: list[int]) -> list[str]:
+    """The paper's claims, checked against these numbers (only when MERIT and a baseline ran), at
+    every batch size, largest first: each holds only when MERIT is better than every other
+    optimizer *and* each difference is resolved (`resolution`), does not hold when another
+    optimizer is better by a resolved difference, and is otherwise not resolved (the means are
+    given). Then claim 4, larger batches without loss of quality (`_batch_claim`)."""
     if "merit" not in optimizers or len(optimizers) < 2:
         return []
-    large = batches[-1]
-    entries = {o: best.get((o, large)) for o in optimizers}
-    merit = entries["merit"]
-    others = {o: e for o, e in entries.items() if o != "merit" and is_finished(e)}
+    lines = []
+    for batch in sorted(batches, reverse=True):
+        lines.extend(_batch_claims(best, optimizers, batch))
+    if len(batches) > 1:
+        line = _batch_claim(best, optimizers, batches[0], batches[-1])
+        if line:
+            lines.append(line)
+    return lines
+
+
+def _batch_claims(best: Best, optimizers: list[str], batch: int) -> list[str]:
+    """Claims 1-3 at one batch size (see `_claim_lines`)."""
+    merit = best.get(("merit", batch))
+    others: dict[str, BestResult] = {}
+    for o in optimizers:
+        e = best.get((o, batch))
+        if o != "merit" and is_finished(e):
+            others[o] = e
     if not is_finished(merit) or not others:
         return []
-    lines = [_claim("1 (MERIT has the lowest loss at large batch)", large, merit, others, "final_val_loss", 4)]
-    with_logit = {o: e for o, e in others.items() if e.max_attention_logit is not None}
+    largest = " at large batch" if batch == max(b for _, b in best) else ""
+    losses: dict[str, Figures] = dict(others)
+    lines = [_claim(f"1 (MERIT has the lowest loss{largest})", f"at batch {batch}", merit, losses, "final_val_loss", 4)]
+    with_logit: dict[str, Figures] = {o: e for o, e in others.items() if e.max_attention_logit is not None}
     if merit.max_attention_logit is not None and with_logit:
         lines.append(
-            _claim("2 (MERIT keeps the max attention logit lower)", large, merit, with_logit, MAX_ATTENTION_LOGIT, 2)
+            _claim(
+                "2 (MERIT keeps the max attention logit lower)",
+                f"at batch {batch}",
+                merit,
+                with_logit,
+                MAX_ATTENTION_LOGIT,
+                2,
+            )
         )
-    sharp = {o: _hessian_entry(e) for o, e in others.items() if (e.hessian or {}).get(SHARPNESS) is not None}
+    sharp: dict[str, Figures] = {
+        o: _hessian_entry(e) for o, e in others.items() if (e.hessian or {}).get(SHARPNESS) is not None
+    }
     mh = _hessian_entry(merit)
-    if mh.get(SHARPNESS) is not None and sharp:
+    if mh.value(SHARPNESS) is not None and sharp:
         for key, what in ((SHARPNESS, "largest algebraic"), (PAPER_SHARPNESS, "largest-magnitude")):
             claim = f"3 (MERIT finds a flatter minimum: a lower {what} Hessian eigenvalue)"
             paper = " (paper, GPT-2 Small, top eigenvalue by power iteration: MERIT 12.3 vs AdamW 37.2)"
-            lines.append(_claim(claim, large, mh, sharp, key, 3, paper if key == PAPER_SHARPNESS else ""))
+            lines.append(_claim(claim, f"at batch {batch}", mh, sharp, key, 3, paper if key == PAPER_SHARPNESS else ""))
     return lines
+
+
+BATCH_CLAIM = "4 (MERIT trains with larger batches without loss of quality)"
+
+
+def _batch_claim(best: Best, optimizers: list[str], small: int, large: int) -> str | None:
+    """Claim 4: MERIT's best-lr loss rises less than every other optimizer's from the smallest to
+    the largest batch (same tokens). Each optimizer's change is paired seed by seed and its
+    environment spread is the sum of both ends' (`_seed_deltas`); the changes are then judged by
+    the same rule as a claim at one batch (`_claim`)."""
+    changes: dict[str, Figures] = {}
+    for name in optimizers:
+        a, b = best.get((name, small)), best.get((name, large))
+        if is_finished(a) and is_finished(b):
+            delta = _seed_deltas(a, b)
+            values = delta.value("change_values")
+            whole = num(b.final_val_loss) - num(a.final_val_loss)
+            delta.values["change"] = sum(values) / len(values) if values else whole
+            delta.values["change_std"] = statistics.stdev(values) if len(values) > 1 else None
+            changes[name] = delta
+    if "merit" not in changes or len(changes) < 2:
+        return None
+    merit = changes.pop("merit")
+    where = f"from batch {small} to {large} (best-lr validation loss change, same tokens)"
+    return _claim(BATCH_CLAIM, where, merit, changes, "change", 4)
 
 
 # Claim 3 is judged on the largest algebraic eigenvalue (the most positive curvature) and, as the
@@ -307,15 +377,15 @@ SHARPNESS = "largest_algebraic_eigenvalue"
 PAPER_SHARPNESS = "largest_magnitude_eigenvalue"
 
 
-def _hessian_entry(entry: BestResult) -> dict[str, Any]:
-    """A best cell's Hessian numbers with its environment check's Hessian spreads beside them (`Figures`)."""
+def _hessian_entry(entry: BestResult) -> Measured:
+    """A best cell's Hessian numbers with its environment check's Hessian spreads beside them."""
     env = (entry.environment.hessian if entry.environment else None) or {}
-    return {**(entry.hessian or {}), "environment": env}
+    return Measured(dict(entry.hessian or {}), environment=Measured(env))
 
 
 def _claim(
     claim: str,
-    batch: int,
+    where: str,
     merit: Figures,
     others: dict[str, Figures],
     key: str,
@@ -323,7 +393,8 @@ def _claim(
     note: str = "",
 ) -> str:
     """'Paper claim N (...): at batch B, **holds here**: MERIT x vs adamw y (resolution), ...' for a
-    claim that MERIT's `key` is below every other optimizer's (see `_claim_lines` for the rule)."""
+    claim that MERIT's `key` is below every other optimizer's (see `_claim_lines` for the rule);
+    `where` says at which batch size(s)."""
     checks = {o: (lookup(merit, key) < lookup(e, key), resolution(merit, e, key).resolved) for o, e in others.items()}
     if all(better and ok for better, ok in checks.values()):
         verdict = "**holds here**"
@@ -332,7 +403,7 @@ def _claim(
     else:
         verdict = "**not resolved**"
     return (
-        f"Paper claim {claim}: at batch {batch}, "
+        f"Paper claim {claim}: {where}, "
         + verdict
         + f": MERIT {mean_std(merit, key, digits)} vs "
         + ", ".join(f"{o} {mean_std(e, key, digits)} ({resolution_text(merit, e, key)})" for o, e in others.items())

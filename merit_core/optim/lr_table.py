@@ -17,7 +17,7 @@ length, each naming the run that measured it). The registry's ``default_lr`` rea
 out over one 8x step of tokens per step (batch 2 -> 16), and a x3 grid knows each best lr to a
 factor of ~1.7. A request more than EXTRAPOLATION_LIMIT (4x) from its entry's tokens per step,
 either way, or for a model without entries, is *extrapolated*: its lr is capped at the largest lr
-any grid found stable (trained without diverging) for that optimizer and model, or the model
+any grid found stable (neither diverged nor unstable on any seed) for that optimizer and model, or the model
 nearest in width (:data:`STABLE_LRS`, each naming its run), and the source says both. Why 4x:
 entries 8x apart leave every point between them within sqrt(8) = 2.8x of one, so interpolation
 never counts as extrapolation, while 4x already moves the lr by 2x, beyond which the
@@ -70,7 +70,7 @@ class LrDefault:
 
 @dataclass(frozen=True)
 class StableLr:
-    """The largest lr a measured grid trained without diverging, for one optimizer and model."""
+    """The largest lr a measured grid trained stably (neither diverged nor unstable), for one optimizer and model."""
 
     model: str
     lr: float
@@ -110,22 +110,23 @@ LAMB_LRS = (
     MeasuredLr("gpt2-tiny", 16, 128, 2.83e-2, COMPARE_CPU, TINY),
     MeasuredLr("gpt2-small", 64, 1024, 2e-3, "MERIT's lr in " + H200_FIRST + "; LAMB itself not measured there", SMALL),
 )
-# The largest lr each optimizer's grids trained without diverging, per model (the cap of an
-# extrapolated lr). gpt2-tiny: the extended grids of the first results/compare-cpu run (commit
-# 5d540e599d; MERIT finished 0.09 at batch 2 and diverged at 0.255 at batch 16); H200: the GPT-2
-# small sweep above.
-COMPARE_CPU_FIRST = "results/compare-cpu at commit 5d540e599d (its extended grids)"
+# The largest lr each optimizer's grids trained stably, per model (the cap of an extrapolated lr): neither
+# diverged nor unstable (merit_core/compare/stability.py: a saturated attention logit, or a loss collapsed
+# above the best lr) on any seed. gpt2-tiny: the grids of results/compare-cpu, where every larger lr was
+# unstable (MERIT 0.03 at batch 2 and 0.0849 at 16, AdamW 0.003 and 0.00849, LAMB 0.09 and 0.0849);
+# tests/compare/test_compare_stability.py derives these from its summary.json. H200: the GPT-2 small
+# sweep above (finite losses; its logits were not recorded).
 STABLE_LRS: dict[str, tuple[StableLr, ...]] = {
     "merit": (
-        StableLr("gpt2-tiny", 9e-2, COMPARE_CPU_FIRST, TINY),
+        StableLr("gpt2-tiny", 2.83e-2, COMPARE_CPU, TINY),
         StableLr("gpt2-small", 2e-2, H200_FIRST, SMALL),
     ),
     "adamw": (
-        StableLr("gpt2-tiny", 8.49e-3, COMPARE_CPU_FIRST, TINY),
+        StableLr("gpt2-tiny", 2.83e-3, COMPARE_CPU, TINY),
         StableLr("gpt2-small", 2e-3, H200_FIRST, SMALL),
     ),
     "lamb": (
-        StableLr("gpt2-tiny", 2.55e-1, COMPARE_CPU_FIRST, TINY),
+        StableLr("gpt2-tiny", 3e-2, COMPARE_CPU, TINY),
         StableLr("gpt2-small", 2e-2, "MERIT's in " + H200_FIRST + "; LAMB itself not measured there", SMALL),
     ),
 }

@@ -21,10 +21,11 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 REGEN = os.environ.get("MERIT_REGEN_GOLDEN") == "1"
 DATA_SENTENCES = 400
 # Keys whose values depend on the clock, the machine or the install, not on the computation (the
-# throughput, and the floating-point environment: CPU, BLAS, instruction sets, threads).
+# throughput, the floating-point environment: CPU, BLAS, instruction sets, threads, and the provenance:
+# commit, times, host).
 VOLATILE = re.compile(
     r"(^|_)(time|times|elapsed|elapsed_s|seconds|date|started|finished_at|version|host|device_name|environment)$"
-    r"|^tokens_per_s"
+    r"|^tokens_per_s|^provenance$|^cpu_capability$"
 )
 
 

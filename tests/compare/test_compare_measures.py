@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from merit_cli.main import cli
+from merit_core.compare.environment import FLOORS, Perturbation
 from merit_core.compare.measures import EVAL_FILE, HESSIAN_FILE
 from tests.eval.local_tasks import LAMBADA_LINES, lambada_yaml, set_offline
 
@@ -79,20 +80,32 @@ def measured(tmp_path_factory, model_cfg, data_dir, tasks_dir):
 def test_seeds_are_separate_runs(measured):
     out, summary, _, _, _ = measured
     names = [r["name"] for r in summary["runs"]]
-    alt = summary["settings"]["environment"]["check_threads"]
-    # the two seeds, and seed 0 once more at another thread count (the environment check)
-    assert names == ["merit-b4-lr0.01", "merit-b4-lr0.01-s1", f"merit-b4-lr0.01-env{alt}t"]
-    assert [r["seed"] for r in summary["runs"]] == [0, 1, 0]
+    environment = summary["settings"]["environment"]
+    alt = environment["check_threads"]
+    made = [Perturbation(p["kind"], p["value"]) for p in environment["perturbations"]]
+    # the two seeds, and seed 0 once more under each perturbation the host can make (the environment
+    # check): another thread count always, a lower torch ISA and MKL ISA where there is one
+    assert made[0] == Perturbation("threads", str(alt)) and len(made) + len(environment["perturbations_skipped"]) == 3
+    assert names[:2] == ["merit-b4-lr0.01", "merit-b4-lr0.01-s1"]
+    assert sorted(names[2:]) == sorted(f"merit-b4-lr0.01{p.suffix}" for p in made)
+    assert [r["seed"] for r in summary["runs"]] == [0, 1] + [0] * len(made)
+    isa = next((p for p in made if p.kind == "isa"), None)
+    if isa is not None:  # the forced ISA is the run's own, recorded per run
+        (forced,) = [r for r in summary["runs"] if r["name"].endswith(isa.suffix)]
+        assert forced["cpu_capability"] == isa.value.upper() != environment["cpu_capability"]
+        assert summary["runs"][0]["cpu_capability"] == environment["cpu_capability"]
     (best,) = summary["best"]
     losses = [r["final_val_loss"] for r in summary["runs"][:2]]
     assert losses[0] != losses[1]  # another seed, another run
     assert best["final_val_loss"] == pytest.approx(statistics.fmean(losses))
     assert best["final_val_loss_values"] == losses and best["seeds"] == [0, 1]
     assert summary["settings"]["seeds"] == [0, 1] and summary["settings"]["steps"] == {"4": 3}
-    env, rerun = best["environment"], summary["runs"][2]
-    assert env["threads"] == alt != summary["settings"]["environment"]["threads"]
-    assert env["final_val_loss_rerun"] == rerun["final_val_loss"] and env["final_val_loss_original"] == losses[0]
-    assert env["final_val_loss_spread"] == pytest.approx(abs(rerun["final_val_loss"] - losses[0]))
+    env = best["environment"]
+    assert [s["run"] for s in env["samples"]] == names[2:]
+    assert env["run"] == names[2] and env["final_val_loss_original"] == losses[0]
+    # the spread: the largest difference over the samples, never below the floor
+    differences = [abs(r["final_val_loss"] - losses[0]) for r in summary["runs"][2:]]
+    assert env["final_val_loss_spread"] == pytest.approx(max(differences + [FLOORS["final_val_loss"] * losses[0]]))
     assert {"torch", "blas", "threads", "isa_flags", "cpu_capability"} <= set(summary["settings"]["environment"])
     # the largest batch's Hessian gets an environment spread too
     assert (

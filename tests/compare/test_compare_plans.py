@@ -10,14 +10,16 @@ import pytest
 
 import merit_core.compare as compare
 from merit_core.compare import load_spec, run_compare
+from merit_core.compare.environment import DEFAULT_PERTURBATIONS, FLOORS, perturbations
 from merit_core.compare.grid import next_extensions, plan_runs
 from merit_core.compare.report import ablation_lines, render_report
-from merit_core.compare.results import BestResult, CompareSummary
+from merit_core.compare.results import BestResult, CompareSummary, Measured
 from merit_core.compare.runner import compare_threads, other_threads
 from merit_core.compare.spec import PRESETS
 from merit_core.compare.summary import cells, select_best
 from merit_core.compare.verdicts import resolved
 from merit_core.errors import ConfigError
+from merit_core.train.hardware import float_environment
 from tests.compare.test_compare_units import record, synthetic_summary
 
 
@@ -71,9 +73,15 @@ def test_report_calls_a_difference_within_the_seed_spread_not_resolved():
     b = {"final_val_loss": 4.05, "final_val_loss_values": [4.0, 4.1]}
     c = {"final_val_loss": 4.5, "final_val_loss_values": [4.4, 4.6]}
     # seeds apart but no environment spread measured: not resolved
-    assert resolved(a, c) is False
-    with_env([a, b, c])
-    assert resolved(a, b) is False and resolved(a, c) is True and resolved({"final_val_loss": 4.0}, c) is None
+    assert resolved(Measured(a), Measured(c)) is False
+    with_env([a, b, c])  # an environment spread of 0.01 each
+
+    def figures(d):
+        return Measured(d, environment=Measured(d["environment"]))
+
+    ma, mb, mc = figures(a), figures(b), figures(c)
+    assert resolved(ma, mb) is False and resolved(ma, mc) is True
+    assert resolved(Measured({"final_val_loss": 4.0}), mc) is None
 
     records = [*seeded("adamw", 8, 1e-3, [4.0, 4.2]), *seeded("merit", 8, 1e-3, [4.05, 4.1])]
     records += [*seeded("adamw", 64, 1e-3, [4.6, 4.7]), *seeded("merit", 64, 1e-3, [4.3, 4.35])]
@@ -103,18 +111,25 @@ def fake_training(monkeypatch, target):
     """Every run 'finishes' at once with a loss that is lowest at lr target[optimizer]."""
     trained = []
 
+    done: set[str] = set()
+
     def execute(runs, how):
         trained.append(sorted(run.name for run in runs if how.states[run.name] in ("new", "partial")))
+        done.update(run.name for run in runs)
         return {**how.states, **{run.name: "finished" for run in runs}}
 
-    def run_record(run, state):
+    def run_state(run):  # no folders: a run is finished once the fake trained it
+        return "finished" if run.name in done else "new"
+
+    def run_record(run, state, host_isa=None):
         loss = 3.0 + (math.log10(run.lr) - math.log10(target[run.optimizer])) ** 2
         r = record(run.optimizer, run.batch_size, run.lr, loss)
         r.update(name=run.name, seed=run.seed, steps=run.steps, tokens=run.tokens, qk_bound_by_layer=None)
-        r.update(threads=run.threads)
+        r.update(threads=run.threads, perturbation=None if run.perturbation is None else run.perturbation.describe())
         return r
 
     monkeypatch.setattr(compare, "execute", execute)
+    monkeypatch.setattr(compare, "run_state", run_state)
     monkeypatch.setattr(compare.summary, "run_record", run_record)
     return trained
 
@@ -132,20 +147,29 @@ def test_grid_extends_past_an_edge_until_interior_or_the_limit(tmp_path, model_c
         train_values=dict(model=str(model_cfg), data=str(data_dir), seq_len=32),
     )
     result = run_compare(spec)
-    alt = other_threads(compare_threads("auto", None))
-    assert trained == [
-        [f"adamw-b8-lr{lr}" for lr in ("0.000333", "0.001", "0.003")]
-        + [f"merit-b8-lr{lr}" for lr in ("0.00333", "0.01", "0.03")],
-        ["adamw-b8-lr0.009", "merit-b8-lr0.00111"],  # one x3 step past each edge holding the best
-        ["adamw-b8-lr0.027"],  # adamw still on its top edge; merit's best (0.00333) is now interior
-        # the best cells topped up to 3 seeds (the default best_seeds)
-        ["adamw-b8-lr0.027-s1", "adamw-b8-lr0.027-s2", "merit-b8-lr0.00333-s1", "merit-b8-lr0.00333-s2"],
-        # each best cell's first seed again, at the other thread count (the environment check)
-        [f"adamw-b8-lr0.027-env{alt}t", f"merit-b8-lr0.00333-env{alt}t"],
-    ]
+    threads = compare_threads("auto", None)
+    alt = other_threads(threads)
+    made, _ = perturbations(DEFAULT_PERTURBATIONS, threads, float_environment(threads))
+    assert (
+        trained
+        == [
+            [f"adamw-b8-lr{lr}" for lr in ("0.000333", "0.001", "0.003")]
+            + [f"merit-b8-lr{lr}" for lr in ("0.00333", "0.01", "0.03")],
+            ["adamw-b8-lr0.009", "merit-b8-lr0.00111"],  # one x3 step past each edge holding the best
+            ["adamw-b8-lr0.027"],  # adamw still on its top edge; merit's best (0.00333) is now interior
+            # the best cells topped up to 3 seeds (the default best_seeds)
+            ["adamw-b8-lr0.027-s1", "adamw-b8-lr0.027-s2", "merit-b8-lr0.00333-s1", "merit-b8-lr0.00333-s2"],
+            # each best cell's first seed again, under each perturbation the host can make (the environment check):
+            # those at the grid's thread count first, then the one at another thread count
+            sorted(f"{cell}{p.suffix}" for cell in ("adamw-b8-lr0.027", "merit-b8-lr0.00333") for p in made[1:]),
+            [f"adamw-b8-lr0.027-env{alt}t", f"merit-b8-lr0.00333-env{alt}t"],
+        ]
+    )
+    assert made[0].suffix == f"-env{alt}t"
     assert result.summary.best_for("adamw", 8).seeds == [0, 1, 2]
     env = result.summary.best_for("adamw", 8).environment
-    assert env.threads == alt and env.final_val_loss_spread == 0.0
+    # the fake re-runs equal their originals: the spread is the floor, never 0
+    assert env.threads == alt and env.final_val_loss_spread == FLOORS["final_val_loss"] * env.final_val_loss_original
     assert result.summary.settings.environment["check_threads"] == alt
     adamw = result.summary.best_for("adamw", 8)
     merit = result.summary.best_for("merit", 8)

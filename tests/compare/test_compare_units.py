@@ -56,7 +56,7 @@ def test_best_lr_selection_with_diverged_and_nonfinite_runs():
     assert best["lamb", 8]["status"] == "diverged" and best["lamb", 8]["n_diverged"] == 2
     assert best["lamb", 8]["lr_at_edge"] is None
     assert best["merit", 64]["lr_at_edge"] == "high"
-    assert rank_key(records[2]) == (math.inf, 1e-2)
+    assert rank_key(records[2]) == (2, math.inf, 1e-2)  # diverged: after finished and unstable cells
 
 
 def synthetic_summary():

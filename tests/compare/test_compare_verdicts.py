@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from merit_core.compare.plots import BAND_LABEL, BEST_LABEL, DIVERGED_LABEL, compare_figure
 from merit_core.compare.report import render_report
-from merit_core.compare.results import CompareSummary
+from merit_core.compare.results import CompareSummary, Measured
 from merit_core.compare.summary import cells, select_best
 from merit_core.compare.verdicts import findings, resolution
 from tests.compare.test_compare_plans import fake_training, seeded, with_env
@@ -61,8 +61,8 @@ def test_a_claim_holds_only_if_resolved_against_every_other_optimizer():
 
 
 def test_a_difference_without_a_measured_environment_spread_is_not_resolved():
-    a = {"final_val_loss": 4.0, "final_val_loss_values": [3.9, 4.0, 4.1]}
-    b = {"final_val_loss": 5.0, "final_val_loss_values": [4.9, 5.0, 5.1]}
+    a = Measured({"final_val_loss": 4.0, "final_val_loss_values": [3.9, 4.0, 4.1]})
+    b = Measured({"final_val_loss": 5.0, "final_val_loss_values": [4.9, 5.0, 5.1]})
     verdict = resolution(a, b)
     assert verdict.resolved is False and "environment spread was not measured" in verdict.text
 
@@ -108,7 +108,7 @@ def test_plot_marks_diverged_lrs_at_the_edge_and_the_best_lr_with_its_band():
     summary["best"] = select_best(records)
     fig = compare_figure(CompareSummary.from_dict(summary))
     try:
-        panels = {ax.get_title(): ax for ax in fig.axes}
+        panels = {ax.get_title().split("\n")[0]: ax for ax in fig.axes}
         assert all(ax.axison and (ax.lines or ax.patches or ax.collections) for ax in fig.axes)  # no empty panel
         merit_loss = panels["merit: final validation loss vs lr"]
         labels = _labels(merit_loss)

@@ -174,13 +174,13 @@ def test_merit_train_with_the_toy_runs_its_hook(toy, model_cfg, data_dir, tmp_pa
 
 def test_the_start_line_says_an_extrapolated_lr_and_its_cap(model_cfg, data_dir, tmp_path):
     """A 32-wide model has no lr entry (nearest: gpt2-tiny's), and batch 2048 x 16 is 16x the batch-16
-    entry's tokens: 2.83e-2 x 4 = 0.113, capped at MERIT's largest stable gpt2-tiny lr, 0.09."""
+    entry's tokens: 2.83e-2 x 4 = 0.113, capped at MERIT's largest stable gpt2-tiny lr, 0.0283."""
     from merit_cli.main import cli
 
     out = tmp_path / "run"
     sets = {"batch_size": 2048, "micro_batch_size": 512, "seq_len": 16, "eval_batches": 1, "eval_batch_size": 2}
     result = _train(cli, "merit", model_cfg, data_dir, out, 1, sets)
     line = " ".join(result.output.split())
-    assert "lr 0.09 (extrapolated (no entry for " in line
-    assert "0.113 capped at 0.09, the largest lr merit's grids trained stably on gpt2-tiny" in line
-    assert tomllib.loads((out / "config.toml").read_text())["lr"] == 0.09
+    assert "lr 0.0283 (extrapolated (no entry for " in line
+    assert "0.113 capped at 0.0283, the largest lr merit's grids trained stably on gpt2-tiny" in line
+    assert tomllib.loads((out / "config.toml").read_text())["lr"] == 0.0283

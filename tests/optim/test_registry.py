@@ -335,14 +335,18 @@ def test_extrapolated_lrs_are_capped_at_the_largest_stable_lr_and_say_so():
     # gpt2-tiny at batch 100k: sqrt(100k / 16) x 2.83e-2 = 2.24, far past anything stable
     far = default_lr("merit", "gpt2-tiny", 100_000, 128, 128)
     cap = next(s for s in STABLE_LRS["merit"] if s.model == "gpt2-tiny")
-    assert far.extrapolated and far.cap == cap and far.lr == cap.lr == 9e-2
+    assert far.extrapolated and far.cap == cap and far.lr == cap.lr == 2.83e-2
     assert far.source.startswith("extrapolated (6.25e+03x its entry's tokens per step, beyond the 4x")
-    assert "2.24 capped at 0.09, the largest lr merit's grids trained stably on gpt2-tiny" in far.source
+    assert "2.24 capped at 0.0283, the largest lr merit's grids trained stably on gpt2-tiny" in far.source
     assert "run: results/compare-cpu" in far.source
-    # just past the limit, below the cap: extrapolated and said, the rule's lr kept
-    past = default_lr("adamw", "gpt2-tiny", int(16 * EXTRAPOLATION_LIMIT * 2), 128, 128)
-    assert past.extrapolated and past.cap is None and past.lr == pytest.approx(2.83e-3 * 8**0.5, rel=3e-3)
-    assert "under the cap 0.00849" in past.source
+    # just past the limit, below the cap: extrapolated and said, the rule's lr kept (AdamW's cap is its
+    # batch-16 entry, so a small batch far below it extrapolates downwards, under the cap)
+    past = default_lr("adamw", "gpt2-tiny", 1, 16, 128)  # 16 tokens per step, 16x below the batch-2 entry
+    assert past.extrapolated and past.cap is None and past.lr == pytest.approx(1e-3 / 16**0.5, rel=3e-3)
+    assert "under the cap 0.00283" in past.source
+    # past the limit upwards: capped at the largest stable lr
+    up = default_lr("adamw", "gpt2-tiny", int(16 * EXTRAPOLATION_LIMIT * 2), 128, 128)
+    assert up.extrapolated and up.lr == up.cap.lr == 2.83e-3
     # within the limit either way: not extrapolated
     assert not default_lr("adamw", "gpt2-tiny", 64, 128, 128).extrapolated  # 4x the batch-16 entry
     assert default_lr("adamw", "gpt2-small", 8, 1024, 768).extrapolated  # 8x below its nearest entry
