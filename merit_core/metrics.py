@@ -3,7 +3,8 @@ one JSON object per line, each with `step` and `tokens`.
 
 Log lines add `loss`, `lr`, `grad_norm`, `tokens_per_s`; eval lines add `val_loss` and
 `max_attention_logit` (one value per layer). Non-finite numbers are written as null (json_safe).
-Next to runs.py so that inspect, compare and the training loop read a run's curve from one place.
+Beside the run folder's layout (merit_core.checkpoint.runs) so that inspect, compare and the
+training loop read a run's curve from one place.
 """
 
 from __future__ import annotations
