@@ -68,7 +68,17 @@ class TrainerState:
 
 
 FIELDS = frozenset(f.name for f in dataclasses.fields(TrainerState))
-_INTS = ("step", "tokens", "total_steps", "global_batch_size", "micro_batch_size", "seq_len", "world_size", "n_params")
+_INTS = (
+    "step",
+    "tokens",
+    "total_steps",
+    "global_batch_size",
+    "micro_batch_size",
+    "seq_len",
+    "world_size",
+    "seed",
+    "n_params",
+)
 _STRS = ("model", "optimizer", "parallel", "tokenizer", "format")
 _FLOATS = ("lr", "loss", "val_loss")
 _SHA = frozenset("0123456789abcdef")

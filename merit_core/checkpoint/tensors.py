@@ -79,7 +79,7 @@ def check_trainer_state(state: Any, where: str | Path, step: int | None = None) 
     where = display(where)
 
     def refuse(what: str) -> CheckpointError:
-        return CheckpointError(f"{where}: {what}; this checkpoint cannot be resumed")
+        return CheckpointError(f"{where} is not a usable trainer state: {what}; this checkpoint cannot be resumed")
 
     if not isinstance(state, dict):
         raise refuse("not a merit trainer state (step, optimizer, rng)")

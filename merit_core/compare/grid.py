@@ -69,6 +69,7 @@ NON_IDENTITY_KEYS = frozenset(
         "save_every_minutes",
         "resume_from",
         "allow_changes",
+        "verify",
     }
 )
 MAIN_KEYS = ("model", "data", "seq_len", "steps", "optimizer", "batch_size", "lr")  # reported first when they differ

@@ -168,10 +168,11 @@ def _load_checked(ckpt: Path, model: Any, verify: bool) -> tuple[dict[str, Any],
     named = runs.parse_step(ckpt.name)
     if named is not None and named != info.step:
         raise CheckpointError(f"{ckpt / runs.STATE_JSON} says step {info.step} but the folder is {ckpt.name}")
-    why = verify_checkpoint(ckpt, info) if verify else SKIPPED
     state = load_trainer_state(ckpt, map_location="cpu")
     check_trainer_state(state, ckpt / runs.STATE_PT, step=info.step)
     load_model_weights(model, ckpt, rename=family_spec(model.config).model_name)
+    # last: a truncated or swapped file is named by the checks above, a flipped byte only here
+    why = verify_checkpoint(ckpt, info) if verify else SKIPPED
     return state, why
 
 

@@ -78,6 +78,20 @@ def test_state_round_trips_with_a_checksum_of_every_other_file(tmp_path):
     assert verify_checkpoint(folder) is None
 
 
+def test_every_field_the_trainer_writes_is_read_back(tmp_path):
+    import dataclasses
+
+    folder = tmp_path / "step_4"
+    folder.mkdir()
+    values = {"data": {"source": "x", "vocab_size": 512}, "max_attention_logit": [0.5, None], "checksums": {}}
+    for f in dataclasses.fields(TrainerState):
+        if f.name not in values and f.name != "format":
+            values[f.name] = "text" if "str" in str(f.type) else 4 if "int" in str(f.type) else 0.25
+    written = TrainerState(**values)
+    write_trainer_state(folder, written)
+    assert read_trainer_state(folder) == written  # no field dropped or retyped on the way back
+
+
 @pytest.mark.parametrize("name", ["model.safetensors", "config.json", "optimizer/__0_0.distcp", STATE_JSON])
 def test_a_flipped_byte_in_any_checkpoint_file_is_refused(tmp_path, name):
     folder = _folder(tmp_path)

@@ -117,7 +117,9 @@ def test_inspect_and_eval_accept_a_file_name_that_is_not_utf8(world, tmp_path):
 def test_a_fifo_named_like_the_trainer_state_is_not_read(world, tmp_path, no_hang):
     shutil.copy(world.gpt2 / "model.safetensors", tmp_path / "model.safetensors")
     fifo(tmp_path / runs.STATE_JSON)
-    _ok([*INSPECT, str(tmp_path / "model.safetensors")])
+    result = CliRunner().invoke(cli, [*INSPECT, str(tmp_path / "model.safetensors")])  # refused unread: no hang
+    assert result.exit_code == 2 and "trainer_state.json is a FIFO" in result.output, result.output
+    _ok([*INSPECT, "--no-verify", str(tmp_path / "model.safetensors")])  # unverified: the FIFO is no metadata
 
 
 def test_an_unreadable_step_folder_is_skipped_with_a_note(world, tmp_path, monkeypatch):

@@ -186,7 +186,7 @@ def test_optim_imports_merits_modules_at_the_top_of_its_modules():
 
 def _folder(module: str, modules: dict[str, Path]) -> str:
     """The folder (package) a module lives in: merit_core.compare.grid -> merit_core.compare; a
-    module directly in merit_core (runs.py, fileio.py, ...) is a node of its own."""
+    module directly in merit_core (fileio.py, metrics.py, ...) is a node of its own."""
     parts = module.split(".")
     package = parts if modules[module].name == "__init__.py" else parts[:-1]
     return module if len(package) == 1 else ".".join(package)
@@ -220,7 +220,7 @@ def test_no_loop_between_merit_core_folders():
         assert "merit_core.optim" in folders["merit_core.train"]  # the graph sees the folders' imports
         assert _cycles(folders) == [], depth
     planted = {**graph, "merit_core.checkpoint.runs": graph["merit_core.checkpoint.runs"] | {"merit_core.train.config"}}
-    assert _cycles(_folder_graph(planted, 2))  # train/ imports runs.py: runs.py importing train/ is a loop
+    assert _cycles(_folder_graph(planted, 2))  # train/ imports checkpoint/: checkpoint/ importing train/ is a loop
 
 
 # The imports of merit's own modules that stay inside functions of merit_core: where the importing

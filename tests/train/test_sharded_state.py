@@ -83,7 +83,11 @@ class UnknownLayout:
         return (torch.serialization._get_layout, ("torch.no_such_layout",))
 
 
-@pytest.mark.parametrize("planted", [UnknownLayout(), torch.Size([2, 3]), b"not a pickle", b""], ids=repr)
+@pytest.mark.parametrize(
+    "planted",
+    [UnknownLayout(), torch.Size([2, 3]), b"not a pickle", b""],
+    ids=["unknown layout", "a torch.Size", "not a pickle", "empty"],
+)
 def test_metadata_an_allowed_call_cannot_build_is_one_error_line(tmp_path, planted):
     """An allowed constructor given a crafted argument (a KeyError inside torch), a record of the wrong
     type, bytes that are no pickle: each is one CheckpointError line naming the file."""
