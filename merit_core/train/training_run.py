@@ -292,6 +292,8 @@ class TrainingRun:
         reset_peak_memory(self.parallel.device)
         start = time.perf_counter()
         start_step = trainer.step
+        if self.parallel.world_size == 1:  # several processes agree on a stop between steps only
+            trainer.should_stop = lambda: self.stop is not None
         with self._stop_signals():
             if trainer.step == 0 and c.eval_every:
                 self._eval()
@@ -328,8 +330,10 @@ class TrainingRun:
 
     @contextlib.contextmanager
     def _stop_signals(self):
-        """While training: SIGTERM / SIGUSR1 / SIGINT / SIGHUP ask the loop to stop after the current step and
-        checkpoint (`_stop_now`); a second SIGINT interrupts at once. Only the main thread can do this."""
+        """While training: SIGTERM / SIGUSR1 / SIGINT / SIGHUP ask the loop to stop after the current step (or
+        micro-batch, see `Trainer.should_stop`) and checkpoint (`_stop_now`); any second stop signal aborts at
+        once, the current step's work lost. A signal the process was started ignoring (`nohup`: SIGHUP)
+        stays ignored. Only the main thread can do this."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -337,13 +341,13 @@ class TrainingRun:
 
         def handler(signum, frame):
             name = signal.Signals(signum).name
-            if self.stop == "SIGINT" and name == "SIGINT":
-                raise KeyboardInterrupt
+            if self.stop is not None and self.stop in STOP_SIGNALS:
+                raise RunInterrupted(self._abort_line(name), STOP_SIGNALS[name], self.last_ckpt)
             self.stop = self.stop or name
 
         for name in HANDLED_SIGNALS:
             sig = getattr(signal, name, None)
-            if sig is not None:
+            if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
                 previous[sig] = signal.signal(sig, handler)
         try:
             yield
@@ -360,6 +364,16 @@ class TrainingRun:
         code = list(STOP_SIGNALS).index(self.stop) + 1 if self.stop else 0
         agreed = int(self.parallel.all_reduce(torch.tensor(code, device=self.parallel.device), op="max").item())
         return list(STOP_SIGNALS)[agreed - 1] if agreed else None
+
+    def _abort_line(self, name: str) -> str:
+        """What a second stop signal says: nothing saved for the step under way."""
+        step = self.trainer.step + 1 if self.trainer is not None else 1
+        where = f"the last checkpoint is {self.last_ckpt}" if self.last_ckpt else "no checkpoint was written"
+        again = f"; continue with: merit train --resume --out {self.run_dir}" if self.last_ckpt else ""
+        return (
+            f"aborted by a second stop signal ({name}) during step {step}: that step's work is "
+            f"lost, {where}{again}"
+        )
 
     def _stop_now(self, name: str) -> None:
         step = self.trainer.step
@@ -382,6 +396,8 @@ class TrainingRun:
             if stop := self._stop_requested():
                 self._stop_now(stop)
             out = trainer.train_step()
+            if out is None:  # a stop signal arrived between micro-batches: the step was abandoned
+                self._stop_now(self._stop_requested() or "SIGTERM")
             while trainer.notes:  # the compile time, after the first step
                 self.cb.on_note(trainer.notes.pop(0))
             step, last = trainer.step, trainer.step == c.steps
