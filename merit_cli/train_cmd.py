@@ -246,7 +246,7 @@ CONFIG_OPTIONS = (
     click.option("--seq-len", callback=number(int), help="Tokens per sequence (default 128)."),
     click.option("--steps", callback=number(int), help="Optimizer updates (default 300)."),
     click.option("--tokens", callback=number(int), help="Training tokens (instead of --steps)."),
-    click.option("--data", help="Prepared folder, text file/folder or dataset name (default: built-in corpus)."),
+    click.option("--data", help="Prepared folder, text file/folder, dataset name or 'builtin' (the built-in corpus, the default)."),
     click.option("--tokenizer", help="Tokenizer name or path when data must be prepared (default: train a BPE)."),
     click.option("--vocab-size", callback=number(int), help="Vocabulary of a BPE trained on the data (default 4096)."),
     click.option("--out", help="Run folder (default runs/<date>-<model>-<optimizer>)."),
