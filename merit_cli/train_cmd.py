@@ -86,6 +86,11 @@ class RichTrainReport(LiveReport):
         if self.progress is not None:  # the bar moves every step; its numbers change on log steps
             self.progress.update(self.task, completed=step)
 
+    def on_step_loss(self, step: int, loss: float) -> None:
+        if self.progress is not None:  # the loss between log lines (every step on a CPU, step 1 anywhere)
+            self.fields.update(loss=fmt_float(loss))
+            self.progress.update(self.task, completed=step, **self.fields)
+
     def on_log(self, record: dict[str, Any]) -> None:
         if self.plain:
             self.say(train_log_line(record, self.total_steps))

@@ -92,6 +92,11 @@ class TrainCallbacks:
         """An optimizer update finished; `step` updates are done (no values: reading one would wait
         for the device, which log steps alone do)."""
 
+    def on_step_loss(self, step: int, loss: float) -> None:
+        """This process's training loss of update `step`, between log lines, where reading it costs no
+        wait: every step of a one-process CPU run, and the first step of any one-process run (a
+        progress bar's number before the first log line)."""
+
     def on_log(self, record: dict[str, Any]) -> None:
         """A log line: step, tokens, loss, lr, grad_norm, tokens_per_s."""
 

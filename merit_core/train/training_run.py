@@ -391,6 +391,7 @@ class TrainingRun:
         (`tick`) restarts after evals and checkpoints, so tokens_per_s counts training only."""
         trainer, c = self.trainer, self.config
         tick = (time.perf_counter(), trainer.step)
+        first_step = trainer.step
         self.saved_at = time.monotonic()
         while trainer.step < c.steps:
             if stop := self._stop_requested():
@@ -404,6 +405,8 @@ class TrainingRun:
             self.cb.on_step(step)
             if step % c.log_every == 0 or last:
                 tick = self._log(out, tick)
+            elif self.parallel.world_size == 1 and (trainer.device.type == "cpu" or step == first_step + 1):
+                self.cb.on_step_loss(step, float(out.loss.item()))
             evaluate = (c.eval_every and step % c.eval_every == 0) or last
             save = (c.save_every and step % c.save_every == 0) or last or self._save_due()
             if evaluate or save:
