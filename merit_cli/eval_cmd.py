@@ -253,7 +253,8 @@ def _display_stream():
     type=str,
     default=None,
     metavar="DIR",
-    help="Folder of lm-eval task YAMLs (local data); it is code, so it needs --trust-task-code.",
+    help="Folder of lm-eval task YAMLs (local data); one with code (Python, !function, templates that "
+    "compute) needs --trust-task-code.",
 )
 @device_option()
 @click.option(
