@@ -42,8 +42,9 @@ class RichTrainReport(LiveReport):
     LiveReport) rather than inherited, so that this module, read at `merit train --help`, does not import
     the training package (torch); tests/cli check that it answers every hook."""
 
-    def __init__(self):
+    def __init__(self, yes: bool = False):
         super().__init__(guard=True)
+        self.yes = yes  # --yes: a long run goes on without asking
         self.task = None
         self.fields = {"loss": "-", "lr": "-", "tok_s": "-", "max_logit": "-"}
 
@@ -120,6 +121,12 @@ class RichTrainReport(LiveReport):
             self.say(f"checkpoint step={step} path={path}")
         elif self.progress is not None:
             self.progress.console.print(f"[dim]step {step:>6}  saved {path}[/]")
+
+    def confirm(self, message: str) -> bool:
+        """On a terminal (stdin and stdout), unless --yes: ask before a long run; off one, go on."""
+        if self.yes or self.plain or not sys.stdin.isatty():
+            return True
+        return click.confirm("start it anyway?", default=False, err=False)
 
     def on_note(self, message: str) -> None:
         console = self.progress.console if self.progress is not None else self.out
@@ -251,7 +258,10 @@ CONFIG_OPTIONS = (
     click.option("--seq-len", callback=number(int), help="Tokens per sequence (default 128)."),
     click.option("--steps", callback=number(int), help="Optimizer updates (default 300)."),
     click.option("--tokens", callback=number(int), help="Training tokens (instead of --steps)."),
-    click.option("--data", help="Prepared folder, text file/folder, dataset name or 'builtin' (the built-in corpus, the default)."),
+    click.option(
+        "--data",
+        help="Prepared folder, text file/folder, dataset name or 'builtin' (the built-in corpus, the default).",
+    ),
     click.option("--tokenizer", help="Tokenizer name or path when data must be prepared (default: train a BPE)."),
     click.option("--vocab-size", callback=number(int), help="Vocabulary of a BPE trained on the data (default 4096)."),
     click.option("--out", help="Run folder (default runs/<date>-<model>-<optimizer>)."),
@@ -333,16 +343,24 @@ def config_options(command):
     metavar="KEY=VALUE",
     help="Override any config key (a TOML value; dotted keys for tables: optimizer_args.betas=[0.9,0.95]).",
 )
+@click.option(
+    "--yes",
+    "-y",
+    is_flag=True,
+    help="Start a run estimated at more than about an hour on a CPU without asking (off a terminal it never asks).",
+)
 @config_options
-def train(config_file, overrides, **values):
+def train(config_file, overrides, yes, **values):
     """Pretrain a GPT-2 or Llama model with MERIT or a baseline optimizer.
 
     CONFIG is a TOML file or the name of a shipped config (merit train --list-configs).
     With no arguments: a tiny GPT-2 trained with MERIT on the built-in corpus (a few minutes on a CPU).
     Under `torchrun --nproc_per_node N -m merit_cli train ...` it trains with DDP, or with FSDP2 given --parallel fsdp.
     SIGTERM / SIGUSR1 (cluster preemption), Ctrl-C, SIGHUP (a closed terminal or ssh session) and a
-    closed stdout (merit train | head) finish the current step, save a checkpoint and exit with
-    143 / 130 / 129 / 141; continue with --resume.
+    closed stdout (merit train | head) finish the current step (or micro-batch), save a checkpoint and
+    exit with 143 / 130 / 129 / 141; continue with --resume. A second one aborts at once, losing the
+    step under way; a signal ignored at start (nohup) stays ignored. On a CPU a run estimated at more
+    than about an hour says so first, with a config that fits, and asks on a terminal (--yes: no).
 
     \b
     Examples:
@@ -360,7 +378,7 @@ def train(config_file, overrides, **values):
     try:
         summary_config = _load(config_file, overrides, values)
 
-        report = RichTrainReport() if main else None
+        report = RichTrainReport(yes=yes) if main else None
         try:
             run_training(summary_config, report)
         finally:

@@ -39,6 +39,7 @@ from merit_core.train.callbacks import HANDLED_SIGNALS, STOP_SIGNALS, RunInfo, R
 from merit_core.train.checkpoint import prune_checkpoints, save_checkpoint
 from merit_core.train.checks import check_data, check_model_and_batches
 from merit_core.train.config import TrainConfig, resolve, save_config
+from merit_core.train.estimate import long_run_line, time_first_micro_batch, tiny_of
 from merit_core.train.fsdp import check_fsdp_optimizer
 from merit_core.train.hardware import device_info, mfu, peak_memory, reset_peak_memory
 from merit_core.train.metrics import MetricsLog
@@ -262,6 +263,7 @@ class TrainingRun:
         trainer, c = self.trainer, self.config
         self.n_params = count_parameters(trainer.model)
         hw = device_info(self.parallel.device)
+        self._estimate(trainer)
         self.cb.on_start(
             RunInfo(
                 run_dir=self.run_dir,
@@ -365,15 +367,24 @@ class TrainingRun:
         agreed = int(self.parallel.all_reduce(torch.tensor(code, device=self.parallel.device), op="max").item())
         return list(STOP_SIGNALS)[agreed - 1] if agreed else None
 
+    def _estimate(self, trainer) -> None:
+        """Before step 1 on a CPU (one process): a run that would take more than about an hour says so in one
+        line with a config that fits, and goes on only if the callbacks confirm (merit train: a terminal asks)."""
+        if self.parallel.world_size != 1 or self.parallel.device.type != "cpu" or trainer.step >= self.config.steps:
+            return
+        line = long_run_line(time_first_micro_batch(trainer), self.config.model, tiny_of(self.config.model))
+        if line is None:
+            return
+        self.cb.on_note(line)
+        if not self.cb.confirm(line):
+            raise RunInterrupted(f"not started: {line.split(';')[0]}; nothing was trained", 1)
+
     def _abort_line(self, name: str) -> str:
         """What a second stop signal says: nothing saved for the step under way."""
         step = self.trainer.step + 1 if self.trainer is not None else 1
         where = f"the last checkpoint is {self.last_ckpt}" if self.last_ckpt else "no checkpoint was written"
         again = f"; continue with: merit train --resume --out {self.run_dir}" if self.last_ckpt else ""
-        return (
-            f"aborted by a second stop signal ({name}) during step {step}: that step's work is "
-            f"lost, {where}{again}"
-        )
+        return f"aborted by a second stop signal ({name}) during step {step}: that step's work is lost, {where}{again}"
 
     def _stop_now(self, name: str) -> None:
         step = self.trainer.step
