@@ -35,6 +35,20 @@ if TYPE_CHECKING:
     from merit_core.train.callbacks import RunInfo, RunSummary
 
 
+def lr_source(chosen: Any) -> str:
+    """Where a default lr came from, for the start line: the lr table's own words, shortened for an
+    extrapolated one (whose full account, with both runs, is several hundred characters; it stays in
+    merit_core.optim.lr_table's LrDefault.source)."""
+    entry = chosen.entry
+    if not chosen.extrapolated or entry is None:
+        return chosen.source
+    cap = f", capped at {chosen.cap.lr:g}, the largest lr trained stably on {chosen.cap.model}" if chosen.cap else ""
+    return (
+        f"extrapolated from the lr measured for {entry.model} at batch {entry.batch_size} x {entry.seq_len}, "
+        f"{entry.lr:g}{cap}; run: {entry.run}"
+    )
+
+
 class RichTrainReport(LiveReport):
     """Renders a run: a header, a live progress bar, eval lines, and a summary table.
 
@@ -67,7 +81,7 @@ class RichTrainReport(LiveReport):
         world = f" x {info.world_size} processes ({c.parallel})" if info.world_size > 1 else ""
         verb = f"Resuming from {info.resumed_from}" if info.resumed_from else "Training"
         source = info.lr_default  # where resolve took the lr from; None when the config gave it
-        lr_note = f" ({escape(source.source)})" if source is not None else ""
+        lr_note = f" ({escape(lr_source(source))})" if source is not None else ""
         # e.g. "lr 0.002 (merit's measured default for gpt2-small at batch 64 x 1024; run: ...)"
         self.out.print(
             f"[bold]{verb}[/] {c.model} ({fmt_count(info.n_params)} parameters) with [bold]{c.optimizer}[/], "
