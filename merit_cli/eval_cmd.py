@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from merit_cli.options import device_option
-from merit_cli.render import ProgressView
+from merit_cli.render import ProgressView, print_table
 from merit_core.errors import ConfigError
 from merit_core.evaluation import EvalSettings, evaluate_checkpoints
 from merit_core.evaluation.lm_eval_output import parse_seed
@@ -222,7 +222,7 @@ def _show_steps(console, run: str, steps: list[int], records: list[CheckpointRes
     logits = recorded_max_logits(Path(run).expanduser())
     for step, record in zip(steps, records):
         record.meta[RECORDED_LOGIT] = logits.get(step)
-    console.print(_steps_table(steps, records, logits))
+    print_table(console, _steps_table(steps, records, logits))
     if plot is not None:
         rows = metric_rows(records)
         series = {f"{r.task} {r.metric}": list(r.values) for r in rows}
@@ -422,7 +422,7 @@ def eval_cmd(
         if own is not None:
             own.close()
 
-    console.print(results_table(records, settings.num_fewshot))
+    print_table(console, results_table(records, settings.num_fewshot))
     if step_run is not None:
         _show_steps(console, step_run, chosen, records, plot)
     if output:
