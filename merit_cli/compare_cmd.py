@@ -322,7 +322,9 @@ def _check_task_trust(spec, trusted: bool) -> None:
     "--tokens", type=int, help=f"Training tokens per run, the same at every batch size  [default: {DEFAULT_TOKENS}]"
 )
 @click.option("--model", help=f"Named model or config.json  [default: {DEFAULT_TRAIN['model']}]")
-@click.option("--data", help="Prepared folder, text file/folder, dataset name or 'builtin' (the built-in corpus, the default).")
+@click.option(
+    "--data", help="Prepared folder, text file/folder, dataset name or 'builtin' (the built-in corpus, the default)."
+)
 @click.option("--seq-len", type=int, help=f"Tokens per sequence  [default: {DEFAULT_TRAIN['seq_len']}]")
 @click.option("--device", help="auto, cpu, cuda.")
 @click.option("--out", help="Comparison folder (default runs/compare-<model>); re-running skips finished runs.")
