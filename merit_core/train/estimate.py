@@ -42,7 +42,7 @@ def time_first_micro_batch(trainer: Trainer) -> Estimate:
             seconds = time.perf_counter() - start
         finally:
             trainer.model.zero_grad(set_to_none=True)
-    steps = max(0, trainer.config.steps - trainer.step)
+    steps = max(0, (trainer.config.steps or 0) - trainer.step)
     return Estimate(seconds * trainer.per_rank, steps)
 
 
