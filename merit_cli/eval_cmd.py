@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -12,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from merit_cli.options import all_steps_option, device_option, no_verify_option, selection_of, steps_option
-from merit_cli.render import ProgressView, shown
+from merit_cli.render import ProgressView, print_table, shown
 from merit_core.errors import ConfigError
 from merit_core.evaluation import EvalSettings, evaluate_checkpoints
 from merit_core.evaluation.lm_eval_output import parse_seed
@@ -127,9 +128,8 @@ def _lm_eval_args(args: list[str]) -> list[str]:
         name, eq, inline = arg.partition("=")
         if name in LM_EVAL_REFUSED:
             raise ConfigError(LM_EVAL_REFUSED[name])
-        if name == "--output_path":  # merit's JSON as -o writes it, and lm-eval's own results layout
-            out.insert(0, "--lm-eval-layout")
-            out.append("--output" + eq + inline)
+        if name == "--output_path":  # lm-eval's own results layout (and merit's JSON there unless -o says where)
+            out.append("--lm-eval-output" + eq + inline)
             continue
         if name in LM_EVAL_FLAGS:
             out.append(LM_EVAL_FLAGS[name] + eq + inline)
@@ -141,6 +141,8 @@ def _lm_eval_args(args: list[str]) -> list[str]:
             if i >= len(args):
                 raise ConfigError(f"{name} needs a value")
             inline, i = args[i], i + 1
+        if name == "--model_args":  # recorded as given in lm-eval's results file
+            out += ["--lm-eval-model-args", inline]
         if name == "--model":
             if inline not in ("hf", "hf-auto", "huggingface"):
                 raise ConfigError(
@@ -236,7 +238,7 @@ def _show_steps(console, run: str, steps: list[int], records: list[CheckpointRes
     logits = recorded_max_logits(Path(run).expanduser())
     for step, record in zip(steps, records):
         record.meta[RECORDED_LOGIT] = logits.get(step)
-    console.print(_steps_table(steps, records, logits))
+    print_table(console, _steps_table(steps, records, logits))
     if plot is not None:
         rows = metric_rows(records)
         series = {f"{r.task} {r.metric}": list(r.values) for r in rows}
@@ -267,7 +269,8 @@ def _display_stream():
     type=str,
     default=None,
     metavar="DIR",
-    help="Folder of lm-eval task YAMLs (local data); it is code, so it needs --trust-task-code.",
+    help="Folder of lm-eval task YAMLs (local data); one with code (Python, !function, templates that "
+    "compute) needs --trust-task-code.",
 )
 @device_option()
 @click.option(
@@ -280,7 +283,9 @@ def _display_stream():
 @click.option("--batch-size", default="auto", metavar="INTEGER|auto", help="Sequences per forward pass, or auto.")
 @click.option("--limit", type=int, default=None, help="Score only the first N documents of each task (quick runs).")
 @click.option("--num-fewshot", type=int, default=0, help="Few-shot examples per prompt.")
-@click.option("--bootstrap-iters", type=int, default=1000, help="Bootstrap draws for stderrs (0: none).")
+@click.option(
+    "--bootstrap-iters", type=int, default=100000, help="Bootstrap draws for stderrs (0: none); lm-eval's default."
+)
 @click.option(
     "--output",
     "-o",
@@ -308,7 +313,10 @@ def _display_stream():
     metavar="N|P,N,T,F",
     help="lm-eval's seeds (python, numpy, torch, few-shot sampler); one integer sets all four.",
 )
-@click.option("--lm-eval-layout", is_flag=True, hidden=True, help="Set by --output_path: also write lm-eval's files.")
+@click.option(
+    "--lm-eval-output", default=None, hidden=True, help="Set by --output_path DIR: lm-eval's files go into DIR."
+)
+@click.option("--lm-eval-model-args", default=None, hidden=True, help="Set by --model_args: recorded as given.")
 @click.option(
     "--trust-task-code",
     is_flag=True,
@@ -341,7 +349,8 @@ def eval_cmd(
     trust_remote_code,
     log_samples,
     seed,
-    lm_eval_layout,
+    lm_eval_output,
+    lm_eval_model_args,
     trust_task_code,
     selection,
     all_steps,
@@ -367,7 +376,8 @@ def eval_cmd(
 
     lm-eval's spellings work too: --model hf, --model_args pretrained=CKPT,dtype=D,
     --batch_size, --num_fewshot, --include_path, --bootstrap_iters, --log_samples, --seed;
-    --output_path DIR writes merit's JSON and lm-eval's DIR/<model>/results_<time>.json.
+    --output_path DIR writes lm-eval's DIR/<model>/results_<time>.json, the file lm-eval's own command
+    line writes for the same run, and merit's JSON into DIR too unless -o names its place.
     """
     console = Console()
     check_task_code_trusted(include_path, trust_task_code)
@@ -409,11 +419,12 @@ def eval_cmd(
         log_samples=log_samples,
         seed=parse_seed(seed),
     ).validated()
-    if log_samples and not lm_eval_layout:
+    if log_samples and not lm_eval_output:
         raise ConfigError(
             "--log_samples needs --output_path DIR: the samples go to DIR/<model>/samples_<task>_<time>.jsonl"
         )
-    lm_eval_dir = output if lm_eval_layout else None
+    lm_eval_dir = lm_eval_output
+    output = output or lm_eval_output  # merit's JSON beside lm-eval's files unless -o names its place
     if output:
         check_output_path(output_file(output))  # the name is taken when the file is written
 
@@ -438,29 +449,47 @@ def eval_cmd(
     for text in notes:
         console.print(f"[yellow]note[/] {escape(text)}", soft_wrap=True)
 
-    console.print(results_table(records, settings.num_fewshot))
+    print_table(console, results_table(records, settings.num_fewshot))
     if step_run is not None:
         _show_steps(console, step_run, chosen, records, plot)
     if output:
         path = write_results_json(output, records)
         console.print(f"wrote {shown(path)}")
     if lm_eval_dir:
-        _write_lm_eval_layout(console, lm_eval_dir, records)
+        given = LmEvalGiven(checkpoints, lm_eval_model_args, dtype, batch_size, include_path)
+        _write_lm_eval_layout(console, lm_eval_dir, records, given)
 
 
-def _write_lm_eval_layout(console: Console, output_path: str, records: list[CheckpointResult]) -> None:
+@dataclasses.dataclass(frozen=True)
+class LmEvalGiven:
+    """What the user typed, which lm-eval's results file records as typed: the checkpoints (lm-eval's
+    pretrained=, also its folder name), --model_args, --dtype, --batch-size and --include-path."""
+
+    checkpoints: tuple[str, ...]
+    model_args: str | None
+    dtype: str
+    batch_size: str
+    include_path: str | None
+
+
+def _write_lm_eval_layout(
+    console: Console, output_path: str, records: list[CheckpointResult], given: LmEvalGiven
+) -> None:
     """lm-eval's own files for each checkpoint (merit_core.evaluation.lm_eval_output)."""
     from merit_core.evaluation.lm_eval_output import write_lm_eval_results
 
-    for record in records:
-        name = record.path
-        if os.path.isabs(name) and not os.path.relpath(name).startswith(".."):
-            name = os.path.relpath(name)  # as the user would have written pretrained= from here
+    typed = given.checkpoints if len(given.checkpoints) == len(records) else tuple(r.path for r in records)
+    for name, record in zip(typed, records):
         used = record.meta.get("eval", {})
+        if given.model_args is not None and len(records) == 1:
+            model_args = given.model_args
+        else:  # what `lm_eval --model_args` would have been for these options
+            model_args = f"pretrained={name}" + (f",dtype={given.dtype}" if given.dtype != "auto" else "")
         settings = {
-            "model_args": f"pretrained={name},dtype={used.get('dtype')}",
-            "batch_size": used.get("batch_size"),
+            "model_args": model_args,
+            "batch_size": given.batch_size if given.batch_size != "auto" else used.get("batch_size"),
             "device": used.get("device"),
+            "include_path": given.include_path,
         }
         for path in write_lm_eval_results(output_path, name, record.lm_eval or {}, settings):
             console.print(f"wrote {shown(path)}")

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from merit_cli.options import all_steps_option, device_option, no_verify_option, selection_of, steps_option
-from merit_cli.render import shown
+from merit_cli.render import print_table, shown
 from merit_core.diagnostics.plots import plot_report, short_labels
 from merit_core.errors import CheckpointError, ConfigError
 from merit_core.fileio import check_writable
@@ -308,18 +308,18 @@ def render(console, report, per_head: bool, show_weights: bool | None) -> None:
     if len(detailed) <= 3:
         for c in detailed:
             for table in _layer_tables(c):
-                console.print(table)
+                print_table(console, table)
             if per_head and c.layers[0].heads:
-                console.print(_head_table(c))
+                print_table(console, _head_table(c))
                 if any(h.normalized_attention_entropy_min is not None for l in c.layers for h in l.heads):
-                    console.print(_entropy_head_table(c))
+                    print_table(console, _entropy_head_table(c))
             if c.updates is not None and c.updates.weights:
-                console.print(_updates_table(c))
+                print_table(console, _updates_table(c))
             if show_weights if show_weights is not None else len(checkpoints) == 1:
-                console.print(_weights_table(c))
+                print_table(console, _weights_table(c))
     if len(checkpoints) > 1:
-        console.print(_side_by_side(checkpoints))
-    console.print(_summary_table(checkpoints))
+        print_table(console, _side_by_side(checkpoints))
+    print_table(console, _summary_table(checkpoints))
     _print_notes(console, checkpoints)
 
 

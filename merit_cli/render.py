@@ -367,3 +367,52 @@ class LiveReport:
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
+
+
+def _cell_width(cell: Any) -> int:
+    text = Text.from_markup(cell) if isinstance(cell, str) else cell
+    return text.cell_len if isinstance(text, Text) else 0
+
+
+def never_cut(table: Table) -> Table:
+    """`table` made so that a narrow console never cuts a cell with '…': a right-aligned (number) column
+    keeps its widest cell's (and header's) width, other columns (names, paths) fold onto more lines.
+    :func:`print_table` also folds columns into a second table when even that is too wide."""
+    for column in table.columns:
+        if column.justify == "right":
+            widths = [_cell_width(c) for c in column.cells] + [_cell_width(column.header)]
+            column.min_width = max([column.min_width or 0, *widths])
+            column.no_wrap = True
+        else:
+            column.overflow = "fold"
+    return table
+
+
+def print_table(out: Console, table: Table, first_width: int = 16) -> None:
+    """Print `table` (:func:`never_cut`) on `out`; when its number columns do not fit the console beside
+    a `first_width` first column, the columns go into several tables of the first column and as many
+    others as fit, one after the other (each title says which part it is)."""
+    never_cut(table)
+    columns = table.columns
+    space = lambda c: (c.min_width or _cell_width(c.header)) + 3  # noqa: E731  (padding and border)
+    if len(columns) < 3 or first_width + sum(space(c) for c in columns[1:]) <= out.width:
+        out.print(table)
+        return
+    parts: list[list[int]] = [[]]
+    used = first_width
+    for index in range(1, len(columns)):
+        if parts[-1] and used + space(columns[index]) > out.width:
+            parts.append([])
+            used = first_width
+        parts[-1].append(index)
+        used += space(columns[index])
+    rows = [[list(c.cells)[r] for c in columns] for r in range(table.row_count)]
+    for n, part in enumerate(parts, 1):
+        title = f"{table.title} ({n}/{len(parts)})" if table.title else None
+        piece = Table(title=title, title_justify=table.title_justify, box=table.box, header_style=table.header_style)
+        for index in [0, *part]:
+            column = columns[index]
+            piece.add_column(column.header, justify=column.justify, style=column.style)
+        for row in rows:
+            piece.add_row(*[row[i] for i in [0, *part]])
+        out.print(never_cut(piece))

@@ -36,6 +36,20 @@ if TYPE_CHECKING:
     from merit_core.train.callbacks import RunInfo, RunSummary
 
 
+def lr_source(chosen: Any) -> str:
+    """Where a default lr came from, for the start line: the lr table's own words, shortened for an
+    extrapolated one (whose full account, with both runs, is several hundred characters; it stays in
+    merit_core.optim.lr_table's LrDefault.source)."""
+    entry = chosen.entry
+    if not chosen.extrapolated or entry is None:
+        return chosen.source
+    cap = f", capped at {chosen.cap.lr:g}, the largest lr trained stably on {chosen.cap.model}" if chosen.cap else ""
+    return (
+        f"extrapolated from the lr measured for {entry.model} at batch {entry.batch_size} x {entry.seq_len}, "
+        f"{entry.lr:g}{cap}; run: {entry.run}"
+    )
+
+
 class RichTrainReport(LiveReport):
     """Renders a run: a header, a live progress bar, eval lines, and a summary table.
 
@@ -43,8 +57,9 @@ class RichTrainReport(LiveReport):
     LiveReport) rather than inherited, so that this module, read at `merit train --help`, does not import
     the training package (torch); tests/cli check that it answers every hook."""
 
-    def __init__(self):
+    def __init__(self, yes: bool = False):
         super().__init__(guard=True)
+        self.yes = yes  # --yes: a long run goes on without asking
         self.task = None
         self.fields = {"loss": "-", "lr": "-", "tok_s": "-", "max_logit": "-"}
 
@@ -67,7 +82,7 @@ class RichTrainReport(LiveReport):
         world = f" x {info.world_size} processes ({c.parallel})" if info.world_size > 1 else ""
         verb = f"Resuming from {shown(info.resumed_from)}" if info.resumed_from else "Training"
         source = info.lr_default  # where resolve took the lr from; None when the config gave it
-        lr_note = f" ({shown(source.source)})" if source is not None else ""
+        lr_note = f" ({shown(lr_source(source))})" if source is not None else ""
         # e.g. "lr 0.002 (merit's measured default for gpt2-small at batch 64 x 1024; run: ...)"
         self.out.print(
             f"[bold]{verb}[/] {shown(c.model)} ({fmt_count(info.n_params)} parameters) with [bold]{c.optimizer}[/], "
@@ -86,6 +101,11 @@ class RichTrainReport(LiveReport):
     def on_step(self, step: int) -> None:
         if self.progress is not None:  # the bar moves every step; its numbers change on log steps
             self.progress.update(self.task, completed=step)
+
+    def on_step_loss(self, step: int, loss: float) -> None:
+        if self.progress is not None:  # the loss between log lines (every step on a CPU, step 1 anywhere)
+            self.fields.update(loss=fmt_float(loss))
+            self.progress.update(self.task, completed=step, **self.fields)
 
     def on_log(self, record: dict[str, Any]) -> None:
         if self.plain:
@@ -116,6 +136,12 @@ class RichTrainReport(LiveReport):
             self.say(f"checkpoint step={step} path={path}")
         elif self.progress is not None:
             self.progress.console.print(f"[dim]step {step:>6}  saved {shown(path)}[/]")
+
+    def confirm(self, message: str) -> bool:
+        """On a terminal (stdin and stdout), unless --yes: ask before a long run; off one, go on."""
+        if self.yes or self.plain or not sys.stdin.isatty():
+            return True
+        return click.confirm("start it anyway?", default=False, err=False)
 
     def on_note(self, message: str) -> None:
         console = self.progress.console if self.progress is not None else self.out
@@ -262,16 +288,24 @@ def config_options(command):
     metavar="KEY=VALUE",
     help="Override any config key (a TOML value; dotted keys for tables: optimizer_args.betas=[0.9,0.95]).",
 )
+@click.option(
+    "--yes",
+    "-y",
+    is_flag=True,
+    help="Start a run estimated at more than about an hour on a CPU without asking (off a terminal it never asks).",
+)
 @config_options
-def train(config_file, overrides, **values):
+def train(config_file, overrides, yes, **values):
     """Pretrain a GPT-2 or Llama model with MERIT or a baseline optimizer.
 
     CONFIG is a TOML file or the name of a shipped config (merit train --list-configs).
     With no arguments: a tiny GPT-2 trained with MERIT on the built-in corpus (a few minutes on a CPU).
     Under `torchrun --nproc_per_node N -m merit_cli train ...` it trains with DDP, or with FSDP2 given --parallel fsdp.
     SIGTERM / SIGUSR1 (cluster preemption), Ctrl-C, SIGHUP (a closed terminal or ssh session) and a
-    closed stdout (merit train | head) finish the current step, save a checkpoint and exit with
-    143 / 130 / 129 / 141; continue with --resume.
+    closed stdout (merit train | head) finish the current step (or micro-batch), save a checkpoint and
+    exit with 143 / 130 / 129 / 141; continue with --resume. A second one aborts at once, losing the
+    step under way; a signal ignored at start (nohup) stays ignored. On a CPU a run estimated at more
+    than about an hour says so first, with a config that fits, and asks on a terminal (--yes: no).
 
     \b
     Examples:
@@ -289,7 +323,7 @@ def train(config_file, overrides, **values):
     try:
         summary_config = _load(config_file, overrides, values)
 
-        report = RichTrainReport() if main else None
+        report = RichTrainReport(yes=yes) if main else None
         try:
             run_training(summary_config, report)
         finally:

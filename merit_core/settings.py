@@ -168,9 +168,9 @@ class TrainConfig:
     )
     data: str | None = setting(
         None,
-        "Prepared folder, text file/folder or dataset name.",
+        "Prepared folder, text file/folder, dataset name or 'builtin' (the built-in corpus).",
         option="value",
-        default_text="the built-in corpus",
+        default_text="builtin",
     )
     data_config: str | None = setting(None, "Configuration of a hub dataset (e.g. 'en' for allenai/c4).")
     text_column: str = setting("text", "Column holding the text (.jsonl/.parquet/hub datasets).")

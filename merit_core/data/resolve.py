@@ -11,9 +11,12 @@ from merit_core.data.prepare import check_vocab_size, prepare_corpus
 from merit_core.data.publish import build_lock
 from merit_core.data.sources import resolve_source
 from merit_core.data.tokenizer import tokenizer_identity
+from merit_core.errors import DataError
 from merit_core.paths import cache_dir
 from merit_core.progress import ProgressFn
 from merit_core.settings import VOCAB_SIZE
+
+BUILTIN = "builtin"  # `--data builtin`: the built-in corpus, as giving no --data
 
 
 def cache_key(
@@ -35,10 +38,14 @@ def resolve_data(
     text_column: str = "text",
     dataset_config: str | None = None,
 ) -> Path:
-    """None -> the built-in corpus; a prepared folder -> itself; a raw file, folder or dataset name
-    -> prepared once into the user cache (keyed by source identity, tokenizer and vocab size)."""
+    """None or ``builtin`` (:data:`BUILTIN`) -> the built-in corpus; a prepared folder -> itself; a raw
+    file, folder or dataset name -> prepared once into the user cache (keyed by source identity,
+    tokenizer and vocab size). A folder named ``builtin`` is ``./builtin``; an empty name is refused
+    (it would be the working directory)."""
     check_vocab_size(vocab_size)
-    if data is None:
+    if data is not None and not data.strip():
+        raise DataError(f"--data is empty; give a file, folder or dataset name, or '{BUILTIN}' for the built-in corpus")
+    if data is None or data == BUILTIN:
         return builtin_data(vocab_size, tokenizer=tokenizer, progress=progress)
     path = Path(data).expanduser()
     if is_prepared(path):

@@ -86,7 +86,7 @@ def resolve_source(
         if prefer_offline():
             raise DataError(
                 f"dataset {source!r} is not available: it is not a local path and the Hugging Face hub cannot "
-                "be reached (offline); use a local .txt/.jsonl/.parquet file or folder, or the built-in corpus"
+                "be reached (offline); use a local .txt/.jsonl/.parquet file or folder, or --data builtin (the built-in corpus)"
             )
         return Source(source, [], **common)
     raise DataError(f"data path not found: {source}")

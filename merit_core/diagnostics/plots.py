@@ -58,6 +58,19 @@ def _checkpoint_panels(checkpoints: list) -> list[tuple[str, str, str]]:
     return [p for p in CHECKPOINT_PANELS if any(getattr(c.summary, p[0]) is not None for c in checkpoints)]
 
 
+def _over_layers(key: str) -> str:
+    """Which end of the layers a run's summary keeps for a panel: the entropy's smallest, the others' largest
+    (merit_core.diagnostics.report.Summary)."""
+    return "min" if key == NORMALIZED_ENTROPY_MIN else "max"
+
+
+def _integer_steps(ax) -> None:
+    """Step axes tick at whole steps (a lone step 5 otherwise spans a 4.8-5.2 axis of fractions)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _nan(y) -> float:
     return float("nan") if y is None else y
 
@@ -190,7 +203,7 @@ def plot_trajectory(checkpoints: list, path: str | Path) -> None:
                     color=cmap(i % 10),
                     label=names[i],
                 )
-            ax.set_title(f"{title}, max over layers")
+            ax.set_title(f"{title}, {_over_layers(key)} over layers")
             ax.set_xlabel("step")
             ax.set_ylabel(ylabel)
         fig.legend(
@@ -201,15 +214,20 @@ def plot_trajectory(checkpoints: list, path: str | Path) -> None:
         ax.set_xlabel("training step")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
+        _integer_steps(ax)
     save_figure(plt, fig, Path(path))
 
 
 def plot_report(report, path: str | Path) -> str:
-    """Trajectory when a run folder was given (with 2+ steps), otherwise per-layer bars; returns which.
+    """Trajectory when a run folder was given and some run has 2+ steps, otherwise per-layer bars; returns which.
 
     `report` is an `InspectReport`."""
     checkpoints = report.checkpoints
-    is_run = any(i.kind == "run" for i in report.inputs) and len(checkpoints) > 1
+    steps: dict[str, set[int | None]] = {}
+    for c in checkpoints:
+        steps.setdefault(c.run or c.path, set()).add(c.step)
+    # a trajectory needs a run with two steps at least; one checkpoint per run is a bar chart
+    is_run = any(i.kind == "run" for i in report.inputs) and max(map(len, steps.values()), default=0) > 1
     if is_run and all(c.step is not None for c in checkpoints):
         plot_trajectory(checkpoints, path)
         return "trajectory"

@@ -12,6 +12,7 @@ import gc
 import io
 import math
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,7 @@ from merit_core.evaluation.checkpoint import (
     resolve_checkpoint,
     resolve_dtype,
 )
-from merit_core.evaluation.lm_eval_output import DEFAULT_SEED, parse_seed, seed_kwargs
+from merit_core.evaluation.lm_eval_output import DEFAULT_SEED, EVAL_SECONDS, parse_seed, seed_kwargs
 from merit_core.evaluation.results import CheckpointResult
 from merit_core.evaluation.tasks import (
     check_counts,
@@ -52,7 +53,7 @@ class EvalSettings:
     batch_size: int | str = "auto"
     limit: int | None = None
     num_fewshot: int = 0
-    bootstrap_iters: int = 1000
+    bootstrap_iters: int = 100000  # lm-eval's default
     trust_remote_code: bool = False  # run code shipped with a checkpoint (auto_map): only on explicit request
     verify: bool = True  # check a merit checkpoint's files against the checksums it recorded
     log_samples: bool = False  # keep lm-eval's per-document records (written by --output_path)
@@ -264,6 +265,7 @@ def evaluate_checkpoints(
     records = []
     for index, (ref, config) in enumerate(zip(run.refs, configs)):
         run.report("loading model", index)
+        started = time.perf_counter()
         with _silenced(quiet), _exact_float32(device, dtype):
             model, tokenizer = load_model_and_tokenizer(ref, device, dtype, settings.trust_remote_code, note)
             lm, batch_size = build_lm(model, tokenizer, parse_batch_size(settings.batch_size), device)
@@ -281,6 +283,7 @@ def evaluate_checkpoints(
                 log_samples=settings.log_samples,
                 **seed_kwargs(parse_seed(settings.seed)),
             )
+        out[EVAL_SECONDS] = time.perf_counter() - started  # lm-eval's results file's total_evaluation_time_seconds
         meta = {
             **ref.meta,
             "model_type": config.model_type,

@@ -13,12 +13,13 @@ import copy
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from merit_core.errors import ConfigError
-from merit_core.fileio import fsync_dir, fsync_file
+from merit_core.fileio import fsync_dir, fsync_file, refuse_link
 from merit_core.values import parse_number
 
 DEFAULT_SEED = (0, 1234, 1234, 1234)  # lm-eval's: python random, numpy, torch, few-shot sampler
@@ -57,36 +58,71 @@ def seed_kwargs(seed: Sequence[int | None]) -> dict[str, int | None]:
     return dict(zip(SEED_SLOTS, seed))
 
 
+EVAL_SECONDS = "merit_evaluation_seconds"  # in simple_evaluate's output (harness): the model load and scoring
+
+
+def _as_given(source: str, include_path: str | None) -> str:
+    """A task YAML's path under the resolved --include-path as lm-eval records it: under the folder as typed."""
+    if not include_path:
+        return source
+    root = Path(include_path).expanduser().resolve()
+    try:
+        rest = Path(source).relative_to(root)
+    except ValueError:
+        return source
+    return os.path.join(include_path, str(rest))
+
+
 def write_lm_eval_results(
     output_path: str | os.PathLike, model_name: str, out: dict[str, Any], settings: dict[str, Any] | None = None
 ) -> list[Path]:
     """Write one checkpoint's `simple_evaluate` output where `lm_eval --output_path` would; return the files.
 
-    `model_name` is what lm-eval's `pretrained=` would have been (the checkpoint's path or hub name);
-    `settings` (`model_args`, `batch_size`, `device`) fill the entries of `config` that lm-eval's
-    command line records and an in-memory model leaves empty.
+    The file is the one `lm_eval --model hf --model_args ... --output_path DIR` writes for the same run,
+    field for field: `model_name` is the `pretrained=` value as typed (also the folder name), `config`
+    holds `model: "hf"` and `model_args` as lm-eval parses them (a dict), the tasks' metadata carry the
+    model arguments as lm-eval merges them in, a task YAML's `config_source` is under the
+    `--include-path` as typed, and `total_evaluation_time_seconds` is the model load and scoring time
+    (`out[EVAL_SECONDS]`). `settings`: `model_args` (the string), `batch_size`, `device`,
+    `include_path`. A symbolic link inside DIR (a planted `DIR/<model>`) is refused, never written through.
     """
     from lm_eval.loggers import EvaluationTracker
+    from lm_eval.utils import simple_parse_args_string
 
+    settings = dict(settings or {})
+    include_path = settings.pop("include_path", None)
+    model_args = simple_parse_args_string(settings.pop("model_args", None) or f"pretrained={model_name}")
     target = Path(output_path).expanduser()
     folder = target.parent if target.suffix == ".json" else target
     folder.mkdir(parents=True, exist_ok=True)
-    results = copy.deepcopy({k: v for k, v in out.items() if k != "samples"})
+    results = copy.deepcopy({k: v for k, v in out.items() if k not in ("samples", EVAL_SECONDS)})
     samples = out.get("samples") or {}
     config = results.setdefault("config", {})
-    for key, value in (settings or {}).items():
-        if config.get(key) in (None, [], ""):
+    config["model"], config["model_args"] = "hf", model_args
+    for key, value in settings.items():
+        if config.get(key) in (None, [], "") or key == "batch_size":
             config[key] = value
+    if config.get("gen_kwargs") is None:
+        config["gen_kwargs"] = {}  # lm-eval's command line passes an empty dict
+    for task_config in results.get("configs", {}).values():
+        metadata = task_config.setdefault("metadata", {})
+        if isinstance(metadata, dict):  # lm-eval merges the model arguments into every task's metadata
+            task_config["metadata"] = {**metadata, **{k: v for k, v in model_args.items() if k not in metadata}}
+            if "config_source" in metadata:
+                task_config["metadata"]["config_source"] = _as_given(metadata["config_source"], include_path)
     staging = Path(tempfile.mkdtemp(prefix=".tmp-lm-eval-", dir=folder))
     try:
         staged_target = staging / target.name if target.suffix == ".json" else staging
         tracker = EvaluationTracker(output_path=str(staged_target))
+        seconds = out.get(EVAL_SECONDS)
+        if isinstance(seconds, (int, float)):  # the tracker times from its creation; lm-eval's CLI creates it first
+            tracker.general_config_tracker.start_time = time.perf_counter() - seconds
         tracker.general_config_tracker.log_experiment_args(
             model_source="hf",
-            model_args=f"pretrained={model_name}",
+            model_args=model_args,
             system_instruction=None,
             chat_template=None,
-            fewshot_as_multiturn=False,
+            fewshot_as_multiturn=None,
         )
         tracker.save_results_aggregated(results=results, samples=samples)
         for task in results.get("configs", {}):
@@ -98,7 +134,10 @@ def write_lm_eval_results(
         moved = []
         for path in written:
             final = folder / path.relative_to(staging)
+            for parent in reversed(final.relative_to(folder).parents[:-1]):  # DIR/<model>, ... (never DIR itself)
+                refuse_link(folder / parent, "inside --output_path")
             final.parent.mkdir(parents=True, exist_ok=True)
+            refuse_link(final, "inside --output_path")
             fsync_file(path)
             os.replace(path, final)
             fsync_dir(final.parent)

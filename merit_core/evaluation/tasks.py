@@ -139,8 +139,7 @@ def resolve_tasks(tasks: str | Iterable[str], include_path: str | os.PathLike | 
     local: set[str] = set()
     if include_path is not None:
         path = Path(include_path).expanduser()
-        if not path.is_dir():
-            raise ConfigError(f"--include-path {include_path}: not a folder of lm-eval task YAML files")
+        _check_include_folder(include_path)
         user_paths.append(path.resolve())
         manager = _task_manager(user_paths, include_defaults=False)
         local = set(manager.all_tasks)
@@ -270,16 +269,64 @@ def _why_no_tasks(folder: Path) -> str:
     return f"lm-eval found no task in its {len(files)} YAML file(s); check their 'task:' and dataset keys"
 
 
-def check_task_code_trusted(include_path: str | os.PathLike | None, trusted: bool) -> None:
-    """ConfigError unless `include_path` is None or the user said they trust it (--trust-task-code).
+def _check_include_folder(include_path: str | os.PathLike) -> None:
+    """ConfigError when --include-path is missing (saying where a relative one was looked for) or a file."""
+    path = Path(include_path).expanduser()
+    if not path.exists():
+        where = f" (looked for in {Path.cwd()})" if not path.is_absolute() else ""
+        raise ConfigError(f"--include-path {include_path} does not exist{where}")
+    if not path.is_dir():
+        raise ConfigError(f"--include-path {include_path}: not a folder of lm-eval task YAML files")
 
-    A task folder is code, not data: a YAML `!function` tag imports the folder's Python, and lm-eval
-    renders prompt templates with Jinja, which can reach os.system from a plain YAML file. Like a
-    checkpoint's auto_map it runs only on request; the shipped aliases need no flag."""
-    if include_path is not None and not trusted:
+
+# A Jinja expression that only reads a field: `{{text}}`, `{{doc.question}}`, `{{choices[0]}}`
+_PLAIN_FIELD = re.compile(r"""\s*[A-Za-z_][\w.]*(\[\s*(\d+|'[^']*'|"[^"]*")\s*\])*\s*""")
+_CODE_KEYS = re.compile(r"(^|[\s{,])(include|trust_remote_code)\s*:", re.M)
+_MAX_YAML_BYTES = 1 << 20
+
+
+def task_code(include_path: str | os.PathLike) -> str | None:
+    """Why the task folder runs code, or None for plain YAML (fields read, nothing called): a Python
+    file, a `!function` tag, an `include:` of another file, `trust_remote_code`, a Jinja statement
+    (`{% ... %}`) or an expression that does more than read a field (a call, a filter, arithmetic)."""
+    root = Path(include_path).expanduser()
+    if any(root.rglob("*.py")):
+        return "it holds Python files"
+    for file in sorted(p for pattern in ("*.yaml", "*.yml") for p in root.rglob(pattern)):
+        with file.open("rb") as f:
+            text = f.read(_MAX_YAML_BYTES + 1).decode("utf-8", errors="replace")
+        name = file.relative_to(root)
+        if len(text) > _MAX_YAML_BYTES:
+            return f"{name} is larger than a task file reads"
+        if "!function" in text:
+            return f"{name} imports Python (!function)"
+        if re.search(r"(^|[\s:\[{,-])!\S", text, re.M):
+            return f"{name} has a YAML tag"
+        if match := _CODE_KEYS.search(text):
+            return f"{name} has {match.group(2)}:"
+        if "{%" in text:
+            return f"{name} has a Jinja statement"
+        for expression in re.findall(r"\{\{(.*?)\}\}", text, re.S):
+            if not _PLAIN_FIELD.fullmatch(expression) or "__" in expression:
+                return f"{name} has a Jinja template that computes ({{{{{expression.strip()[:40]}}}}})"
+    return None
+
+
+def check_task_code_trusted(include_path: str | os.PathLike | None, trusted: bool) -> None:
+    """ConfigError unless `include_path` is None, is plain YAML (:func:`task_code`), or the user said
+    they trust it (--trust-task-code).
+
+    A task folder can be code, not data: a YAML `!function` tag imports the folder's Python, and
+    lm-eval renders prompt templates with Jinja, which can reach os.system from a YAML file. Like a
+    checkpoint's auto_map it runs only on request; plain YAML and the shipped aliases need no flag."""
+    if include_path is None or trusted:
+        return
+    _check_include_folder(include_path)
+    why = task_code(include_path)
+    if why is not None:
         raise ConfigError(
-            f"--include-path {include_path}: a task folder is code (YAML !function imports its Python and Jinja "
-            "templates can run commands); pass --trust-task-code to use it, only for folders you trust"
+            f"--include-path {include_path}: the task folder is code ({why}; Jinja templates can run commands); "
+            "pass --trust-task-code to use it, only for folders you trust"
         )
 
 

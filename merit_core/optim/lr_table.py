@@ -25,15 +25,18 @@ measured grids show MERIT poor at 3x its best lr and diverging at 9x.
 
 The caller names the model and its width (d_model; None when its config cannot be read: then
 only an entry of the same model name applies, else the caller falls back to the registry default
-and says so), so this package never reads model configs. The registry
+and says so); :func:`table_width` reads it for a name the tables know or a config.json, nothing
+more (this package builds no model configs). The registry
 (:mod:`merit_core.optim.registry`) attaches each table to its optimizer's spec; this module
 holds the entries, the runs that measured them and the rule, nothing else.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,25 @@ STABLE_LRS: dict[str, tuple[StableLr, ...]] = {
         StableLr("gpt2-small", 2e-2, "MERIT's in " + H200_FIRST + "; LAMB itself not measured there", SMALL),
     ),
 }
+
+
+def table_width(model: str) -> int | None:
+    """The width (d_model) of ``model``: its entries' in the tables (a name such as "gpt2-tiny"), else
+    the ``n_embd`` / ``hidden_size`` of a config.json file or a folder holding one; None otherwise."""
+    for entry in (*MERIT_LRS, *ADAMW_LRS, *LAMB_LRS):
+        if entry.model == model and entry.width:
+            return entry.width
+    path = Path(model)
+    path = path / "config.json" if path.is_dir() else path
+    if path.suffix != ".json" or not path.is_file():
+        return None
+    try:
+        with path.open("rb") as f:
+            config = json.loads(f.read(1 << 20))  # a model config is a few kB: read a bounded prefix
+    except (OSError, ValueError):
+        return None
+    width = config.get("n_embd") or config.get("hidden_size") if isinstance(config, dict) else None
+    return width if isinstance(width, int) and not isinstance(width, bool) and width > 0 else None
 
 
 def _nearest_model(items, model: str, width: int | None):

@@ -23,6 +23,7 @@ automatic grid. The `lr` default of each spec is its table's entry for GPT-2 sma
 from __future__ import annotations
 
 import difflib
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +33,15 @@ from torch.optim import Optimizer
 
 from merit_core.errors import ConfigError
 from merit_core.optim.builders import build_adamw, build_lamb, build_lion, build_merit, build_muon, build_sophiag
-from merit_core.optim.lr_table import ADAMW_LRS, LAMB_LRS, MERIT_LRS, LrDefault, MeasuredLr, lr_from_table
+from merit_core.optim.lr_table import (
+    ADAMW_LRS,
+    LAMB_LRS,
+    MERIT_LRS,
+    LrDefault,
+    MeasuredLr,
+    lr_from_table,
+    table_width,
+)
 from merit_core.optim.sophia import hessian_refresh
 from merit_core.values import PAIR, coerce, describe, is_number
 
@@ -402,14 +411,54 @@ def measured_lr(
     return lr_from_table(table, head, model, width, batch_size, seq_len, shared)
 
 
-def default_lr(name: str | OptimizerSpec, model: str, batch_size: int, seq_len: int, width: int | None) -> LrDefault:
+_UNSET: Any = object()  # default_lr's width not given: read it from the model
+
+
+def model_width(model: str | nn.Module | Any) -> int | None:
+    """d_model of ``model`` as the lr table needs it, read without building anything: a module's
+    ``config`` (``n_embd``, ``hidden_size`` or ``d_model``), else its first embedding's width; a name
+    the table has entries for, their width; a config.json (or a folder holding one), its field; None
+    otherwise (a bare iterable of parameters, an unknown name: then only same-name entries apply)."""
+    if isinstance(model, nn.Module):
+        config = getattr(model, "config", None)
+        for key in ("n_embd", "hidden_size", "d_model"):
+            value = getattr(config, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        embedding = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+        return embedding.embedding_dim if embedding is not None else None
+    if not isinstance(model, str):
+        return None
+    return table_width(model)
+
+
+def model_name(model: nn.Module | Any) -> str:
+    """The name a module's lr is looked up under: its config's ``name_or_path`` when it was loaded
+    from one, else "this model" (a model built from a config matches entries by width only)."""
+    return str(getattr(getattr(model, "config", None), "name_or_path", "") or "this model")
+
+
+def default_lr(
+    name: str | OptimizerSpec,
+    model: str,
+    batch_size: int,
+    seq_len: int,
+    width: int | None = _UNSET,
+) -> LrDefault:
     """The lr `merit train` uses for a run without one: :func:`measured_lr`, else the registry default
-    (its source says why: no table for the optimizer, or ``model``'s width unknown)."""
+    (its source says why: no table for the optimizer, or ``model``'s width unknown). Without
+    ``width``, :func:`model_width` reads it from ``model`` (a name or config.json path)."""
     spec = get_spec(name)
+    if width is _UNSET:
+        width = model_width(model)
     found = measured_lr(spec, model, batch_size, seq_len, width)
     if found is not None:
         return found
-    why = "no measured lr for it" if not measured_lrs(spec) else f"{model}'s config could not be read for its width"
+    why = (
+        "no measured lr for it"
+        if not measured_lrs(spec)
+        else f"{model}'s config could not be read for its width: pass width=, its d_model"
+    )
     return LrDefault(float(spec.defaults["lr"]), f"{spec.name}'s registry default ({why})")
 
 
@@ -439,13 +488,70 @@ def resolve_hparams(name: str | OptimizerSpec, **hparams: Any) -> dict[str, Any]
     return resolved
 
 
-def build_optimizer(name: str | OptimizerSpec, model_or_params: nn.Module | Any, **hparams: Any) -> Optimizer:
+class LrChoiceWarning(UserWarning):
+    """How :func:`build_optimizer` chose an lr it was not given (said once per distinct choice)."""
+
+
+_said: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        warnings.warn(message, LrChoiceWarning, stacklevel=4)
+
+
+def library_lr(
+    spec: OptimizerSpec, model_or_params: nn.Module | Any, batch_size: int | None, seq_len: int | None
+) -> float | None:
+    """The lr :func:`build_optimizer` gives an optimizer with measured lrs when none is passed, said
+    once: the table's (:func:`measured_lr`) for the model's width at ``batch_size`` x ``seq_len``,
+    else (no batch or sequence length, or no width) the generic registry default, with a warning
+    that it is one. None for an optimizer without a table (its registry default applies)."""
+    if not measured_lrs(spec):
+        return None
+    generic = float(spec.defaults["lr"])
+    if batch_size is None or seq_len is None:
+        _say_once(
+            f"build_optimizer('{spec.name}'): lr {generic:g} is a generic default (GPT-2 small's); pass "
+            "batch_size= and seq_len= for the lr measured for this model's width and batch, or lr="
+        )
+        return generic
+    for what, value in (("batch_size", batch_size), ("seq_len", seq_len)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"build_optimizer: {what} must be a positive integer, got {value!r}")
+    found = measured_lr(spec, model_name(model_or_params), batch_size, seq_len, model_width(model_or_params))
+    if found is None:
+        _say_once(
+            f"build_optimizer('{spec.name}'): lr {generic:g} is a generic default (GPT-2 small's): the model's "
+            "width (d_model) could not be read; pass lr="
+        )
+        return generic
+    _say_once(f"build_optimizer('{spec.name}'): lr {found.lr:g}, {found.source}")
+    return found.lr
+
+
+def build_optimizer(
+    name: str | OptimizerSpec,
+    model_or_params: nn.Module | Any,
+    *,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    **hparams: Any,
+) -> Optimizer:
     """Build registry optimizer ``name`` over a model (preferred) or an iterable of (named) parameters.
 
-    Given a model, embeddings and the LM head are recognised by module type (see
-    :mod:`merit_core.optim.param_groups`); given bare tensors, every 2-D+ tensor counts as hidden.
+    Without ``lr``, an optimizer with measured lrs (merit, its ablations, adamw, lamb) gets
+    :func:`library_lr`: the measured lr for the model's width at ``batch_size`` sequences of
+    ``seq_len`` tokens (the global batch of one optimizer step), said once; without them a generic
+    default, with a warning. Given a model, embeddings and the LM head are recognised by module type
+    (see :mod:`merit_core.optim.param_groups`); given bare tensors, every 2-D+ tensor counts as hidden.
     Build after moving the model to its device (AdamW picks its fused kernel from the devices).
     """
     spec = get_spec(name)
+    if "lr" not in hparams:
+        lr = library_lr(spec, model_or_params, batch_size, seq_len)
+        if lr is not None:
+            hparams["lr"] = lr
     hp = resolve_hparams(spec, **hparams) | dict(spec.fixed)
     return spec.builder(spec.name, model_or_params, hp)

@@ -92,6 +92,11 @@ class TrainCallbacks:
         """An optimizer update finished; `step` updates are done (no values: reading one would wait
         for the device, which log steps alone do)."""
 
+    def on_step_loss(self, step: int, loss: float) -> None:
+        """This process's training loss of update `step`, between log lines, where reading it costs no
+        wait: every step of a one-process CPU run, and the first step of any one-process run (a
+        progress bar's number before the first log line)."""
+
     def on_log(self, record: dict[str, Any]) -> None:
         """A log line: step, tokens, loss, lr, grad_norm, tokens_per_s."""
 
@@ -104,6 +109,11 @@ class TrainCallbacks:
 
     def on_end(self, summary: RunSummary) -> None:
         """The run finished normally."""
+
+    def confirm(self, message: str) -> bool:
+        """Go on with a run that `message` (one line) says is long? True (the default: a library caller
+        or a run off a terminal goes on); `merit train` asks on a terminal unless given --yes."""
+        return True
 
     def on_note(self, message: str) -> None:
         """Something the user should know that is not an error (one line), e.g. a resume fallback."""
@@ -135,6 +145,10 @@ class CallbackList(TrainCallbacks):
     def stop_requested(self) -> str | None:
         """The first stop any callback asks for."""
         return next((name for cb in self.callbacks if (name := cb.stop_requested())), None)
+
+    def confirm(self, message: str) -> bool:
+        """Go on only if every callback agrees (the first that declines is the last asked)."""
+        return all(cb.confirm(message) for cb in self.callbacks)
 
     def close(self, failed: bool = False) -> None:
         """Close every ClosingCallbacks (also after an error, so that what was logged is kept)."""

@@ -29,7 +29,9 @@ def plot_curves(run_dir: str | Path, title: str | None = None) -> Path | None:
 
     fig, (ax_loss, ax_logit) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
     if train:
-        ax_loss.plot(*zip(*train), label="train", color="tab:blue", linewidth=1.2)
+        # a line alone draws nothing for one point (a run shorter than two log steps): then a marker
+        marker = {"marker": "o", "markersize": 4} if len(train) == 1 else {}
+        ax_loss.plot(*zip(*train), label="train", color="tab:blue", linewidth=1.2, **marker)
     if val:
         ax_loss.plot(*zip(*val), label="validation", color="tab:orange", marker="o", markersize=3)
     ax_loss.set(title="Loss", xlabel="step", ylabel="cross-entropy (nats/token)")

@@ -56,6 +56,10 @@ class StepOutput:
     lr: float
 
 
+class StepAbandoned(Exception):
+    """Raised between micro-batches when `Trainer.should_stop` says a stop signal arrived."""
+
+
 def compute_dtype(dtype: str, device: torch.device) -> str:
     """What a run's dtype setting means on `device`: 'bfloat16' (autocast) or 'float32'."""
     return "bfloat16" if dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda") else "float32"
@@ -135,6 +139,8 @@ class Trainer:
         self.hook = hook  # the optimizer spec's extra work after some updates (StepHook), or None
         self.hook_every = self.hook.interval(optimizer) if self.hook is not None else None
         self.step = 0  # completed updates
+        # asked between micro-batches (one process only): True abandons the step, train_step returns None
+        self.should_stop: Callable[[], bool] | None = None
         self._first_bad = torch.zeros((), dtype=torch.int64, device=self.device)  # 0: all finite so far
 
     # -- training ----------------------------------------------------------------------------
@@ -237,8 +243,8 @@ class Trainer:
             ok = bool(self.parallel.all_reduce(torch.tensor(int(ok), device=self.device), op="min").item())
         return ok
 
-    def train_step(self) -> StepOutput:
-        """One optimizer update on global batch number `self.step`."""
+    def train_step(self) -> StepOutput | None:
+        """One optimizer update on global batch number `self.step`; None when `should_stop` abandoned it."""
         c = self.config
         index = self.step
         lr = self.lr_for(index)
@@ -257,6 +263,8 @@ class Trainer:
         def accumulate() -> tuple[torch.Tensor, torch.Tensor | None]:
             loss_sum, first = torch.zeros((), device=self.device), None
             for k, (x, y) in enumerate(prefetched(micro(), self.device)):
+                if k and self.should_stop is not None and self.should_stop():
+                    raise StepAbandoned
                 first = x if first is None else first
                 sync = k == self.n_micro - 1
                 with contextlib.nullcontext() if sync else self.parallel.no_sync():
@@ -265,7 +273,11 @@ class Trainer:
                 loss_sum += loss.detach()
             return loss_sum, first
 
-        loss_sum, first = self._compiling(accumulate)
+        try:
+            loss_sum, first = self._compiling(accumulate)
+        except StepAbandoned:  # the weights are still the last update's: nothing of this step is kept
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
         if start is not None:
             self.first_step_s = time.perf_counter() - start
             if self.compiled:

@@ -42,6 +42,7 @@ from merit_core.train.callbacks import HANDLED_SIGNALS, STOP_SIGNALS, RunInfo, R
 from merit_core.train.checkpoint import prune_checkpoints, save_checkpoint
 from merit_core.train.checks import check_data, check_model_and_batches
 from merit_core.train.config import TrainConfig, resolve, save_config
+from merit_core.train.estimate import long_run_line, time_first_micro_batch, tiny_of
 from merit_core.train.fsdp import check_fsdp_optimizer
 from merit_core.train.hardware import device_info, mfu, peak_memory, reset_peak_memory
 from merit_core.train.parallel import setup_parallel
@@ -266,6 +267,7 @@ class TrainingRun:
         trainer, c = self.trainer, self.config
         self.n_params = count_parameters(trainer.model)
         hw = device_info(self.parallel.device)
+        self._estimate(trainer)
         self.cb.on_start(
             RunInfo(
                 run_dir=self.run_dir,
@@ -296,6 +298,8 @@ class TrainingRun:
         reset_peak_memory(self.parallel.device)
         start = time.perf_counter()
         start_step = trainer.step
+        if self.parallel.world_size == 1:  # several processes agree on a stop between steps only
+            trainer.should_stop = lambda: self.stop is not None
         with self._stop_signals():
             if trainer.step == 0 and c.eval_every:
                 self._eval()
@@ -332,8 +336,10 @@ class TrainingRun:
 
     @contextlib.contextmanager
     def _stop_signals(self):
-        """While training: SIGTERM / SIGUSR1 / SIGINT / SIGHUP ask the loop to stop after the current step and
-        checkpoint (`_stop_now`); a second SIGINT interrupts at once. Only the main thread can do this."""
+        """While training: SIGTERM / SIGUSR1 / SIGINT / SIGHUP ask the loop to stop after the current step (or
+        micro-batch, see `Trainer.should_stop`) and checkpoint (`_stop_now`); any second stop signal aborts at
+        once, the current step's work lost. A signal the process was started ignoring (`nohup`: SIGHUP)
+        stays ignored. Only the main thread can do this."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -341,13 +347,13 @@ class TrainingRun:
 
         def handler(signum, frame):
             name = signal.Signals(signum).name
-            if self.stop == "SIGINT" and name == "SIGINT":
-                raise KeyboardInterrupt
+            if self.stop is not None and self.stop in STOP_SIGNALS:
+                raise RunInterrupted(self._abort_line(name), STOP_SIGNALS[name], self.last_ckpt)
             self.stop = self.stop or name
 
         for name in HANDLED_SIGNALS:
             sig = getattr(signal, name, None)
-            if sig is not None:
+            if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
                 previous[sig] = signal.signal(sig, handler)
         try:
             yield
@@ -365,6 +371,25 @@ class TrainingRun:
         agreed = int(self.parallel.all_reduce(torch.tensor(code, device=self.parallel.device), op="max").item())
         return list(STOP_SIGNALS)[agreed - 1] if agreed else None
 
+    def _estimate(self, trainer) -> None:
+        """Before step 1 on a CPU (one process): a run that would take more than about an hour says so in one
+        line with a config that fits, and goes on only if the callbacks confirm (merit train: a terminal asks)."""
+        if self.parallel.world_size != 1 or self.parallel.device.type != "cpu" or trainer.step >= self.config.steps:
+            return
+        line = long_run_line(time_first_micro_batch(trainer), self.config.model, tiny_of(self.config.model))
+        if line is None:
+            return
+        self.cb.on_note(line)
+        if not self.cb.confirm(line):
+            raise RunInterrupted(f"not started: {line.split(';')[0]}; nothing was trained", 1)
+
+    def _abort_line(self, name: str) -> str:
+        """What a second stop signal says: nothing saved for the step under way."""
+        step = self.trainer.step + 1 if self.trainer is not None else 1
+        where = f"the last checkpoint is {self.last_ckpt}" if self.last_ckpt else "no checkpoint was written"
+        again = f"; continue with: merit train --resume --out {self.run_dir}" if self.last_ckpt else ""
+        return f"aborted by a second stop signal ({name}) during step {step}: that step's work is lost, {where}{again}"
+
     def _stop_now(self, name: str) -> None:
         step = self.trainer.step
         if step != self.last_saved_step and step > 0:
@@ -381,17 +406,22 @@ class TrainingRun:
         (`tick`) restarts after evals and checkpoints, so tokens_per_s counts training only."""
         trainer, c = self.trainer, self.config
         tick = (time.perf_counter(), trainer.step)
+        first_step = trainer.step
         self.saved_at = time.monotonic()
         while trainer.step < c.steps:
             if stop := self._stop_requested():
                 self._stop_now(stop)
             out = trainer.train_step()
+            if out is None:  # a stop signal arrived between micro-batches: the step was abandoned
+                self._stop_now(self._stop_requested() or "SIGTERM")
             while trainer.notes:  # the compile time, after the first step
                 self.cb.on_note(trainer.notes.pop(0))
             step, last = trainer.step, trainer.step == c.steps
             self.cb.on_step(step)
             if step % c.log_every == 0 or last:
                 tick = self._log(out, tick)
+            elif self.parallel.world_size == 1 and (trainer.device.type == "cpu" or step == first_step + 1):
+                self.cb.on_step_loss(step, float(out.loss.item()))
             evaluate = (c.eval_every and step % c.eval_every == 0) or last
             save = (c.save_every and step % c.save_every == 0) or last or self._save_due()
             if evaluate or save:

@@ -106,8 +106,14 @@ def test_sigint_and_sigusr1_stop_after_a_checkpoint_too(model_cfg, data_dir, tmp
 
     out = tmp_path / "run"
     values = {**TINY, "eval_batch_size": 2, "model": str(model_cfg), "data": str(data_dir), "steps": 6, "out": str(out)}
-    with pytest.raises(errors.RunInterrupted) as stopped:
-        run_training(load_config(values=values), SignalAtStep2())
+    # a terminal's disposition, whatever this suite was started with (`pytest &` ignores SIGINT, which merit keeps)
+    sig = getattr(signal, name)
+    started_with = signal.signal(sig, signal.default_int_handler if name == "SIGINT" else signal.SIG_DFL)
+    try:
+        with pytest.raises(errors.RunInterrupted) as stopped:
+            run_training(load_config(values=values), SignalAtStep2())
+    finally:
+        signal.signal(sig, started_with)
     assert stopped.value.exit_code == code and stopped.value.checkpoint == out / "step_2"
     assert [s for s, _ in runs.checkpoints(out)] == [2]
 

@@ -324,8 +324,24 @@ def test_builtin_data_is_prepared_once_and_cached(builtin_docs, monkeypatch):
 
     monkeypatch.setattr(builtin_mod, "prepare_builtin", lambda *a, **k: pytest.fail("rebuilt the cache"))
     start = time.perf_counter()
-    assert builtin_data() == path == resolve_data(None)
+    assert builtin_data() == path == resolve_data(None) == resolve_data("builtin")
     assert time.perf_counter() - start < 0.5
+
+
+def test_data_builtin_names_the_built_in_corpus_and_an_empty_name_is_refused(monkeypatch, tmp_path):
+    """`--data builtin` is the built-in corpus (what the errors suggest), even beside a folder of that name
+    (`./builtin` is the folder); `--set data=""` is refused instead of reading the working directory."""
+    import merit_core.data.resolve as resolve_mod
+
+    monkeypatch.setattr(resolve_mod, "builtin_data", lambda vocab_size, **kw: ("builtin", vocab_size))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "builtin").mkdir()
+    assert resolve_data("builtin", vocab_size=512) == ("builtin", 512)
+    with pytest.raises(DataError, match="data path .*builtin is neither|no .* files in folder"):
+        resolve_data("./builtin")
+    for empty in ("", "  "):
+        with pytest.raises(DataError, match=r"^--data is empty; .* 'builtin' for the built-in corpus$"):
+            resolve_data(empty)
 
 
 # ---------------------------------------------------------------- CLI

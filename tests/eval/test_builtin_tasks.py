@@ -96,7 +96,7 @@ def test_output_path_writes_lm_eval_layout_its_readers_accept(fresh_run, tmp_pat
     assert data["model_name"] == "run/step_1" and data["model_source"] == "hf"
     assert set(data["task_hashes"]) == set(TASK_NAMES)  # computed from the logged samples
     config = data["config"]
-    assert config["model_args"] == "pretrained=run/step_1,dtype=float32" and config["limit"] == 3
+    assert config["model_args"] == {"pretrained": "run/step_1", "dtype": "float32"} and config["limit"] == 3
     assert [config[k] for k in ("random_seed", "numpy_seed", "torch_seed", "fewshot_seed")] == [5, 5, 5, 5]
     merit_json = json.loads(next((run.parent / "evals").glob("results-*.json")).read_text())
     assert data["results"] == merit_json["checkpoints"][0]["results"]

@@ -16,7 +16,10 @@ import re
 import pytest
 import torch
 
-pytest.importorskip("triton")
+pytest.importorskip(
+    "triton",
+    reason="triton is not installed: pip install -e '.[dev,triton]' runs the Triton backend's tests under its interpreter",
+)
 pytest.importorskip("numpy")  # the interpreter needs it
 
 from benchmarks.launches import TritonLaunches  # noqa: E402

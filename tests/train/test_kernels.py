@@ -24,7 +24,7 @@ from merit_core.models import all_families, build_model, family_spec, model_conf
 from merit_core.train import kernels, lm_loss
 from tests.interpreted import run_under_interpreter
 
-pytest.importorskip("liger_kernel")
+pytest.importorskip("liger_kernel", reason="liger-kernel is not installed: pip install -e '.[dev,triton]'")
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 

@@ -57,8 +57,14 @@ def test_sighup_checkpoints_where_it_stopped(model_cfg, data_dir, tmp_path):
 
     out = tmp_path / "run"
     values = {**TINY, "eval_batch_size": 2, "model": str(model_cfg), "data": str(data_dir), "steps": 8, "out": str(out)}
-    with pytest.raises(RunInterrupted) as stopped:
-        run_training(load_config(values=values), HangUpAtStep3())
+    # a terminal's default disposition, whatever this suite was started with (under nohup: ignored, which
+    # merit keeps: tests/train/test_stop_signals.py)
+    started_with = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        with pytest.raises(RunInterrupted) as stopped:
+            run_training(load_config(values=values), HangUpAtStep3())
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL  # the handler is restored
+    finally:
+        signal.signal(signal.SIGHUP, started_with)
     assert stopped.value.exit_code == 129 and stopped.value.checkpoint == out / "step_3"
     _check_stopped(out, str(stopped.value), "SIGHUP")
-    assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL  # the handler is restored
