@@ -110,6 +110,9 @@ class RichTrainReport(LiveReport):
                 f"max attention logit [magenta]{fmt_float(peak, 3)}[/] (layer {layer})"
             )
 
+    def on_watch(self, record: dict[str, Any]) -> None:
+        """Nothing to draw: a warning arrives as a note (on_note), the values go to metrics.jsonl."""
+
     def on_checkpoint(self, step: int, path: Path) -> None:
         if self.plain:
             self.say(f"checkpoint step={step} path={path}")
@@ -294,6 +297,18 @@ CONFIG_OPTIONS = (
         type=click.Choice(["ddp", "fsdp"]),
         help="Under torchrun: ddp (replicated weights; the default) or fsdp (FSDP2: weights, gradients and "
         "optimizer state sharded over the processes).",
+    ),
+    click.option(
+        "--watch/--no-watch",
+        default=None,
+        help="Watch for instability: probe the precursors every watch_every steps (default 2; --set "
+        "watch_every=N) and warn ahead of a divergence (default on).",
+    ),
+    click.option(
+        "--on-instability",
+        type=click.Choice(["warn", "stop", "rewind"]),
+        help="On a watcher warning: warn and go on (default), stop naming the last checkpoint from before "
+        "it, or rewind to that checkpoint with the lr halved.",
     ),
     click.option(
         "--report-to",

@@ -33,6 +33,7 @@ from merit_core.values import coerce, deep_merge, nest
 DTYPES = ("auto", "float32", "bfloat16")
 KERNELS = ("auto", "liger", "none")  # see merit_core.train.kernels
 PARALLEL = ("ddp", "fsdp")
+ON_INSTABILITY = ("warn", "stop", "rewind")
 
 
 @dataclass
@@ -77,6 +78,10 @@ class TrainConfig:
     parallel: how to spread the model under torchrun: 'ddp' (replicas) or 'fsdp' (FSDP2 shards;
         see merit_core.train.fsdp). A single process ignores it, except that fsdp refuses the
         optimizers it cannot run.
+    watch / watch_every / on_instability: the instability watcher (merit_core.train.watch): every
+        `watch_every` steps a probe of the precursors; on a warning 'warn' goes on, 'stop' stops
+        naming the last checkpoint before it, 'rewind' goes back to that checkpoint with a lower lr
+        (merit_core.train.instability).
     """
 
     model: str = "gpt2-tiny"
@@ -118,6 +123,9 @@ class TrainConfig:
     save_every_minutes: float = 0.0
     resume_from: str | None = None
     allow_changes: bool = False
+    watch: bool = True
+    watch_every: int = 2
+    on_instability: str = "warn"
 
     # -- derived values ------------------------------------------------------------------
     @property
@@ -231,6 +239,7 @@ def validate(config: TrainConfig) -> None:
         "micro_batch_size",
         "steps",
         "tokens",
+        "watch_every",
     ]
     for name in positive:
         value = getattr(config, name)
@@ -264,6 +273,10 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"kernels must be one of {', '.join(KERNELS)}, got {config.kernels!r}")
     if config.parallel not in PARALLEL:
         raise ConfigError(f"parallel must be one of {', '.join(PARALLEL)}, got {config.parallel!r}")
+    if config.on_instability not in ON_INSTABILITY:
+        raise ConfigError(f"on_instability must be one of {', '.join(ON_INSTABILITY)}, got {config.on_instability!r}")
+    if config.on_instability == "rewind" and config.parallel == "fsdp":
+        raise ConfigError("on_instability=rewind cannot reload sharded weights in place; use stop and --resume-from")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", config.device):
         raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {config.device!r}")
     if config.micro_batch_size is not None and config.batch_size % config.micro_batch_size:

@@ -35,6 +35,7 @@ from merit_core.metric_names import LOSS, MAX_ATTENTION_LOGIT, STEP, TOKENS, VAL
 from merit_core.models import build_model, count_parameters, model_config
 from merit_core.optim.registry import get_spec, resolve_hparams
 from merit_core.runs import CONFIG_FILE
+from merit_core.train import instability
 from merit_core.train.callbacks import HANDLED_SIGNALS, STOP_SIGNALS, RunInfo, RunSummary, TrainCallbacks
 from merit_core.train.checkpoint import prune_checkpoints, save_checkpoint
 from merit_core.train.checks import check_data, check_model_and_batches
@@ -378,10 +379,13 @@ class TrainingRun:
         trainer, c = self.trainer, self.config
         tick = (time.perf_counter(), trainer.step)
         self.saved_at = time.monotonic()
+        watch = instability.for_run(self)  # the instability watcher (None with watch off)
         while trainer.step < c.steps:
             if stop := self._stop_requested():
                 self._stop_now(stop)
             out = trainer.train_step()
+            if watch is not None:
+                watch.after_step(out)  # may rewind trainer.step to a checkpoint, or stop the run
             while trainer.notes:  # the compile time, after the first step
                 self.cb.on_note(trainer.notes.pop(0))
             step, last = trainer.step, trainer.step == c.steps
