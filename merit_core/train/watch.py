@@ -20,7 +20,7 @@ already falling passes neither. The first records after warmup form the history 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
@@ -35,12 +35,17 @@ from merit_core.metric_names import (
     WATCH_UPDATE,
 )
 
-# signal name -> (record key, how the raw value becomes "up is bad" in log units)
-_TINY = 1e-12
+_TINY = 1e-6  # the smallest value a log is taken of (an entropy of exactly 0, a zero grad norm)
 
 
 def _log(value: float) -> float:
     return math.log(max(value, _TINY))
+
+
+def _log1p(value: float) -> float:
+    """log(1 + x) of the positive part: a max logit starts near 0 (even below it), where a plain log
+    would turn noise into huge swings; above a few units it is the log."""
+    return math.log1p(max(value, 0.0))
 
 
 def _neg_log(value: float) -> float:
@@ -51,8 +56,9 @@ def _same(value: float) -> float:
     return value
 
 
+# signal name -> (record key, how the raw value becomes "up is bad" in log units)
 SIGNALS: dict[str, tuple[str, Any]] = {
-    "max_logit": (WATCH_LOGIT, _log),
+    "max_logit": (WATCH_LOGIT, _log1p),
     "entropy_collapse": (WATCH_ENTROPY, _neg_log),
     "log_z_drift": (WATCH_LOG_Z, _same),  # judged both ways: see `Series`
     "activation_ratio": (WATCH_ACTIVATION, _log),
@@ -189,6 +195,27 @@ class Watcher:
         self.series, self.records, self.warned = {}, [], {}
         for record in kept:
             self.observe(record)
+
+
+DIVERGENCE_NATS = 1.0  # how far above its lowest value the loss must go to count as diverged
+DIVERGENCE_PERSIST = 5  # steps over which it must stay that high on average
+
+
+def divergence_step(losses: Sequence[tuple[int, float]]) -> int | None:
+    """The divergence rule: the first step D whose training loss is non-finite, or whose loss and
+    the mean loss of steps D to D + DIVERGENCE_PERSIST - 1 both exceed the lowest loss before D by
+    more than DIVERGENCE_NATS (a one-batch spike that recovers at once is not a divergence); None
+    when there is none. `losses` are (step, loss) of consecutive logged steps."""
+    low = math.inf
+    for i, (step, loss) in enumerate(losses):
+        if not math.isfinite(loss):
+            return step
+        ahead = [x for _, x in losses[i : i + DIVERGENCE_PERSIST]]
+        if loss > low + DIVERGENCE_NATS and len(ahead) == DIVERGENCE_PERSIST:
+            if not all(map(math.isfinite, ahead)) or sum(ahead) / len(ahead) > low + DIVERGENCE_NATS:
+                return step
+        low = min(low, loss)
+    return None
 
 
 def replay(records: Iterable[Mapping[str, Any]], warmup_steps: int, settings: WatchSettings | None = None):
