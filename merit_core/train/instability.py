@@ -92,7 +92,7 @@ class RunWatch:
         self.run = run
         c = run.config
         self.every = c.watch_every
-        self.watcher = Watcher(warmup_steps=c.warmup_steps or 0)
+        self.watcher = Watcher()  # judged from the first records: divergences come inside warmup too
         self.rewinds = 0
         x = run.trainer.val[0][0][:PROBE_SEQUENCES]
         self.input_ids = x.to(run.parallel.device)

@@ -14,7 +14,9 @@ rises faster than it ever did after warmup: its slope over the last `span` recor
 `z` robust standard deviations (1.4826 MAD) of the earlier slopes, with a floor on that spread
 so that a near-constant history does not make noise look like a trend. A growing signal during
 healthy training passes the first test but not the second (its growth slows); a spike that is
-already falling passes neither. The first records after warmup form the history and never warn.
+already falling passes neither. The first `history` slopes of a signal form its history and never
+warn. The minimum normalised entropy is recorded but does not warn by default (WatchSettings).
+How well this forecasts, measured: results/watch-cpu/README.md.
 """
 
 from __future__ import annotations
@@ -80,7 +82,9 @@ class WatchSettings:
     slope_floor: float = 0.01  # least spread of the slopes, in log units per step
     margin: float = 0.05  # how far above its earlier max (log units) a new high must be
     confirm: int = 2  # records in a row
-    signals: tuple[str, ...] = tuple(SIGNALS)
+    # what warns: every recorded signal but the entropy, whose fall is part of healthy training at
+    # the grid's scale (6 of its 16 healthy runs warned on it, none of its diverged runs)
+    signals: tuple[str, ...] = tuple(s for s in SIGNALS if s != "entropy_collapse")
 
 
 @dataclass(frozen=True)
@@ -162,9 +166,9 @@ def _finite(v: Any) -> bool:
 
 class Watcher:
     """The detector. `observe(record)` takes one watch record (keys of metric_names.WATCH_*, and
-    `step`) and returns the warnings it raises; records of steps up to `warmup_steps` only fill the
-    history of levels, not of slopes. Each (signal, layer) warns once; `forget_after(step)` drops
-    what came after a step (a rewind)."""
+    `step`) and returns the warnings it raises; records of steps up to `warmup_steps` are skipped
+    (`merit train` passes 0: on the grid most divergences came inside the lr warmup). Each
+    (signal, layer) warns once; `forget_after(step)` drops what came after a step (a rewind)."""
 
     def __init__(self, warmup_steps: int = 0, settings: WatchSettings | None = None):
         self.settings = settings or WatchSettings()
