@@ -1,5 +1,5 @@
 """`merit train --watch` end to end on a tiny GPT-2: a planted divergence (the lr raised mid-run,
-growing 20% a step) is warned before the loss meets the divergence rule
+growing 30% a step) is warned before the loss meets the divergence rule
 (merit_core.train.watch.divergence_step); a healthy run gives no warning; `--on-instability stop`
 stops without saving the warned weights, naming a checkpoint from before the warning; `rewind`
 goes back to it, halves the lr and finishes."""
@@ -15,7 +15,7 @@ from merit_core.train.metrics import read_metrics
 from merit_core.train.watch import divergence_step
 from tests.cli_runs import invoke, train_args
 
-LR, PLANT_AT, STEPS, GROWTH = 3e-3, 8, 44, 1.2
+LR, PLANT_AT, STEPS, GROWTH = 3e-3, 8, 44, 1.3
 SETTINGS = dict(
     batch_size=8,
     micro_batch_size=8,
