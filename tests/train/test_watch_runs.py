@@ -98,12 +98,15 @@ def test_rewind_continues_from_that_checkpoint_with_half_the_lr(model_cfg, data_
     result = _train(model_cfg, data_dir, out, "--on-instability", "rewind")
     assert result.exit_code == 0, result.output
     records = read_metrics(out)
-    rewind = next(r[WATCH_REWIND] for r in records if WATCH_REWIND in r)
-    assert rewind["to_step"] < rewind["from_step"] and rewind["lr_after"] == LR / 2
+    rewinds = [r[WATCH_REWIND] for r in records if WATCH_REWIND in r]
+    rewind = rewinds[0]
+    assert rewind["to_step"] < rewind["from_step"] and (rewind["lr_before"], rewind["lr_after"]) == (LR, LR / 2)
     assert f"rewound to {out / runs.step_name(rewind['to_step'])}" in result.output
     assert f"lr lowered {LR:g} -> {LR / 2:g}" in result.output
+    # a later warning may rewind again (each time halving): config.toml has the last lr, for --resume
+    assert [r["lr_after"] for r in rewinds] == [LR / 2 ** (i + 1) for i in range(len(rewinds))]
     config = tomllib.loads((out / "config.toml").read_text())
-    assert config["lr"] == LR / 2  # a later --resume continues with the lowered lr
+    assert config["lr"] == rewinds[-1]["lr_after"]
     steps = [r["step"] for r in records if "loss" in r]
     assert steps == list(range(1, STEPS + 1))  # the abandoned steps were dropped from metrics.jsonl
     assert max(s for s, _ in runs.checkpoints(out)) == STEPS
