@@ -73,6 +73,7 @@ def measure(trainer: Any, input_ids: torch.Tensor) -> dict[str, Any]:
     ratio; the mean output log Z; and the update / weight ratio where the optimizer exposes it."""
     with eager(), trainer.autocast():  # the probe itself runs in float32
         probed = probe_attention(trainer.model, input_ids, instability=True)
+    assert probed.entropy is not None and probed.activations is not None and probed.output is not None
     record: dict[str, Any] = {
         WATCH_LOGIT: probed.max_logits.amax(dim=1).tolist(),
         WATCH_ENTROPY: probed.entropy["normalized_min"].amin(dim=1).tolist(),
@@ -90,22 +91,23 @@ class RunWatch:
 
     def __init__(self, run: TrainingRun):
         self.run = run
+        self.trainer: Any = run.trainer  # built before the loop starts
         c = run.config
         self.every = c.watch_every
         self.watcher = Watcher()  # judged from the first records: divergences come inside warmup too
         self.rewinds = 0
-        x = run.trainer.val[0][0][:PROBE_SEQUENCES]
+        x = self.trainer.val[0][0][:PROBE_SEQUENCES]
         self.input_ids = x.to(run.parallel.device)
 
     def after_step(self, out: Any) -> None:
         run = self.run
-        step = run.trainer.step
+        step = self.trainer.step
         if step % self.every:
             return
         record = {
             WATCH_LOSS: float(run.parallel.all_reduce(out.loss.detach(), op="mean").item()),
             WATCH_GRAD_NORM: float(out.grad_norm.item()),
-            **measure(run.trainer, self.input_ids),
+            **measure(self.trainer, self.input_ids),
         }
         warnings = self.watcher.observe({"step": step, **record})
         if run.parallel.world_size > 1:  # every process acts on the main process's decision
@@ -127,7 +129,7 @@ class RunWatch:
     def _act(self, warning: WatchWarning) -> None:
         good = self._good_checkpoint(warning.step)
         rewinding = self.run.config.on_instability == "rewind" and good is not None
-        if rewinding and self.rewinds < MAX_REWINDS:
+        if rewinding and good is not None and self.rewinds < MAX_REWINDS:
             self._rewind(warning, *good)
             return
         self._stop(warning, good, rewinds_spent=rewinding)
@@ -138,7 +140,7 @@ class RunWatch:
         if good is None:
             where = "no checkpoint from before it exists (save more often with --save-every)"
         else:
-            lower = run.config.lr * REWIND_LR_FACTOR
+            lower = float(run.config.lr or 0.0) * REWIND_LR_FACTOR
             where = (
                 f"the last checkpoint before it is {good[1]}; continue with: merit train --out {run.run_dir} "
                 f"--resume-from {good[1].name} --lr {lower:g}"
@@ -150,12 +152,13 @@ class RunWatch:
 
     def _rewind(self, warning: WatchWarning, step: int, path: Path) -> None:
         """Load checkpoint `path` (step `step`) into the running trainer, lower the lr, say so."""
-        run, trainer = self.run, self.run.trainer
+        run, trainer = self.run, self.trainer
         state = load_trainer_state(path, map_location="cpu")
         check_trainer_state(state, path)
         load_model_weights(trainer.model, path)
         trainer.load_state_dict(to_device(state, run.parallel.device), path)
         old = run.config
+        assert old.lr is not None  # resolved before training
         new = dataclasses.replace(
             old,
             lr=old.lr * REWIND_LR_FACTOR,
@@ -164,7 +167,7 @@ class RunWatch:
         run.config = trainer.config = new
         self.rewinds += 1
         self.watcher.forget_after(step)
-        if run.parallel.is_main:
+        if run.parallel.is_main and run.metrics is not None:
             save_config(new, run.run_dir / CONFIG_FILE)
             run.metrics.truncate_after(step)
         run.last_ckpt, run.last_saved_step = path, step
