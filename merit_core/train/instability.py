@@ -99,11 +99,12 @@ class RunWatch:
         x = self.trainer.val[0][0][:PROBE_SEQUENCES]
         self.input_ids = x.to(run.parallel.device)
 
-    def after_step(self, out: Any) -> None:
+    def after_step(self, out: Any) -> bool:
+        """Probe and judge on the cadence; True when the run was rewound to a checkpoint."""
         run = self.run
         step = self.trainer.step
         if step % self.every:
-            return
+            return False
         record = {
             WATCH_LOSS: float(run.parallel.all_reduce(out.loss.detach(), op="mean").item()),
             WATCH_GRAD_NORM: float(out.grad_norm.item()),
@@ -119,6 +120,8 @@ class RunWatch:
             run.cb.on_note(warning.line())
         if warnings and run.config.on_instability != "warn":
             self._act(warnings[0])
+            return True  # `_act` returns only after a rewind (a stop raises)
+        return False
 
     # -- stop and rewind ------------------------------------------------------------------------
     def _good_checkpoint(self, step: int) -> tuple[int, Path] | None:

@@ -384,8 +384,8 @@ class TrainingRun:
             if stop := self._stop_requested():
                 self._stop_now(stop)
             out = trainer.train_step()
-            if watch is not None:
-                watch.after_step(out)  # may rewind trainer.step to a checkpoint, or stop the run
+            if watch is not None and watch.after_step(out):
+                continue  # rewound to a checkpoint: this step's log, eval and save belong to the abandoned steps
             while trainer.notes:  # the compile time, after the first step
                 self.cb.on_note(trainer.notes.pop(0))
             step, last = trainer.step, trainer.step == c.steps
