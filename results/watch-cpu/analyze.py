@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 from merit_core.train.watch import divergence_step  # noqa: E402
 
-RUNS = HERE / "runs"
+RUNS = HERE / "metrics"
 TOKENS_PER_STEP = 16 * 32
 SPIKE_WINDOW, SPIKE_SIGMAS, SPIKE_MIN = 128, 6.0, 16
 ZCLIP_ALPHA, ZCLIP_Z, ZCLIP_WARMUP = 0.97, 2.5, 10
@@ -90,7 +90,7 @@ def _round(value: Any) -> Any:
 
 
 def copy_runs(grid: Path) -> None:
-    """Each finished run's config (done.json) and metrics, rounded to 5 digits, into runs/<label>.jsonl."""
+    """Each finished run's config (done.json) and metrics, rounded to 5 digits, into metrics/<label>.jsonl."""
     RUNS.mkdir(exist_ok=True)
     for done in sorted(grid.glob("*/done.json")):
         info = json.loads(done.read_text())
