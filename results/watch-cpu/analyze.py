@@ -1,7 +1,7 @@
 """Labels and the lead-time table of the watch-cpu grid (see grid.py).
 
     python results/watch-cpu/analyze.py GRID_DIR     # the grid's run folders: copies their metrics, writes the table
-    python results/watch-cpu/analyze.py              # the table again from the copies in runs/
+    python results/watch-cpu/analyze.py              # the table again from the copies in metrics/
 
 The divergence rule (merit_core.train.watch.divergence_step): a run diverged at the first step D whose training loss is
 non-finite, or whose loss and the mean loss of the 5 steps D..D+4 are both more than 1 nat above the
