@@ -108,13 +108,14 @@ done
 COUNTS=$("$PY" - "$STATE/out/runs" <<'EOF' 2>>"$LOG"
 import sys
 from pathlib import Path
-from merit_core import runs
+from merit_core.checkpoint import runs
+from merit_core.checkpoint.state import read_trainer_state
 from merit_core.train.config import read_toml
 folders = sorted(p for p in Path(sys.argv[1]).glob("*") if (p / "config.toml").is_file())
 done = 0
 for run in folders:
     ckpt = runs.latest(run)
-    done += ckpt is not None and int(runs.read_trainer_state(ckpt).get("step", 0)) >= int(read_toml(run / "config.toml")["steps"])
+    done += ckpt is not None and read_trainer_state(ckpt).step >= int(read_toml(run / "config.toml")["steps"])
 print(len(folders), done)
 EOF
 )

@@ -131,6 +131,9 @@ class RichTrainReport(LiveReport):
                 f"max attention logit [magenta]{fmt_float(peak, 3)}[/] (layer {layer})"
             )
 
+    def on_watch(self, record: dict[str, Any]) -> None:
+        """Nothing to draw: a warning arrives as a note (on_note), the values go to metrics.jsonl."""
+
     def on_checkpoint(self, step: int, path: Path) -> None:
         if self.plain:
             self.say(f"checkpoint step={step} path={path}")

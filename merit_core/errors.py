@@ -38,6 +38,15 @@ class TrainingDiverged(MeritError):
     """The loss or the gradient norm became nan or inf."""
 
 
+class InstabilityStop(TrainingDiverged):
+    """`--on-instability stop` (or rewinds used up): stopped on a watcher warning; `checkpoint` is the
+    last one from before the warning (None when there is none)."""
+
+    def __init__(self, message: str, checkpoint: Path | None = None):
+        super().__init__(message)
+        self.checkpoint = checkpoint
+
+
 class CompileFailed(ConfigError):
     """torch.compile could not compile the model on this machine (the message names compile=false)."""
 

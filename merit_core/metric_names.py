@@ -38,3 +38,17 @@ LOG_Z_MAX: Final = "log_z_max"
 # RMS(next update) / RMS(weight) of a 2-D weight, from a checkpoint's optimizer state; the max over
 # weights in a run's eval records.
 UPDATE_RATIO: Final = "update_rms_ratio"
+
+# `merit train --watch` (merit_core/train/watch.py): one record every watch_every steps with the
+# precursors on a few sequences of the first validation batch (per layer where a list) and the
+# step's loss and grad norm; `watch_warnings` lists the warnings raised at that step, and
+# `watch_rewind` says where an --on-instability rewind went back to and with which lr.
+WATCH_LOSS: Final = "watch_loss"
+WATCH_GRAD_NORM: Final = "watch_grad_norm"
+WATCH_LOGIT: Final = "watch_max_attention_logit"
+WATCH_ENTROPY: Final = "watch_normalized_attention_entropy_min"
+WATCH_ACTIVATION: Final = "watch_activation_ratio"
+WATCH_LOG_Z: Final = "watch_log_z_mean"
+WATCH_UPDATE: Final = "watch_update_rms_ratio"
+WATCH_WARNINGS: Final = "watch_warnings"
+WATCH_REWIND: Final = "watch_rewind"

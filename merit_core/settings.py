@@ -50,6 +50,8 @@ KERNELS = ("auto", "liger", "none")  # see merit_core.train.kernels
 PARALLEL = ("ddp", "fsdp")
 # The experiment trackers `report_to` may name (merit_core.train.trackers implements them).
 TRACKERS = ("tensorboard", "wandb", "mlflow")
+# What `merit train` does on an instability warning (merit_core.train.instability).
+ON_INSTABILITY = ("warn", "stop", "rewind")
 # Actions of one invocation, not properties of the run: not written to the run's config.toml.
 ACTION_KEYS = ("resume", "resume_from", "allow_changes", "verify")
 
@@ -253,6 +255,26 @@ class TrainConfig:
         False,
         "Let --resume continue with another seed, data or tokenizer than the run was trained with.",
         option="flag",
+    )
+    watch: bool = setting(
+        True,
+        "Watch for instability: probe the precursors every watch_every steps and warn ahead of a divergence "
+        "(merit_core.train.watch).",
+        option="switch",
+        default_text="on",
+    )
+    watch_every: int = setting(
+        10,
+        "Steps between the watcher's probes (each costs about a probe pass on 2 validation sequences and the "
+        "update ratios; benchmarks/README.md has the cost per cadence).",
+        bound="positive",
+    )
+    on_instability: str = setting(
+        "warn",
+        "On a watcher warning: warn and go on, stop naming the last checkpoint from before it, or rewind to "
+        "that checkpoint with the lr halved (merit_core.train.instability).",
+        option="choice",
+        choices=ON_INSTABILITY,
     )
     verify: bool = setting(
         True,

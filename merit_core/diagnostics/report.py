@@ -39,6 +39,7 @@ from merit_core.diagnostics.weights import (
     checkpoint_context,
     logit_bounds,
     record_fields,
+    spectral_logit_bounds,
 )
 from merit_core.errors import DataError, MeritError
 from merit_core.fileio import atomic_write_json
@@ -261,6 +262,7 @@ def _measure(
         probed = probe_attention(model, ids, query_chunk=opts.query_chunk, inputs=True, instability=True)
         fill_probe(stats, probed)
         logit_bounds(reader, stats.layout, stats.layers, probed.input_max_l1, probed.scaling)
+        spectral_logit_bounds(reader, stats.layout, stats.layers, probed.input_max_l2, probed.scaling)
     if opts.hessian:
         progress(
             Progress(

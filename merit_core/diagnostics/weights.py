@@ -123,6 +123,8 @@ class HeadStats:
     attention_entropy_min: float | None = None
     normalized_attention_entropy_mean: float | None = None
     normalized_attention_entropy_min: float | None = None
+    # a tighter bound from spectral norms (`spectral_logit_bounds`); not in the JSON report
+    spectral_logit_bound: float | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         if self.kv_head is None:
@@ -170,6 +172,10 @@ class LayerStats:
     activation_ratio: float | None = None
     activation_max_position: int | None = None
     activation_max_dim: int | None = None
+    # largest l2 norm of an attention input token, and the spectral bound (`spectral_logit_bounds`);
+    # not in the JSON report
+    input_max_l2: float | None = field(default=None, compare=False)
+    spectral_logit_bound: float | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -266,6 +272,73 @@ def logit_bounds(
             k = root * head.k_max_norm * x + kb[head.kv_head]
             head.logit_bound = scale * q * k
         layer.logit_bound = max(h.logit_bound for h in layer.heads)
+
+
+# Where the effective gain of a QK-norm is (1 + weight) rather than the weight (Gemma's RMSNorm).
+QK_NORM_GAIN_OFFSET = {"gemma3_text": 1.0}
+
+
+def spectral_logit_bounds(
+    tensors: Mapping,
+    layout: AttentionLayout | None,
+    layers: list[LayerStats],
+    input_max_l2: list[float],
+    scaling: list[float],
+) -> None:
+    """Fill `spectral_logit_bound` of every layer and head: an upper bound on |scaled q.k| on the
+    probed batch, from spectral norms.
+
+    Without QK-norm, with X the largest ||x||_2 of a token's attention input in the layer,
+    ||q_h||_2 <= ||W_Q,h||_2 * X + ||b_Q,h||_2 (W_Q,h: the head's hd output rows), rotary
+    embeddings (full or partial) rotate q and k and keep their norms, and |logit| <= scaling *
+    ||q_h||_2 * ||k_h||_2. Since ||W x||_2 <= ||W||_2 ||x||_2 is the tightest bound from a norm
+    of W and of x alone, this is never looser than what `logit_bounds` derives from max-norms up
+    to the norms' ratio, and on trained weights (far from rank one) much tighter.
+    With QK-norm, q = g * v / rms(v) whatever W_Q and x are: rms over the head ('head') gives
+    ||q_h||_2 <= sqrt(hd) * max|g_h|; over all heads ('full', OLMo 2) ||q_h||_2 <= sqrt(H * hd) *
+    max|g_h| (g_h: the head's slice of the gain; Gemma's gain is 1 + weight); the same for keys.
+    The bound is on the logit before Gemma 2's soft-capping (what the probe measures).
+    """
+    for layer, x in zip(layers, input_max_l2):
+        layer.input_max_l2 = x
+    if layout is None or not layout.n_heads:
+        return
+    hd, axis = layout.head_dim, layout.out_axis
+    for layer, x, scale in zip(layers, input_max_l2, scaling):
+        if layout.spec.qk_norm:
+            q, k = _qk_norm_limits(tensors, layout, layer.layer)
+        else:
+            wq, wk = query_key(tensors, layout, layer.layer)
+            qb, kb = query_key_bias(tensors, layout, layer.layer)
+            q = [
+                _spectral(wq, axis, h, hd) * x + float(qb[h * hd : (h + 1) * hd].norm()) for h in range(layout.n_heads)
+            ]
+            k = [
+                _spectral(wk, axis, h, hd) * x + float(kb[h * hd : (h + 1) * hd].norm())
+                for h in range(layout.n_kv_heads)
+            ]
+        for head in layer.heads:
+            head.spectral_logit_bound = scale * q[head.head] * k[head.kv_head]
+        layer.spectral_logit_bound = max(h.spectral_logit_bound for h in layer.heads)
+
+
+def _spectral(w: torch.Tensor, axis: int, head: int, hd: int) -> float:
+    """||W_h||_2 of the head's hd output features of a stored weight (out features on `axis`)."""
+    block = w.narrow(axis, head * hd, hd).float()
+    return float(torch.linalg.matrix_norm(block, ord=2))
+
+
+def _qk_norm_limits(tensors: Mapping, layout: AttentionLayout, layer: int) -> tuple[list[float], list[float]]:
+    """The largest ||q_h||_2 and ||k_h||_2 a QK-norm lets through, per query and key head."""
+    hd, offset = layout.head_dim, QK_NORM_GAIN_OFFSET.get(layout.family, 0.0)
+    out = []
+    for name, heads in ((layout.q_name(layer), layout.n_heads), (layout.k_name(layer), layout.n_kv_heads)):
+        gain = (tensors[name.replace("_proj.weight", "_norm.weight")].float() + offset).abs()
+        width = hd if layout.spec.qk_norm == "head" else heads * hd  # what the rms is taken over
+        if gain.numel() == hd:  # one gain shared by every head
+            gain = gain.repeat(heads)
+        out.append([width**0.5 * float(gain[h * hd : (h + 1) * hd].max()) for h in range(heads)])
+    return out[0], out[1]
 
 
 # -- statistics ------------------------------------------------------------------------------

@@ -338,6 +338,7 @@ class ProbeResult:
     entropy: dict[str, torch.Tensor] | None = None
     activations: list[ActivationStats] | None = None
     output: OutputLogitStats | None = None
+    input_max_l2: list[float] | None = None  # largest l2 norm of a token's attention input (with inputs=True)
 
     def layers(self) -> list[LayerProbe]:
         """Each layer's numbers, reduced over its heads: the max logit by max, an entropy's mean by the
@@ -422,6 +423,7 @@ def probe_attention(
     was_training = model.training
     model.eval()
     found: dict[int, float] = {}
+    found_l2: dict[int, float] = {}
     acts: dict[int, ActivationStats] = {}
     valid = attention_mask.bool() if attention_mask is not None and attention_mask.ndim == 2 else None
     hooks = []
@@ -434,7 +436,9 @@ def probe_attention(
 
                     def hook(module, args, kwargs, i=i):
                         x = args[0] if args else kwargs["hidden_states"]
-                        found[i] = float(x.detach().float().abs().sum(dim=-1).max())
+                        x = x.detach().float()
+                        found[i] = float(x.abs().sum(dim=-1).max())
+                        found_l2[i] = float(x.norm(dim=-1).max())
 
                     module = base.get_submodule(spec.attention.block.format(i=i))
                     hooks.append(module.register_forward_pre_hook(hook, with_kwargs=True))
@@ -457,6 +461,8 @@ def probe_attention(
         model.train(was_training)
     scaling = [rec.scaling[i] for i in sorted(rec.scaling)]
     result = ProbeResult(rec.result(), scaling, [found[i] for i in sorted(found)] if inputs else None)
+    if inputs:
+        result.input_max_l2 = [found_l2[i] for i in sorted(found_l2)]
     if instability:
         result.entropy = rec.entropy_result()
         result.activations = [acts[i] for i in sorted(acts)]

@@ -104,6 +104,10 @@ class TrainCallbacks:
         """An eval line: step, tokens, val_loss and, per layer, max_attention_logit,
         normalized_attention_entropy_min and activation_ratio, and log_z_mean (metric_names.py)."""
 
+    def on_watch(self, record: dict[str, Any]) -> None:
+        """A watch record (every watch_every steps): step, tokens, the precursors (metric_names.WATCH_*)
+        and, when the watcher warned at this step, `watch_warnings` (each also given as a note)."""
+
     def on_checkpoint(self, step: int, path: Path) -> None:
         """A checkpoint was written."""
 

@@ -23,12 +23,22 @@ from pathlib import Path
 from typing import Any
 
 from merit_core.extras import is_installed, require
-from merit_core.metric_names import ACTIVATION_RATIO, MAX_ATTENTION_LOGIT, NORMALIZED_ENTROPY_MIN, VAL_LOSS
+from merit_core.metric_names import (
+    ACTIVATION_RATIO,
+    MAX_ATTENTION_LOGIT,
+    NORMALIZED_ENTROPY_MIN,
+    VAL_LOSS,
+    WATCH_ACTIVATION,
+    WATCH_ENTROPY,
+    WATCH_LOGIT,
+    WATCH_WARNINGS,
+)
 from merit_core.train.callbacks import CallbackList, ClosingCallbacks, RunInfo, RunSummary, TrainCallbacks
 from merit_core.train.config import parse_report_to
 
 # per-layer lists of an eval record, and how a tracker's one overall scalar is taken from them
 PER_LAYER = {MAX_ATTENTION_LOGIT: max, ACTIVATION_RATIO: max, NORMALIZED_ENTROPY_MIN: min}
+PER_LAYER.update({WATCH_LOGIT: max, WATCH_ACTIVATION: max, WATCH_ENTROPY: min})
 TENSORBOARD_DIR = "tensorboard"
 # what `pip install` brings each tracker (the import name of each is the tracker's name)
 _INSTALL = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
@@ -103,6 +113,14 @@ class Tracker(ClosingCallbacks):
     def on_eval(self, record: dict[str, Any]) -> None:
         if self.started:
             self.log(scalars(record), int(record["step"]))
+
+    def on_watch(self, record: dict[str, Any]) -> None:
+        """The watcher's precursors as 'train/watch_*' scalars, and 'train/watch_warnings': how many
+        warnings this step raised (0 on a quiet step, so that a warning stands out on the chart)."""
+        if self.started:
+            values = scalars({k: v for k, v in record.items() if k != WATCH_WARNINGS})
+            values["train/" + WATCH_WARNINGS] = float(len(record.get(WATCH_WARNINGS) or ()))
+            self.log(values, int(record["step"]))
 
     def on_end(self, summary: RunSummary) -> None:
         self.close(failed=False)

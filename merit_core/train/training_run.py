@@ -38,6 +38,7 @@ from merit_core.metric_names import GRAD_NORM, LOSS, LR, MAX_ATTENTION_LOGIT, ST
 from merit_core.metrics import MetricsLog
 from merit_core.models import build_model, count_parameters, model_config
 from merit_core.optim.registry import get_spec, resolve_hparams
+from merit_core.train import instability
 from merit_core.train.callbacks import HANDLED_SIGNALS, STOP_SIGNALS, RunInfo, RunSummary, TrainCallbacks
 from merit_core.train.checkpoint import prune_checkpoints, save_checkpoint
 from merit_core.train.checks import check_data, check_model_and_batches
@@ -408,12 +409,15 @@ class TrainingRun:
         tick = (time.perf_counter(), trainer.step)
         first_step = trainer.step
         self.saved_at = time.monotonic()
+        watch = instability.for_run(self)  # the instability watcher (None with watch off)
         while trainer.step < c.steps:
             if stop := self._stop_requested():
                 self._stop_now(stop)
             out = trainer.train_step()
             if out is None:  # a stop signal arrived between micro-batches: the step was abandoned
                 self._stop_now(self._stop_requested() or "SIGTERM")
+            if watch is not None and watch.after_step(out):
+                continue  # rewound to a checkpoint: this step's log, eval and save belong to the abandoned steps
             while trainer.notes:  # the compile time, after the first step
                 self.cb.on_note(trainer.notes.pop(0))
             step, last = trainer.step, trainer.step == c.steps

@@ -61,9 +61,9 @@ def _one_ulp_or_less(got, want) -> bool:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("shapes", [GPT2_SMALL, LLAMA_32_1B], ids=["gpt2-small", "llama-3.2-1b"])
 def test_triton_matches_the_reference_at_real_shapes(shapes, dtype):
-    import merit_core.optim.merit.triton_backend as mt
+    from merit_core.optim.merit.triton.plan import DEFAULT_TILING
 
-    chunk_rows = mt.TILE_ROWS * mt.FIN_ROW_TILES
+    chunk_rows = DEFAULT_TILING.rows * DEFAULT_TILING.fin_row_tiles
     assert shapes[0][0] > 8 * chunk_rows  # the embedding spans many row-tile chunks
     triton, reference = _backend("triton"), _backend("reference")
     params, _ = _tensors(shapes, dtype, 0)

@@ -8,8 +8,8 @@ import math
 
 from rich.console import Console
 
+from merit_core.metrics import read_metrics
 from merit_core.train.callbacks import TrainCallbacks
-from merit_core.train.metrics import read_metrics
 from tests.cli.test_run_safety import TINY
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from merit_core import runs
+from merit_core.checkpoint import runs
 from merit_core.errors import RunInterrupted
+from merit_core.metrics import read_metrics
 from merit_core.train.callbacks import TrainCallbacks
-from merit_core.train.metrics import read_metrics
 from tests.cli.test_run_safety import TINY
 
 
