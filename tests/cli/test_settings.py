@@ -46,7 +46,8 @@ def test_every_train_setting_has_help_and_the_train_options_are_the_declared_one
         assert setting_of(TrainConfig, f.name).help, f.name
     options = _options(train)
     declared = set(option_names(TrainConfig))
-    assert declared == set(options) - {"list_configs", "overrides", "help"}
+    # the options that are not settings of the run: listing configs, --set, help and the start confirmation
+    assert declared == set(options) - {"list_configs", "overrides", "help", "yes"}
     assert {"batch_size", "lr", "tf32", "resume"} <= declared  # the option kinds: value, value, switch, flag
 
 
