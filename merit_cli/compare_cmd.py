@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from merit_cli.options import device_callback, setting_option
-from merit_cli.render import EtaColumn, LiveReport, fmt_duration, fmt_float, plain_line, plural
+from merit_cli.render import EtaColumn, LiveReport, fmt_duration, fmt_float, plain_line, plural, shown
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 from merit_core.settings import COMPARE, COMPARE_TRAIN, CompareDefaults, TrainConfig
 
@@ -63,7 +63,7 @@ class RichCompareReport(LiveReport):
         done = len(runs) - len(todo)
         counts = {state: sum(states[r.name] == state for r in runs) for state in ("finished", "diverged", "partial")}
         self.out.print(
-            f"[bold]Comparing[/] {', '.join(dict.fromkeys(r.optimizer for r in runs))} on {first.config.model}, "
+            f"[bold]Comparing[/] {', '.join(dict.fromkeys(r.optimizer for r in runs))} on {shown(first.config.model)}, "
             f"seq len {first.config.seq_len}, {max(r.tokens for r in runs):,} tokens per run ({steps})"
         )
         self.out.print(_grid_table(runs))
@@ -75,7 +75,7 @@ class RichCompareReport(LiveReport):
             + (f", {jobs} at a time" if todo else "")
         ]
         self.out.print(f"{len(runs)} runs: {', '.join(parts)}")
-        self.out.print(f"[dim]runs in {first.run_dir.parent}[/]")
+        self.out.print(f"[dim]runs in {shown(first.run_dir.parent)}[/]")
         self.done = done
         self.total = len(runs)
         if self.plain:
@@ -121,7 +121,7 @@ class RichCompareReport(LiveReport):
         if self.plain:
             self.say(plain_line("measure", [("what", what), ("run", run_name)]))
             return
-        self.out.print(f"[dim]measuring {label} of {run_name}[/]")
+        self.out.print(f"[dim]measuring {label} of {shown(run_name)}[/]")
 
     def on_run_start(self, run, resumed: bool) -> None:
         self.started[run.name] = time.perf_counter()
@@ -169,7 +169,7 @@ class RichCompareReport(LiveReport):
                 f"max logit [magenta]{peak}[/]  [dim]{took}[/]"
             )
         else:
-            self.progress.console.print(f"[red]diverged[/] {run.name:<22} [dim]{message}[/]")
+            self.progress.console.print(f"[red]diverged[/] {shown(run.name):<22} [dim]{shown(message)}[/]")
 
 
 def _command_line(ctx: click.Context) -> str:
@@ -455,4 +455,4 @@ def compare(
         f"in {fmt_duration(result.elapsed_s)}"
     )
     for path in (result.summary_path, result.plot_path, result.report_path):
-        out_console.print(f"  {path}")
+        out_console.print(f"  {shown(path)}")

@@ -1,6 +1,7 @@
 """Import hygiene: no import cycles in the packages (at module level, and counting the imports made
 inside functions), no loop between merit_core's folders, imports of merit's own modules inside
-functions of merit_core only where listed with a reason, and every command's --help stays light."""
+functions of merit_core only where listed with a reason, every command's --help stays light,
+diagnostics / evaluation / checkpoint never import train, and the CLI uses merit_core's public names only."""
 
 import ast
 import subprocess
@@ -303,3 +304,40 @@ def test_diagnostics_evaluation_and_checkpoint_do_not_import_train():
             "merit_core.diagnostics"
         ]
     )  # a planted import is seen
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))  # __version__ is public
+
+
+def _private_reaches(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, what) for each import of merit_core that names a private module or name: a part or an
+    imported name that starts with an underscore (dunder names such as __version__ are public)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("merit_core"):
+            parts = (node.module or "").split(".")
+            names = [alias.name for alias in node.names]
+            found += [(node.lineno, f"{node.module}: {n}") for n in [*parts, *names] if _private(n)]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("merit_core") and any(_private(p) for p in alias.name.split(".")):
+                    found.append((node.lineno, alias.name))
+    return found
+
+
+def test_private_reaches_are_found_in_a_planted_module():
+    planted = ast.parse(
+        "from merit_core.train.trainer import _clip\nimport merit_core._x\nfrom merit_core import runs\n"
+    )
+    assert [what for _, what in _private_reaches(planted)] == ["merit_core.train.trainer: _clip", "merit_core._x"]
+
+
+def test_the_cli_reaches_merit_core_through_its_public_names_only():
+    """merit_cli imports what merit_core's modules offer, never a private module or name of theirs
+    (`_helper`): a private name is free to change with the module that owns it."""
+    found = []
+    for path in sorted((ROOT / "merit_cli").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        found += [f"{path.relative_to(ROOT)}:{line}: {what}" for line, what in _private_reaches(tree)]
+    assert found == []
