@@ -14,6 +14,8 @@ write) because Inductor in torch 2.13 fails on the single in-place function on C
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -63,7 +65,8 @@ _compiled: dict = {}
 
 def _get(name: str):
     if name not in _compiled:
-        _compiled[name] = torch.compile({"pass1": _pass1, "pass2": _pass2}[name], dynamic=False)
+        passes: dict[str, Callable[..., None]] = {"pass1": _pass1, "pass2": _pass2}
+        _compiled[name] = torch.compile(passes[name], dynamic=False)
     return _compiled[name]
 
 

@@ -138,7 +138,7 @@ def choose(backend: str | None, params: list[Tensor], grads: list[Tensor]) -> tu
     """(backend name, function, extra keyword arguments) for one group's tensors.
 
     Raises ValueError if an explicit ``backend`` is unknown or cannot take these tensors."""
-    name = ALIASES.get(backend, backend)
+    name = None if backend is None else ALIASES.get(backend, backend)
     if name is not None and name not in BACKENDS:
         raise ValueError(f"MERIT: unknown implementation {backend!r}; one of {', '.join(IMPLEMENTATIONS)}")
     if any(is_dtensor(p) for p in params):
