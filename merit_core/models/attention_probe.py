@@ -329,6 +329,12 @@ class ProbeResult:
     activations: list[ActivationStats] | None = None
     output: OutputLogitStats | None = None
 
+    def instability(self) -> tuple[dict[str, torch.Tensor], list[ActivationStats], OutputLogitStats]:
+        """``(entropy, activations, output)`` of a probe run with ``instability=True``; ValueError otherwise."""
+        if self.entropy is None or self.activations is None or self.output is None:
+            raise ValueError("this probe ran without instability=True: no entropy, activations or output logits")
+        return self.entropy, self.activations, self.output
+
 
 @torch.no_grad()
 def probe_attention(
