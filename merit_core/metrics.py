@@ -37,7 +37,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if path.is_dir():
         path = path / METRICS_FILE
-    records = []
+    records: list[dict[str, Any]] = []
     if not path.exists():
         return records
     with open_regular(path) as fh:

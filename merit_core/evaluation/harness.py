@@ -250,10 +250,11 @@ def evaluate_checkpoints(
         with _silenced(quiet), _exact_float32(device, dtype):
             model, tokenizer = load_model_and_tokenizer(ref, device, dtype, settings.trust_remote_code)
             lm, batch_size = build_lm(model, tokenizer, parse_batch_size(settings.batch_size), device)
-            report_request_progress(
-                lm,
-                lambda event, i=index: run.report(event.stage, i, done=event.done, total=event.total, unit=event.unit),
-            )
+
+            def on_requests(event: Progress, i: int = index) -> None:
+                run.report(event.stage, i, done=event.done, total=event.total, unit=event.unit)
+
+            report_request_progress(lm, on_requests)
             out = lm_eval.simple_evaluate(
                 model=lm,
                 tasks=task_objects,

@@ -45,9 +45,10 @@ def logit_metrics(
     metrics = {prefix: float(max(per_layer))}
     metrics.update({f"{prefix}/layer_{i}": float(v) for i, v in enumerate(per_layer)})
     if precursors:
-        metrics[NORMALIZED_ENTROPY_MIN] = float(probed.entropy["normalized_min"].min())
-        metrics[ACTIVATION_RATIO] = max(a.ratio for a in probed.activations)
-        metrics[LOG_Z_MEAN] = probed.output.log_z_mean
+        entropy, activations, output = probed.instability()
+        metrics[NORMALIZED_ENTROPY_MIN] = float(entropy["normalized_min"].min())
+        metrics[ACTIVATION_RATIO] = max(a.ratio for a in activations)
+        metrics[LOG_Z_MEAN] = output.log_z_mean
     return metrics
 
 
