@@ -13,23 +13,30 @@ from merit_core.values import describe
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 
 
-def number(kind: type):
+class _Number:
+    """:func:`number`'s callback: the converter and the metavar it gives its option."""
+
+    def __init__(self, kind: type) -> None:
+        self.kind = kind
+        self.metavar = "INTEGER" if kind is int else "FLOAT"
+
+    def __call__(self, ctx: click.Context, param: click.Parameter, value: str | None) -> int | float | None:
+        if value is None:
+            return None
+        try:
+            return self.kind(value)
+        except ValueError:
+            name = (param.name or "").replace("_", "-")
+            raise ConfigError(f"--{name} must be {describe(self.kind)}, got {value!r}") from None
+
+
+def number(kind: type) -> _Number:
     """A click callback: the option's text -> int/float, or a one-line ConfigError naming the option.
 
     The callback carries the metavar (INTEGER / FLOAT) that `fill_metavars` gives its option, so
     `--help` shows `--lr FLOAT` rather than click's `TEXT` for an untyped option.
     """
-
-    def convert(ctx, param, value):
-        if value is None:
-            return None
-        try:
-            return kind(value)
-        except ValueError:
-            raise ConfigError(f"--{param.name.replace('_', '-')} must be {describe(kind)}, got {value!r}") from None
-
-    convert.metavar = "INTEGER" if kind is int else "FLOAT"
-    return convert
+    return _Number(kind)
 
 
 def number_option(name: str, kind: type, *, default: int | float | None = None, help: str):
