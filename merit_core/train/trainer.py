@@ -285,6 +285,9 @@ class Trainer:
     def _run_hook(self, index: int, x: torch.Tensor) -> None:
         """The optimizer spec's step hook after update `index` (Sophia-G: its Hessian refresh), on this
         process's first micro-batch, with a generator seeded from (seed, index, rank)."""
+        hook = self.hook
+        if hook is None:
+            return
         gen = torch.Generator(device=self.device)
         gen.manual_seed((self.config.seed * 1_000_003 + index) * 4099 + self.parallel.rank)
 
@@ -292,9 +295,7 @@ class Trainer:
             with self.autocast():
                 return self.forward(input_ids=x, use_cache=False).logits
 
-        self._compiling(
-            lambda: self.hook.run(StepContext(self.optimizer, index, logits, gen, self.parallel.world_size))
-        )
+        self._compiling(lambda: hook.run(StepContext(self.optimizer, index, logits, gen, self.parallel.world_size)))
         self.optimizer.zero_grad(set_to_none=True)
 
     def _compiling(self, work: Callable[[], Any]) -> Any:
@@ -356,12 +357,13 @@ class Trainer:
                 probed = probe_attention(self.model, self.val[0][0].to(self.device), instability=True)
         finally:
             self.model.train()
+        entropy, activations, output = probed.instability()
         record = {
             VAL_LOSS: float(val_loss.item()),
             MAX_ATTENTION_LOGIT: probed.max_logits.amax(dim=1).tolist(),
-            NORMALIZED_ENTROPY_MIN: probed.entropy["normalized_min"].amin(dim=1).tolist(),
-            ACTIVATION_RATIO: [a.ratio for a in probed.activations],
-            LOG_Z_MEAN: probed.output.log_z_mean,
+            NORMALIZED_ENTROPY_MIN: entropy["normalized_min"].amin(dim=1).tolist(),
+            ACTIVATION_RATIO: [a.ratio for a in activations],
+            LOG_Z_MEAN: output.log_z_mean,
         }
         ratio = self.update_ratio()
         if ratio is not None:

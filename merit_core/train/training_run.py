@@ -54,7 +54,7 @@ from merit_core.train.resume import (
     to_device,
 )
 from merit_core.train.trackers import with_trackers
-from merit_core.train.trainer import build_trainer, compute_dtype
+from merit_core.train.trainer import Trainer, build_trainer, compute_dtype
 
 
 def run_training(config: TrainConfig, callbacks: TrainCallbacks | None = None) -> RunSummary:
@@ -114,9 +114,9 @@ class TrainingRun:
         self.created: list[Path] = []  # what this run made before its first write (undone on failure)
         self.stop: str | None = None  # the name of a stop signal that arrived
         self.resume = ResumePlan()  # what --resume continues from (resume.py)
-        # set once everything is built (`_first_write`, `_train`):
-        self.trainer = None
-        self.metrics: MetricsLog | None = None
+        # set once everything is built (`run`, `_first_write`) and read only after:
+        self.trainer: Trainer
+        self.metrics: MetricsLog
         self.tokenizer_dir: Path | None = None
         self.data_info: dict[str, Any] = {}
         self.n_params = 0
