@@ -313,7 +313,7 @@ def recover_staging(run_dir: str | Path) -> list[str]:
     checkpoints are listed (what a resume continues from depends on it).
     """
     run_dir = Path(run_dir)
-    notes = []
+    notes: list[str] = []
     if not run_dir.is_dir():
         return notes
     for child in sorted(run_dir.iterdir()):

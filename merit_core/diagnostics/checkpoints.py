@@ -109,7 +109,7 @@ def _from_folder(folder: Path) -> list[Checkpoint]:
             ckpt.step = step
         steps.append(ckpt)
     if steps:
-        steps.sort(key=lambda c: c.step)
+        steps.sort(key=lambda c: c.step or 0)  # every step is set above
         if skipped:
             steps[0].notes.append(f"skipped incomplete checkpoint folders: {', '.join(sorted(skipped))}")
         return steps

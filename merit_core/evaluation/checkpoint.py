@@ -255,4 +255,5 @@ def load_model_and_tokenizer(
         )
     except Exception as exc:  # noqa: BLE001 - a crafted file makes transformers / safetensors raise many types
         raise CheckpointError(f"cannot load the model weights of {ref.given}: {_load_error(exc)}") from None
-    return model.to(device).eval(), tokenizer
+    # transformers' decorated PreTrainedModel.to loses its self in the annotations
+    return model.to(device).eval(), tokenizer  # type: ignore[arg-type]

@@ -69,12 +69,12 @@ def _candidates(config: TrainConfig, run_dir: Path) -> list[Path]:
     for step, path in runs.step_folders(run_dir):
         if step > newest:  # a newer checkpoint that a FIFO or device makes incomplete is not skipped silently
             refuse_special_files(path)
-    found = [p for _, p in reversed(complete)]
-    if not found:
+    newest_first = [p for _, p in reversed(complete)]
+    if not newest_first:
         raise CheckpointError(
             f"nothing to resume: {run_dir} has no complete checkpoint; drop --resume to start a new run"
         )
-    return found
+    return newest_first
 
 
 def _compatible(config: TrainConfig, candidates: list[Path]) -> ResumePlan:
@@ -180,8 +180,8 @@ def to_device(state: Any, device) -> Any:
 def last_records(run_dir: Path, ckpt: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The last log and eval records before a resumed run's first step ({} and {} for a new run)."""
     previous = read_metrics(run_dir) if ckpt is not None else []
-    last_log = next((r for r in reversed(previous) if LOSS in r), {})
-    last_eval = next((r for r in reversed(previous) if VAL_LOSS in r), {})
+    last_log: dict[str, Any] = next((r for r in reversed(previous) if LOSS in r), {})
+    last_eval: dict[str, Any] = next((r for r in reversed(previous) if VAL_LOSS in r), {})
     return last_log, last_eval
 
 
