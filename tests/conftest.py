@@ -6,6 +6,11 @@ import tempfile
 import pytest
 
 _TMP = tempfile.mkdtemp(prefix="merit-tests-")
+# Under pytest-xdist (`-n auto`) each worker is a process with this environment of its own; the
+# workers of one run share the folder of built C++ kernels (written by atomic rename), so the
+# kernel is compiled once per run rather than once per worker.
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+_KERNELS = os.path.join(tempfile.gettempdir(), f"merit-tests-{_RUN}", "kernels") if _RUN else None
 for key, value in {
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
@@ -19,6 +24,13 @@ for key, value in {
     "MPLBACKEND": "Agg",
 }.items():
     os.environ[key] = value
+if _KERNELS is not None:
+    os.environ["MERIT_KERNEL_CACHE"] = _KERNELS
+# Workers share the cores: each gets its part of them for torch's intra-op threads (at least 2, so the
+# multi-threaded paths are still run; CI's second pass pins 1 thread itself).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(2, (os.cpu_count() or 1) // _WORKERS))
 # Compiled kernels (Inductor / C++ extensions) may reuse a persistent cache across runs.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "merit-inductor-cache"))
 
