@@ -6,11 +6,11 @@ import tempfile
 import pytest
 
 _TMP = tempfile.mkdtemp(prefix="merit-tests-")
-# Under pytest-xdist (`-n auto`) each worker is a process with this environment of its own; the
-# workers of one run share the folder of built C++ kernels (written by atomic rename), so the
-# kernel is compiled once per run rather than once per worker.
+# Under pytest-xdist (`-n auto`) each worker is a process with this environment of its own, but the
+# workers of one run share merit's cache (the built C++ kernel, the prepared built-in corpus and
+# tasks: built under a lock or written by atomic rename), so each is built once per run.
 _RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-_KERNELS = os.path.join(tempfile.gettempdir(), f"merit-tests-{_RUN}", "kernels") if _RUN else None
+_CACHE = os.path.join(tempfile.gettempdir(), f"merit-tests-{_RUN}") if _RUN else _TMP
 for key, value in {
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
@@ -20,12 +20,10 @@ for key, value in {
     "TOKENIZERS_PARALLELISM": "false",
     "HF_HOME": os.path.join(_TMP, "hf"),
     "HF_DATASETS_CACHE": os.path.join(_TMP, "hf", "datasets"),
-    "MERIT_CACHE_DIR": os.path.join(_TMP, "merit-cache"),
+    "MERIT_CACHE_DIR": os.path.join(_CACHE, "merit-cache"),
     "MPLBACKEND": "Agg",
 }.items():
     os.environ[key] = value
-if _KERNELS is not None:
-    os.environ["MERIT_KERNEL_CACHE"] = _KERNELS
 # Workers share the cores: each gets its part of them for torch's intra-op threads (at least 2, so the
 # multi-threaded paths are still run; CI's second pass pins 1 thread itself).
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
