@@ -51,7 +51,7 @@ class RichCompareReport(LiveReport):
     from LiveReport) rather than inherited, so that this module, read at `merit compare --help`, does not
     import the comparison (torch); tests/cli check that it answers every hook."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.overall: TaskID | None = None
         self.tasks: dict[str, Any] = {}

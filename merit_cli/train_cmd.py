@@ -43,10 +43,10 @@ class RichTrainReport(LiveReport):
     LiveReport) rather than inherited, so that this module, read at `merit train --help`, does not import
     the training package (torch); tests/cli check that it answers every hook."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(guard=True)
         self.task: TaskID | None = None
-        self.fields = {"loss": "-", "lr": "-", "tok_s": "-", "max_logit": "-"}
+        self.fields: dict[str, Any] = {"loss": "-", "lr": "-", "tok_s": "-", "max_logit": "-"}  # the bar's task fields
 
     def stop_requested(self) -> str | None:
         """'SIGPIPE' once stdout is lost (its reader went away): the run checkpoints and stops, as

@@ -64,3 +64,30 @@ def no_hang():
     yield
     signal.alarm(0)
     signal.signal(signal.SIGALRM, previous)
+
+
+# The test files that take longest (measured with --durations; CONTRIBUTING.md lists the slowest
+# tests). Under pytest-xdist with --dist loadfile they are handed out first, so that the last files
+# the workers take are short ones and the workers finish together; a serial run keeps its order.
+LONGEST_FIRST = (
+    "tests/compare/test_compare.py",
+    "tests/cli/test_readme.py",
+    "tests/train/test_train.py",
+    "tests/train/test_kernels.py",
+    "tests/train/test_fsdp.py",
+    "tests/train/test_train_optimizers.py",
+    "tests/integrations/test_callbacks.py",
+    "tests/cli/test_golden.py",
+    "tests/diagnostics/test_instability_inspect.py",
+    "tests/eval/test_builtin_tasks.py",
+    "tests/diagnostics/test_hessian.py",
+    "tests/optim/test_merit_triton.py",
+    "tests/optim/test_merit_compile.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order

@@ -121,7 +121,9 @@ def report_request_progress(lm: Any, progress: ProgressFn, min_chunk: int = 512)
         if original is None:
             continue
 
-        def chunked(requests, disable_tqdm=False, _original=original, _type=request_type):
+        def chunked(
+            requests: list[Any], disable_tqdm: bool = False, _original: Any = original, _type: str = request_type
+        ) -> list[Any]:
             total = len(requests)
             order = list(range(total))
             if _type != "loglikelihood_rolling":
