@@ -25,14 +25,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
-    from typing_extensions import TypeIs
 
 NONFINITE_RULE = (
     "a parameter whose weight or update direction holds a NaN or an infinity becomes NaN in every element; "
@@ -194,7 +193,7 @@ def is_plain(t: Tensor) -> bool:
     return type(t) in (torch.Tensor, torch.nn.Parameter)
 
 
-def is_dtensor(t: Tensor) -> TypeIs[DTensor]:
+def is_dtensor(t: Tensor) -> TypeGuard[DTensor]:
     if is_plain(t) or not torch.distributed.is_available():
         return False
     from torch.distributed.tensor import DTensor

@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 import torch
 import torch.distributed as dist
@@ -52,7 +52,6 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
-    from typing_extensions import TypeIs
 
 from merit_core.optim.merit import cpu as _cpu
 from merit_core.optim.merit.common import Hyper, finite_norms
@@ -99,7 +98,7 @@ class _Pending:
     total_from: str = "local"  # "local" | "rows" | "cols": source of the tensor-wide norms
 
 
-def _is_dtensor(t: Tensor) -> TypeIs[DTensor]:
+def _is_dtensor(t: Tensor) -> TypeGuard[DTensor]:
     from torch.distributed.tensor import DTensor
 
     return isinstance(t, DTensor)
