@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from merit_cli.options import device_callback, setting_option
@@ -46,9 +46,9 @@ class RichCompareReport(LiveReport):
     from LiveReport) rather than inherited, so that this module, read at `merit compare --help`, does not
     import the comparison (torch); tests/cli check that it answers every hook."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
-        self.overall = None
+        self.overall: TaskID | None = None
         self.tasks: dict[str, Any] = {}
         self.started: dict[str, float] = {}
         self.last: dict[str, dict[str, Any]] = {}
@@ -84,6 +84,12 @@ class RichCompareReport(LiveReport):
         self.progress.start()
         self.overall = self.progress.add_task("all runs", total=len(runs), completed=done, info="")
 
+    def _display(self) -> tuple[Progress, TaskID]:
+        """The progress display and its all-runs bar, which on_plan starts outside plain mode."""
+        if self.progress is None or self.overall is None:
+            raise RuntimeError("the comparison's progress display has not started")
+        return self.progress, self.overall
+
     def on_extend(self, runs, states, jobs) -> None:
         self._added(runs, states, "grid edge", "the best lr sat on an edge; adding")
 
@@ -112,9 +118,10 @@ class RichCompareReport(LiveReport):
             self.say(f"{label}: {text} {added} ({len(todo)} run(s) to train)")
             return
         self.out.print(f"[yellow]{label}:[/] {text} {added} ({len(todo)} run(s) to train)")
-        overall = next(t for t in self.progress.tasks if t.id == self.overall)
-        self.progress.update(self.overall, total=(overall.total or 0) + len(runs))
-        self.progress.advance(self.overall, len(runs) - len(todo))
+        progress, overall_id = self._display()
+        overall = next(t for t in progress.tasks if t.id == overall_id)
+        progress.update(overall_id, total=(overall.total or 0) + len(runs))
+        progress.advance(overall_id, len(runs) - len(todo))
 
     def on_measure(self, what: str, run_name: str) -> None:
         label = {"hessian": "Hessian (eigenvalues, trace)", "eval": "zero-shot evaluation"}.get(what, what)
@@ -129,7 +136,7 @@ class RichCompareReport(LiveReport):
             self.say(plain_line("start", [("run", run.name), ("steps", run.steps), ("resumed", resumed or None)]))
             return
         label = run.name + (" (resume)" if resumed else "")
-        self.tasks[run.name] = self.progress.add_task(label, total=run.steps, info="")
+        self.tasks[run.name] = self._display()[0].add_task(label, total=run.steps, info="")
 
     def on_run_progress(self, run, record: dict[str, Any]) -> None:
         last = self.last.setdefault(run.name, {})
@@ -140,7 +147,7 @@ class RichCompareReport(LiveReport):
         info = f"loss {fmt_float(last.get('loss'))}"
         if VAL_LOSS in last:
             info += f"  val {fmt_float(last['val_loss'])}"
-        self.progress.update(task, completed=record["step"], info=info)
+        self._display()[0].update(task, completed=record["step"], info=info)
 
     def on_run_end(self, run, state: str, message: str | None) -> None:
         took = fmt_duration(time.perf_counter() - self.started.get(run.name, time.perf_counter()))
@@ -157,26 +164,27 @@ class RichCompareReport(LiveReport):
                 fields += [("time", took), ("message", message)]
             self.say(plain_line("run", fields))
             return
+        progress, overall_id = self._display()
         task = self.tasks.pop(run.name, None)
         if task is not None:
-            self.progress.remove_task(task)
-        self.progress.advance(self.overall)
+            progress.remove_task(task)
+        progress.advance(overall_id)
         if state == "finished":
             logits = [v for v in last.get(MAX_ATTENTION_LOGIT) or [] if v is not None]
             peak = fmt_float(max(logits), 3) if logits else "-"
-            self.progress.console.print(
+            progress.console.print(
                 f"[green]done[/] {run.name:<26} val loss [bold cyan]{fmt_float(last.get('val_loss'))}[/]  "
                 f"max logit [magenta]{peak}[/]  [dim]{took}[/]"
             )
         else:
-            self.progress.console.print(f"[red]diverged[/] {shown(run.name):<22} [dim]{shown(message)}[/]")
+            progress.console.print(f"[red]diverged[/] {shown(run.name):<22} [dim]{shown(message)}[/]")
 
 
 def _command_line(ctx: click.Context) -> str:
     """The comparison as one `merit compare` command line, from the parsed options (recorded in REPORT.md)."""
     parts = ["merit", "compare"]
     for param in ctx.command.params:
-        value = ctx.params.get(param.name)
+        value = ctx.params.get(param.name) if param.name is not None else None
         if value is None or value is False or value == ():
             continue
         if isinstance(param, click.Argument):
@@ -293,7 +301,7 @@ def results_table(summary: CompareSummary):
                     loss_text = f"[bold green]{loss_text}[/]"
                 if logit is not None and logit == lowest[b, MAX_ATTENTION_LOGIT]:
                     logit_text = f"[bold]{logit_text}[/]"
-                edge = {"low": " ↓", "high": " ↑"}.get(e.lr_at_edge, "")
+                edge = {"low": " ↓", "high": " ↑"}.get(e.lr_at_edge or "", "")
                 cells += [loss_text, _lr(e.lr) + edge, logit_text]
         table.add_row(*cells)
     return table

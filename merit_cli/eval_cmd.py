@@ -52,8 +52,13 @@ def _aliases_table(include_path: str | None) -> Table:
     return table
 
 
+# a metric's direction (higher_is_better: True, False or None when lm-eval does not say)
+_ARROWS: dict[bool | None, str] = {True: " ↑", False: " ↓"}
+
+
 def _unique_labels(records: list[CheckpointResult]) -> list[str]:
-    labels, seen = [], {}
+    labels: list[str] = []
+    seen: dict[str, int] = {}
     for record in records:
         seen[record.label] = seen.get(record.label, 0) + 1
         labels.append(record.label if seen[record.label] == 1 else f"{record.label} ({seen[record.label]})")
@@ -75,7 +80,7 @@ def results_table(records: list[CheckpointResult], num_fewshot: int) -> Table:
             table.add_column(shown(label), justify="right")  # a label is a path
     last_task = None
     for row in metric_rows(records):
-        arrow = {True: " ↑", False: " ↓"}.get(row.higher_is_better, "")
+        arrow = _ARROWS.get(row.higher_is_better, "")
         task = shown(row.task) if row.task != last_task else ""  # a local task's name is a folder's
         last_task = row.task
         if single:
@@ -221,7 +226,7 @@ def _steps_table(steps: list[int], records: list[CheckpointResult], logits: dict
     table.add_column("step", justify="right")
     table.add_column("max logit (recorded)", justify="right")
     for row in rows:
-        arrow = {True: " ↑", False: " ↓"}.get(row.higher_is_better, "")
+        arrow = _ARROWS.get(row.higher_is_better, "")
         table.add_column(f"{shown(row.task)} {shown(row.metric)}{arrow}", justify="right")
     for i, step in enumerate(steps):
         logit = logits.get(step)

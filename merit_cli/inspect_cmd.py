@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -16,6 +17,9 @@ from merit_core.diagnostics.plots import plot_report, short_labels
 from merit_core.errors import CheckpointError, ConfigError
 from merit_core.fileio import check_writable
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
+
+if TYPE_CHECKING:  # rich is imported where a table is drawn
+    from rich.console import JustifyMethod
 
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 MAX_SIDE_BY_SIDE = 8
@@ -234,7 +238,7 @@ def _summary_table(checkpoints: list):
     from rich.table import Table
 
     table = Table(title="per checkpoint (max over layers; entropy: min)", title_justify="left", header_style="bold")
-    cols = [
+    cols: list[tuple[str, JustifyMethod]] = [
         ("checkpoint", "left"),
         ("step", "right"),
         ("optimizer", "left"),

@@ -23,20 +23,28 @@ from merit_core.settings import (
 from merit_core.values import parse_number
 
 
-def number(kind: type):
+class _Number:
+    """:func:`number`'s callback: the converter and the metavar it gives its option."""
+
+    def __init__(self, kind: type) -> None:
+        self.kind = kind
+        self.metavar = "INTEGER" if kind is int else "FLOAT"
+
+    def __call__(self, ctx: click.Context, param: click.Parameter, value: str | None) -> int | float | None:
+        if value is None:
+            return None
+        name = (param.name or "").replace("_", "-")
+        return parse_number(value, self.kind, f"--{name}")  # ASCII digits only
+
+
+def number(kind: type) -> _Number:
     """A click callback: the option's text -> int/float, or a one-line ConfigError naming the option.
 
     The callback carries the metavar (INTEGER / FLOAT) that `fill_metavars` gives its option, so
     `--help` shows `--lr FLOAT` rather than click's `TEXT` for an untyped option.
     """
 
-    def convert(ctx, param, value):
-        if value is None:
-            return None
-        return parse_number(value, kind, f"--{param.name.replace('_', '-')}")  # ASCII digits only
-
-    convert.metavar = "INTEGER" if kind is int else "FLOAT"
-    return convert
+    return _Number(kind)
 
 
 def number_option(name: str, kind: type, *, default: int | float | None = None, help: str):
@@ -61,7 +69,7 @@ class _AsciiDigits:
         if isinstance(value, str) and param is not None:
             shown = next((o for o in param.opts if o.startswith("--")), param.opts[0] if param.opts else param.name)
             parse_number(value, self.kind, str(shown))
-        return super().convert(value, param, ctx)  # type: ignore[misc]
+        return super().convert(value, param, ctx)
 
 
 class _Int(_AsciiDigits, click.types.IntParamType):

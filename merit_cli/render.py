@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import IO, Any, cast
 
 from rich.console import Console
 from rich.markup import escape
@@ -343,13 +343,14 @@ class LiveReport:
         # guard: stdout behind GuardedOutput (a long run outlives its reader; `stop_requested` of
         # the train report then asks the run to stop)
         self.output = GuardedOutput(sys.stdout) if guard else None
-        self.out = Console(file=self.output, highlight=False) if guard else console()
+        # GuardedOutput is a text stream by duck typing (write, flush, isatty, the rest from stdout)
+        self.out = Console(file=cast(IO[str], self.output), highlight=False) if guard else console()
         # Not a terminal (a batch system's log file, a pipe): no live bars, one plain line per event.
         self.plain = not self.out.is_terminal
         if self.plain:
             self.out.soft_wrap = True  # a log file has no width: keep each line whole
         self.stages: ProgressView | None = None
-        self.progress = None
+        self.progress: Progress | None = None  # the subclass's main display, once it starts it
 
     def say(self, line: str) -> None:
         """Print `line` as it is: no markup, no wrapping (rich flushes after each print)."""

@@ -33,6 +33,8 @@ from merit_core.metric_names import MAX_ATTENTION_LOGIT
 from merit_core.settings import TRAIN_DTYPES, TrainConfig, option_names
 
 if TYPE_CHECKING:
+    from rich.progress import TaskID
+
     from merit_core.train.callbacks import RunInfo, RunSummary
 
 
@@ -60,13 +62,13 @@ class RichTrainReport(LiveReport):
     def __init__(self, yes: bool = False):
         super().__init__(guard=True)
         self.yes = yes  # --yes: a long run goes on without asking
-        self.task = None
-        self.fields = {"loss": "-", "lr": "-", "tok_s": "-", "max_logit": "-"}
+        self.task: TaskID | None = None
+        self.fields: dict[str, Any] = {"loss": "-", "lr": "-", "tok_s": "-", "max_logit": "-"}
 
     def stop_requested(self) -> str | None:
         """'SIGPIPE' once stdout is lost (its reader went away): the run checkpoints and stops, as
         on SIGTERM; the log file and metrics.jsonl are written as before."""
-        return "SIGPIPE" if self.output.lost else None
+        return "SIGPIPE" if self.output is not None and self.output.lost else None
 
     def on_data(self, meta) -> None:
         if self.stages is not None:
@@ -99,11 +101,13 @@ class RichTrainReport(LiveReport):
         self.task = self.progress.add_task("train", total=info.total_steps, completed=info.start_step, **self.fields)
 
     def on_step(self, step: int) -> None:
-        if self.progress is not None:  # the bar moves every step; its numbers change on log steps
+        if self.progress is not None and self.task is not None:  # the bar moves every step; its numbers on log steps
             self.progress.update(self.task, completed=step)
 
     def on_step_loss(self, step: int, loss: float) -> None:
-        if self.progress is not None:  # the loss between log lines (every step on a CPU, step 1 anywhere)
+        if (
+            self.progress is not None and self.task is not None
+        ):  # the loss between log lines (every step on a CPU, step 1 anywhere)
             self.fields.update(loss=fmt_float(loss))
             self.progress.update(self.task, completed=step, **self.fields)
 
@@ -114,7 +118,8 @@ class RichTrainReport(LiveReport):
         self.fields.update(
             loss=fmt_float(record["loss"]), lr=f"{record['lr']:.1e}", tok_s=fmt_count(record["tokens_per_s"])
         )
-        self.progress.update(self.task, completed=record["step"], **self.fields)
+        if self.progress is not None and self.task is not None:  # started by on_start outside plain mode
+            self.progress.update(self.task, completed=record["step"], **self.fields)
 
     def on_eval(self, record: dict[str, Any]) -> None:
         if self.plain:
@@ -123,7 +128,7 @@ class RichTrainReport(LiveReport):
         logits = [v for v in record[MAX_ATTENTION_LOGIT] if v is not None]
         peak = max(logits) if logits else None
         self.fields["max_logit"] = fmt_float(peak, 3)
-        if self.progress is not None:
+        if self.progress is not None and self.task is not None:
             self.progress.update(self.task, **self.fields)
             layer = record[MAX_ATTENTION_LOGIT].index(peak) if peak is not None else "-"
             self.progress.console.print(

@@ -6,6 +6,11 @@ import tempfile
 import pytest
 
 _TMP = tempfile.mkdtemp(prefix="merit-tests-")
+# Under pytest-xdist (`-n auto`) each worker is a process with this environment of its own, but the
+# workers of one run share merit's cache (the built C++ kernel, the prepared built-in corpus and
+# tasks: built under a lock or written by atomic rename), so each is built once per run.
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+_CACHE = os.path.join(tempfile.gettempdir(), f"merit-tests-{_RUN}") if _RUN else _TMP
 for key, value in {
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
@@ -15,10 +20,15 @@ for key, value in {
     "TOKENIZERS_PARALLELISM": "false",
     "HF_HOME": os.path.join(_TMP, "hf"),
     "HF_DATASETS_CACHE": os.path.join(_TMP, "hf", "datasets"),
-    "MERIT_CACHE_DIR": os.path.join(_TMP, "merit-cache"),
+    "MERIT_CACHE_DIR": os.path.join(_CACHE, "merit-cache"),
     "MPLBACKEND": "Agg",
 }.items():
     os.environ[key] = value
+# Workers share the cores: each gets its part of them for torch's intra-op threads (at least 2, so the
+# multi-threaded paths are still run; CI's second pass pins 1 thread itself).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(2, (os.cpu_count() or 1) // _WORKERS))
 # Compiled kernels (Inductor / C++ extensions) may reuse a persistent cache across runs.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "merit-inductor-cache"))
 
@@ -54,3 +64,30 @@ def no_hang():
     yield
     signal.alarm(0)
     signal.signal(signal.SIGALRM, previous)
+
+
+# The test files that take longest (measured with --durations; CONTRIBUTING.md lists the slowest
+# tests). Under pytest-xdist with --dist loadfile they are handed out first, so that the last files
+# the workers take are short ones and the workers finish together; a serial run keeps its order.
+LONGEST_FIRST = (
+    "tests/compare/test_compare.py",
+    "tests/cli/test_readme.py",
+    "tests/train/test_train.py",
+    "tests/train/test_kernels.py",
+    "tests/train/test_fsdp.py",
+    "tests/train/test_train_optimizers.py",
+    "tests/integrations/test_callbacks.py",
+    "tests/cli/test_golden.py",
+    "tests/diagnostics/test_instability_inspect.py",
+    "tests/eval/test_builtin_tasks.py",
+    "tests/diagnostics/test_hessian.py",
+    "tests/optim/test_merit_triton.py",
+    "tests/optim/test_merit_compile.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order

@@ -87,9 +87,10 @@ class SafeShardReader(FileSystemReader):
             raise CheckpointError(f"{display(path)} is not torch.distributed.checkpoint metadata")
         for info in (metadata.storage_data or {}).values():
             _check_shard_file(folder, info)
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = dcp_metadata.StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage_meta = getattr(metadata, "storage_meta", None)
+        if storage_meta is None:
+            storage_meta = metadata.storage_meta = dcp_metadata.StorageMeta()
+        storage_meta.load_id = self.load_id
         return metadata
 
 
@@ -140,10 +141,8 @@ def load_sharded(target: dict[str, Any], folder: Path) -> None:
         if planner.refusal is not None:
             raise planner.refusal from None
         failure = next(iter(exc.failures.values()), exc) if isinstance(exc, CheckpointException) else exc
-        failure = failure[0] if isinstance(failure, tuple) else failure  # (exception, traceback) per rank
-        raise CheckpointError(
-            f"{display(folder)} cannot be loaded into this optimizer: {first_line(failure)}"
-        ) from None
+        cause = failure[0] if isinstance(failure, tuple) else failure  # (exception, traceback) per rank
+        raise CheckpointError(f"{display(folder)} cannot be loaded into this optimizer: {first_line(cause)}") from None
 
 
 def _weights_only_refusal(exc: BaseException) -> str:

@@ -35,7 +35,7 @@ def stdlib_dir() -> Path:
 
 
 def _stdlib_files(root: Path) -> list[Path]:
-    files = []
+    files: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
         files.extend(Path(dirpath, f) for f in sorted(filenames) if f.endswith(".py"))

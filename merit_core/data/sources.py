@@ -64,11 +64,14 @@ def resolve_source(
 ) -> Source:
     """Turn a path or dataset name into a Source; DataError if it does not exist or is not text."""
     path = Path(source).expanduser()
-    common = dict(text_column=text_column, dataset_config=dataset_config, split=split)
+
+    def resolved(name: str, files: list[Path]) -> Source:
+        return Source(name, files, text_column=text_column, dataset_config=dataset_config, split=split)
+
     if path.is_file():
         if path.suffix.lower() not in BUILDERS:
             raise DataError(f"unsupported data file {path}: expected one of {SUPPORTED}")
-        return Source(str(path.resolve()), [path.resolve()], **common)
+        return resolved(str(path.resolve()), [path.resolve()])
     if path.is_dir():
         files = sorted(
             p.resolve()
@@ -79,7 +82,7 @@ def resolve_source(
         )
         if not files:
             raise DataError(f"no {SUPPORTED} files in folder {path}")
-        return Source(str(path.resolve()), files, **common)
+        return resolved(str(path.resolve()), files)
     if path.exists():
         raise DataError(f"data path {path} is neither a file nor a folder")
     if looks_like_hub_id(source):
@@ -88,7 +91,7 @@ def resolve_source(
                 f"dataset {source!r} is not available: it is not a local path and the Hugging Face hub cannot "
                 "be reached (offline); use a local .txt/.jsonl/.parquet file or folder, or --data builtin (the built-in corpus)"
             )
-        return Source(source, [], **common)
+        return resolved(source, [])
     raise DataError(f"data path not found: {source}")
 
 

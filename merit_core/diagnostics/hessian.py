@@ -60,6 +60,8 @@ class HessianVectorProduct:
 
     def __call__(self, vec: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         dot = sum((g * v).sum() for g, v in zip(self.grads, vec))
+        if not isinstance(dot, torch.Tensor):
+            raise ValueError("H·v needs one vector entry per parameter, got none")
         hv = torch.autograd.grad(dot, self.params, retain_graph=True, allow_unused=True)
         return [torch.zeros_like(p) if h is None else h.detach() for h, p in zip(hv, self.params)]
 

@@ -54,6 +54,13 @@ class AttentionLayout:
     def out_axis(self) -> int:
         return self.spec.attention.out_axis
 
+    @property
+    def head_split(self) -> tuple[int, int, int] | None:
+        """``(n_heads, n_kv_heads, head_dim)`` when the head count is known (the three are then set together)."""
+        if not self.n_heads or not self.n_kv_heads or not self.head_dim:
+            return None
+        return self.n_heads, self.n_kv_heads, self.head_dim
+
 
 def tensor_shape(tensors: Mapping, name: str) -> tuple[int, ...]:
     shape = getattr(tensors, "shape", None)
@@ -122,9 +129,10 @@ def detect_layout(tensors: Mapping, config: dict | None = None, n_heads: int | N
                 f"config.json says {model_type!r} but the weights are named like {other.model_type!r}"
             )
     else:
-        spec, hits = next(((s, h) for s in _naming_families() if (h := _matches(tensors, s))), (None, None))
-        if spec is None:
+        found = next(((s, h) for s in _naming_families() if (h := _matches(tensors, s))), None)
+        if found is None:
             raise _unknown_naming(names)
+        spec, hits = found
     prefix = hits[0].group(1)
     layers = sorted({int(m.group(2)) for m in hits if m.group(1) == prefix})
     if layers != list(range(len(layers))):

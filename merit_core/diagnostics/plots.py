@@ -166,10 +166,10 @@ def plot_trajectory(checkpoints: list, path: str | Path) -> None:
         steps = [c.step or 0 for c in cks]
         for ax, (key, title, ylabel) in zip(axes, panels):
             for layer in range(n_layers):
-                ys = [getattr(c.layers[layer], key) if layer < len(c.layers) else None for c in cks]
+                values = [getattr(c.layers[layer], key) if layer < len(c.layers) else None for c in cks]
                 ax.plot(
                     steps,
-                    [float("nan") if y is None else y for y in ys],
+                    [float("nan") if y is None else y for y in values],
                     marker="o",
                     markersize=3,
                     color=cmap(layer / max(1, n_layers - 1)),

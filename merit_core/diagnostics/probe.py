@@ -92,9 +92,9 @@ def make_probe_batch(
     paragraph repeated to fill `seq_len`, or `seq_len` seeded ids when there is no tokenizer."""
     if seq_len < 2:
         raise DataError(f"--seq-len must be at least 2, got {seq_len}")
-    notes = []
+    notes: list[str] = []
     builtin = text is None
-    if builtin:
+    if text is None:
         text, source = PROBE_TEXT, "builtin"
     elif source == "builtin":
         source = "text"

@@ -261,8 +261,10 @@ def _measure(
         progress(Progress(f"max attention logits on {stats.probe.n_tokens} tokens", item=ckpt.label))
         probed = probe_attention(model, ids, query_chunk=opts.query_chunk, inputs=True, instability=True)
         fill_probe(stats, probed)
-        logit_bounds(reader, stats.layout, stats.layers, probed.input_max_l1, probed.scaling)
-        spectral_logit_bounds(reader, stats.layout, stats.layers, probed.input_max_l2, probed.scaling)
+        if probed.input_max_l1 is not None:  # always measured with inputs=True
+            logit_bounds(reader, stats.layout, stats.layers, probed.input_max_l1, probed.scaling)
+        if probed.input_max_l2 is not None:
+            spectral_logit_bounds(reader, stats.layout, stats.layers, probed.input_max_l2, probed.scaling)
     if opts.hessian:
         progress(
             Progress(
@@ -300,7 +302,7 @@ def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: Progre
     weights = attention_weight_stats(reader, config, opts.n_heads, opts.top_k)
     stats = CheckpointReport.from_weights(ckpt, weights, _trainer_state(ckpt))
     if opts.logits or opts.hessian:
-        if ckpt.config_path is None:
+        if config is None:  # no config.json next to the weights
             stats.notes.append(
                 "no config.json next to the weights: max attention logit"
                 + (" and Hessian" if opts.hessian else "")

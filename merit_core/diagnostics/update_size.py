@@ -130,7 +130,8 @@ def merit_ratios(w: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) 
     r = trust_ratios(w, u, h)
     s = r.s.expand(w.shape)
     n = w.numel()
-    if r.row is None:  # one weight-wise ratio for the whole tensor
+    shares: tuple[float, float, float, float]
+    if r.row is None or r.col is None or r.forced_one is None:  # one weight-wise ratio for the whole tensor
         shares = (0.0, 0.0, 1.0, 0.0)
     else:
         row, col = r.row.expand_as(w), r.col.expand_as(w)
@@ -139,7 +140,10 @@ def merit_ratios(w: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) 
         row_wins = ~forced & (row >= col) & (row >= weight)
         col_wins = ~forced & ~row_wins & (col >= weight)
         weight_wins = ~forced & ~row_wins & ~col_wins
-        shares = tuple(float(x.sum()) / n for x in (row_wins, col_wins, weight_wins, forced))
+        row_share, col_share, weight_share, forced_share = (
+            float(x.sum()) / n for x in (row_wins, col_wins, weight_wins, forced)
+        )
+        shares = (row_share, col_share, weight_share, forced_share)
     clipped = float(((s * u).abs() > h.clip).sum()) / n if h.clip is not None else 0.0
     return MeritRatios(_percentiles(s), *shares, clipped)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import torch
 
@@ -260,18 +260,21 @@ def logit_bounds(
     """
     for layer, x in zip(layers, input_max_l1):
         layer.input_max_l1 = x
-    if layout is None or layout.spec.qk_norm or not layout.n_heads:
+    if layout is None or layout.spec.qk_norm or (split := layout.head_split) is None:
         return
-    root = layout.head_dim**0.5
+    head_dim = split[2]
+    root = head_dim**0.5
     for layer, x, scale in zip(layers, input_max_l1, scaling):
-        qb, kb = query_key_bias(tensors, layout, layer.layer)
-        qb = qb.view(-1, layout.head_dim).norm(dim=1).tolist()
-        kb = kb.view(-1, layout.head_dim).norm(dim=1).tolist()
+        q_bias, k_bias = query_key_bias(tensors, layout, layer.layer)
+        qb = q_bias.view(-1, head_dim).norm(dim=1).tolist()
+        kb = k_bias.view(-1, head_dim).norm(dim=1).tolist()
+        bounds = []
         for head in layer.heads:
             q = root * head.q_max_norm * x + qb[head.head]
             k = root * head.k_max_norm * x + kb[head.kv_head]
-            head.logit_bound = scale * q * k
-        layer.logit_bound = max(h.logit_bound for h in layer.heads)
+            head.logit_bound = bound = scale * q * k
+            bounds.append(bound)
+        layer.logit_bound = max(bounds)
 
 
 # Where the effective gain of a QK-norm is (1 + weight) rather than the weight (Gemma's RMSNorm).
@@ -301,25 +304,23 @@ def spectral_logit_bounds(
     """
     for layer, x in zip(layers, input_max_l2):
         layer.input_max_l2 = x
-    if layout is None or not layout.n_heads:
+    split = None if layout is None else layout.head_split
+    if layout is None or split is None:
         return
-    hd, axis = layout.head_dim, layout.out_axis
+    n_heads, n_kv_heads, hd = split
+    axis = layout.out_axis
     for layer, x, scale in zip(layers, input_max_l2, scaling):
         if layout.spec.qk_norm:
             q, k = _qk_norm_limits(tensors, layout, layer.layer)
         else:
             wq, wk = query_key(tensors, layout, layer.layer)
             qb, kb = query_key_bias(tensors, layout, layer.layer)
-            q = [
-                _spectral(wq, axis, h, hd) * x + float(qb[h * hd : (h + 1) * hd].norm()) for h in range(layout.n_heads)
-            ]
-            k = [
-                _spectral(wk, axis, h, hd) * x + float(kb[h * hd : (h + 1) * hd].norm())
-                for h in range(layout.n_kv_heads)
-            ]
-        for head in layer.heads:
-            head.spectral_logit_bound = scale * q[head.head] * k[head.kv_head]
-        layer.spectral_logit_bound = max(h.spectral_logit_bound for h in layer.heads)
+            q = [_spectral(wq, axis, h, hd) * x + float(qb[h * hd : (h + 1) * hd].norm()) for h in range(n_heads)]
+            k = [_spectral(wk, axis, h, hd) * x + float(kb[h * hd : (h + 1) * hd].norm()) for h in range(n_kv_heads)]
+        bounds = [scale * q[head.head] * k[head.head if head.kv_head is None else head.kv_head] for head in layer.heads]
+        for head, bound in zip(layer.heads, bounds):
+            head.spectral_logit_bound = bound
+        layer.spectral_logit_bound = max(bounds)
 
 
 def _spectral(w: torch.Tensor, axis: int, head: int, hd: int) -> float:
@@ -330,9 +331,12 @@ def _spectral(w: torch.Tensor, axis: int, head: int, hd: int) -> float:
 
 def _qk_norm_limits(tensors: Mapping, layout: AttentionLayout, layer: int) -> tuple[list[float], list[float]]:
     """The largest ||q_h||_2 and ||k_h||_2 a QK-norm lets through, per query and key head."""
-    hd, offset = layout.head_dim, QK_NORM_GAIN_OFFSET.get(layout.family, 0.0)
+    split = layout.head_split
+    assert split is not None  # the caller measures only layouts whose heads are known
+    n_heads, n_kv_heads, hd = split
+    offset = QK_NORM_GAIN_OFFSET.get(layout.family, 0.0)
     out = []
-    for name, heads in ((layout.q_name(layer), layout.n_heads), (layout.k_name(layer), layout.n_kv_heads)):
+    for name, heads in ((layout.q_name(layer), n_heads), (layout.k_name(layer), n_kv_heads)):
         gain = (tensors[name.replace("_proj.weight", "_norm.weight")].float() + offset).abs()
         width = hd if layout.spec.qk_norm == "head" else heads * hd  # what the rms is taken over
         if gain.numel() == hd:  # one gain shared by every head
@@ -355,7 +359,21 @@ def _distribution(maxes: torch.Tensor, top_k: int, head_dim: int | None) -> Dist
     return Distribution(p50, p90, p99, float(maxes.min()), float(maxes.max()), outliers)
 
 
-def matrix_stats(w: torch.Tensor, top_k: int = 3, head_axis: int | None = None, head_dim: int | None = None) -> dict:
+class MatrixStats(TypedDict):
+    """:func:`matrix_stats`' record; the per-head lists only with a head axis and ``head_dim``."""
+
+    max_norm: float
+    l2_norm: float
+    max_over_l2: float | None
+    rows: Distribution
+    cols: Distribution
+    head_max_norm: NotRequired[list[float]]
+    head_l2_norm: NotRequired[list[float]]
+
+
+def matrix_stats(
+    w: torch.Tensor, top_k: int = 3, head_axis: int | None = None, head_dim: int | None = None
+) -> MatrixStats:
     """max-norm, l2 norm, their ratio, and row / column max-norm distributions of a 2-D weight.
 
     `head_axis` (0 rows, 1 columns) is the output-feature axis, split into heads of `head_dim`:
@@ -367,10 +385,9 @@ def matrix_stats(w: torch.Tensor, top_k: int = 3, head_axis: int | None = None, 
     row_max, col_max = a.amax(dim=1), a.amax(dim=0)
     del a
     max_norm = float(row_max.max())
-    out = {
-        "rows": _distribution(row_max, top_k, head_dim if head_axis == 0 else None),
-        "cols": _distribution(col_max, top_k, head_dim if head_axis == 1 else None),
-    }
+    rows = _distribution(row_max, top_k, head_dim if head_axis == 0 else None)
+    cols = _distribution(col_max, top_k, head_dim if head_axis == 1 else None)
+    per_head: tuple[list[float], list[float]] | None = None
     if head_axis is None:
         l2 = float(torch.linalg.vector_norm(w))
     else:
@@ -378,9 +395,17 @@ def matrix_stats(w: torch.Tensor, top_k: int = 3, head_axis: int | None = None, 
         l2 = float(feature_sq.sum().sqrt())
         if head_dim:
             per_head_max = (row_max if head_axis == 0 else col_max).view(-1, head_dim).amax(dim=1)
-            out["head_max_norm"] = per_head_max.tolist()
-            out["head_l2_norm"] = feature_sq.view(-1, head_dim).sum(dim=1).sqrt().tolist()
-    return {"max_norm": max_norm, "l2_norm": l2, "max_over_l2": max_norm / l2 if l2 > 0 else None, **out}
+            per_head = per_head_max.tolist(), feature_sq.view(-1, head_dim).sum(dim=1).sqrt().tolist()
+    stats: MatrixStats = {
+        "max_norm": max_norm,
+        "l2_norm": l2,
+        "max_over_l2": max_norm / l2 if l2 > 0 else None,
+        "rows": rows,
+        "cols": cols,
+    }
+    if per_head is not None:
+        stats["head_max_norm"], stats["head_l2_norm"] = per_head
+    return stats
 
 
 def layer_stats(tensors: Mapping, layout: AttentionLayout, layer: int, top_k: int = 3) -> LayerStats:
@@ -389,10 +414,11 @@ def layer_stats(tensors: Mapping, layout: AttentionLayout, layer: int, top_k: in
     axis, hd = layout.out_axis, layout.head_dim
     qs, ks = matrix_stats(q, top_k, axis, hd), matrix_stats(k, top_k, axis, hd)
     heads = []
-    if layout.n_heads:
+    if (split := layout.head_split) is not None:
+        n_heads, n_kv_heads, _ = split
         qm, ql, km, kl = qs["head_max_norm"], qs["head_l2_norm"], ks["head_max_norm"], ks["head_l2_norm"]
-        group = layout.n_heads // layout.n_kv_heads
-        for h in range(layout.n_heads):
+        group = n_heads // n_kv_heads
+        for h in range(n_heads):
             kv = h // group
             heads.append(HeadStats(h, kv, qm[h], km[kv], ql[h], kl[kv], qm[h] * km[kv]))
     return LayerStats(

@@ -52,7 +52,8 @@ def held_out_documents(seed: int = 0) -> list[str]:
     docs = builtin_corpus_documents()
     order = np.random.default_rng(seed).permutation(len(docs))
     budget = TASK_SHARE * BUILTIN_VAL_FRACTION * sum(map(len, docs))
-    chosen, used = [], 0
+    chosen: list[str] = []
+    used = 0
     for index in order:
         if chosen and used + len(docs[index]) > budget:
             break

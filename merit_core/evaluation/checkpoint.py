@@ -247,14 +247,16 @@ def load_model_and_tokenizer(
     check_special_tokens(tokenizer, f"checkpoint {ref.given}")
     try:
         # use_safetensors: never a pickle, not even one next to the safetensors or on the hub
-        model, info = AutoModelForCausalLM.from_pretrained(
+        loaded: Any = AutoModelForCausalLM.from_pretrained(
             ref.location, dtype=getattr(torch, dtype), use_safetensors=True, output_loading_info=True, **remote
         )
+        model, info = loaded  # (model, loading info) with output_loading_info=True
     except Exception as exc:  # noqa: BLE001 - a crafted file makes transformers / safetensors raise many types
         raise CheckpointError(f"cannot load the model weights of {ref.given}: {_load_error(exc)}") from None
     missing = sorted((info or {}).get("missing_keys") or [])
     if missing and note is not None:
         note(random_init_warning(ref.given, missing))
+    # transformers' decorated PreTrainedModel.to loses its self in the annotations
     return model.to(device).eval(), tokenizer
 
 

@@ -128,7 +128,9 @@ def report_request_progress(lm: Any, progress: ProgressFn, min_chunk: int = 512)
         if original is None:
             continue
 
-        def chunked(requests, disable_tqdm=False, _original=original, _type=request_type):
+        def chunked(
+            requests: list[Any], disable_tqdm: bool = False, _original: Any = original, _type: str = request_type
+        ) -> list[Any]:
             total = len(requests)
             order = list(range(total))
             if _type != "loglikelihood_rolling":
@@ -246,9 +248,10 @@ def evaluate_checkpoints(
     refs = [resolve_checkpoint(c, settings.trust_remote_code, settings.verify) for c in checkpoints]
     run = _Run(settings, progress, refs)
     said = sorted({n for ref in refs for n in ref.notes})
-    for text in said if note is not None else []:
+    for text in said:
         who = [ref.label for ref in refs if text in ref.notes]
-        note(f"{who[0] if len(who) == 1 else f'{len(who)} checkpoints'}: {text}")
+        if note is not None:
+            note(f"{who[0] if len(who) == 1 else f'{len(who)} checkpoints'}: {text}")
     run.report("checking checkpoints")
     device = str(resolve_device(settings.device))
     dtype = resolve_dtype(settings.dtype, device)
@@ -269,10 +272,11 @@ def evaluate_checkpoints(
         with _silenced(quiet), _exact_float32(device, dtype):
             model, tokenizer = load_model_and_tokenizer(ref, device, dtype, settings.trust_remote_code, note)
             lm, batch_size = build_lm(model, tokenizer, parse_batch_size(settings.batch_size), device)
-            report_request_progress(
-                lm,
-                lambda event, i=index: run.report(event.stage, i, done=event.done, total=event.total, unit=event.unit),
-            )
+
+            def on_requests(event: Progress, i: int = index) -> None:
+                run.report(event.stage, i, done=event.done, total=event.total, unit=event.unit)
+
+            report_request_progress(lm, on_requests)
             out = lm_eval.simple_evaluate(
                 model=lm,
                 tasks=task_objects,

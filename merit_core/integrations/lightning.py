@@ -15,13 +15,15 @@ Written against Lightning 2.x's documented ``Callback`` API (``lightning.pytorch
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from merit_core.errors import MissingDependencyError
 from merit_core.extras import is_installed
 from merit_core.integrations import METRIC, check_every, logit_metrics
 
-if is_installed("lightning"):
+if TYPE_CHECKING:  # the type checker sees one Callback class; at run time, either package's
+    from lightning.pytorch import Callback
+elif is_installed("lightning"):
     from lightning.pytorch import Callback
 elif is_installed("pytorch_lightning"):
     from pytorch_lightning import Callback

@@ -405,6 +405,12 @@ class LayerProbe:
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
+    def instability(self) -> tuple[dict[str, torch.Tensor], list[ActivationStats], OutputLogitStats]:
+        """``(entropy, activations, output)`` of a probe run with ``instability=True``; ValueError otherwise."""
+        if self.entropy is None or self.activations is None or self.output is None:
+            raise ValueError("this probe ran without instability=True: no entropy, activations or output logits")
+        return self.entropy, self.activations, self.output
+
 
 @torch.no_grad()
 def probe_attention(

@@ -22,7 +22,7 @@ gets factor 1 instead of 2 (and the MLP output weight 2 instead of 1).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -125,7 +125,7 @@ class MuonWithAdamW(Optimizer):
         adamw_foreach: bool | None = None,
     ) -> None:
         muon_groups, adamw_groups = _split(params)
-        self._muon_defaults = dict(
+        self._muon_defaults: dict[str, Any] = dict(
             lr=lr,
             momentum=momentum,
             nesterov=nesterov,
@@ -133,9 +133,10 @@ class MuonWithAdamW(Optimizer):
             weight_decay=weight_decay,
             adjust_lr_fn=adjust_lr_fn,
         )
-        self._adamw_defaults = dict(
+        self._adamw_defaults: dict[str, Any] = dict(
             lr=adamw_lr, betas=tuple(adamw_betas), eps=adamw_eps, weight_decay=adamw_weight_decay
         )
+        kernel: Mapping[str, bool | None]
         if adamw_fused is None and adamw_foreach is None:
             kernel = fast_adamw_options(p for g in adamw_groups for p in g["params"])
         else:

@@ -68,8 +68,8 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     while True:
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
-            model = model._orig_mod
+        elif isinstance(inner := getattr(model, "_orig_mod", None), nn.Module):
+            model = inner
         else:
             return model
 
@@ -89,6 +89,7 @@ def classify_parameters(model_or_params: nn.Module | Iterable[Any]) -> list[Name
     ``module.`` / ``_orig_mod.`` prefix), an iterable of tensors (named ``"param_0"``, ``"param_1"``, ...) or
     an iterable of ``(name, tensor)`` pairs such as ``model.named_parameters()``.
     """
+    named: list[tuple[str, torch.Tensor]]
     if isinstance(model_or_params, nn.Module):
         model = unwrap_model(model_or_params)
         embedding, head = _embedding_ids(model)

@@ -42,7 +42,7 @@ from merit_core.optim.lr_table import (
     lr_from_table,
     table_width,
 )
-from merit_core.optim.sophia import hessian_refresh
+from merit_core.optim.sophia import hessian_interval, hessian_refresh
 from merit_core.values import PAIR, coerce, describe, is_number
 
 # ---------------------------------------------------------------------------------------------
@@ -197,7 +197,7 @@ def _default_lr_centre(lr: float) -> dict[str, float]:
 _MERIT_SWITCHES = ("norm", "elementwise", "weight_bound", "clip")
 # The reference README's language-model example (betas (0.9, 0.95), weight decay 1e-2) with the
 # measured GPT-2 small lr (benchmarks/README.md); the MERIT class keeps the reference code's defaults.
-_MERIT_DEFAULTS = dict(
+_MERIT_DEFAULTS: dict[str, Any] = dict(
     lr=2e-3,
     betas=(0.9, 0.95),
     eps=1e-6,
@@ -213,7 +213,7 @@ _MERIT_DEFAULTS = dict(
 )
 _MERIT_KINDS = {"clip": float | None, "implementation": str | None}
 # nanoGPT's GPT-2 recipe (its lr is also the measured GPT-2 small entry).
-_ADAMW_DEFAULTS = dict(
+_ADAMW_DEFAULTS: dict[str, Any] = dict(
     lr=6e-4,
     betas=(0.9, 0.95),
     eps=1e-8,
@@ -224,7 +224,7 @@ _ADAMW_DEFAULTS = dict(
     decay_embeddings=True,
 )
 # Same betas / eps / decay / lr as MERIT, so the two differ only in the ratio.
-_LAMB_DEFAULTS = dict(
+_LAMB_DEFAULTS: dict[str, Any] = dict(
     lr=2e-3,
     betas=(0.9, 0.95),
     eps=1e-6,
@@ -235,10 +235,12 @@ _LAMB_DEFAULTS = dict(
 )
 # Lion paper's advice: lr 3-10x below AdamW's, decay 3-10x above (here lr*wd = 6e-5 as AdamW's),
 # betas (0.95, 0.98) for language-model stability.
-_LION_DEFAULTS = dict(lr=1e-4, betas=(0.95, 0.98), weight_decay=0.6, maximize=False, decay_embeddings=True)
+_LION_DEFAULTS: dict[str, Any] = dict(
+    lr=1e-4, betas=(0.95, 0.98), weight_decay=0.6, maximize=False, decay_embeddings=True
+)
 # The official SophiaG class defaults (lr 1e-4, betas, rho 0.04 at B = 5120, wd 0.1, k = 10);
 # rho re-expressed per sampled token, see merit_core.optim.sophia.
-_SOPHIAG_DEFAULTS = dict(
+_SOPHIAG_DEFAULTS: dict[str, Any] = dict(
     lr=1e-4,
     betas=(0.965, 0.99),
     rho=4e-4,
@@ -250,7 +252,7 @@ _SOPHIAG_DEFAULTS = dict(
 )
 # Keller Jordan's Muon README (MuonWithAuxAdam example): Muon lr 0.02, wd 0.01, momentum 0.95,
 # nesterov, 5 Newton-Schulz steps; AdamW lr 3e-4, betas (0.9, 0.95), wd 0.01, eps 1e-10.
-_MUON_DEFAULTS = dict(
+_MUON_DEFAULTS: dict[str, Any] = dict(
     lr=0.02,
     momentum=0.95,
     nesterov=True,
@@ -313,7 +315,7 @@ for _spec in (
         builder=build_sophiag,
         defaults=_SOPHIAG_DEFAULTS,
         lr_centre=_default_lr_centre(_SOPHIAG_DEFAULTS["lr"]),
-        step_hook=StepHook(interval=lambda opt: int(opt.hessian_interval), run=hessian_refresh),
+        step_hook=StepHook(interval=hessian_interval, run=hessian_refresh),
     ),
     OptimizerSpec(
         name="muon",

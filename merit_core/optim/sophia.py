@@ -91,6 +91,13 @@ def hessian_refresh(ctx: Any) -> None:
     ctx.optimizer.update_hessian(n_labels * ctx.world_size)
 
 
+def hessian_interval(opt: Optimizer) -> int:
+    """The loop's cadence of :func:`hessian_refresh` for a :class:`SophiaG`: its ``hessian_interval``."""
+    if not isinstance(opt, SophiaG):
+        raise TypeError(f"hessian_interval: expected a SophiaG optimizer, got {type(opt).__name__}")
+    return opt.hessian_interval
+
+
 class SophiaG(Optimizer):
     """Sophia-G (see the module docstring for the exact update and the Hessian-refresh protocol).
 
@@ -225,10 +232,10 @@ class SophiaG(Optimizer):
         self._update()
         self._since_refresh += 1
         if self.hessian_closure is not None and self._since_refresh >= self.hessian_interval:
-            self._refresh_from_closure()
+            self._refresh_from_closure(self.hessian_closure)
         return loss
 
-    def _refresh_from_closure(self) -> None:
+    def _refresh_from_closure(self, hessian_closure: Callable[[], tuple[torch.Tensor, int]]) -> None:
         """Backward through the hessian closure's sampled-label loss on fresh gradients, fold them into
         the Hessian, and give the parameters back the gradients they had."""
         params = [p for group in self.param_groups for p in group["params"]]
@@ -237,7 +244,7 @@ class SophiaG(Optimizer):
             p.grad = None
         try:
             with torch.enable_grad():
-                sampled, num_samples = self.hessian_closure()
+                sampled, num_samples = hessian_closure()
                 sampled.backward()
             self.update_hessian(int(num_samples))
         finally:

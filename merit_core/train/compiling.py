@@ -21,11 +21,25 @@ A compilation failure is never silent. Under `compile = true` (the user asked fo
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeVar
 
 import torch
 
 from merit_core.errors import CompileFailed
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class ContextAndDecorator(Protocol):
+    """What ``torch.compiler.set_stance`` returns: a context manager that also decorates a function."""
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(self, *exc_info: object) -> bool | None: ...
+
+    def __call__(self, fn: _F) -> _F: ...
+
 
 COMPILE_SETTINGS = ("auto", True, False)
 
@@ -51,7 +65,8 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     blocks = [m for m in model.modules() if type(m).__name__ in names]
     if not blocks:  # fall back to the longest ModuleList (GPT-2's `h`, Llama's `layers`)
         lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-        blocks = list(max(lists, key=len)) if lists else []
+        longest: torch.nn.ModuleList | None = max(lists, key=len) if lists else None
+        blocks = list(longest) if longest is not None else []
     return blocks
 
 
@@ -61,12 +76,12 @@ def compile_blocks(model: torch.nn.Module) -> int:
     for block in blocks:
         if not getattr(block.forward, "_merit_compiled", False):
             compiled = torch.compile(block.forward)
-            compiled._merit_compiled = True
+            compiled._merit_compiled = True  # type: ignore[attr-defined]  # a marker on the function
             block.forward = compiled
     return len(blocks)
 
 
-def eager() -> contextlib.AbstractContextManager:
+def eager() -> ContextAndDecorator:
     """Within it, compiled code runs eagerly (no compilation, no recompilation)."""
     return torch.compiler.set_stance("force_eager")
 

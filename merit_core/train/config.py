@@ -295,8 +295,9 @@ def _compile_setting(value: Any) -> str | bool:
     if isinstance(value, bool):
         return value
     word = value.strip().lower() if isinstance(value, str) else None
-    if word in ("auto", "true", "false"):
-        return {"auto": "auto", "true": True, "false": False}[word]
+    settings: dict[str, str | bool] = {"auto": "auto", "true": True, "false": False}
+    if word in settings:
+        return settings[word]
     raise ConfigError(f"compile must be auto, true or false, got {value!r}")
 
 

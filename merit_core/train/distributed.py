@@ -61,7 +61,7 @@ class Parallel:
     def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> torch.Tensor:
         """Total gradient norm (a 0-d tensor, no host sync); clips to `max_norm` when it is > 0."""
         params = [p for p in model.parameters() if p.grad is not None]
-        grads = [p.grad for p in params]
+        grads = [p.grad for p in params if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads, foreach=True)
         if max_norm > 0:
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)

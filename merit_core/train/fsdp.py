@@ -125,6 +125,8 @@ class FSDPParallel(DDPParallel):
         a forward without backward (evaluation), and state dicts must see the sharded ones."""
         from torch.distributed.fsdp import FSDPModule
 
+        if self.module is None:  # not wrapped yet: nothing is sharded
+            return
         for module in self.module.modules():
             if isinstance(module, FSDPModule):
                 module.reshard()
@@ -155,6 +157,8 @@ class FSDPParallel(DDPParallel):
     def load_optimizer_state_dict(self, model, optimizer, state, checkpoint_dir: Path | None = None) -> None:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
+        if checkpoint_dir is None:
+            raise ValueError("under fsdp the optimizer state is read from a checkpoint folder")
         if not is_sharded_optimizer_state(state):
             raise CheckpointError(
                 f"{checkpoint_dir} was written by a single-process or DDP run; resume it with --parallel ddp"

@@ -68,7 +68,7 @@ def apply_liger(
     """Switch `model`'s modules to Liger's kernels (see the module docstring); return the fused
     linear cross-entropy for merit_core.train.lm_loss when `loss`, else None. The flags exist so
     that each kernel can be checked on its own."""
-    spec: LigerKernels = family_spec(model.config).liger
+    spec: LigerKernels | None = family_spec(model.config).liger
     if spec is None:
         raise ConfigError(f"Liger Kernel has no kernels for {family_spec(model.config).label} models")
     from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
@@ -94,15 +94,20 @@ def apply_liger(
 
 def _patch_rms_norm(module: torch.nn.Module, spec: LigerKernels, liger_cls) -> None:
     eps = getattr(module, "variance_epsilon", None) or getattr(module, "eps", None) or 1e-6
-    module.variance_epsilon = eps
-    module.offset = spec.rms_offset
-    module.casting_mode = spec.rms_norm
-    module.in_place = False  # the input's gradient may feed a residual branch too
-    module.row_mode = None
+    settings = {
+        "variance_epsilon": eps,
+        "offset": spec.rms_offset,
+        "casting_mode": spec.rms_norm,
+        "in_place": False,  # the input's gradient may feed a residual branch too
+        "row_mode": None,
+    }
+    for name, value in settings.items():  # through setattr: nn.Module's __setattr__ is typed for tensors only
+        setattr(module, name, value)
     module.forward = types.MethodType(liger_cls.forward, module)
 
 
 def _patch_mlp(module: torch.nn.Module, spec: LigerKernels) -> None:
+    needed: tuple[str, ...]
     if spec.mlp == "phi3":
         from liger_kernel.transformers.swiglu import LigerPhi3SwiGLUMLP as cls
 
@@ -132,9 +137,9 @@ def _patch_rope(modeling: str) -> None:
             return liger_rotary_pos_emb(q, k, cos, sin, *args, **kwargs)
         return current(q, k, cos, sin, *args, **kwargs)
 
-    apply_rotary_pos_emb._merit_liger = True
-    apply_rotary_pos_emb._merit_original = current
-    mod.apply_rotary_pos_emb = apply_rotary_pos_emb
+    apply_rotary_pos_emb._merit_liger = True  # type: ignore[attr-defined]  # a marker on the function
+    apply_rotary_pos_emb._merit_original = current  # type: ignore[attr-defined]  # the function it wraps
+    mod.apply_rotary_pos_emb = apply_rotary_pos_emb  # type: ignore[attr-defined]  # patches transformers' module
 
 
 def mask_free_attention(model: torch.nn.Module) -> bool:
@@ -147,9 +152,11 @@ def mask_free_attention(model: torch.nn.Module) -> bool:
     merit's training batches are unpadded windows). Only for models on SDPA without sliding-window
     layers; True when switched. The name is not saved with the model's config.
     """
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface, PreTrainedModel
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    if not isinstance(model, PreTrainedModel):
+        return False
     config = model.config
     if config._attn_implementation != "sdpa" or any(w is not None for w in family_spec(config).sliding_windows(config)):
         return False

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +44,9 @@ def chunk_tokens_for(vocab_size: int, chunk_bytes: int = CHUNK_BYTES) -> int:
     return max(1, chunk_bytes // (4 * vocab_size))
 
 
-def _chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor):
+def _chunk_loss(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor
+) -> torch.Tensor:
     return F.cross_entropy(F.linear(hidden, weight, bias).float(), target, reduction="sum")
 
 
@@ -134,10 +137,12 @@ def chunked_cross_entropy(
         dtype = _compute_dtype(h, weight)
         with torch.autocast(h.device.type, enabled=False):
             return _LinearCrossEntropy.apply(h, weight, bias, t, chunk_tokens, dtype, fused)
-    total = None
+    total: torch.Tensor | None = None
     for start in range(0, h.shape[0], chunk_tokens):
         part = _chunk_loss(h[start : start + chunk_tokens], weight, bias, t[start : start + chunk_tokens])
         total = part if total is None else total + part
+    if total is None:  # no tokens: the empty sum, as cross_entropy(reduction="sum") gives it
+        return h.new_zeros((), dtype=torch.float32)
     return total
 
 
@@ -178,6 +183,7 @@ def install(
         if type(head) is not torch.nn.Linear or _transforms_logits(getattr(model, "config", None)):
             return None
         head.__class__ = LossHead
+        head = cast(LossHead, head)  # the same module, its class switched above
         head.targets = None
         head.chunk_tokens = chunk_tokens_for(head.out_features)
     if chunk_tokens is not None:

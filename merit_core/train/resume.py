@@ -192,8 +192,8 @@ def to_device(state: Any, device) -> Any:
 def last_records(run_dir: Path, ckpt: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The last log and eval records before a resumed run's first step ({} and {} for a new run)."""
     previous: list[dict[str, Any]] = [dict(r) for r in read_metrics(run_dir)] if ckpt is not None else []
-    last_log = next((r for r in reversed(previous) if LOSS in r), {})
-    last_eval = next((r for r in reversed(previous) if VAL_LOSS in r), {})
+    last_log: dict[str, Any] = next((r for r in reversed(previous) if LOSS in r), {})
+    last_eval: dict[str, Any] = next((r for r in reversed(previous) if VAL_LOSS in r), {})
     return last_log, last_eval
 
 

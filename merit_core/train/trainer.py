@@ -151,6 +151,7 @@ class Trainer:
     @property
     def n_micro(self) -> int:
         """Micro-batches per update on each process."""
+        assert self.config.micro_batch_size is not None  # chosen before step 0 (TrainingRun, choose_micro_batch)
         return self.per_rank // self.config.micro_batch_size
 
     def _loss(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
@@ -251,10 +252,12 @@ class Trainer:
         for group, scale in zip(self.optimizer.param_groups, self.lr_scales):
             group["lr"] = lr * scale
         scale = 1.0 / (self.per_rank * c.seq_len)  # DDP averages over ranks -> global-batch mean
+        assert c.micro_batch_size is not None  # chosen before step 0 (TrainingRun, choose_micro_batch)
+        micro_size = c.micro_batch_size
         micro = lambda: self.batches.micro_batches(  # noqa: E731  (a fresh iterator for a redone step)
             index,
             batch_size=c.batch_size,
-            micro_batch_size=c.micro_batch_size,
+            micro_batch_size=micro_size,
             rank=self.parallel.rank,
             world_size=self.parallel.world_size,
         )
@@ -295,6 +298,9 @@ class Trainer:
     def _run_hook(self, index: int, x: torch.Tensor) -> None:
         """The optimizer spec's step hook after update `index` (Sophia-G: its Hessian refresh), on this
         process's first micro-batch, with a generator seeded from (seed, index, rank)."""
+        hook = self.hook
+        if hook is None:
+            return
         gen = torch.Generator(device=self.device)
         gen.manual_seed((self.config.seed * 1_000_003 + index) * 4099 + self.parallel.rank)
 
@@ -302,9 +308,7 @@ class Trainer:
             with self.autocast():
                 return self.forward(input_ids=x, use_cache=False).logits
 
-        self._compiling(
-            lambda: self.hook.run(StepContext(self.optimizer, index, logits, gen, self.parallel.world_size))
-        )
+        self._compiling(lambda: hook.run(StepContext(self.optimizer, index, logits, gen, self.parallel.world_size)))
         self.optimizer.zero_grad(set_to_none=True)
 
     def _compiling(self, work: Callable[[], Any]) -> Any:

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -58,7 +58,7 @@ from merit_core.train.resume import (
     to_device,
 )
 from merit_core.train.trackers import with_trackers
-from merit_core.train.trainer import build_trainer, compute_dtype
+from merit_core.train.trainer import Trainer, build_trainer, compute_dtype
 
 
 def run_training(config: TrainConfig, callbacks: TrainCallbacks | None = None) -> RunSummary:
@@ -118,9 +118,9 @@ class TrainingRun:
         self.created: list[Path] = []  # what this run made before its first write (undone on failure)
         self.stop: str | None = None  # the name of a stop signal that arrived
         self.resume = ResumePlan()  # what --resume continues from (resume.py)
-        # set once everything is built (`_first_write`, `_train`):
-        self.trainer = None
-        self.metrics: MetricsLog | None = None
+        # set once everything is built (`run`, `_first_write`) and read only after:
+        self.trainer: Trainer
+        self.metrics: MetricsLog
         self.tokenizer_dir: Path | None = None
         self.data_info: dict[str, Any] = {}
         self.n_params = 0
@@ -391,7 +391,7 @@ class TrainingRun:
         again = f"; continue with: merit train --resume --out {self.run_dir}" if self.last_ckpt else ""
         return f"aborted by a second stop signal ({name}) during step {step}: that step's work is lost, {where}{again}"
 
-    def _stop_now(self, name: str) -> None:
+    def _stop_now(self, name: str) -> NoReturn:
         step = self.trainer.step
         if step != self.last_saved_step and step > 0:
             self._check_finite()

@@ -40,7 +40,7 @@ def test_readme_is_short_and_gives_the_setup():
     setup = blocks("bash")[0]
     assert "pip install -e '.[cli]'" in setup and "pip install -e '.[dev]'" in setup
     assert "--index-url https://download.pytorch.org/whl/cpu" in text
-    assert "python -m pytest -q" in text  # the test command CI runs (.ci/run)
+    assert "python -m pytest -q -n auto --dist loadfile" in text  # the test command CI runs (.ci/run)
 
 
 @pytest.mark.slow

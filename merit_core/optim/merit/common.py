@@ -25,10 +25,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 NONFINITE_RULE = (
     "a parameter whose weight or update direction holds a NaN or an infinity becomes NaN in every element; "
@@ -105,7 +108,7 @@ class Hyper:
     @classmethod
     def from_op(cls, lr: float | Tensor, numbers: list[float], norm: str, switches: list[bool]) -> Hyper:
         """The record back from :meth:`to_op`'s arguments and an ``lr``."""
-        values = {**dict(zip(_OP_NUMBERS, numbers)), **dict(zip(_OP_SWITCHES, switches))}
+        values: dict[str, Any] = {**dict(zip(_OP_NUMBERS, numbers)), **dict(zip(_OP_SWITCHES, switches))}
         if math.isnan(values["clip"]):
             values["clip"] = None
         return cls(lr=lr, norm=norm, **values)
@@ -190,7 +193,7 @@ def is_plain(t: Tensor) -> bool:
     return type(t) in (torch.Tensor, torch.nn.Parameter)
 
 
-def is_dtensor(t: Tensor) -> bool:
+def is_dtensor(t: Tensor) -> TypeGuard[DTensor]:
     if is_plain(t) or not torch.distributed.is_available():
         return False
     from torch.distributed.tensor import DTensor

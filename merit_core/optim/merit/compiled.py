@@ -20,6 +20,8 @@ write) because Inductor in torch 2.13 fails on the single in-place function on C
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -77,7 +79,8 @@ _compiled: dict = {}
 
 
 def _get(name: str):
-    function = {"pass1": _pass1, "pass2": _pass2}[name]
+    passes: dict[str, Callable[..., None]] = {"pass1": _pass1, "pass2": _pass2}
+    function = passes[name]
     if torch.compiler.is_compiling():
         return function  # traced into the outer graph
     if name not in _compiled:

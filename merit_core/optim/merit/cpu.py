@@ -161,6 +161,14 @@ def load_kernel() -> dict | None:
         return _state["lib"]
 
 
+def _loaded_kernel() -> dict:
+    """The kernel's entry points, for the callers that run only once :func:`unavailable` said yes."""
+    lib = load_kernel()
+    if lib is None:
+        raise RuntimeError(f"MERIT: the C++ CPU kernel is unavailable ({_state['error']})")
+    return lib
+
+
 def kernel_loaded() -> bool:
     """Whether :func:`load_kernel` has run (successfully or not) in this process."""
     return _state["loaded"]
@@ -269,7 +277,9 @@ def _run_pass(which: int, pointers: tuple[int, ...], p: Tensor, step: Tensor, h:
     """Call the kernel's pass `which` (1 or 2) for p's dtype: its tensors' pointers, then the shape,
     hyperparameters, flags, threads and the statistics buffers both passes share."""
     stats = (None if rows is None else rows.data_ptr(), None if cols is None else cols.data_ptr(), total.data_ptr())
-    rc = load_kernel()[p.dtype][which](*pointers, *_dims(p), _hyper_array(h, step), _flags(h, p), _threads(p), *stats)
+    rc = _loaded_kernel()[p.dtype][which](
+        *pointers, *_dims(p), _hyper_array(h, step), _flags(h, p), _threads(p), *stats
+    )
     _check(rc, p)
 
 
@@ -286,7 +296,7 @@ def _cpu_step(
     switches: list[bool],
 ) -> None:
     h = Hyper.from_op(float(lr), numbers, norm, switches)  # lr: a CPU scalar, no sync
-    lib = load_kernel()
+    lib = _loaded_kernel()
     for p, g, m, v, step in zip(params, grads, exp_avgs, exp_avg_sqs, state_steps):
         if p.numel():
             _step_one(lib, p, g, m, v, step, h)

@@ -181,7 +181,7 @@ def choose(
     ``"fused"`` (torch's ``fused=True``) is the fused kernel of the tensors' device: ``"cpu"`` on
     CPU tensors, ``"triton"`` on CUDA tensors. Raises ValueError if an explicit ``backend`` is
     unknown or cannot take these tensors."""
-    name = ALIASES.get(backend, backend)
+    name = None if backend is None else ALIASES.get(backend, backend)
     if name == "fused":
         devices = {p.device.type for p in params}
         name = "cpu" if devices == {"cpu"} else "triton" if devices == {"cuda"} else None

@@ -327,7 +327,7 @@ def _validate(g: dict, where: str = "") -> None:
         if not isinstance(g[flag], bool):
             bad(flag, "True or False")
     clip = g["clip"]
-    if clip is not None and not (isinstance(clip, Real) and not isinstance(clip, bool) and clip > 0):
+    if clip is not None and not (isinstance(clip, Real) and not isinstance(clip, bool) and float(clip) > 0):
         bad("clip", "a float > 0 or None")
     if g["implementation"] is not None and g["implementation"] not in IMPLEMENTATIONS:
         bad("implementation", "None or one of " + ", ".join(repr(i) for i in IMPLEMENTATIONS))

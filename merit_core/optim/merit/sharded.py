@@ -44,10 +44,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeGuard
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 from merit_core.optim.merit import cpu as _cpu
 from merit_core.optim.merit.common import Hyper, finite_norms
@@ -85,16 +89,16 @@ class _Pending:
 
     w: Tensor
     u: Tensor | None  # the torch path's update direction; None: the C++ passes recompute it
-    m: Tensor | None = None  # moments and step, for the C++ pass 2
-    v: Tensor | None = None
-    step: Tensor | None = None
+    m: Tensor  # moments and step, for the C++ pass 2
+    v: Tensor
+    step: Tensor
+    total: Tensor  # [2]: tensor-wide norms of w and u
     rows: Tensor | None = None  # [2, local rows, T] (or [2, rows*T]): row norms of w and u
-    cols: Tensor | None = None  # [2, local cols, T]: column norms of w and u
-    total: Tensor | None = None  # [2]: tensor-wide norms of w and u
+    cols: Tensor | None = None  # [2, local cols, T]: column norms of w and u (set with rows)
     total_from: str = "local"  # "local" | "rows" | "cols": source of the tensor-wide norms
 
 
-def _is_dtensor(t: Tensor) -> bool:
+def _is_dtensor(t: Tensor) -> TypeGuard[DTensor]:
     from torch.distributed.tensor import DTensor
 
     return isinstance(t, DTensor)
@@ -218,11 +222,11 @@ def _ratio(stats: Tensor, norm: str) -> tuple[Tensor, Tensor]:
     return ratio, (stats[0] == 0) | (stats[1] == 0)
 
 
-def _apply(job: _Pending, h: Hyper) -> None:
-    """Scale, clip and apply one parameter's update from its completed statistics (torch path)."""
-    u, w, norm = job.u, job.w, h.norm
+def _apply(job: _Pending, u: Tensor, h: Hyper) -> None:
+    """Scale, clip and apply one parameter's update ``u`` (``job.u``) from its completed statistics (torch path)."""
+    w, norm = job.w, h.norm
     finite = finite_norms(job.total[0], job.total[1])  # the non-finite rule, on the global tensor
-    if job.rows is None:  # one ratio for the whole tensor
+    if job.rows is None or job.cols is None:  # one ratio for the whole tensor
         b, zero = _ratio(job.total, norm)
         scale = torch.where(zero, torch.ones_like(b), b)
         u.mul_(torch.where(finite, scale, torch.nan).to(u.dtype))
@@ -297,29 +301,32 @@ def merit_sharded(params, grads, exp_avgs, exp_avg_sqs, state_steps, h: Hyper, *
             continue
         w, g, m, v = _local(p), _local(g), _local(m), _local(v)
         per_element = w.ndim >= 2 and h.elementwise
+        rows: Tensor | None = None
+        cols: Tensor | None = None
         if _use_kernel(local, w, g):
-            job = _Pending(w=w, u=None, m=m, v=v, step=step)
+            u = None
             shapes = _cpu.stats_shapes(w, h)
             if shapes is not None:
-                job.rows, job.cols = (w.new_zeros(s, dtype=_STATS) for s in shapes)
-            job.total = w.new_zeros(2, dtype=_STATS)
-            _cpu.pass1(w, g, m, v, step, h_cpu, job.rows, job.cols, job.total)
+                rows, cols = (w.new_zeros(s, dtype=_STATS) for s in shapes)
+            total = w.new_zeros(2, dtype=_STATS)
+            _cpu.pass1(w, g, m, v, step, h_cpu, rows, cols, total)
         else:
-            job = _Pending(w=w, u=_direction(w, g, m, v, step, h))
+            u = _direction(w, g, m, v, step, h)
             if per_element:
-                job.rows, job.cols, job.total = _norms(_as_3d(w), _as_3d(job.u), (1, 0, None), norm, _STATS)
+                rows, cols, total = _norms(_as_3d(w), _as_3d(u), (1, 0, None), norm, _STATS)
             else:
-                (job.total,) = _norms(w, job.u, (None,), norm, _STATS)
+                (total,) = _norms(w, u, (None,), norm, _STATS)
+        job = _Pending(w=w, u=u, m=m, v=v, step=step, total=total, rows=rows, cols=cols)
         jobs.append(job)
-        if per_element:
+        if rows is not None and cols is not None:  # per_element: the row and column norms exist
             # The tensor-wide norms are completed also without the weight-wise bound: the
             # non-finite rule needs them on the global tensor.
             if not (layout.col_groups or layout.batch_groups):
                 job.total_from = "cols"  # the completed column norms cover the whole tensor
             elif not (layout.row_groups or layout.batch_groups):
                 job.total_from = "rows"  # likewise the completed row norms
-            requests.append(_Request(job.rows, reduce_op, layout.col_groups))
-            requests.append(_Request(job.cols, reduce_op, layout.row_groups))
+            requests.append(_Request(rows, reduce_op, layout.col_groups))
+            requests.append(_Request(cols, reduce_op, layout.row_groups))
             if job.total_from == "local":  # complete the local tensor-wide norms over every group
                 requests.append(_Request(job.total, reduce_op, layout.all_groups))
         else:
@@ -327,14 +334,14 @@ def merit_sharded(params, grads, exp_avgs, exp_avg_sqs, state_steps, h: Hyper, *
 
     _all_reduce_rounds(requests)
     for job in jobs:
-        if job.total_from == "cols":
+        if job.total_from == "cols" and job.cols is not None:
             job.total = _combine(job.cols, norm)
-        elif job.total_from == "rows":
+        elif job.total_from == "rows" and job.rows is not None:
             job.total = _combine(job.rows, norm)
         if job.u is None:
             _cpu.pass2(job.w, job.m, job.v, job.step, h_cpu, job.rows, job.cols, job.total)
         else:
-            _apply(job, h)
+            _apply(job, job.u, h)
 
 
 def _use_kernel(local: str | None, w: Tensor, g: Tensor) -> bool:

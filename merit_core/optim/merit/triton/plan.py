@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -118,7 +118,11 @@ class TritonPlan:
         vec = [n for n in nonempty if _vectorisable(params[n], tiling.cols)]
         self.index = vec + [n for n in nonempty if n not in set(vec)]  # their tiles come first
         self.n_vec = len(vec)
-        self.row_offset, self.col_offset, static, tile_tensor, work = [], [], [], [], []
+        self.row_offset: list[int] = []
+        self.col_offset: list[int] = []
+        static: list[list[int]] = []
+        tile_tensor: list[int] = []
+        work: list[torch.Tensor] = []
         rows = cols = tiles = 0
         for n in self.index:
             p = params[n]
@@ -153,14 +157,14 @@ class TritonPlan:
                 rows += k_mats * n_rows
                 cols += k_mats * n_cols
         self.static, self.n_tiles, self.total_rows, self.total_cols = static, tiles, max(rows, 1), max(cols, 1)
-        f32 = dict(device=device, dtype=torch.float32)
+        f32: dict[str, Any] = dict(device=device, dtype=torch.float32)
         self.tile_tensor = _to_device(torch.tensor(tile_tensor, dtype=torch.int32), device)
         # the tiles finalize runs: the first of each tile-row and of each chunk of fin_row_tiles
         # row tiles of a tile-column of each matrix, and the first of each tensor (the others
         # have nothing to reduce; a launch over all tiles would start and end that many idle
         # programs)
-        work = torch.cat(work) if work else torch.zeros(0, dtype=torch.int64)
-        self.finalize_tiles = _to_device(work.to(torch.int32), device)
+        finalize = torch.cat(work) if work else torch.zeros(0, dtype=torch.int64)
+        self.finalize_tiles = _to_device(finalize.to(torch.int32), device)
         self.row_part = torch.empty(max(tiles, 1) * 2 * tiling.rows, **f32)
         self.col_part = torch.empty(max(tiles, 1) * 2 * tiling.cols, **f32)
         self.tensor_part = torch.empty(max(tiles, 1) * 2, **f32)
@@ -173,10 +177,10 @@ class TritonPlan:
         self.tensor_stats = self._max_stats[2 * self.total_cols :].view(n_stats, 2)
         if self.n_vec == 0:
             self.n_vec_tiles = 0
-        self.pointer_key = None
-        self.meta = None
+        self.pointer_key: tuple[Any, ...] | None = None
+        self.meta: torch.Tensor | None = None
         self.aligned = False  # whether the vectorised kernels may take the first n_vec_tiles tiles
-        self._keep = None  # grad copies the table points at (grads that could not be viewed)
+        self._keep: list[torch.Tensor] | None = None  # grad copies the table points at (grads that could not be viewed)
 
     def bind(self, grads, exp_avgs, exp_avg_sqs, params, pointer_key) -> None:
         """(Re)build the device table with the current addresses and grad strides."""

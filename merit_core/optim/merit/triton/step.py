@@ -42,11 +42,11 @@ def _check(params, grads, exp_avgs, exp_avg_sqs) -> torch.device:
 def plan_for(params, grads, exp_avgs, exp_avg_sqs, tiling: Tiling = DEFAULT_TILING) -> TritonPlan:
     """The cached plan of these tensors for this tiling, its pointer table rebuilt if any address
     changed."""
-    param_key, pointer_key = [], []
+    param_entries, pointer_entries = [], []
     for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
-        param_key.append((p.data_ptr(), p.shape, p.dtype))
-        pointer_key.append((g.data_ptr(), g.stride(), g.dtype, g.shape, m.data_ptr(), v.data_ptr()))
-    param_key, pointer_key = (tiling, params[0].device, *param_key), tuple(pointer_key)
+        param_entries.append((p.data_ptr(), p.shape, p.dtype))
+        pointer_entries.append((g.data_ptr(), g.stride(), g.dtype, g.shape, m.data_ptr(), v.data_ptr()))
+    param_key, pointer_key = (tiling, params[0].device, *param_entries), tuple(pointer_entries)
     plan = _plans.get(param_key)
     if plan is not None and plan.pointer_key == pointer_key:
         _plans.move_to_end(param_key)
