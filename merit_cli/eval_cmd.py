@@ -9,7 +9,6 @@ import sys
 
 import click
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from merit_cli.options import all_steps_option, device_option, no_verify_option, selection_of, steps_option
@@ -205,18 +204,17 @@ def _chosen_steps(checkpoints: tuple, selection, all_steps: bool, plot: str | No
     return selection
 
 
-def _say_latest(console: Console, checkpoints: tuple, selection) -> None:
-    """For each run folder given, the step_N it takes (its latest), in one line."""
+def _taken_latest(checkpoints: tuple, selection) -> list[str]:
+    """For each run folder given, the step_N it takes (its latest), a line each."""
     from pathlib import Path
 
     from merit_core.checkpoint import is_run_folder, select_steps, took
 
-    for given in checkpoints:
-        path = Path(given).expanduser()
-        if is_run_folder(path) and path.exists():
-            console.print(
-                f"[dim]{escape(took(path, select_steps(path, selection, 'model'), selection))}[/]", soft_wrap=True
-            )
+    return [
+        took(path, select_steps(path, selection, "model"), selection)
+        for path in (Path(given).expanduser() for given in checkpoints)
+        if is_run_folder(path) and path.exists()
+    ]
 
 
 def _steps_table(steps: list[int], records: list[CheckpointResult], logits: dict[int, float]) -> Table:
@@ -392,20 +390,6 @@ def eval_cmd(
 
     if not checkpoints:
         raise ConfigError("no checkpoint given: merit eval CKPT... --tasks lambada,wikitext")
-    from merit_core.checkpoint import LATEST, took
-
-    selection = _chosen_steps(checkpoints, selection, all_steps, plot)
-    step_run = checkpoints[0] if selection != LATEST else None
-    chosen: list[int] = []
-    if step_run is not None:
-        from merit_core.evaluation.steps import step_checkpoints
-
-        picked = step_checkpoints(step_run, selection)
-        console.print(f"[dim]{escape(took(step_run, picked, selection))}[/]", soft_wrap=True)
-        chosen = [step for step, _ in picked]
-        checkpoints = tuple(str(folder) for _, folder in picked)
-    else:
-        _say_latest(console, checkpoints, selection)
     if not tasks or not split_task_list(tasks):
         raise ConfigError(
             "no task given: pass --tasks, e.g. --tasks builtin (offline) or lambada,wikitext (see --list-tasks)"
@@ -432,6 +416,22 @@ def eval_cmd(
     output = output or lm_eval_output  # merit's JSON beside lm-eval's files unless -o names its place
     if output:
         check_output_path(output_file(output))  # the name is taken when the file is written
+    # which checkpoints: said with the results, so that a bad option, task or checkpoint stays one line
+    from merit_core.checkpoint import LATEST, took
+
+    taken: list[str] = []
+    selection = _chosen_steps(checkpoints, selection, all_steps, plot)
+    step_run = checkpoints[0] if selection != LATEST else None
+    chosen: list[int] = []
+    if step_run is not None:
+        from merit_core.evaluation.steps import step_checkpoints
+
+        picked = step_checkpoints(step_run, selection)
+        taken.append(took(step_run, picked, selection))
+        chosen = [step for step, _ in picked]
+        checkpoints = tuple(str(folder) for _, folder in picked)
+    else:
+        taken = _taken_latest(checkpoints, selection)
 
     from merit_core.hub import prefer_offline
 
@@ -451,8 +451,10 @@ def eval_cmd(
     finally:
         if own is not None:
             own.close()
+    for text in taken:
+        console.print(f"[dim]{shown(text)}[/]", soft_wrap=True)
     for text in notes:
-        console.print(f"[yellow]note[/] {escape(text)}", soft_wrap=True)
+        console.print(f"[yellow]note[/] {shown(text)}", soft_wrap=True)
 
     print_table(console, results_table(records, settings.num_fewshot))
     if step_run is not None:

@@ -38,6 +38,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
+from merit_core.metrics import read_metrics  # noqa: E402
 from merit_core.train.watch import divergence_step  # noqa: E402
 
 RUNS = HERE / "metrics"
@@ -95,8 +96,8 @@ def copy_runs(grid: Path) -> None:
     for done in sorted(grid.glob("*/done.json")):
         info = json.loads(done.read_text())
         lines = [json.dumps({"run": info})]
-        for line in (done.parent / "metrics.jsonl").read_text().splitlines():
-            record = json.loads(line)
+        for read in read_metrics(done.parent):
+            record = dict(read)
             record.pop("tokens_per_s", None)
             lines.append(json.dumps(_round(record)))
         (RUNS / f"{info['label']}.jsonl").write_text("\n".join(lines) + "\n")

@@ -35,7 +35,8 @@ def test_every_train_option_is_a_config_key_declared_once():
     from merit_core.train.config import TrainConfig
 
     keys = {f.name for f in dataclasses.fields(TrainConfig)}
-    options = [p.name for p in train.params if p.name not in ("config_file", "list_configs", "overrides")]
+    # --yes answers the start confirmation: an option of the command, not a setting of the run
+    options = [p.name for p in train.params if p.name not in ("config_file", "list_configs", "overrides", "yes")]
     assert len(options) == len(CONFIG_OPTIONS) == len(set(options))
     assert set(options) <= keys, set(options) - keys
 

@@ -11,7 +11,7 @@ def test_the_start_lines_lr_source_stays_short_when_extrapolated():
     assert far.extrapolated and len(far.source) > 250
     short = lr_source(far)
     assert short == (
-        "extrapolated from the lr measured for gpt2-tiny at batch 16 x 128, 0.0283, capped at 0.09, the largest lr "
+        "extrapolated from the lr measured for gpt2-tiny at batch 16 x 128, 0.0283, capped at 0.0283, the largest lr "
         "trained stably on gpt2-tiny; run: results/compare-cpu"
     )
     near = default_lr("merit", "gpt2-tiny", 16, 128, 128)

@@ -48,16 +48,22 @@ def test_all_steps_prints_one_row_per_step_with_recorded_logit(world, tmp_path):
     assert res.exit_code == 0, res.output
     assert f"{run}: took step_5, step_12 (--steps all)" in res.output  # which checkpoints, said once
     table = res.output[res.output.index("scores over training steps") :]
-    rows = [line for line in table.splitlines() if line.startswith("│")]
-    assert [r.split("│")[1].strip() for r in rows] == ["5", "12"]
-    assert [float(r.split("│")[2]) for r in rows] == [2.5, 4.0]  # metrics.jsonl at 5, trainer_state.json at 12
+    # merit_cli.render.print_table folds the columns that do not fit into more tables, each led by the
+    # step column: a step's cells are those of its rows in every part, in order
+    parts = [[line for line in part.splitlines() if line.startswith("│")] for part in table.split("└")]
+    cells: dict[str, list[str]] = {}
+    for part in parts:
+        for line in part:
+            step, *rest = [cell.strip() for cell in line.split("│")[1:-1]]
+            cells.setdefault(step, []).extend(rest)
+    assert list(cells) == ["5", "12"]
+    assert [float(cells[s][0]) for s in cells] == [2.5, 4.0]  # metrics.jsonl at 5, trainer_state.json at 12
     assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads(out.read_text())["checkpoints"]
     assert [c["meta"]["step"] for c in saved] == [5, 12]
     assert [c["meta"]["recorded_max_attention_logit"] for c in saved] == [2.5, 4.0]
-    for row, c in zip(rows, saved):  # the table's scores are the JSON's
-        cells = [cell.strip() for cell in row.split("│")[3:-1]]
-        assert cells == [format_value(c["results"][TASK][k]) for k in ("perplexity,none", "acc,none")]
+    for step, c in zip(cells, saved):  # the table's scores are the JSON's
+        assert cells[step][1:] == [format_value(c["results"][TASK][k]) for k in ("perplexity,none", "acc,none")]
 
 
 def test_steps_choose_those_checkpoints(world):  # noqa: F811

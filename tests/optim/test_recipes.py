@@ -181,6 +181,7 @@ def test_the_start_line_says_an_extrapolated_lr_and_its_cap(model_cfg, data_dir,
     sets = {"batch_size": 2048, "micro_batch_size": 512, "seq_len": 16, "eval_batches": 1, "eval_batch_size": 2}
     result = _train(cli, "merit", model_cfg, data_dir, out, 1, sets)
     line = " ".join(result.output.split())
-    assert "lr 0.0283 (extrapolated (no entry for " in line
-    assert "0.113 capped at 0.0283, the largest lr merit's grids trained stably on gpt2-tiny" in line
+    # the start line's short account (merit_cli.train_cmd.lr_source): the entry it scaled and the cap
+    assert "lr 0.0283 (extrapolated from the lr measured for gpt2-tiny at batch 16 x 128, 0.0283, " in line
+    assert "capped at 0.0283, the largest lr trained stably on gpt2-tiny; run: results/compare-cpu)" in line
     assert tomllib.loads((out / "config.toml").read_text())["lr"] == 0.0283
