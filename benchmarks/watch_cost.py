@@ -1,8 +1,9 @@
 """The instability watcher's cost per training step, CPU or CUDA.
 
     python benchmarks/watch_cost.py [--model gpt2-tiny] [--optimizer merit] [--seq-len 128] [--steps 40]
+        [--watch-every N]
 
-One `merit train` run (watch on, default cadence) of the given shape; every update and every
+One `merit train` run (watch on, at the default cadence or --watch-every) of the given shape; every update and every
 watch call is timed (CUDA synchronised around each), and the watcher's share of a step is
 (median watch call) / (watch_every x median update): what the default cadence adds to the run.
 The watch call and the update it follows are timed in the same step, so load drift on a shared
@@ -41,6 +42,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--watch-every", type=int, default=None, help="probe cadence (default: merit train's)")
     args = parser.parse_args()
     steps: list[float] = []
     watches: list[float] = []
@@ -76,6 +78,7 @@ def main() -> None:
                 save_every=0,
                 device=args.device,
                 out=str(Path(out) / "run"),
+                **({} if args.watch_every is None else {"watch_every": args.watch_every}),
             )
         )
         run_training(config)

@@ -264,7 +264,7 @@ class TrainConfig:
         default_text="on",
     )
     watch_every: int = setting(
-        10,
+        20,
         "Steps between the watcher's probes (each costs about a probe pass on 2 validation sequences and the "
         "update ratios; benchmarks/README.md has the cost per cadence).",
         bound="positive",

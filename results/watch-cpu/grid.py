@@ -6,7 +6,7 @@ With K N, this process does runs K, K+N, K+2N, ... of the list (N processes shar
 uses one thread: the tiny models gain nothing from a second one).
 
 Each run is the training loop behind `merit train` (merit_core.train.training_run.run_training)
-with the settings below and the watcher on every 2 steps (watch_every 2; the default is 10) and on_instability warn,
+with the settings below and the watcher on every 2 steps (watch_every 2; the default is 20) and on_instability warn,
 so that the warnings in each run's metrics.jsonl are the ones `merit train --watch` gives. One
 addition, to keep the grid affordable on a shared 2-core CPU: a run is stopped (as on SIGTERM)
 10 steps after it meets the divergence rule (merit_core.train.watch.divergence_step). Runs go seed by seed, so that a grid cut
@@ -45,7 +45,7 @@ COMMON = dict(
     save_every=0,
     device="cpu",
     watch=True,
-    watch_every=2,  # a probe every 2 steps: these runs are 80 steps (merit train's default cadence is 10)
+    watch_every=2,  # a probe every 2 steps: these runs are 80 steps (merit train's default cadence is 20)
     on_instability="warn",
 )
 AFTER = 10  # steps a diverged run goes on before it is stopped (the rule looks 5 steps ahead)
