@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from merit_core.optim.merit import BACKENDS, IMPLEMENTATIONS, MERIT
+from tests.optim.kernel_cache import private_kernel_cache
 from tests.optim.merit_literal import literal_step
 
 # float results of reductions: CI runs this file again with OMP_NUM_THREADS=1 (see .ci/run)
@@ -22,8 +23,7 @@ def kernel_cache(tmp_path_factory):
     from merit_core.optim.merit import cpu
 
     mp = pytest.MonkeyPatch()
-    mp.setenv("MERIT_KERNEL_CACHE", str(tmp_path_factory.mktemp("merit_kernels")))
-    mp.setattr(cpu, "_state", dict(loaded=False, lib=None, error=None, path=None, build_s=None))
+    private_kernel_cache(mp, tmp_path_factory.mktemp("merit_kernels"))
     assert cpu.load_kernel() is not None, cpu.kernel_info()
     yield
     mp.undo()

@@ -10,19 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from merit_core.optim.merit import MERIT, cpu
+from merit_core.optim.merit import MERIT
+from tests.optim.kernel_cache import kernel_cache, private_kernel_cache  # noqa: F401  (autouse: the kernel builds into a temporary cache)
 
 PATHS = ["reference", "foreach", "cpu"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def kernel_cache(tmp_path_factory):
-    """Build the C++ kernel into a temporary cache, never into the user's."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("MERIT_KERNEL_CACHE", str(tmp_path_factory.mktemp("merit_kernels")))
-    mp.setattr(cpu, "_state", dict(loaded=False, lib=None, error=None, path=None, build_s=None))
-    yield
-    mp.undo()
 
 
 def _params(seed=0, dtype=torch.float32):
@@ -256,8 +247,7 @@ def test_an_explicit_implementation_that_cannot_be_honoured_raises_why(impl, par
 
 
 def test_explicit_cpu_without_a_kernel_raises_and_the_default_falls_back_once(monkeypatch, tmp_path):
-    monkeypatch.setattr(cpu, "_state", dict(loaded=False, lib=None, error=None, path=None, build_s=None))
-    monkeypatch.setenv("MERIT_KERNEL_CACHE", str(tmp_path))
+    private_kernel_cache(monkeypatch, tmp_path)
     monkeypatch.setenv("PATH", str(tmp_path))  # no compiler to be found
     monkeypatch.delenv("CXX", raising=False)
     params = _params(9)

@@ -27,9 +27,10 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from merit_core.optim.merit import MERIT, cpu
+from merit_core.optim.merit import MERIT
 from merit_core.optim.muon import MuonWithAdamW
 from merit_core.optim.sophia import SophiaG
+from tests.optim.kernel_cache import kernel_cache  # noqa: F401  (autouse: the kernel builds into a temporary cache)
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 SHAPES = [(5, 4), (4,), (3, 2, 2)]
@@ -65,16 +66,6 @@ def _marked(names: list[str]) -> list:
 NAMES = _marked(list(OPTIMIZERS))
 MERIT_NAMES = _marked([n for n in OPTIMIZERS if n.startswith("merit-")])
 TORCH_FLAGS_NAMES = _marked([n for n in OPTIMIZERS if n == "adamw" or n.startswith("merit-")])
-
-
-@pytest.fixture(autouse=True, scope="module")
-def kernel_cache(tmp_path_factory):
-    """Build the C++ kernel into a temporary cache, never into the user's."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("MERIT_KERNEL_CACHE", str(tmp_path_factory.mktemp("merit_kernels")))
-    mp.setattr(cpu, "_state", dict(loaded=False, lib=None, error=None, path=None, build_s=None))
-    yield
-    mp.undo()
 
 
 def _params(seed: int = 0, dtype: torch.dtype = torch.float32, shapes=SHAPES) -> list[torch.nn.Parameter]:
