@@ -15,11 +15,12 @@ import errno
 import json
 import os
 import stat
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from merit_core.errors import CheckpointError, ConfigError, DiskFull, UnsafePath, printable
+from merit_core.errors import CheckpointError, ConfigError, DiskFull, MeritError, UnsafePath, printable
 
 # The name prefix of a file or folder still being written (readers and cleaners skip it).
 TMP_PREFIX = ".tmp-"
@@ -571,6 +572,32 @@ def open_regular(path: str | os.PathLike):
         os.close(fd)
         raise
     return os.fdopen(fd, "rb")
+
+
+MAX_TOML_BYTES = 1 << 20  # a configuration is a few kB; a larger file is not one
+
+
+def read_toml_file(path: str | os.PathLike, error: type[MeritError] = ConfigError) -> dict[str, Any]:
+    """The table the TOML file `path` holds: the one safe TOML load of a file merit reads (a user's
+    train or compare config, a run's config.toml through merit_core.checkpoint.run_config).
+
+    A regular file (`open_regular`) of at most MAX_TOML_BYTES, UTF-8; `error` (one line) when it
+    cannot be read, is larger, is not valid TOML or nests a value too deeply to parse."""
+    shown = display(path)
+    try:
+        raw = read_head(path, MAX_TOML_BYTES)
+    except OSError as exc:
+        raise error(f"cannot read {shown}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_TOML_BYTES:
+        raise error(f"{shown} is larger than {MAX_TOML_BYTES:,} bytes: not a configuration file")
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise error(f"{shown} is not valid TOML: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{shown} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise error(f"{shown}: a value is nested too deeply to read") from None
 
 
 def read_head(path: str | os.PathLike, limit: int) -> bytes:

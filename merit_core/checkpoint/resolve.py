@@ -46,6 +46,7 @@ __all__ = [
     "STEPS_HELP",
     "Checkpoint",
     "Selection",
+    "latest_checkpoint",
     "parse_selection",
     "select_steps",
     "took",
@@ -119,6 +120,13 @@ def select_steps(
             f"it has {_names(found)}"
         )
     return [(s, have[s]) for s in selection.steps]
+
+
+def latest_checkpoint(run_dir: str | Path, level: str = "complete") -> tuple[int, Path] | None:
+    """The (step, folder) that LATEST picks among a run folder's checkpoints at `level`, or None
+    while it has none (a run that has not saved one yet: a comparison's run to train, or to resume)."""
+    found = runs.checkpoints(run_dir, level)
+    return found[-1] if found else None
 
 
 _LEVEL_WORDS = {"weights": " with weights", "model": " with a model", "complete": " that is complete"}

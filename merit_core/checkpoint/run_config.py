@@ -1,4 +1,6 @@
-"""The settings of a run's config.toml that reading its optimizer state needs, without torch or train/.
+"""A run's config.toml, read by this module alone: its table (`read_run_config`, what compare's resume
+check and measures, and `merit train --resume`, ask for) and the few settings reading its optimizer
+state needs (`read_optimizer_settings`), without torch or train/.
 
 `merit train` writes config.toml resolved (every value final), so the optimizer's name, its
 hyperparameters and the lr schedule's ends are plain values there. inspect's update size rebuilds
@@ -9,16 +11,13 @@ update. Each value is checked for its type: the file may have been edited or pla
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from merit_core.checkpoint.runs import CONFIG_FILE
 from merit_core.errors import CheckpointError
-from merit_core.fileio import display, open_regular
-
-MAX_CONFIG_BYTES = 1024 * 1024
+from merit_core.fileio import display, read_toml_file
 
 
 @dataclass(frozen=True)
@@ -38,21 +37,23 @@ class OptimizerSettings:
         return {"lr": self.lr, "min_lr": self.min_lr, "warmup_steps": self.warmup_steps, "total_steps": self.steps}
 
 
-def read_optimizer_settings(run_dir: str | Path) -> OptimizerSettings | None:
-    """The run folder's optimizer settings from its config.toml; None without one. CheckpointError
-    for a file that is unreadable or holds a value of the wrong type."""
+def read_run_config(run_dir: str | Path) -> dict[str, Any] | None:
+    """The table of the run folder's config.toml, None when it has none; CheckpointError in one line
+    when it is not a regular file of readable TOML (merit_core.fileio.read_toml_file)."""
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         return None
-    try:
-        with open_regular(path) as fh:
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise ValueError(f"larger than {MAX_CONFIG_BYTES} bytes")
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:  # TOMLDecodeError is a ValueError
-        raise CheckpointError(f"{display(path)} is not a readable run configuration: {str(exc)[:120]}") from None
-    where = display(path)
+    return read_toml_file(path, CheckpointError)
+
+
+def read_optimizer_settings(run_dir: str | Path) -> OptimizerSettings | None:
+    """The run folder's optimizer settings from its config.toml; None without one. CheckpointError
+    for a file that is unreadable or holds a value of the wrong type."""
+    found = read_run_config(run_dir)
+    if found is None:
+        return None
+    data: dict[str, Any] = found
+    where = display(Path(run_dir) / CONFIG_FILE)
 
     def number(key: str, integer: bool = False) -> Any:
         value = data.get(key)

@@ -11,7 +11,7 @@ Layout::
     <run>/.tmp-step_<N>/        a checkpoint being written (holds the `.merit-staging` marker)
 
 What counts as a checkpoint, at three levels (one rule for "latest": the highest N among the
-`step_<N>` folders at the level asked for):
+`step_<N>` folders at the level asked for, which merit_core.checkpoint.resolve picks):
 - `has_weights`: the tensors are there (model.safetensors or its sharded index): what inspect reads;
 - `has_model`: config.json and weights: a Hugging Face model folder, what eval loads;
 - `is_complete`: a model plus both trainer-state files: what `merit train --resume` continues.
@@ -139,12 +139,6 @@ def missing_step_hint(path: str | Path) -> str:
         return f"; {path.parent} has no checkpoint yet" if is_run(path.parent) else ""
     shown = found if len(found) <= 8 else [*found[:3], "...", *found[-4:]]
     return f"; {path.parent} has {', '.join(shown)}"
-
-
-def latest(run_dir: str | Path, level: str = "complete") -> Path | None:
-    """The checkpoint at `level` with the highest step, or None."""
-    found = checkpoints(run_dir, level)
-    return found[-1][1] if found else None
 
 
 def tokenizer_files(folder: str | Path) -> list[Path]:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from merit_core.checkpoint import runs as run_folders
+from merit_core.checkpoint.resolve import latest_checkpoint
 from merit_core.checkpoint.state import read_trainer_state
 from merit_core.compare.environment import FLOORS, Perturbation, perturbations
 from merit_core.compare.grid import (
@@ -294,11 +294,11 @@ def _measure(spec: CompareSpec, summary: CompareSummary, data_dir: Path, callbac
             if env is not None:  # the Hessian's environment spread, at every batch
                 spreads = []
                 for sample in env.samples:
-                    if sample["status"] not in ("finished", "unstable"):
+                    if sample.status not in ("finished", "unstable"):
                         continue
-                    index = entry.run_names.index(_original(entry, sample["seed"]))
-                    callbacks.on_measure("hessian", sample["run"])
-                    again = run_hessian(run_dirs[sample["run"]], data_dir, device)
+                    index = entry.run_names.index(_original(entry, sample.seed))
+                    callbacks.on_measure("hessian", sample.run)
+                    again = run_hessian(run_dirs[sample.run], data_dir, device)
                     spreads.append(hessian_spread(measured[index], again))
                 env.hessian = hessian_environment(spreads) if spreads else None
     if spec.eval is not None and finished:
@@ -362,9 +362,9 @@ def _settings(spec: CompareSpec, runs: list[PlannedRun], meta, extra=None) -> Co
     first = runs[0].config
     n_params = None
     for run in runs:
-        ckpt = run_folders.latest(run.run_dir)
-        if ckpt is not None:
-            n_params = read_trainer_state(ckpt).n_params
+        latest = latest_checkpoint(run.run_dir)
+        if latest is not None:
+            n_params = read_trainer_state(latest[1]).n_params
             break
     grids = lr_grids(spec)
     rule = (

@@ -18,8 +18,6 @@ from merit_core.metric_names import (
     UPDATE_RATIO,
 )
 
-KEY = "instability"  # the run record's (and best entry's) field
-
 
 def _numbers(value: Any) -> list[float]:
     values = value if isinstance(value, list) else [value]

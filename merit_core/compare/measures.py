@@ -21,9 +21,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from merit_core.checkpoint import runs
-from merit_core.checkpoint.resolve import SafetensorsReader, find_checkpoints
-from merit_core.checkpoint.runs import CONFIG_FILE
+from merit_core.checkpoint.resolve import SafetensorsReader, find_checkpoints, latest_checkpoint
+from merit_core.checkpoint.run_config import read_run_config
 from merit_core.compare.environment import floored_spread
 from merit_core.compare.spec import EvalRequest
 from merit_core.compare.summary import spread
@@ -36,7 +35,6 @@ from merit_core.evaluation.results import CheckpointResult, metric_rows
 from merit_core.fileio import atomic_write_json
 from merit_core.metrics import json_safe
 from merit_core.train.batches import val_batches
-from merit_core.train.config import read_toml
 
 HESSIAN_FILE = "compare_hessian.json"
 EVAL_FILE = "compare_eval.json"
@@ -74,10 +72,10 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 
 
 def _final_checkpoint(run_dir: Path) -> tuple[int, Path]:
-    found = runs.checkpoints(run_dir)
-    if not found:
+    latest = latest_checkpoint(run_dir)
+    if latest is None:
         raise CheckpointError(f"{run_dir} has no checkpoint to measure")
-    return found[-1]
+    return latest
 
 
 # -- sharpness --------------------------------------------------------------------------------
@@ -91,7 +89,9 @@ def run_hessian(run_dir: str | Path, data_dir: str | Path, device: str = "cpu") 
 
     run_dir = Path(run_dir)
     step, ckpt_dir = _final_checkpoint(run_dir)
-    config = read_toml(run_dir / CONFIG_FILE)
+    config = read_run_config(run_dir)
+    if config is None:
+        raise CheckpointError(f"{run_dir} has no run configuration to measure with")
     sequences, seq_len = min(int(config.get("eval_batch_size", 16)), HESSIAN_SEQUENCES), int(config["seq_len"])
     settings = {
         "step": step,

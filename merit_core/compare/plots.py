@@ -91,19 +91,19 @@ def compare_figure(summary: CompareSummary) -> Any:
 
     for i, name in enumerate(optimizers):
         entry = best.get((name, largest))
-        if entry is None or not (entry.curve or {}).get("step"):
+        curve = entry.curve if entry is not None else None
+        if entry is None or curve is None or not curve.step:
             continue
-        curve = entry.curve or {}
         style = dict(color=_color(name, i), marker=".", linewidth=1.6)
         suffix = "" if entry.status == "finished" else f" ({entry.status})"
         seeds = entry.seed_curves or []
         n = f", {len(seeds)} seeds" if len(seeds) > 1 else ""
         label = f"{name} (lr {entry.lr:.2g}{n}){suffix}"
         for ax, key in ((ax_logit, MAX_ATTENTION_LOGIT), (ax_val, VAL_LOSS)):
-            if len(seeds) > 1 and all(s["step"] == curve["step"] for s in seeds):
-                _plot_seeds(ax, curve["step"], [s[key] for s in seeds], label, style)
+            if len(seeds) > 1 and all(s.step == curve.step for s in seeds):
+                _plot_seeds(ax, curve.step, [s.series(key) for s in seeds], label, style)
             else:
-                _plot_series(ax, curve["step"], curve[key], label, style)
+                _plot_series(ax, curve.step, curve.series(key), label, style)
     shade = "; shaded: seeds' min-max" if any(len(b.seed_curves or []) > 1 for b in summary.best) else ""
     ax_logit.set(title=f"Max attention logit vs step, batch {largest}\n({which}{shade})", xlabel="step")
     ax_logit.set_ylabel(LOGIT_LABEL)

@@ -11,7 +11,14 @@ from __future__ import annotations
 import math
 
 from merit_core.compare.instability import instability_lines
-from merit_core.compare.results import BestResult, CellResult, CompareSummary, EnvironmentCheck, Measured
+from merit_core.compare.results import (
+    BestResult,
+    CellResult,
+    CompareSummary,
+    EnvironmentCheck,
+    EnvironmentSample,
+    Measured,
+)
 from merit_core.compare.verdicts import (
     PAPER_SHARPNESS,
     SHARPNESS,
@@ -144,12 +151,12 @@ def environment_lines(summary: CompareSummary) -> list[str]:
         samples = e.samples or [_legacy_sample(e, env)]
         for sample in samples:
             rows.append(
-                f"| {b.optimizer} | {b.batch_size} | {fmt_lr(b.lr)} | {sample.get('seed')} | "
-                f"{sample.get('perturbation') or '-'} | {fmt(sample.get('final_val_loss_original'))} | "
-                f"{fmt(sample.get('final_val_loss_rerun'))} | {fmt(sample.get('final_val_loss_difference'))} | "
-                f"{fmt(sample.get('max_attention_logit_original'), 2)} | "
-                f"{fmt(sample.get('max_attention_logit_rerun'), 2)} | "
-                f"{fmt(sample.get('max_attention_logit_difference'), 2)} |"
+                f"| {b.optimizer} | {b.batch_size} | {fmt_lr(b.lr)} | {sample.seed} | "
+                f"{sample.perturbation or '-'} | {fmt(sample.final_val_loss_original)} | "
+                f"{fmt(sample.final_val_loss_rerun)} | {fmt(sample.final_val_loss_difference)} | "
+                f"{fmt(sample.max_attention_logit_original, 2)} | "
+                f"{fmt(sample.max_attention_logit_rerun, 2)} | "
+                f"{fmt(sample.max_attention_logit_difference, 2)} |"
             )
     rows += [
         "",
@@ -187,19 +194,19 @@ def _env(entry: BestResult) -> EnvironmentCheck:
 _ENV_FLOOR_KEYS = ("final_val_loss", MAX_ATTENTION_LOGIT, SHARPNESS)
 
 
-def _legacy_sample(e: EnvironmentCheck, env: dict) -> dict:
+def _legacy_sample(e: EnvironmentCheck, env: dict) -> EnvironmentSample:
     """A summary.json of an earlier version: its one thread-count re-run as a sample."""
     threads = "-" if e.threads is None else e.threads
-    return {
-        "seed": e.seed,
-        "perturbation": f"{env.get('threads', '-')} -> {threads} intra-op thread(s)",
-        "final_val_loss_original": e.final_val_loss_original,
-        "final_val_loss_rerun": e.final_val_loss_rerun,
-        "final_val_loss_difference": e.final_val_loss_spread,
-        "max_attention_logit_original": e.max_attention_logit_original,
-        "max_attention_logit_rerun": e.max_attention_logit_rerun,
-        "max_attention_logit_difference": e.max_attention_logit_spread,
-    }
+    return EnvironmentSample(
+        seed=e.seed,
+        perturbation=f"{env.get('threads', '-')} -> {threads} intra-op thread(s)",
+        final_val_loss_original=e.final_val_loss_original,
+        final_val_loss_rerun=e.final_val_loss_rerun,
+        final_val_loss_difference=e.final_val_loss_spread,
+        max_attention_logit_original=e.max_attention_logit_original,
+        max_attention_logit_rerun=e.max_attention_logit_rerun,
+        max_attention_logit_difference=e.max_attention_logit_spread,
+    )
 
 
 def speed_lines(summary: CompareSummary) -> list[str]:

@@ -1,15 +1,17 @@
 """Typed results of a comparison: what `run_compare` hands back, one dataclass per summary.json part.
 
 Each record is a plain dataclass, built as such by the code that measures it (merit_core.compare.
-summary), and `to_dict()` is the standard serializer, `dataclasses.asdict`: summary.json holds every
-field of every record (the keys scripts read stay stable: additions are fine, renames are not).
-`from_dict` reads a summary.json back, of this version or an earlier one: a field the file does not
-hold keeps its default, a key no field names (written by a newer version) is dropped, and
-`from_dict(d).to_dict()` gives `d` again for a summary.json this version wrote.
+summary builds runs, cells, best entries, curves and environment checks; measures fills in the
+Hessian and zero-shot numbers), and `to_dict()` is the standard serializer, `dataclasses.asdict`:
+summary.json holds every field of every record (the keys scripts read stay stable: additions are
+fine, renames are not). `from_dict` is the reader of a summary.json, of this version or an earlier
+one: a field the file does not hold keeps its default, a key no field names (written by a newer
+version) is dropped, and `from_dict(d).to_dict()` gives `d` again for a summary.json this version
+wrote.
 
 A best entry is its winning cell with the grid it came from, and a cell is its first seed's run
 with the means over its seeds: `BestResult` extends `CellResult`, which extends `RunResult`, so a
-reader of cells reads best entries too.
+reader of cells reads best entries too (`extend` makes the larger record from the smaller one).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ R = TypeVar("R", bound="_Record")
 class _Record:
     """A summary.json record: `to_dict` (dataclasses.asdict) and `from_dict` (the fields it names)."""
 
-    _NESTED: ClassVar[dict[str, type[_Record]]] = {}  # fields holding a record of their own
+    # fields holding a record of their own, or a list of them
+    _NESTED: ClassVar[dict[str, type[_Record]]] = {}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -35,14 +38,71 @@ class _Record:
         names = {f.name for f in dataclasses.fields(cls) if f.init}
         known = {k: v for k, v in data.items() if k in names}
         for name, record in cls._NESTED.items():
-            if isinstance(known.get(name), dict):
-                known[name] = record.from_dict(known[name])
+            value = known.get(name)
+            if isinstance(value, dict):
+                known[name] = record.from_dict(value)
+            elif isinstance(value, list):
+                known[name] = [record.from_dict(v) if isinstance(v, dict) else v for v in value]
         return cls(**known)
+
+    @classmethod
+    def extend(cls: type[R], base: _Record, **more: Any) -> R:
+        """A record of this class holding every field of `base` (a record of a class it extends),
+        those `more` names set to its values instead; the rest at their defaults."""
+        kept = {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init}
+        return cls(**{**kept, **more})
 
     def value(self, key: str) -> Any:
         """The field `key` (None when the record has none): for readers whose key is a parameter
         (`<key>_std`, `<key>_values`); a reader of a named field reads the attribute."""
         return getattr(self, key, None)
+
+
+@dataclass
+class Curve(_Record):
+    """A run's validation trajectory for the plots: each eval's step, validation loss and max
+    attention logit (max over layers), in step order."""
+
+    step: list[int] = field(default_factory=list)
+    val_loss: list[float | None] = field(default_factory=list)
+    max_attention_logit: list[float | None] = field(default_factory=list)
+
+    def series(self, key: str) -> list[float | None]:
+        """The values of `key` (val_loss or max_attention_logit) at each step."""
+        return list(getattr(self, key))
+
+
+@dataclass
+class SeedCurve(_Record):
+    """One seed's `Curve` of a best cell (summary.json `best[].seed_curves[]`)."""
+
+    seed: int = 0
+    step: list[int] = field(default_factory=list)
+    val_loss: list[float | None] = field(default_factory=list)
+    max_attention_logit: list[float | None] = field(default_factory=list)
+
+    def series(self, key: str) -> list[float | None]:
+        return list(getattr(self, key))
+
+
+@dataclass
+class EnvironmentSample(_Record):
+    """One environment re-run of a best cell's seed (summary.json `best[].environment.samples[]`):
+    its perturbation, state, and per key the original seed's value, the re-run's and |difference|
+    (None when either is missing or not finite)."""
+
+    run: str = ""
+    seed: int = 0
+    perturbation: str | None = None
+    threads: int | None = None
+    cpu_capability: str | None = None
+    status: str = ""
+    final_val_loss_original: float | None = None
+    final_val_loss_rerun: float | None = None
+    final_val_loss_difference: float | None = None
+    max_attention_logit_original: float | None = None
+    max_attention_logit_rerun: float | None = None
+    max_attention_logit_difference: float | None = None
 
 
 @dataclass
@@ -67,7 +127,9 @@ class EnvironmentCheck(_Record):
     hessian: dict[str, Any] | None = None
     final_val_loss_floor: float | None = None
     max_attention_logit_floor: float | None = None
-    samples: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[EnvironmentSample] = field(default_factory=list)
+
+    _NESTED: ClassVar[dict[str, type[_Record]]] = {"samples": EnvironmentSample}
 
 
 @dataclass
@@ -145,10 +207,14 @@ class BestResult(CellResult):
     hessian: dict[str, Any] | None = None
     zero_shot: list[dict[str, Any]] | None = None
     environment: EnvironmentCheck | None = None
-    curve: dict[str, list] | None = None
-    seed_curves: list[dict[str, Any]] | None = None
+    curve: Curve | None = None
+    seed_curves: list[SeedCurve] | None = None
 
-    _NESTED: ClassVar[dict[str, type[_Record]]] = {"environment": EnvironmentCheck}
+    _NESTED: ClassVar[dict[str, type[_Record]]] = {
+        "environment": EnvironmentCheck,
+        "curve": Curve,
+        "seed_curves": SeedCurve,
+    }
 
 
 @dataclass
@@ -205,29 +271,25 @@ class Measured:
 
 @dataclass
 class CompareSummary:
-    """summary.json: the settings, every run, every (optimizer, batch, lr) cell and the best cells."""
+    """summary.json: the settings, every run, every (optimizer, batch, lr) cell and the best cells;
+    `to_dict()` (dataclasses.asdict) is the file's content, `from_dict` reads one back."""
 
-    settings: CompareSettings
-    runs: list[RunResult]
-    best: list[BestResult]
+    settings: CompareSettings = field(default_factory=CompareSettings)
+    runs: list[RunResult] = field(default_factory=list)
     cells: list[CellResult] = field(default_factory=list)
+    best: list[BestResult] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CompareSummary:
         return cls(
             settings=CompareSettings.from_dict(data["settings"]),
             runs=[RunResult.from_dict(r) for r in data["runs"]],
-            best=[BestResult.from_dict(b) for b in data["best"]],
             cells=[CellResult.from_dict(c) for c in data.get("cells", [])],
+            best=[BestResult.from_dict(b) for b in data["best"]],
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "settings": self.settings.to_dict(),
-            "runs": [r.to_dict() for r in self.runs],
-            "cells": [c.to_dict() for c in self.cells],
-            "best": [b.to_dict() for b in self.best],
-        }
+        return dataclasses.asdict(self)
 
     def best_for(self, optimizer: str, batch_size: int) -> BestResult | None:
         return next((b for b in self.best if (b.optimizer, b.batch_size) == (optimizer, batch_size)), None)
@@ -238,4 +300,4 @@ class CompareSummary:
 
     def grid_cells(self) -> list[CellResult]:
         """Every (optimizer, batch, lr) tried: the cells, or a summary without cells' runs (one seed each)."""
-        return list(self.cells) or [CellResult.from_dict(r.to_dict()) for r in self.runs]
+        return list(self.cells) or [CellResult.extend(r) for r in self.runs]

@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from merit_core.checkpoint import runs
-from merit_core.checkpoint.runs import CONFIG_FILE
+from merit_core.checkpoint.resolve import latest_checkpoint
+from merit_core.checkpoint.run_config import read_run_config
 from merit_core.checkpoint.state import read_trainer_state
 from merit_core.compare.grid import PlannedRun, config_mismatch
 from merit_core.errors import ConfigError, MeritError, RunFailed, RunInterrupted, TrainingDiverged
@@ -41,7 +41,6 @@ from merit_core.metrics import json_safe, read_metrics
 from merit_core.progress import Progress
 from merit_core.train import training_run  # run_training looked up per call: tests stand in for it
 from merit_core.train.callbacks import HANDLED_SIGNALS, STOP_SIGNALS, TrainCallbacks
-from merit_core.train.config import read_toml
 from merit_core.values import coerce
 
 STATUS_FILE = "compare_status.json"
@@ -87,10 +86,9 @@ def run_state(run: PlannedRun) -> str:
     ConfigError when the folder holds a run with other settings (another comparison's run).
     """
     status = read_status(run.run_dir)
-    config_path = run.run_dir / CONFIG_FILE
     saved = status.get("config") if status.get("state") == "diverged" else None
-    if saved is None and config_path.is_file():
-        saved = read_toml(config_path)
+    if saved is None:
+        saved = read_run_config(run.run_dir)
     if saved is None:
         return "new"
     diff = config_mismatch(saved, run.config)
@@ -100,10 +98,10 @@ def run_state(run: PlannedRun) -> str:
         )
     if status.get("state") == "diverged":
         return "diverged"
-    ckpt = runs.latest(run.run_dir)
-    if ckpt is None:
+    latest = latest_checkpoint(run.run_dir)
+    if latest is None:
         return "new"
-    return "finished" if read_trainer_state(ckpt).step >= run.steps else "partial"
+    return "finished" if read_trainer_state(latest[1]).step >= run.steps else "partial"
 
 
 STATUS_STATES = ("diverged",)

@@ -13,22 +13,36 @@ A cell is 'diverged' when any of its seeds diverged (an lr that fails on one see
 safe best), else 'missing' or 'unstable' when any seed is. A cell's numbers are the mean over
 its seeds, with `<key>_std` (sample standard deviation, None for one seed) and `<key>_values`
 (each seed's value, in seed order) beside them.
+
+Every record is typed from the line that builds it (merit_core.compare.results): a run is a
+`RunResult` with its validation `Curve` beside it (`RunRead`), a cell a `CellResult`, a best entry a
+`BestResult`; `CompareSummary.to_dict()` is summary.json.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from merit_core.checkpoint import runs
+from merit_core.checkpoint.resolve import latest_checkpoint
 from merit_core.compare import stability
 from merit_core.compare.environment import FLOORS, floored_spread
 from merit_core.compare.grid import PlannedRun
-from merit_core.compare.instability import KEY as INSTABILITY
 from merit_core.compare.instability import instability_record
-from merit_core.compare.results import BestResult, CellResult, CompareSettings, CompareSummary, RunResult
+from merit_core.compare.results import (
+    BestResult,
+    CellResult,
+    CompareSettings,
+    CompareSummary,
+    Curve,
+    EnvironmentCheck,
+    EnvironmentSample,
+    RunResult,
+    SeedCurve,
+)
 from merit_core.compare.runner import read_status
 from merit_core.diagnostics.weights import weight_stats
 from merit_core.errors import MeritError
@@ -44,7 +58,15 @@ CELL_KEYS = ("final_val_loss", MAX_ATTENTION_LOGIT, "final_train_loss", "tokens_
 VALUED = ("finished", "unstable")
 
 
-def run_record(run: PlannedRun, state: str, host_isa: str | None = None) -> dict[str, Any]:
+class RunRead(NamedTuple):
+    """One run read back from its folder: its record and its validation trajectory (the plots'
+    curve, kept on the best entries only)."""
+
+    result: RunResult
+    curve: Curve
+
+
+def run_record(run: PlannedRun, state: str, host_isa: str | None = None) -> RunRead:
     """What one run gave: final validation loss, max attention logit (max over layers and per
     layer) at the end, and its trajectory (step, val loss, max logit) for the plots. `host_isa`:
     the ISA torch dispatches to on this host, recorded as the run's unless it forced another."""
@@ -66,47 +88,48 @@ def run_record(run: PlannedRun, state: str, host_isa: str | None = None) -> dict
         if why is not None:
             status, message = "unstable", why
     kept = status in VALUED
-    return {
-        "name": run.name,
-        "optimizer": run.optimizer,
-        "batch_size": run.batch_size,
-        "lr": run.lr,
-        "seed": run.seed,
-        "threads": run.threads,
-        "perturbation": None if run.perturbation is None else run.perturbation.describe(),
-        "cpu_capability": host_isa
+    result = RunResult(
+        name=run.name,
+        optimizer=run.optimizer,
+        batch_size=run.batch_size,
+        lr=run.lr,
+        seed=run.seed,
+        threads=run.threads,
+        perturbation=None if run.perturbation is None else run.perturbation.describe(),
+        cpu_capability=host_isa
         if run.perturbation is None or run.perturbation.kind != "isa"
         else run.perturbation.value.upper(),
-        "tokens": run.tokens,
-        "steps": run.steps,
-        "seq_len": int(run.config.seq_len),
-        "status": status,
-        "message": message,
-        "final_val_loss": val_loss if kept else None,
-        MAX_ATTENTION_LOGIT: max(logits) if kept and logits else None,
-        "max_attention_logit_by_layer": by_layer if kept else None,
-        "final_train_loss": logs[-1]["loss"] if logs and kept else None,
-        "tokens_per_s": _median([r.get("tokens_per_s") for r in logs]),
-        "qk_bound_by_layer": _qk_bounds(run) if kept else None,
-        INSTABILITY: instability_record(final) if kept else None,
-        "last_step": records[-1]["step"] if records else 0,
-        "run_dir": str(run.run_dir),
-        "curve": {
-            "step": [r["step"] for r in evals],
-            VAL_LOSS: [r.get(VAL_LOSS) for r in evals],
-            MAX_ATTENTION_LOGIT: [_peak(r.get(MAX_ATTENTION_LOGIT)) for r in evals],
-        },
-    }
+        tokens=run.tokens,
+        steps=run.steps,
+        seq_len=int(run.config.seq_len),
+        status=status,
+        message=message,
+        final_val_loss=val_loss if kept else None,
+        max_attention_logit=max(logits) if kept and logits else None,
+        max_attention_logit_by_layer=by_layer if kept else None,
+        final_train_loss=logs[-1]["loss"] if logs and kept else None,
+        tokens_per_s=_median([r.get("tokens_per_s") for r in logs]),
+        qk_bound_by_layer=_qk_bounds(run) if kept else None,
+        instability=instability_record(final) if kept else None,
+        last_step=records[-1]["step"] if records else 0,
+        run_dir=str(run.run_dir),
+    )
+    curve = Curve(
+        step=[r["step"] for r in evals],
+        val_loss=[r.get(VAL_LOSS) for r in evals],
+        max_attention_logit=[_peak(r.get(MAX_ATTENTION_LOGIT)) for r in evals],
+    )
+    return RunRead(result, curve)
 
 
 def _qk_bounds(run: PlannedRun) -> list[float] | None:
     """||W_Q||_m * ||W_K||_m per layer at the final checkpoint (the paper's bound on the max logit,
     up to input-norm constants), via merit inspect's weight statistics; None if unreadable."""
-    ckpt = runs.latest(run.run_dir)
-    if ckpt is None:
+    latest = latest_checkpoint(run.run_dir)
+    if latest is None:
         return None
     try:
-        return [layer.bound for layer in weight_stats(ckpt, include_other=False).layers]
+        return [layer.bound for layer in weight_stats(latest[1], include_other=False).layers]
     except MeritError:
         return None
 
@@ -122,13 +145,13 @@ def _peak(values: list[float | None] | None) -> float | None:
     return max(finite) if finite else None
 
 
-def rank_key(record: dict[str, Any]) -> tuple[int, float, float]:
-    """Sort key: finished before unstable before diverged and missing; then lower (mean) final
-    validation loss; ties -> lower lr."""
-    loss = record.get("final_val_loss")
-    valued = record.get("status") in VALUED and loss is not None and math.isfinite(loss)
-    rank = 0 if record.get("status") == "finished" and valued else 1 if valued else 2
-    return (rank, float(loss) if valued and loss is not None else math.inf, float(record["lr"]))
+def rank_key(record: RunResult) -> tuple[int, float, float]:
+    """Sort key of a run or cell: finished before unstable before diverged and missing; then lower
+    (mean) final validation loss; ties -> lower lr."""
+    loss = record.final_val_loss
+    valued = record.status in VALUED and loss is not None and math.isfinite(loss)
+    rank = 0 if record.status == "finished" and valued else 1 if valued else 2
+    return (rank, float(loss) if valued and loss is not None else math.inf, float(record.lr))
 
 
 def spread(values: list[float | None]) -> tuple[float | None, float | None]:
@@ -139,53 +162,54 @@ def spread(values: list[float | None]) -> tuple[float | None, float | None]:
     return statistics.fmean(finite), statistics.stdev(finite) if len(finite) > 1 else None
 
 
-def aggregate(group: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
-    """`key`, `key_std` and `key_values` for each key over the records of one cell (seed order)."""
+def aggregate(group: list[RunResult], keys: tuple[str, ...]) -> dict[str, Any]:
+    """`key`, `key_std` and `key_values` for each key over the runs of one cell (seed order): the
+    CellResult fields of those names."""
     out: dict[str, Any] = {}
     for key in keys:
-        values = [r.get(key) for r in group]
+        values = [r.value(key) for r in group]
         out[key], out[f"{key}_std"] = spread(values)
         out[f"{key}_values"] = values
     return out
 
 
-def cell_record(group: list[dict[str, Any]]) -> dict[str, Any]:
+def cell_record(group: list[RunResult]) -> CellResult:
     """One (optimizer, batch, lr) cell: its first seed's record with the seed means, spreads and values."""
-    group = sorted(group, key=lambda r: r.get("seed", 0))
-    first = group[0]
-    cell = {**first, **aggregate(group, CELL_KEYS)}
-    cell["seeds"] = [r.get("seed", 0) for r in group]
-    cell["run_names"] = [r["name"] for r in group]
-    cell["seed_curves"] = [{"seed": r.get("seed", 0), **r["curve"]} for r in group if "curve" in r]
+    group = sorted(group, key=lambda r: r.seed)
+    cell = CellResult.extend(
+        group[0],
+        **aggregate(group, CELL_KEYS),
+        seeds=[r.seed for r in group],
+        run_names=[r.name for r in group],
+    )
     for status in ("diverged", "missing", "unstable"):
-        failed = [r for r in group if r["status"] == status]
+        failed = [r for r in group if r.status == status]
         if failed:
-            cell["status"] = status
-            cell["message"] = "; ".join(f"seed {r.get('seed', 0)}: {r.get('message')}" for r in failed)
+            cell.status = status
+            cell.message = "; ".join(f"seed {r.seed}: {r.message}" for r in failed)
             break
-    if cell["status"] not in VALUED:
-        for key in CELL_KEYS:
-            cell[key] = None
-        cell["max_attention_logit_by_layer"] = None
+    if cell.status not in VALUED:
+        cell.final_val_loss = cell.max_attention_logit = cell.final_train_loss = cell.tokens_per_s = None
+        cell.max_attention_logit_by_layer = None
     return cell
 
 
-def cells(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def cells(records: list[RunResult]) -> list[CellResult]:
     """One record per (optimizer, batch size, lr), in first-seen order (see `cell_record`), with the
     loss rule of stability applied within each (optimizer, batch size) grid (`judge_grid`)."""
-    groups: dict[tuple[str, int, float], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, int, float], list[RunResult]] = {}
     for record in records:
-        groups.setdefault((record["optimizer"], record["batch_size"], record["lr"]), []).append(record)
+        groups.setdefault((record.optimizer, record.batch_size, record.lr), []).append(record)
     table = [cell_record(group) for group in groups.values()]
-    grids: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    grids: dict[tuple[str, int], list[CellResult]] = {}
     for cell in table:
-        grids.setdefault((cell["optimizer"], cell["batch_size"]), []).append(cell)
+        grids.setdefault((cell.optimizer, cell.batch_size), []).append(cell)
     for grid in grids.values():
         judge_grid(grid)
     return table
 
 
-def judge_grid(grid: list[dict[str, Any]]) -> None:
+def judge_grid(grid: list[CellResult]) -> None:
     """Mark 'unstable' (in place) each finished cell of one grid whose lr is above the best finished
     cell's and whose mean loss is far above it (stability.loss_unstable)."""
     finished = [c for c in grid if rank_key(c)[0] == 0]
@@ -193,37 +217,42 @@ def judge_grid(grid: list[dict[str, Any]]) -> None:
         return
     top = min(finished, key=rank_key)
     for cell in finished:
-        why = stability.loss_unstable(cell["lr"], cell["final_val_loss"], top["lr"], top["final_val_loss"])
+        why = stability.loss_unstable(cell.lr, cell.final_val_loss, top.lr, top.final_val_loss)
         if why is not None:
-            cell["status"], cell["message"] = "unstable", why
+            cell.status, cell.message = "unstable", why
 
 
-def select_best(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def select_best(records: list[RunResult], curves: Mapping[str, Curve] | None = None) -> list[BestResult]:
     """The best cell per (optimizer, batch size) by mean final validation loss over its seeds, in
     first-seen order (an unstable, diverged or missing cell only when no cell finished), with the
     grid it came from: `grid` (the lrs tried), `n_diverged` and `n_unstable` (runs), and
     `lr_at_edge` ('low' / 'high' when the best lr is the smallest / largest of a grid of several,
-    so the optimum may lie outside it; else None)."""
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    so the optimum may lie outside it; else None). `curves` (run name -> its Curve): the best
+    entry's `curve` (its first seed's) and `seed_curves` (each seed's that `curves` holds)."""
+    curves = curves or {}
+    groups: dict[tuple[str, int], list[RunResult]] = {}
     for record in records:
-        groups.setdefault((record["optimizer"], record["batch_size"]), []).append(record)
+        groups.setdefault((record.optimizer, record.batch_size), []).append(record)
     best = []
     for group in groups.values():
         table = cells(group)
         winner = min(table, key=rank_key)
-        lrs = sorted({r["lr"] for r in group})
+        lrs = sorted({r.lr for r in group})
         edge = None
-        if len(lrs) > 1 and winner["status"] == "finished":
-            edge = "low" if winner["lr"] == lrs[0] else "high" if winner["lr"] == lrs[-1] else None
-        unstable = {c["lr"] for c in table if c["status"] == "unstable"}
+        if len(lrs) > 1 and winner.status == "finished":
+            edge = "low" if winner.lr == lrs[0] else "high" if winner.lr == lrs[-1] else None
+        unstable = {c.lr for c in table if c.status == "unstable"}
+        seeds = zip(winner.seeds, winner.run_names)
         best.append(
-            {
-                **winner,
-                "grid": lrs,
-                "n_diverged": sum(r["status"] == "diverged" for r in group),
-                "n_unstable": sum(r["status"] == "unstable" or r["lr"] in unstable for r in group),
-                "lr_at_edge": edge,
-            }
+            BestResult.extend(
+                winner,
+                grid=lrs,
+                n_diverged=sum(r.status == "diverged" for r in group),
+                n_unstable=sum(r.status == "unstable" or r.lr in unstable for r in group),
+                lr_at_edge=edge,
+                curve=curves.get(winner.run_names[0]),
+                seed_curves=[SeedCurve(seed, **vars(curves[name])) for seed, name in seeds if name in curves],
+            )
         )
     return best
 
@@ -231,77 +260,78 @@ def select_best(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 ENV_KEYS = ("final_val_loss", MAX_ATTENTION_LOGIT)
 
 
-def environment_check(entry: dict[str, Any], reruns: list[dict[str, Any]]) -> dict[str, Any]:
+def environment_check(entry: CellResult, reruns: list[RunResult]) -> EnvironmentCheck:
     """A best cell's environment spread from its environment re-runs (`reruns`: its seeds trained
     again under perturbations, environment.py): per sample both values and |difference|; per key
     `<key>_spread`, the largest difference over the samples and never below the key's floor
     (environment.floored_spread; None when no sample finished), with `<key>_original` and
     `<key>_rerun` of the sample that moved it most; `run` and `seed`: the first sample's; `threads`:
     the thread count of the thread-count sample (None without one)."""
-    seeds = entry.get("seeds") or [entry.get("seed", 0)]
+    seeds = entry.seeds or [entry.seed]
     samples = []
     for rerun in reruns:
-        index = seeds.index(rerun["seed"]) if rerun["seed"] in seeds else 0
-        sample: dict[str, Any] = {
-            "run": rerun["name"],
-            "seed": rerun["seed"],
-            "perturbation": rerun.get("perturbation"),
-            "threads": rerun.get("threads"),
-            "cpu_capability": rerun.get("cpu_capability"),
-            "status": rerun["status"],
-        }
+        index = seeds.index(rerun.seed) if rerun.seed in seeds else 0
+        figures: dict[str, float | None] = {}
         for key in ENV_KEYS:
-            original = ((entry.get(f"{key}_values") or [entry.get(key)]) + [None] * len(seeds))[index]
-            again = rerun.get(key) if rerun["status"] in VALUED else None
+            original = ((entry.value(f"{key}_values") or [entry.value(key)]) + [None] * len(seeds))[index]
+            again = rerun.value(key) if rerun.status in VALUED else None
             ok = original is not None and again is not None and math.isfinite(original) and math.isfinite(again)
-            sample[f"{key}_original"], sample[f"{key}_rerun"] = original, again
-            sample[f"{key}_difference"] = abs(again - original) if ok else None
-        samples.append(sample)
-    first = samples[0] if samples else {"run": "", "seed": 0, "threads": None, "status": "missing"}
-    out: dict[str, Any] = {k: first[k] for k in ("run", "seed", "status")}
-    out["threads"] = next((s["threads"] for s in samples if s["threads"] is not None), None)
-    if any(s["status"] not in VALUED for s in samples):
-        out["status"] = next(s["status"] for s in samples if s["status"] not in VALUED)
+            figures[f"{key}_original"], figures[f"{key}_rerun"] = original, again
+            figures[f"{key}_difference"] = abs(again - original) if ok and again is not None else None
+        samples.append(
+            EnvironmentSample(
+                run=rerun.name,
+                seed=rerun.seed,
+                perturbation=rerun.perturbation,
+                threads=rerun.threads,
+                cpu_capability=rerun.cpu_capability,
+                status=rerun.status,
+                **figures,
+            )
+        )
+    first = samples[0] if samples else EnvironmentSample(status="missing")
+    spreads: dict[str, Any] = {}  # EnvironmentCheck fields: <key>_original, _rerun, _spread, _floor
     for key in ENV_KEYS:
-        measured = [s for s in samples if s[f"{key}_difference"] is not None]
-        top = max(measured, key=lambda s: s[f"{key}_difference"]) if measured else first
-        original = top.get(f"{key}_original")
-        out[f"{key}_original"], out[f"{key}_rerun"] = original, top.get(f"{key}_rerun")
-        out[f"{key}_spread"] = floored_spread(
-            [s[f"{key}_difference"] for s in measured],
+        measured = [s for s in samples if s.value(f"{key}_difference") is not None]
+        top = max(measured, key=lambda s: s.value(f"{key}_difference")) if measured else first
+        original = top.value(f"{key}_original")
+        spreads[f"{key}_original"], spreads[f"{key}_rerun"] = original, top.value(f"{key}_rerun")
+        spreads[f"{key}_spread"] = floored_spread(
+            [s.value(f"{key}_difference") for s in measured],
             float(original) if isinstance(original, (int, float)) else None,
             key,
         )
-        out[f"{key}_floor"] = FLOORS[key]
-    out["samples"] = samples
-    return out
+        spreads[f"{key}_floor"] = FLOORS[key]
+    return EnvironmentCheck(
+        run=first.run,
+        seed=first.seed,
+        threads=next((s.threads for s in samples if s.threads is not None), None),
+        status=next((s.status for s in samples if s.status not in VALUED), first.status),
+        samples=samples,
+        **spreads,
+    )
 
 
 def build_summary(settings: CompareSettings | None, runs: list[PlannedRun], states: dict[str, str]) -> CompareSummary:
     """The typed summary (`to_dict()`: {"settings", "runs", "cells", "best"}) of the runs read back
-    from their folders: `runs` and `cells` drop their curves (they stay on the best entries).
-    Environment re-runs (a PlannedRun with a perturbation) stay out of the cells and the ranking:
-    they are listed in `runs` and each best entry's `environment` weighs them against its seeds
-    (`environment_check`; None without one). `settings` None: the defaults (a round's ranking)."""
+    from their folders: the curves stay on the best entries. Environment re-runs (a PlannedRun with
+    a perturbation) stay out of the cells and the ranking: they are listed in `runs` and each best
+    entry's `environment` weighs them against its seeds (`environment_check`; None without one).
+    `settings` None: the defaults (a round's ranking)."""
     host_isa = ((settings.environment if settings else None) or {}).get("cpu_capability")
-    records = [run_record(run, states[run.name], host_isa) for run in runs]
-    grid = [r for r in records if r.get("perturbation") is None]
-    reruns: dict[tuple[str, int, float], list[dict[str, Any]]] = {}
+    read = [run_record(run, states[run.name], host_isa) for run in runs]
+    records = [r.result for r in read]
+    curves = {r.result.name: r.curve for r in read}
+    grid = [r for r in records if r.perturbation is None]
+    reruns: dict[tuple[str, int, float], list[RunResult]] = {}
     for r in records:
-        if r.get("perturbation") is not None:
-            reruns.setdefault((r["optimizer"], r["batch_size"], r["lr"]), []).append(r)
-    best = select_best(grid)
+        if r.perturbation is not None:
+            reruns.setdefault((r.optimizer, r.batch_size, r.lr), []).append(r)
+    best = select_best(grid, curves)
     for entry in best:
-        found = reruns.get((entry["optimizer"], entry["batch_size"], entry["lr"]))
-        entry["environment"] = None if not found else environment_check(entry, found)
-    plain = [{k: v for k, v in r.items() if k != "curve"} for r in records]
-    table = [{k: v for k, v in c.items() if k not in ("curve", "seed_curves")} for c in cells(grid)]
-    return CompareSummary(
-        settings=settings or CompareSettings(),
-        runs=[RunResult.from_dict(r) for r in plain],
-        best=[BestResult.from_dict(b) for b in best],
-        cells=[CellResult.from_dict(c) for c in table],
-    )
+        found = reruns.get((entry.optimizer, entry.batch_size, entry.lr))
+        entry.environment = None if not found else environment_check(entry, found)
+    return CompareSummary(settings=settings or CompareSettings(), runs=records, cells=cells(grid), best=best)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> Path:

@@ -24,7 +24,7 @@ from typing import Any
 
 from merit_core.checkpoint.runs import CONFIG_HEADER
 from merit_core.errors import ConfigError
-from merit_core.fileio import atomic_write, check_utf8_path
+from merit_core.fileio import atomic_write, check_utf8_path, read_toml_file
 from merit_core.models import model_width
 from merit_core.optim.lr_table import LrDefault
 from merit_core.optim.registry import OptimizerSpec, default_lr, get_spec
@@ -82,20 +82,14 @@ def load_config(
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
+    """The table of a train or compare config file (merit_core.fileio.read_toml_file); ConfigError
+    in one line when it is missing, a folder or not readable TOML."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"config file {path} is a folder; give a .toml file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
-    try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: a value is nested too deeply to read") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from None
+    return read_toml_file(path)
 
 
 def parse_override(item: str) -> tuple[str, Any]:

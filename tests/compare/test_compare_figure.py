@@ -10,9 +10,8 @@ import pytest
 
 from merit_core.compare.plots import BARS, SMOKE_TITLE, UNSTABLE_LABEL, compare_figure
 from merit_core.compare.results import CompareSummary
-from merit_core.compare.summary import cells, select_best
-from tests.compare.test_compare_plans import seeded, with_env
-from tests.compare.test_compare_units import synthetic_summary
+from merit_core.compare.summary import cells
+from tests.compare.records import best_of, seeded, synthetic_summary, with_env
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPARE_CPU = ROOT / "results" / "compare-cpu" / "summary.json"
@@ -126,11 +125,11 @@ def test_unstable_lrs_are_crosses_at_their_value():
     records += seeded("adamw", 64, 1e-3, [4.2, 4.3], logits=[5.0, 200.0])  # a saturated logit
     records += seeded("adamw", 64, 3e-4, [4.4, 4.5])
     summary = synthetic_summary()
-    summary["settings"].update(optimizers=["adamw"], seeds=[0, 1])
-    summary["runs"], summary["cells"] = records, cells(records)
-    summary["cells"][2]["status"] = "unstable"  # as run_record marks a run with a saturated logit
-    summary["best"] = with_env(select_best(records))
-    fig = compare_figure(CompareSummary.from_dict(summary))
+    summary.settings.optimizers, summary.settings.seeds = ["adamw"], [0, 1]
+    summary.runs, summary.cells = records, cells(records)
+    summary.cells[2].status = "unstable"  # as run_record marks a run with a saturated logit
+    summary.best = with_env(best_of(records))
+    fig = compare_figure(summary)
     try:
         ax = next(ax for ax in fig.axes if ax.get_title().startswith("adamw: final validation loss vs lr"))
         (crosses,) = [line for line in ax.lines if line.get_label() == f"batch 8: {UNSTABLE_LABEL}"]
@@ -146,9 +145,9 @@ def test_a_smoke_run_says_so_and_has_no_lr_panels():
     records = seeded("adamw", 8, 1e-3, [4.0]) + seeded("adamw", 64, 1e-3, [4.3])
     records += seeded("merit", 8, 1e-2, [3.9]) + seeded("merit", 64, 1e-2, [4.1])
     summary = synthetic_summary()
-    summary["settings"].update(quick=True)
-    summary["runs"], summary["cells"], summary["best"] = records, cells(records), select_best(records)
-    fig = compare_figure(CompareSummary.from_dict(summary))
+    summary.settings.quick = True
+    summary.runs, summary.cells, summary.best = records, cells(records), best_of(records)
+    fig = compare_figure(summary)
     try:
         assert SMOKE_TITLE in fig._suptitle.get_text() and "smoke run" in fig._suptitle.get_text()
         titles = [ax.get_title() for ax in fig.axes]

@@ -3,8 +3,7 @@ REPORT.md (one table row per best run)."""
 
 from merit_core.compare.instability import instability_lines, instability_record
 from merit_core.compare.report import render_report
-from merit_core.compare.results import CompareSummary
-from tests.compare.test_compare_units import synthetic_summary
+from tests.compare.records import synthetic_summary
 
 
 def test_final_eval_record_to_summary_fields():
@@ -30,11 +29,9 @@ def test_final_eval_record_to_summary_fields():
 
 def test_report_section_one_row_per_best_run():
     summary = synthetic_summary()
-    assert "Instability precursors" not in render_report(
-        CompareSummary.from_dict(summary)
-    )  # runs that recorded none: no section
-    first = summary["best"][0]
-    first["instability"] = instability_record(
+    assert "Instability precursors" not in render_report(summary)  # runs that recorded none: no section
+    first = summary.best[0]
+    first.instability = instability_record(
         {
             "max_attention_logit": [3.0],
             "normalized_attention_entropy_min": [0.25],
@@ -42,6 +39,6 @@ def test_report_section_one_row_per_best_run():
             "log_z_mean": 5.5,
         }
     )
-    lines = instability_lines(CompareSummary.from_dict(summary))
-    assert lines[-1] == f"| {first['optimizer']} | {first['batch_size']} | 3 | 0.25 | 50 | 5.5 | - |"
-    assert "## Instability precursors" in render_report(CompareSummary.from_dict(summary))
+    lines = instability_lines(summary)
+    assert lines[-1] == f"| {first.optimizer} | {first.batch_size} | 3 | 0.25 | 50 | 5.5 | - |"
+    assert "## Instability precursors" in render_report(summary)

@@ -13,24 +13,14 @@ from merit_core.compare import load_spec, run_compare
 from merit_core.compare.environment import DEFAULT_PERTURBATIONS, FLOORS, perturbations
 from merit_core.compare.grid import next_extensions, plan_runs
 from merit_core.compare.report import ablation_lines, render_report
-from merit_core.compare.results import BestResult, CompareSummary, Measured
+from merit_core.compare.results import BestResult, CellResult, CompareSettings, CompareSummary, Measured
 from merit_core.compare.runner import compare_threads, other_threads
 from merit_core.compare.spec import PRESETS
-from merit_core.compare.summary import cells, select_best
+from merit_core.compare.summary import RunRead, cells, select_best
 from merit_core.compare.verdicts import resolved
 from merit_core.errors import ConfigError
 from merit_core.train.hardware import float_environment
-from tests.compare.test_compare_units import record, synthetic_summary
-
-
-def seeded(optimizer, batch, lr, losses, logits=None, statuses=None):
-    out = []
-    for seed, loss in enumerate(losses):
-        status = (statuses or ["finished"] * len(losses))[seed]
-        r = record(optimizer, batch, lr, loss, status, logit=(logits or [5.0] * len(losses))[seed])
-        r.update(seed=seed, name=r["name"] + (f"-s{seed}" if seed else ""))
-        out.append(r)
-    return out
+from tests.compare.records import best_of, curve, record, seeded, synthetic_summary, with_env
 
 
 def test_seeds_aggregate_and_the_best_lr_is_chosen_on_the_mean():
@@ -42,30 +32,25 @@ def test_seeds_aggregate_and_the_best_lr_is_chosen_on_the_mean():
         *seeded("merit", 8, 1e-3, [3.0, None], statuses=["finished", "diverged"]),
         *seeded("merit", 8, 3e-3, [3.9, 3.95]),
     ]
-    best = {(b["optimizer"], b["batch_size"]): b for b in select_best(records)}
+    best = {(b.optimizer, b.batch_size): b for b in select_best(records, {r.name: curve(r) for r in records})}
     adamw, merit = best["adamw", 8], best["merit", 8]
-    assert adamw["lr"] == 3e-3 and adamw["final_val_loss"] == pytest.approx(4.125)
-    assert adamw["final_val_loss_std"] == pytest.approx(statistics.stdev([4.1, 4.15]))
-    assert adamw["final_val_loss_values"] == [4.1, 4.15] and adamw["seeds"] == [0, 1]
-    assert adamw["run_names"] == ["adamw-b8-lr0.003", "adamw-b8-lr0.003-s1"]
-    assert adamw["lr_at_edge"] == "high" and adamw["grid"] == [1e-3, 3e-3]
-    assert [c["seed"] for c in adamw["seed_curves"]] == [0, 1]
-    assert merit["lr"] == 3e-3 and merit["n_diverged"] == 1
-    by_lr = {(c["optimizer"], c["lr"]): c for c in cells(records)}
-    assert by_lr["adamw", 1e-3]["max_attention_logit"] == pytest.approx(20.0)
-    assert by_lr["adamw", 1e-3]["max_attention_logit_values"] == [10.0, 30.0]
-    assert by_lr["merit", 1e-3]["status"] == "diverged" and by_lr["merit", 1e-3]["final_val_loss"] is None
-    assert "seed 1" in by_lr["merit", 1e-3]["message"]
+    assert adamw.lr == 3e-3 and adamw.final_val_loss == pytest.approx(4.125)
+    assert adamw.final_val_loss_std == pytest.approx(statistics.stdev([4.1, 4.15]))
+    assert adamw.final_val_loss_values == [4.1, 4.15] and adamw.seeds == [0, 1]
+    assert adamw.run_names == ["adamw-b8-lr0.003", "adamw-b8-lr0.003-s1"]
+    assert adamw.lr_at_edge == "high" and adamw.grid == [1e-3, 3e-3]
+    assert [c.seed for c in adamw.seed_curves] == [0, 1]
+    assert adamw.curve == curve(records[2])  # the first seed's trajectory
+    assert merit.lr == 3e-3 and merit.n_diverged == 1
+    by_lr = {(c.optimizer, c.lr): c for c in cells(records)}
+    assert all(type(c) is CellResult for c in by_lr.values())
+    assert by_lr["adamw", 1e-3].max_attention_logit == pytest.approx(20.0)
+    assert by_lr["adamw", 1e-3].max_attention_logit_values == [10.0, 30.0]
+    assert by_lr["merit", 1e-3].status == "diverged" and by_lr["merit", 1e-3].final_val_loss is None
+    assert "seed 1" in by_lr["merit", 1e-3].message
     # one seed: the mean is the value itself and there is no spread
     (single,) = select_best(seeded("lamb", 8, 1e-2, [3.3]))
-    assert single["final_val_loss"] == 3.3 and single["final_val_loss_std"] is None
-
-
-def with_env(entries, loss_spread=0.01, logit_spread=0.5):
-    """Give best entries a measured environment spread (as summary.environment_check writes it)."""
-    for e in entries:
-        e["environment"] = {"final_val_loss_spread": loss_spread, "max_attention_logit_spread": logit_spread}
-    return entries
+    assert single.final_val_loss == 3.3 and single.final_val_loss_std is None
 
 
 def test_report_calls_a_difference_within_the_seed_spread_not_resolved():
@@ -74,10 +59,9 @@ def test_report_calls_a_difference_within_the_seed_spread_not_resolved():
     c = {"final_val_loss": 4.5, "final_val_loss_values": [4.4, 4.6]}
     # seeds apart but no environment spread measured: not resolved
     assert resolved(Measured(a), Measured(c)) is False
-    with_env([a, b, c])  # an environment spread of 0.01 each
 
-    def figures(d):
-        return Measured(d, environment=Measured(d["environment"]))
+    def figures(d):  # an environment spread of 0.01 each
+        return Measured(d, environment=Measured({"final_val_loss_spread": 0.01, "max_attention_logit_spread": 0.5}))
 
     ma, mb, mc = figures(a), figures(b), figures(c)
     assert resolved(ma, mb) is False and resolved(ma, mc) is True
@@ -88,9 +72,9 @@ def test_report_calls_a_difference_within_the_seed_spread_not_resolved():
     # a second, worse lr per cell: the claims get a verdict only from cells with an lr grid
     records += [r for o in ("adamw", "merit") for b in (8, 64) for r in seeded(o, b, 3e-3, [5.0, 5.1])]
     summary = synthetic_summary()
-    summary["settings"].update(seeds=[0, 1])
-    summary["runs"], summary["best"] = records, with_env(select_best(records))
-    text = render_report(CompareSummary.from_dict(summary))
+    summary.settings.seeds = [0, 1]
+    summary.runs, summary.best = records, with_env(best_of(records))
+    text = render_report(summary)
     assert "**Batch 8:** merit had the lowest final validation loss, 4.0750 ± 0.0354" in text
     assert "not resolved: within the spread of 2 seeds" in text
     assert (
@@ -124,9 +108,9 @@ def fake_training(monkeypatch, target):
     def run_record(run, state, host_isa=None):
         loss = 3.0 + (math.log10(run.lr) - math.log10(target[run.optimizer])) ** 2
         r = record(run.optimizer, run.batch_size, run.lr, loss)
-        r.update(name=run.name, seed=run.seed, steps=run.steps, tokens=run.tokens, qk_bound_by_layer=None)
-        r.update(threads=run.threads, perturbation=None if run.perturbation is None else run.perturbation.describe())
-        return r
+        r.name, r.seed, r.steps, r.tokens, r.qk_bound_by_layer = run.name, run.seed, run.steps, run.tokens, None
+        r.threads, r.perturbation = run.threads, None if run.perturbation is None else run.perturbation.describe()
+        return RunRead(r, curve(r))
 
     monkeypatch.setattr(compare, "execute", execute)
     monkeypatch.setattr(compare, "run_state", run_state)
@@ -224,12 +208,12 @@ def test_ablation_report_states_each_component():
         *seeded("merit-nobound", 64, 3e-2, [3.99, 4.05]),  # within the spread
         *seeded("max-lamb", 64, 3e-2, [None, None], statuses=["diverged", "diverged"]),
     ]
-    summary = {
-        "settings": {"optimizers": ["merit", "merit-noclip", "merit-nobound", "max-lamb"], "batch_sizes": [64]},
-        "runs": records,
-        "best": with_env(select_best(records)),
-    }
-    lines = ablation_lines(CompareSummary.from_dict(summary))
+    summary = CompareSummary(
+        settings=CompareSettings(optimizers=["merit", "merit-noclip", "merit-nobound", "max-lamb"], batch_sizes=[64]),
+        runs=records,
+        best=with_env(best_of(records)),
+    )
+    lines = ablation_lines(summary)
     assert lines[0].startswith("Without element-wise clipping of the update ratios (merit-noclip): hurt: loss 4.3250")
     assert "(+0.3150, +7.86%; resolved by 2 seeds and beyond the environment spread 0.0200)" in lines[0]
     assert "(merit-nobound): hurt" in lines[1] and "not resolved: within the spread of 2 seeds" in lines[1]

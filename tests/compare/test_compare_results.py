@@ -17,8 +17,11 @@ from merit_core.compare.results import (
     CellResult,
     CompareSettings,
     CompareSummary,
+    Curve,
     EnvironmentCheck,
+    EnvironmentSample,
     RunResult,
+    SeedCurve,
 )
 from merit_core.compare.verdicts import findings, fmt, mean_std, no_verdict, resolution
 
@@ -52,6 +55,9 @@ def test_summary_json_reads_back_with_every_value_kept():
     typed = CompareSummary.from_dict(data)
     assert isinstance(typed.settings, CompareSettings) and isinstance(typed.best[0].environment, EnvironmentCheck)
     assert all(type(r) is RunResult for r in typed.runs) and all(type(c) is CellResult for c in typed.cells)
+    merit = typed.best_for("merit", 16)
+    assert type(merit.curve) is Curve and merit.curve.step == data["best"][5]["curve"]["step"]
+    assert [type(s) for s in merit.seed_curves] == [SeedCurve] * len(merit.seeds)
     # an earlier version's summary: every value kept, the fields it lacked at their defaults
     written = typed.to_dict()
     _kept(data, written)
@@ -75,6 +81,13 @@ def test_a_built_record_writes_every_field():
     assert set(out) == {f.name for f in dataclasses.fields(BestResult)}
     built.environment.hessian = {"largest_algebraic_eigenvalue_spread": 0.5}
     assert built.to_dict()["environment"]["hessian"] == {"largest_algebraic_eigenvalue_spread": 0.5}
+    # the nested records read back typed: each environment sample and curve
+    entry["environment"]["samples"] = [{"run": "adamw-b2-lr0.001-env2t", "seed": 0, "status": "finished"}]
+    entry["seed_curves"] = [{"seed": 0, "step": [0, 4], "val_loss": [8.0, 4.0], "max_attention_logit": [1.0, 2.0]}]
+    again = BestResult.from_dict(entry)
+    assert again.environment.samples == [EnvironmentSample(run="adamw-b2-lr0.001-env2t", status="finished")]
+    assert again.seed_curves == [SeedCurve(0, [0, 4], [8.0, 4.0], [1.0, 2.0])] and again.curve is None
+    assert BestResult.from_dict(again.to_dict()) == again
 
 
 def test_report_verdicts_and_tables_read_the_typed_record():

@@ -17,16 +17,15 @@ from merit_core.compare.environment import FLOORS, Perturbation, floored_spread,
 from merit_core.compare.grid import plan_runs
 from merit_core.compare.provenance import Provenance, git_state
 from merit_core.compare.report import render_report
-from merit_core.compare.results import CompareSettings, CompareSummary
+from merit_core.compare.results import CellResult, CompareSettings, CompareSummary, Curve, RunResult
 from merit_core.compare.runner import STATUS_FILE, read_status
 from merit_core.compare.stability import LOGIT_LIMIT, LOSS_EXCESS, run_unstable
-from merit_core.compare.summary import build_summary, cells, environment_check, select_best
+from merit_core.compare.summary import build_summary, cells, environment_check
 from merit_core.compare.verdicts import BATCH_CLAIM, findings
 from merit_core.errors import ConfigError
 from merit_core.optim.lr_table import STABLE_LRS
+from tests.compare.records import best_of, record, seeded, synthetic_summary, with_env
 from tests.compare.test_compare import tiny_spec
-from tests.compare.test_compare_plans import seeded, with_env
-from tests.compare.test_compare_units import synthetic_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPARE_CPU = ROOT / "results" / "compare-cpu" / "summary.json"
@@ -53,6 +52,8 @@ def test_a_logit_jump_is_unstable_never_best_and_shown(tmp_path, model_cfg, data
         _write_metrics(run.run_dir, run.steps, *values[run.lr])
     settings = CompareSettings(model="tiny", optimizers=["merit"], batch_sizes=[8], seeds=[0])
     summary = build_summary(settings, runs, {run.name: "finished" for run in runs})
+    assert type(summary.best[0].curve) is Curve and summary.best[0].curve.step == [0, runs[0].steps]
+    assert CompareSummary.from_dict(summary.to_dict()) == summary  # what summary.json reads back to
     by_lr = {c.lr: c for c in summary.cells}
     assert by_lr[3e-3].status == "unstable" and f">= {LOGIT_LIMIT:g}" in by_lr[3e-3].message
     assert by_lr[3e-3].final_val_loss == pytest.approx(4.10) and by_lr[3e-3].max_attention_logit == 500.0  # kept
@@ -70,7 +71,7 @@ def test_the_loss_rule_marks_only_lrs_above_the_best():
     records = seeded("adamw", 8, 1e-3, [4.0, 4.0]) + seeded("adamw", 8, 1e-4, [5.0, 5.0])
     records += seeded("adamw", 8, 1e-2, [4.0 * (1 + LOSS_EXCESS) + 0.01] * 2)
     records += seeded("adamw", 8, 3e-3, [4.0 * (1 + LOSS_EXCESS) - 0.01] * 2)
-    status = {c["lr"]: c["status"] for c in cells(records)}
+    status = {c.lr: c.status for c in cells(records)}
     # a too-small lr is slow, not unstable; within LOSS_EXCESS above the best is not a collapse
     assert status == {1e-3: "finished", 1e-4: "finished", 1e-2: "unstable", 3e-3: "finished"}
     assert run_unstable(LOGIT_LIMIT - 0.01) is None and run_unstable(LOGIT_LIMIT) is not None
@@ -84,16 +85,16 @@ def _committed_stable_lrs() -> dict[str, float]:
     for run in data["runs"]:
         if run.get("threads") is not None or run.get("perturbation") is not None:
             continue  # the environment re-runs
-        record = {**run, "curve": {"step": [], "val_loss": [], "max_attention_logit": []}}
-        if record["status"] == "finished" and run_unstable(record["max_attention_logit"]):
-            record["status"] = "unstable"
+        record = RunResult.from_dict(run)
+        if record.status == "finished" and run_unstable(record.max_attention_logit):
+            record.status = "unstable"
         records.append(record)
     table = cells(records)
-    bad = {(c["optimizer"], c["lr"]) for c in table if c["status"] != "finished"}
+    bad = {(c.optimizer, c.lr) for c in table if c.status != "finished"}
     stable: dict[str, float] = {}
     for c in table:
-        if (c["optimizer"], c["lr"]) not in bad:
-            stable[c["optimizer"]] = max(stable.get(c["optimizer"], 0.0), c["lr"])
+        if (c.optimizer, c.lr) not in bad:
+            stable[c.optimizer] = max(stable.get(c.optimizer, 0.0), c.lr)
     return stable
 
 
@@ -108,18 +109,17 @@ def test_the_lr_caps_are_the_largest_lrs_neither_diverged_nor_unstable():
 
 
 def test_the_environment_spread_is_the_largest_sample_and_never_below_the_floor():
-    entry = {"seeds": [0, 1], "final_val_loss_values": [4.0, 4.1], "max_attention_logit_values": [10.0, 12.0]}
+    entry = CellResult.extend(
+        record("a", 8, 1e-3, 4.05),
+        seeds=[0, 1],
+        final_val_loss_values=[4.0, 4.1],
+        max_attention_logit_values=[10.0, 12.0],
+    )
 
     def rerun(name, seed, perturbation, loss, logit, threads=None):
-        return {
-            "name": name,
-            "seed": seed,
-            "status": "finished",
-            "threads": threads,
-            "perturbation": perturbation,
-            "final_val_loss": loss,
-            "max_attention_logit": logit,
-        }
+        r = record("a", 8, 1e-3, loss, logit=logit)
+        r.name, r.seed, r.threads, r.perturbation = name, seed, threads, perturbation
+        return r
 
     samples = [
         rerun("a-env2t", 0, "2 intra-op thread(s)", 4.01, 10.0, threads=2),
@@ -127,10 +127,11 @@ def test_the_environment_spread_is_the_largest_sample_and_never_below_the_floor(
         rerun("a-s1-envisa-avx2", 1, "torch kernels forced to AVX2", 4.1, 12.0),
     ]
     env = environment_check(entry, samples)
-    assert env["final_val_loss_spread"] == pytest.approx(0.05)  # the ISA sample, not the thread count's 0.01
-    assert (env["final_val_loss_original"], env["final_val_loss_rerun"]) == (4.0, 3.95)
-    assert env["max_attention_logit_spread"] == pytest.approx(10.0) and env["threads"] == 2
-    assert [s["final_val_loss_difference"] for s in env["samples"]] == pytest.approx([0.01, 0.05, 0.0])
+    assert env.final_val_loss_spread == pytest.approx(0.05)  # the ISA sample, not the thread count's 0.01
+    assert (env.final_val_loss_original, env.final_val_loss_rerun) == (4.0, 3.95)
+    assert env.max_attention_logit_spread == pytest.approx(10.0) and env.threads == 2
+    assert [s.final_val_loss_difference for s in env.samples] == pytest.approx([0.01, 0.05, 0.0])
+    assert [s.perturbation for s in env.samples][1] == "torch kernels forced to AVX2" and env.status == "finished"
     # differences below the floor: the floor, relative to the value
     assert floored_spread([0.0001], 4.0, "final_val_loss") == FLOORS["final_val_loss"] * 4.0
     assert floored_spread([], 4.0, "final_val_loss") is None
@@ -156,10 +157,10 @@ def _batch_summary(merit_large: list[float]) -> CompareSummary:
     ]
     records += [r for o in ("adamw", "merit") for b in (8, 64) for r in seeded(o, b, 3e-3, [5.0, 5.1, 5.2])]
     summary = synthetic_summary()
-    summary["settings"].update(seeds=[0, 1, 2])
-    summary["runs"], summary["cells"] = records, cells(records)
-    summary["best"] = with_env(select_best(records), loss_spread=0.005, logit_spread=0.5)
-    return CompareSummary.from_dict(summary)
+    summary.settings.seeds = [0, 1, 2]
+    summary.runs, summary.cells = records, cells(records)
+    summary.best = with_env(best_of(records), loss_spread=0.005, logit_spread=0.5)
+    return summary
 
 
 def test_the_batch_change_claim_resolves_by_the_same_rule():

@@ -6,31 +6,14 @@ import math
 
 import pytest
 
-from merit_core.compare.grid import AUTO_FACTORS, auto_lr_grid, config_mismatch, plan_runs, round_lr, run_name
+from merit_core.compare.grid import AUTO_FACTORS, auto_lr_grid, config_mismatch, plan_runs, round_lr
 from merit_core.compare.report import render_report
-from merit_core.compare.results import CompareSummary
+from merit_core.compare.results import BestResult
 from merit_core.compare.runner import worker_env
 from merit_core.compare.spec import load_spec, parse_batch_sizes, parse_lrs, parse_optimizers
 from merit_core.compare.summary import rank_key, select_best
 from merit_core.errors import ConfigError
-
-
-def record(optimizer, batch, lr, loss, status="finished", logit=5.0):
-    return {
-        "name": run_name(optimizer, batch, lr),
-        "optimizer": optimizer,
-        "batch_size": batch,
-        "lr": lr,
-        "tokens": 1024,
-        "steps": 1024 // batch,
-        "status": status,
-        "final_val_loss": loss,
-        "max_attention_logit": logit if status == "finished" else None,
-        "max_attention_logit_by_layer": [logit / 2, logit] if status == "finished" else None,
-        "message": None if status == "finished" else "non-finite",
-        "run_dir": "x",
-        "curve": {"step": [0, 10], "val_loss": [8.0, loss], "max_attention_logit": [1.0, logit]},
-    }
+from tests.compare.records import best_of, record, synthetic_summary
 
 
 def test_best_lr_selection_with_diverged_and_nonfinite_runs():
@@ -46,54 +29,22 @@ def test_best_lr_selection_with_diverged_and_nonfinite_runs():
         record("merit", 64, 1e-2, 4.5),
         record("merit", 64, 3e-2, 4.2),
     ]
-    best = {(b["optimizer"], b["batch_size"]): b for b in select_best(records)}
+    best = {(b.optimizer, b.batch_size): b for b in select_best(records)}
     assert list(best) == [("adamw", 8), ("merit", 8), ("lamb", 8), ("merit", 64)]
-    assert best["adamw", 8]["lr"] == 3e-3 and best["adamw", 8]["n_diverged"] == 1
-    assert best["adamw", 8]["lr_at_edge"] is None and best["adamw", 8]["grid"] == [1e-3, 3e-3, 1e-2]
+    assert all(type(b) is BestResult for b in best.values())  # typed where it is built
+    assert best["adamw", 8].lr == 3e-3 and best["adamw", 8].n_diverged == 1
+    assert best["adamw", 8].lr_at_edge is None and best["adamw", 8].grid == [1e-3, 3e-3, 1e-2]
     # a NaN loss never wins; equal losses -> the smaller lr
-    assert best["merit", 8]["lr"] == 3e-3 and best["merit", 8]["final_val_loss"] == 4.00
+    assert best["merit", 8].lr == 3e-3 and best["merit", 8].final_val_loss == 4.00
     # everything diverged: reported as diverged, not an error
-    assert best["lamb", 8]["status"] == "diverged" and best["lamb", 8]["n_diverged"] == 2
-    assert best["lamb", 8]["lr_at_edge"] is None
-    assert best["merit", 64]["lr_at_edge"] == "high"
+    assert best["lamb", 8].status == "diverged" and best["lamb", 8].n_diverged == 2
+    assert best["lamb", 8].lr_at_edge is None
+    assert best["merit", 64].lr_at_edge == "high"
     assert rank_key(records[2]) == (2, math.inf, 1e-2)  # diverged: after finished and unstable cells
 
 
-def synthetic_summary():
-    records = [
-        record("adamw", 8, 1e-3, 3.50, logit=20.0),
-        record("adamw", 8, 3e-3, 3.80, logit=30.0),
-        record("merit", 8, 1e-3, 3.40, logit=4.0),
-        record("merit", 8, 3e-3, 3.45, logit=6.0),
-        record("adamw", 64, 3e-3, 3.90, logit=40.0),
-        record("adamw", 64, 1e-2, 4.00, logit=50.0),
-        record("merit", 64, 3e-3, 3.60, logit=5.0),
-        record("merit", 64, 1e-2, None, "diverged"),
-    ]
-    settings = {
-        "model": "gpt2-tiny",
-        "n_params": 1_350_400,
-        "optimizers": ["adamw", "merit"],
-        "batch_sizes": [8, 64],
-        "seq_len": 128,
-        "tokens": 1024,
-        "tokens_per_run": 1024,
-        "steps": {"8": 128, "64": 16},
-        "data": "built-in",
-        "lr_rule": "given lists",
-        "lr_grids": [],
-        "warmup_steps": {"8": 12, "64": 1},
-        "min_lr_ratio": 0.1,
-        "grad_clip": 1.0,
-        "seed": 0,
-        "dtype": "auto",
-        "eval_tokens": 8192,
-    }
-    return {"settings": settings, "runs": records, "best": select_best(records)}
-
-
 def test_report_is_computed_from_the_numbers():
-    text = render_report(CompareSummary.from_dict(synthetic_summary()))
+    text = render_report(synthetic_summary())
     assert (
         "**Batch 8:** merit had the lowest final validation loss, 3.4000 (lr 0.001); then adamw 3.5000 "
         "(+0.1000, +2.9%)" in text
@@ -110,11 +61,11 @@ def test_report_is_computed_from_the_numbers():
     assert "1.35M parameters" in text
 
     flipped = synthetic_summary()
-    for r in flipped["runs"]:
-        if r["optimizer"] == "adamw":
-            r["final_val_loss"] -= 1.0
-    flipped["best"] = select_best(flipped["runs"])
-    text = render_report(CompareSummary.from_dict(flipped))
+    for r in flipped.runs:
+        if r.optimizer == "adamw":
+            r.final_val_loss -= 1.0
+    flipped.best = best_of(flipped.runs)
+    text = render_report(flipped)
     assert "**Batch 64:** adamw had the lowest final validation loss, 2.9000" in text
     assert "at batch 64, **not resolved**: MERIT 3.6000 vs adamw 2.9000" in text
 
@@ -144,18 +95,16 @@ def test_quick_and_single_lr_reports_give_no_verdict():
     from merit_core.compare.verdicts import findings
 
     summary = synthetic_summary()
-    assert any(line.startswith("Paper claim 1") for line in findings(CompareSummary.from_dict(summary)))
-    summary["settings"]["quick"] = True
-    lines = findings(CompareSummary.from_dict(summary))
+    assert any(line.startswith("Paper claim 1") for line in findings(summary))
+    summary.settings.quick = True
+    lines = findings(summary)
     assert not any(line.startswith("Paper claim") and "**holds" in line for line in lines)
     assert not any("does not hold" in line for line in lines)
     assert any("**no verdict: smoke run**: this is a smoke run (--quick" in line for line in lines)
-    summary["settings"]["quick"] = False
-    for b in summary["best"]:
-        b["grid"] = [b["lr"]]
-    assert any(
-        "**no verdict: smoke run**: one lr only for" in line for line in findings(CompareSummary.from_dict(summary))
-    )
+    summary.settings.quick = False
+    for b in summary.best:
+        b.grid = [b.lr]
+    assert any("**no verdict: smoke run**: one lr only for" in line for line in findings(summary))
 
 
 def test_spec_parsing_and_layers(tmp_path):

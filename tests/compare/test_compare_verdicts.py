@@ -7,11 +7,11 @@ from click.testing import CliRunner
 
 from merit_core.compare.plots import BAND_LABEL, BEST_LABEL, DIVERGED_LABEL, compare_figure
 from merit_core.compare.report import render_report
-from merit_core.compare.results import CompareSummary, Measured
-from merit_core.compare.summary import cells, select_best
+from merit_core.compare.results import CompareSettings, CompareSummary, Measured
+from merit_core.compare.summary import cells
 from merit_core.compare.verdicts import findings, resolution
-from tests.compare.test_compare_plans import fake_training, seeded, with_env
-from tests.compare.test_compare_units import synthetic_summary
+from tests.compare.records import best_of, seeded, synthetic_summary, with_env
+from tests.compare.test_compare_plans import fake_training
 
 
 def three_seed_summary(loss_spread: float):
@@ -25,16 +25,14 @@ def three_seed_summary(loss_spread: float):
     ]
     records += [r for o in ("adamw", "merit") for b in (8, 64) for r in seeded(o, b, 3e-3, [5.0, 5.1, 5.2])]
     summary = synthetic_summary()
-    summary["settings"].update(seeds=[0, 1, 2])
-    summary["runs"], summary["cells"] = records, cells(records)
-    summary["best"] = with_env(select_best(records), loss_spread=loss_spread, logit_spread=0.5)
+    summary.settings.seeds = [0, 1, 2]
+    summary.runs, summary.cells = records, cells(records)
+    summary.best = with_env(best_of(records), loss_spread=loss_spread, logit_spread=0.5)
     return summary
 
 
 def test_an_environment_spread_larger_than_the_gap_leaves_the_claim_not_resolved():
-    text = render_report(
-        CompareSummary.from_dict(three_seed_summary(loss_spread=0.02))
-    )  # 0.02 + 0.02 > the gap of 0.03
+    text = render_report(three_seed_summary(loss_spread=0.02))  # 0.02 + 0.02 > the gap of 0.03
     assert (
         "Paper claim 1 (MERIT has the lowest loss at large batch): at batch 64, **not resolved**: MERIT 4.2800 ± "
         "0.0100 vs adamw 4.3100 ± 0.0100 (not resolved: apart over 3 seeds, but the gap 0.0300 is within the "
@@ -44,18 +42,18 @@ def test_an_environment_spread_larger_than_the_gap_leaves_the_claim_not_resolved
     # the max logit gap (20) is far beyond its environment spread (1.0): claim 2 holds
     assert "Paper claim 2 (MERIT keeps the max attention logit lower): at batch 64, **holds here**" in text
 
-    text = render_report(CompareSummary.from_dict(three_seed_summary(loss_spread=0.005)))  # 0.01 < 0.03: resolved
+    text = render_report(three_seed_summary(loss_spread=0.005))  # 0.01 < 0.03: resolved
     assert "at batch 64, **holds here**: MERIT 4.2800" in text
     assert "resolved by 3 seeds and beyond the environment spread 0.0100" in text
 
 
 def test_a_claim_holds_only_if_resolved_against_every_other_optimizer():
     summary = three_seed_summary(loss_spread=0.005)
-    records = summary["runs"] + seeded("lamb", 64, 1e-3, [4.285, 4.295, 4.305]) + seeded("lamb", 64, 3e-3, [5.0] * 3)
-    summary["settings"]["optimizers"] = ["adamw", "lamb", "merit"]
-    summary["runs"], summary["cells"] = records, cells(records)
-    summary["best"] = with_env(select_best(records), loss_spread=0.005)
-    line = next(x for x in findings(CompareSummary.from_dict(summary)) if x.startswith("Paper claim 1"))
+    records = summary.runs + seeded("lamb", 64, 1e-3, [4.285, 4.295, 4.305]) + seeded("lamb", 64, 3e-3, [5.0] * 3)
+    summary.settings.optimizers = ["adamw", "lamb", "merit"]
+    summary.runs, summary.cells = records, cells(records)
+    summary.best = with_env(best_of(records), loss_spread=0.005)
+    line = next(x for x in findings(summary) if x.startswith("Paper claim 1"))
     # lower than both means, resolved against adamw, within the seed spread of lamb: not resolved
     assert "**not resolved**" in line and "lamb 4.2950 ± 0.0100 (not resolved: within the spread of 3 seeds)" in line
 
@@ -90,9 +88,9 @@ def test_quick_report_and_terminal_give_no_ranking(tmp_path, model_cfg, data_dir
     assert _smoke_words(report) == []
     # a comparison with a single given lr is a smoke run too
     summary = synthetic_summary()
-    for b in summary["best"]:
-        b["grid"] = [b["lr"]]
-    assert findings(CompareSummary.from_dict(summary))[0].startswith("**no verdict: smoke run**: one lr only for")
+    for b in summary.best:
+        b.grid = [b.lr]
+    assert findings(summary)[0].startswith("**no verdict: smoke run**: one lr only for")
 
 
 def _labels(ax) -> list[str]:
@@ -103,10 +101,10 @@ def test_plot_marks_diverged_lrs_at_the_edge_and_the_best_lr_with_its_band():
     import matplotlib.pyplot as plt
 
     summary = three_seed_summary(loss_spread=0.01)
-    records = summary["runs"] + seeded("merit", 64, 1e-2, [None] * 3, statuses=["diverged"] * 3)
-    summary["runs"], summary["cells"] = records, cells(records)
-    summary["best"] = select_best(records)
-    fig = compare_figure(CompareSummary.from_dict(summary))
+    records = summary.runs + seeded("merit", 64, 1e-2, [None] * 3, statuses=["diverged"] * 3)
+    summary.runs, summary.cells = records, cells(records)
+    summary.best = best_of(records)
+    fig = compare_figure(summary)
     try:
         panels = {ax.get_title().split("\n")[0]: ax for ax in fig.axes}
         assert all(ax.axison and (ax.lines or ax.patches or ax.collections) for ax in fig.axes)  # no empty panel
@@ -134,8 +132,8 @@ def test_plot_marks_diverged_lrs_at_the_edge_and_the_best_lr_with_its_band():
     finally:
         plt.close(fig)
     # a smoke run marks no best lr
-    summary["settings"]["quick"] = True
-    fig = compare_figure(CompareSummary.from_dict(summary))
+    summary.settings.quick = True
+    fig = compare_figure(summary)
     try:
         assert not any(BEST_LABEL in label for ax in fig.axes for label in _labels(ax))
     finally:
@@ -149,14 +147,14 @@ def test_ablation_report_says_when_the_clip_never_bound():
         *seeded("merit", 64, 3e-2, [4.00, 4.02], logits=[2.0, 2.2]),
         *seeded("merit-noclip", 64, 3e-2, [4.00, 4.02], logits=[2.0, 2.2]),  # the same runs, bit for bit
     ]
-    summary = {
-        "settings": {"optimizers": ["merit", "merit-noclip"], "batch_sizes": [64]},
-        "runs": records,
-        "cells": cells(records),
-        "best": with_env(select_best(records)),
-    }
-    (line,) = ablation_lines(CompareSummary.from_dict(summary))
+    summary = CompareSummary(
+        settings=CompareSettings(optimizers=["merit", "merit-noclip"], batch_sizes=[64]),
+        runs=records,
+        cells=cells(records),
+        best=with_env(best_of(records)),
+    )
+    (line,) = ablation_lines(summary)
     assert "(merit-noclip): the clip never bound" in line and "|s_ij u_ij| <= max|W|" in line
-    records[-1]["final_val_loss"] = 4.03  # one seed differs: the clip acted, the usual line
-    summary["cells"], summary["best"] = cells(records), with_env(select_best(records))
-    assert "never bound" not in ablation_lines(CompareSummary.from_dict(summary))[0]
+    records[-1].final_val_loss = 4.03  # one seed differs: the clip acted, the usual line
+    summary.cells, summary.best = cells(records), with_env(best_of(records))
+    assert "never bound" not in ablation_lines(summary)[0]

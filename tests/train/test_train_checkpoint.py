@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from merit_core.checkpoint import runs
+from merit_core.checkpoint.resolve import latest_checkpoint
 from merit_core.checkpoint.state import TrainerState, optional_trainer_state, read_trainer_state
 from merit_core.checkpoint.tensors import load_model_weights, load_trainer_state
 from merit_core.errors import CheckpointError
@@ -45,7 +46,7 @@ def test_complete_checkpoints_only_and_atomic_replace(tmp_path, model):
     (tmp_path / "step_12").mkdir()  # a folder without trainer state: not complete
     (tmp_path / ".tmp-step_14").mkdir()  # a crash while writing
     assert [s for s, _ in runs.checkpoints(tmp_path)] == [2, 4, 10]
-    assert runs.latest(tmp_path) == tmp_path / "step_10"
+    assert latest_checkpoint(tmp_path) == (10, tmp_path / "step_10")
     save(tmp_path, 10, model, extra=torch.ones(2))  # rewriting a step replaces it whole
     assert torch.equal(load_trainer_state(tmp_path / "step_10")["extra"], torch.ones(2))
     runs.remove_stale_staging(tmp_path)
