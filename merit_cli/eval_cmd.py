@@ -204,19 +204,6 @@ def _chosen_steps(checkpoints: tuple, selection, all_steps: bool, plot: str | No
     return selection
 
 
-def _taken_latest(checkpoints: tuple, selection) -> list[str]:
-    """For each run folder given, the step_N it takes (its latest), a line each."""
-    from pathlib import Path
-
-    from merit_core.checkpoint import is_run_folder, select_steps, took
-
-    return [
-        took(path, select_steps(path, selection, "model"), selection)
-        for path in (Path(given).expanduser() for given in checkpoints)
-        if is_run_folder(path) and path.exists()
-    ]
-
-
 def _steps_table(steps: list[int], records: list[CheckpointResult], logits: dict[int, float]) -> Table:
     """One row per step: the recorded max attention logit and each task metric's value."""
     rows = metric_rows(records)
@@ -416,22 +403,17 @@ def eval_cmd(
     output = output or lm_eval_output  # merit's JSON beside lm-eval's files unless -o names its place
     if output:
         check_output_path(output_file(output))  # the name is taken when the file is written
-    # which checkpoints: said with the results, so that a bad option, task or checkpoint stays one line
-    from merit_core.checkpoint import LATEST, took
+    # which checkpoints: resolved once, said with the results (so that a bad option, task or checkpoint
+    # stays one line) from the same resolution the harness is handed
+    from merit_core.checkpoint import LATEST
+    from merit_core.evaluation.steps import eval_targets
 
-    taken: list[str] = []
     selection = _chosen_steps(checkpoints, selection, all_steps, plot)
+    targets = eval_targets(checkpoints, selection)
     step_run = checkpoints[0] if selection != LATEST else None
-    chosen: list[int] = []
+    chosen = targets.taken[0].steps if step_run is not None else []
     if step_run is not None:
-        from merit_core.evaluation.steps import step_checkpoints
-
-        picked = step_checkpoints(step_run, selection)
-        taken.append(took(step_run, picked, selection))
-        chosen = [step for step, _ in picked]
-        checkpoints = tuple(str(folder) for _, folder in picked)
-    else:
-        taken = _taken_latest(checkpoints, selection)
+        checkpoints = targets.checkpoints  # lm-eval's files name each step folder evaluated
 
     from merit_core.hub import prefer_offline
 
@@ -446,12 +428,12 @@ def eval_cmd(
         display = Console(file=own or sys.stderr, stderr=own is None)
         with ProgressView(display, one_line=True, first="loading torch and lm-eval", redirect=False) as view:
             records = evaluate_checkpoints(
-                list(checkpoints), settings, progress=view, quiet=not verbose, note=notes.append
+                list(targets.checkpoints), settings, progress=view, quiet=not verbose, note=notes.append
             )
     finally:
         if own is not None:
             own.close()
-    for text in taken:
+    for text in targets.lines():
         console.print(f"[dim]{shown(text)}[/]", soft_wrap=True)
     for text in notes:
         console.print(f"[yellow]note[/] {shown(text)}", soft_wrap=True)

@@ -26,7 +26,7 @@ from merit_cli.render import (
     train_log_line,
     training_progress,
 )
-from merit_core.checkpoint.runs import CONFIG_FILE
+from merit_core.checkpoint import CONFIG_FILE, read_run_config
 from merit_core.errors import ConfigError, MeritError
 from merit_core.fileio import refuse_link
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
@@ -356,6 +356,6 @@ def _load(config_file, overrides, values):
         refuse_link(saved, "in a run folder")  # a planted link: neither read as the run's config nor replaced
         if saved.exists() and not saved.is_file():
             raise ConfigError(f"{saved} is not a file (a folder?); it is not the run's config: move it away to resume")
-        if base is None and saved.is_file():
-            base = saved
+        if base is None:
+            return load_config(read_run_config(values["out"]), overrides, values)
     return load_config(base, overrides, values)

@@ -24,11 +24,13 @@ from merit_core.checkpoint.resolve import (
     STEPS_HELP,
     Checkpoint,
     Selection,
+    Taken,
     find_checkpoints,
     is_run_folder,
     latest_checkpoint,
     parse_selection,
     select_steps,
+    take,
     took,
 )
 from merit_core.checkpoint.run_config import read_run_config
@@ -42,6 +44,7 @@ __all__ = [
     "STEPS_HELP",
     "Checkpoint",
     "Selection",
+    "Taken",
     "TrainerState",
     "find_checkpoints",
     "is_run_folder",
@@ -51,6 +54,7 @@ __all__ = [
     "read_run_config",
     "read_trainer_state",
     "select_steps",
+    "take",
     "took",
     "verify_checkpoint",
 ]

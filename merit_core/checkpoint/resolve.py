@@ -3,7 +3,8 @@
 A run folder's steps are chosen by a `Selection` (`latest`, `all`, or chosen steps: what
 `--steps latest|all|N,M` of inspect and eval parse, what resume and compare ask for) through
 `select_steps`, at the level the caller needs (see merit_core.checkpoint.runs: weights, model,
-complete). `took` says in one line which it took.
+complete). `took` says in one line which it took; `take` returns both at once (`Taken`), so that a
+command says which checkpoints it took from the same resolution it works on.
 
 For inspect a user path resolves to one or more `Checkpoint`s (`find_checkpoints`):
 - a `*.safetensors` file;
@@ -46,9 +47,11 @@ __all__ = [
     "STEPS_HELP",
     "Checkpoint",
     "Selection",
+    "Taken",
     "latest_checkpoint",
     "parse_selection",
     "select_steps",
+    "take",
     "took",
     "SafetensorsReader",
     "find_checkpoints",
@@ -140,6 +143,35 @@ def _names(found: list[tuple[int, Path]]) -> str:
 def took(run_dir: str | Path, picked: list[tuple[int, Path]], selection: Selection) -> str:
     """One line saying which checkpoints of a run folder a command took, and why."""
     return f"{display(run_dir)}: took {_names(picked)} (--steps {selection})"
+
+
+@dataclass(frozen=True)
+class Taken:
+    """The checkpoints of one run folder that a Selection picked (`take`): what a command works on
+    and what it says it took (`line`), from the one resolution."""
+
+    run: Path
+    selection: Selection
+    picked: tuple[tuple[int, Path], ...]
+
+    @property
+    def steps(self) -> list[int]:
+        return [step for step, _ in self.picked]
+
+    @property
+    def folders(self) -> list[Path]:
+        return [folder for _, folder in self.picked]
+
+    def line(self) -> str:
+        """One line saying which checkpoints were taken, and why (`took`)."""
+        return took(self.run, list(self.picked), self.selection)
+
+
+def take(run_dir: str | Path, selection: Selection, level: str = "model", option: str = "--steps") -> Taken:
+    """The checkpoints of the run folder `run_dir` that `selection` picks at `level` (`select_steps`,
+    and its errors), oldest first."""
+    run = Path(run_dir)
+    return Taken(run, selection, tuple(select_steps(run, selection, level, option)))
 
 
 def is_run_folder(path: str | Path) -> bool:

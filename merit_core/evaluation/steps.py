@@ -1,5 +1,6 @@
-"""`merit eval RUN --steps all` / `--steps 100,200`: score a run's checkpoints over its steps, beside
-the max attention logit training recorded at each step, as a table and a figure.
+"""Which checkpoints `merit eval` scores (`eval_targets`: a run folder's latest, all or chosen steps,
+resolved once), and `merit eval RUN --steps all` / `--steps 100,200`: a run's checkpoints scored over
+its steps, beside the max attention logit training recorded at each step, as a table and a figure.
 
 The recorded max logit is the one `merit train` wrote at that step (metrics.jsonl's eval record,
 max over layers; else the checkpoint's trainer_state.json): it is measured on the run's first
@@ -8,11 +9,14 @@ validation batch, not re-measured here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from merit_core.checkpoint import runs
-from merit_core.checkpoint.resolve import Selection, is_run_folder, select_steps
+from merit_core.checkpoint.resolve import LATEST, Selection, Taken, is_run_folder, take
+from merit_core.checkpoint.safe import refuse_special_files
 from merit_core.checkpoint.state import optional_trainer_state
 from merit_core.diagnostics.plots import save_figure
 from merit_core.errors import ConfigError
@@ -23,16 +27,40 @@ from merit_core.metrics import read_metrics
 RECORDED_LOGIT = "recorded_max_attention_logit"  # the key added to each result's meta
 
 
-def step_checkpoints(given: str, selection: Selection) -> list[tuple[int, Path]]:
-    """The (step, folder) checkpoints with a model of the run folder `given` that `selection` picks
-    (merit_core.checkpoint.resolve.select_steps); ConfigError when `given` is not a run folder."""
-    path = Path(given).expanduser()
-    if not is_run_folder(path):
-        raise ConfigError(
-            f"--steps {selection} takes a `merit train` run folder (with step_N/ checkpoints); "
-            f"{display(given)} is not one"
-        )
-    return select_steps(path, selection, "model")
+@dataclass(frozen=True)
+class EvalTargets:
+    """What `merit eval` evaluates, resolved once: `checkpoints`, the paths handed to the harness (each
+    run folder's selected step folders in its place, oldest first), and `taken`, the run folders'
+    selections, whose `line()` says which checkpoints were taken."""
+
+    checkpoints: tuple[str, ...]
+    taken: tuple[Taken, ...]
+
+    def lines(self) -> list[str]:
+        return [t.line() for t in self.taken]
+
+
+def eval_targets(given: Sequence[str], selection: Selection = LATEST) -> EvalTargets:
+    """Resolve the user's checkpoints: a `merit train` run folder to the step_N checkpoints with a model
+    that `selection` picks (merit_core.checkpoint.resolve.take); a model folder or hub name as given.
+    Any selection but LATEST scores over steps and takes run folders only (ConfigError for another path)."""
+    checkpoints: list[str] = []
+    taken: list[Taken] = []
+    for text in given:
+        path = Path(text).expanduser()
+        if not is_run_folder(path):
+            if selection != LATEST:
+                raise ConfigError(
+                    f"--steps {selection} takes a `merit train` run folder (with step_N/ checkpoints); "
+                    f"{display(text)} is not one"
+                )
+            checkpoints.append(text)
+            continue
+        chosen = take(path, selection, "model")
+        refuse_special_files(path)
+        taken.append(chosen)
+        checkpoints.extend(str(folder) for folder in chosen.folders)
+    return EvalTargets(tuple(checkpoints), tuple(taken))
 
 
 def recorded_max_logits(run: Path) -> dict[int, float]:

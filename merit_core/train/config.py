@@ -17,7 +17,7 @@ import difflib
 import math
 import tomllib
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,14 +65,20 @@ _HINTS = typing.get_type_hints(TrainConfig)
 
 # -- building a config ---------------------------------------------------------------------
 def load_config(
-    path: str | Path | None = None, overrides: Iterable[str] = (), values: dict[str, Any] | None = None
+    path: str | Path | Mapping[str, Any] | None = None,
+    overrides: Iterable[str] = (),
+    values: dict[str, Any] | None = None,
 ) -> TrainConfig:
     """A validated TrainConfig from defaults < TOML file < `key=value` overrides < `values`.
 
-    `values` holds already-typed settings (CLI options); None entries are ignored.
+    `path`: a TOML file, or the table of one already read (a run's config.toml, which
+    merit_core.checkpoint.read_run_config reads). `values` holds already-typed settings (CLI
+    options); None entries are ignored.
     """
     data: dict[str, Any] = {}
-    if path is not None:
+    if isinstance(path, Mapping):
+        deep_merge(data, dict(path))
+    elif path is not None:
         deep_merge(data, read_toml(path))
     for item in overrides:
         deep_merge(data, nest(*parse_override(item)))

@@ -341,3 +341,38 @@ def test_the_cli_reaches_merit_core_through_its_public_names_only():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         found += [f"{path.relative_to(ROOT)}:{line}: {what}" for line, what in _private_reaches(tree)]
     assert found == []
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module a file imports (stdlib and third-party too), anywhere in it."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_a_run_folder_is_read_through_merit_core_checkpoint():
+    """compare reaches run folders through the checkpoint package's resolver and readers, never the
+    layout module (merit_core.checkpoint.runs: step folders, "latest"); a run's config.toml is read by
+    merit_core.checkpoint.run_config alone, and a TOML file is loaded in one place (fileio.read_toml_file;
+    train/config.py's tomllib parses --set values, and its read_toml the train and compare config files)."""
+    modules = _modules()
+    imports = {name: _imported_modules(path) for name, path in modules.items()}
+    compare = sorted(m for m in modules if m.startswith("merit_core.compare"))
+    assert "merit_core.compare.runner" in compare
+    reaching = [m for m in compare if any(i.startswith("merit_core.checkpoint.runs") for i in imports[m])]
+    assert reaching == []
+    assert sorted(m for m in modules if "tomllib" in imports[m]) == ["merit_core.fileio", "merit_core.train.config"]
+    loading = sorted(m for m in modules if "merit_core.fileio.read_toml_file" in imports[m])
+    assert loading == ["merit_core.checkpoint.run_config", "merit_core.train.config"]
+    spec_readers = sorted(m for m in modules if "merit_core.train.config.read_toml" in imports[m])
+    assert spec_readers == ["merit_core.compare.spec"]  # a compare spec; train/config.py reads train configs
+    planted = {
+        **imports,
+        "merit_core.compare.runner": imports["merit_core.compare.runner"] | {"merit_core.checkpoint.runs"},
+    }
+    assert [m for m in compare if any(i.startswith("merit_core.checkpoint.runs") for i in planted[m])]

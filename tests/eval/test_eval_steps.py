@@ -67,12 +67,46 @@ def test_all_steps_prints_one_row_per_step_with_recorded_logit(world, tmp_path):
 
 
 def test_steps_choose_those_checkpoints(world):  # noqa: F811
-    from merit_core.checkpoint import ALL, LATEST, parse_selection
-    from merit_core.evaluation.steps import step_checkpoints
+    import pytest
 
-    assert step_checkpoints(str(world["run"]), parse_selection("12, 12")) == [(12, world["run"] / "step_12")]
-    assert [s for s, _ in step_checkpoints(str(world["run"]), ALL)] == [5, 12]  # step_20.tmp is no checkpoint
-    assert [s for s, _ in step_checkpoints(str(world["run"]), LATEST)] == [12]
+    from merit_core.checkpoint import ALL, LATEST, parse_selection
+    from merit_core.errors import ConfigError
+    from merit_core.evaluation.steps import eval_targets
+
+    run = world["run"]
+
+    def picked(selection):
+        (taken,) = eval_targets([str(run)], selection).taken
+        return list(taken.picked)
+
+    assert picked(parse_selection("12, 12")) == [(12, run / "step_12")]
+    assert [s for s, _ in picked(ALL)] == [5, 12]  # step_20.tmp is no checkpoint
+    assert [s for s, _ in picked(LATEST)] == [12]
+    # what is evaluated and what is said come from one resolution: a run folder's steps in its place
+    targets = eval_targets([str(run), str(run / "step_5"), "gpt2"], LATEST)
+    assert targets.checkpoints == (str(run / "step_12"), str(run / "step_5"), "gpt2")
+    assert targets.lines() == [f"{run}: took step_12 (--steps latest)"]
+    assert eval_targets([str(run)], ALL).checkpoints == (str(run / "step_5"), str(run / "step_12"))
+    with pytest.raises(ConfigError, match="--steps all takes a `merit train` run folder"):
+        eval_targets([str(run / "step_5")], ALL)
+
+
+def test_eval_of_a_run_folder_evaluates_the_checkpoint_it_says_it_took(world, monkeypatch):  # noqa: F811
+    from merit_cli import eval_cmd
+    from merit_core.evaluation.results import CheckpointResult
+
+    calls = []
+
+    def evaluate(checkpoints, settings, progress=None, quiet=True, note=None):
+        calls.append(list(checkpoints))
+        return [CheckpointResult(path=c, label=c, results={}, meta={}) for c in checkpoints]
+
+    monkeypatch.setattr(eval_cmd, "evaluate_checkpoints", evaluate)
+    run = world["run"]
+    res = _eval(str(run), "--tasks", TASK, "--include-path", str(world["tasks"]), "--trust-task-code")
+    assert res.exit_code == 0, res.output
+    assert calls == [[str(run / "step_12")]]
+    assert f"{run}: took step_12 (--steps latest)" in res.output
 
 
 def test_steps_input_errors_are_one_line(world, tmp_path):  # noqa: F811
