@@ -147,10 +147,10 @@ def test_hessian_fields_match_inspects_estimators(measured, data_dir):
     assert all(c["smallest_algebraic_eigenvalue"] <= c["largest_algebraic_eigenvalue"] for c in cached)
     # the first seed's numbers are inspect's estimators on the final weights and the training's
     # first validation batch (built with the run's eval_batches, as the trainer builds it)
-    from merit_core.train.config import read_toml
+    from merit_core.checkpoint import read_run_config
 
     run_dir = out / "runs" / best["run_names"][0]
-    config = read_toml(run_dir / "config.toml")
+    config = read_run_config(run_dir)
     (ckpt,) = find_checkpoints(run_dir / "step_3")
     model = load_model(ckpt, SafetensorsReader(ckpt))
     batches = val_batches(open_tokens(data_dir, "val"), config["eval_batches"], config["eval_batch_size"], 32)
