@@ -58,10 +58,17 @@ def test_summary_json_reads_back_with_every_value_kept():
     merit = typed.best_for("merit", 16)
     assert type(merit.curve) is Curve and merit.curve.step == data["best"][5]["curve"]["step"]
     assert [type(s) for s in merit.seed_curves] == [SeedCurve] * len(merit.seeds)
-    # an earlier version's summary: every value kept, the fields it lacked at their defaults
     written = typed.to_dict()
     _kept(data, written)
-    assert written["runs"][0]["instability"] is None and typed.runs[0].instability is None
+    # an earlier version's summary (no instability record, no provenance): every value kept, the
+    # fields it lacked at their defaults
+    older = copy.deepcopy(data)
+    for run in older["runs"]:
+        del run["instability"]
+    del older["settings"]["provenance"]
+    typed_older = CompareSummary.from_dict(older)
+    _kept(older, typed_older.to_dict())
+    assert typed_older.runs[0].instability is None and typed_older.to_dict()["runs"][0]["instability"] is None
     # this version's summary reads back to itself (the standard serializer, dataclasses.asdict)
     assert CompareSummary.from_dict(written).to_dict() == written
     golden = _load(GOLDEN)
@@ -103,9 +110,12 @@ def test_report_verdicts_and_tables_read_the_typed_record():
     )
     # the environment check: one row per best cell, from its EnvironmentCheck
     env = merit.environment
-    (row,) = [r for r in environment_lines(summary) if r.startswith(f"| merit | 16 | {merit.lr:.3g} |")]
-    assert f"| {fmt(env.final_val_loss_original)} | {fmt(env.final_val_loss_rerun)} |" in row
-    assert f"| {fmt(env.final_val_loss_spread)} |" in row
+    rows = [r for r in environment_lines(summary) if r.startswith(f"| merit | 16 | {merit.lr:.3g} |")]
+    assert len(rows) == len(env.samples) == 3  # one row per perturbation
+    for row, sample in zip(rows, env.samples):
+        assert f"| {fmt(sample.final_val_loss_original)} | {fmt(sample.final_val_loss_rerun)} |" in row
+        assert f"| {fmt(sample.final_val_loss_difference)} |" in row
+    row = rows[0]
     assert any(line.startswith("| merit | 16 |") and f"**{merit.lr:.3g}: " in line for line in grid_table(summary))
     assert f"- Model: {summary.settings.model} ({summary.settings.n_params:,} parameters)" in setup_lines(summary)
     text = render_report(summary)
