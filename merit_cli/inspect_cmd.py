@@ -89,8 +89,8 @@ def _layer_tables(ckpt):
         title_justify="left",
         header_style="bold",
     )
-    right = ("layer", "max logit", "logit bound", "min H/log n", "mean H (nats)", "act max/median")
-    names = ("layer", "max logit", "logit bound", "top head", f"top W_Q {axis}", f"top W_K {axis}")
+    right = ("layer", "max logit", "logit bound", "spectral bound", "min H/log n", "mean H (nats)", "act max/median")
+    names = ("layer", "max logit", "logit bound", "spectral bound", "top head", f"top W_Q {axis}", f"top W_K {axis}")
     measured = any(l.activation_ratio is not None for l in layers)
     if measured:
         names += ("min H/log n", "mean H (nats)", "act max/median", "act max at")
@@ -106,6 +106,7 @@ def _layer_tables(ckpt):
             str(layer.layer),
             logit_cells[i],
             _fmt(layer.logit_bound),
+            _fmt(layer.spectral_logit_bound),
             f"h{top.head} ({_fmt(top.max_attention_logit)})" if top else "-",
             _outlier_text(getattr(layer, f"q_{out_key}"), axis),
             _outlier_text(getattr(layer, f"k_{out_key}"), axis),
@@ -247,6 +248,7 @@ def _summary_table(checkpoints: list):
         ("max ‖Q‖m·‖K‖m (layer)", "right"),
         ("max logit (layer)", "right"),
         ("logit bound", "right"),
+        ("spectral bound", "right"),
     ]
     with_probe = any(c.summary.activation_ratio is not None for c in checkpoints)
     if with_probe:
@@ -255,6 +257,7 @@ def _summary_table(checkpoints: list):
     if with_updates:
         cols += [("max Δw/w", "right")]
     with_h = any(c.hessian for c in checkpoints)
+    with_verdict = any(c.verdict is not None and c.verdict.level for c in checkpoints)
     if with_h:
         cols += [
             ("largest alg. Hessian eig", "right"),
@@ -262,6 +265,8 @@ def _summary_table(checkpoints: list):
             ("largest |eig|", "right"),
             ("Hessian trace ± se", "right"),
         ]
+    if with_verdict:
+        cols += [("verdict", "left")]
     for name, justify in cols:
         table.add_column(name, justify=justify)
     s = [c.summary for c in checkpoints]
@@ -281,6 +286,7 @@ def _summary_table(checkpoints: list):
             f"{bd[i]} ({s[i].bound_layer})",
             f"{lg[i]} ({s[i].max_attention_logit_layer})" if s[i].max_attention_logit is not None else "-",
             _fmt(max((l.logit_bound for l in c.layers if l.logit_bound is not None), default=None)),
+            _fmt(max((l.spectral_logit_bound for l in c.layers if l.spectral_logit_bound is not None), default=None)),
         ]
         if with_probe:
             row.append(f"{ent[i]} ({s[i].normalized_attention_entropy_min_layer})" if s[i].activation_ratio else "-")
@@ -296,8 +302,77 @@ def _summary_table(checkpoints: list):
             row.append(_fmt(h.get("largest_magnitude_eigenvalue")) if h else "-")
             se = f" ± {_fmt(h['trace_stderr'], 2)}" if h.get("trace_stderr") is not None else ""
             row.append(_fmt(h.get("trace")) + se if h else "-")
+        if with_verdict:
+            row.append(_verdict_cell(c.verdict))
         table.add_row(*row)
     return table
+
+
+LEVEL_STYLE = {"healthy": "green", "watch": "yellow", "alarming": "bold red"}
+
+
+def _level_text(level: str | None) -> str:
+    return f"[{LEVEL_STYLE[level]}]{level}[/]" if level in LEVEL_STYLE else "-"
+
+
+def _verdict_cell(verdict) -> str:
+    """The worst level, and the signals at it unless healthy: 'alarming (max_logit, log_z_drift)'."""
+    if verdict is None or verdict.level is None:
+        return "-"
+    if verdict.level == "healthy":
+        return _level_text(verdict.level)
+    names = ", ".join(s.signal for s in verdict.signals if s.level == verdict.level)
+    return f"{_level_text(verdict.level)} ({names})"
+
+
+def _verdict_table(title: str, verdict, with_step: bool):
+    """One row per signal: its level, the value judged, where, and why (docs/DIAGNOSTICS.md)."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", header_style="bold")
+    cols: list[tuple[str, JustifyMethod]] = [("signal", "left"), ("level", "left"), ("value", "right")]
+    if with_step:
+        cols.append(("step", "right"))
+    cols += [("rule", "left"), ("reason", "left")]
+    for name, justify in cols:
+        table.add_column(name, justify=justify)
+    for sig in verdict.signals:
+        row = [sig.signal, _level_text(sig.level), _fmt(sig.value, 3)]
+        if with_step:
+            row.append(_fmt(sig.step))
+        table.add_row(*row, sig.rule, shown(sig.reason))
+    return table
+
+
+def _print_verdicts(console, report, checkpoints: list) -> None:
+    """A run folder's verdict over its checkpoints; each checkpoint's own where a few were named
+    one by one (or a run has one): the summary table has every checkpoint's level."""
+    runs, singles = [], []
+    start = 0
+    for given in report.inputs:  # the checkpoints of each input follow one another, in input order
+        taken = checkpoints[start : start + given.n_checkpoints]
+        start += given.n_checkpoints
+        if given.kind == "run" and len(taken) > 1 and given.verdict is not None:
+            runs.append((given, taken))
+        else:
+            singles += taken
+    for given, taken in runs:
+        verdict = given.verdict
+        steps = [x for x in verdict.steps if x is not None]
+        span = f", steps {min(steps)}-{max(steps)}" if steps else ""
+        title = f"{shown(given.path)}: {_level_text(verdict.level)} over its {len(taken)} checkpoints{span} (worst per signal)"
+        print_table(console, _verdict_table(title, verdict, with_step=True))
+        for note in verdict.notes:
+            console.print(f"[dim]{shown(note)}[/]")
+    if len(singles) > 3:
+        return
+    for c in singles:
+        if c.verdict is None or not c.verdict.signals:
+            continue
+        title = f"{c.label}: {_level_text(c.verdict.level)}" + (f" at step {c.step}" if c.step is not None else "")
+        print_table(console, _verdict_table(title, c.verdict, with_step=False))
+        for note in c.verdict.notes:
+            console.print(f"[dim]{shown(note)}[/]")
 
 
 def render(console, report, per_head: bool, show_weights: bool | None) -> None:
@@ -324,6 +399,7 @@ def render(console, report, per_head: bool, show_weights: bool | None) -> None:
     if len(checkpoints) > 1:
         print_table(console, _side_by_side(checkpoints))
     print_table(console, _summary_table(checkpoints))
+    _print_verdicts(console, report, checkpoints)
     _print_notes(console, checkpoints)
 
 

@@ -22,7 +22,10 @@ cell, is never a best lr, and is left out of the lrs the optimizer registry's ca
 
 from __future__ import annotations
 
-LOGIT_LIMIT = 88.0
+from merit_core.diagnostics.verdict import LOGIT_LIMIT  # one constant: inspect's verdict judges by it too
+
+__all__ = ["LOGIT_LIMIT", "LOSS_EXCESS", "loss_unstable", "run_unstable"]
+
 LOSS_EXCESS = 0.05
 
 

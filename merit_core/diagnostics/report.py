@@ -9,8 +9,14 @@
 "n_kv_heads", "head_dim", "layers": [{"layer", "q_max_norm", "k_max_norm", "q_l2_norm",
 "k_l2_norm", "bound", "max_attention_logit", attention entropy and activation fields, "heads": [...],
 "q_rows", ...}], "weights": [...], "summary": {...}, "probe": {...} | null, "hessian": {...} | null,
-"notes": [...], "output": {...} | null, "updates": {...} | null}],
-"inputs": [{"path", "kind": "run" | "checkpoint", "n_checkpoints"}]}.
+"notes": [...], "output": {...} | null, "updates": {...} | null, "verdict": {...}}],
+"inputs": [{"path", "kind": "run" | "checkpoint", "n_checkpoints", "verdict": {...} | null}]}.
+
+A verdict (merit_core.diagnostics.verdict, docs/DIAGNOSTICS.md) is {"level": "healthy" | "watch" |
+"alarming" | null, "history", "signals": [{"signal", "level", "value", "layer", "step", "rule",
+"reason"}], "notes", and for a run "steps"}: each checkpoint's own, with the history rules of its
+run when its input is a run folder; an input's is its run's (worst level per signal over its
+checkpoints), null for a checkpoint given by itself.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from merit_core.diagnostics.hessian import model_hessian
 from merit_core.diagnostics.layout import read_config
 from merit_core.diagnostics.probe import ProbeInfo, load_model, make_probe_batch
 from merit_core.diagnostics.update_size import UpdateReport, checkpoint_update_sizes
+from merit_core.diagnostics.verdict import Precursors, Verdict, checkpoint_verdict, run_verdict, trajectory_verdicts
 from merit_core.diagnostics.weights import (
     HeadStats,
     LayerStats,
@@ -129,6 +136,7 @@ class CheckpointReport(WeightStats):
     summary: Summary = field(default_factory=Summary)
     output: dict[str, float] | None = None  # the output layer's max |logit| and log Z statistics
     updates: UpdateReport | None = None  # update size from the checkpoint's optimizer state
+    verdict: Verdict | None = None  # healthy / watch / alarming per signal (`judge`)
 
     @property
     def optimizer(self) -> str | None:
@@ -159,6 +167,7 @@ class CheckpointReport(WeightStats):
             "summary": self.summary.to_dict(),
             "output": self.output,
             "updates": self.updates.to_dict() if self.updates else None,
+            "verdict": self.verdict.to_dict() if self.verdict else None,
         }
 
 
@@ -169,9 +178,15 @@ class InputInfo:
     path: str
     kind: str  # 'run' | 'checkpoint'
     n_checkpoints: int
+    verdict: Verdict | None = None  # a run's, over its checkpoints; None for a checkpoint given by itself
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "kind": self.kind, "n_checkpoints": self.n_checkpoints}
+        return {
+            "path": self.path,
+            "kind": self.kind,
+            "n_checkpoints": self.n_checkpoints,
+            "verdict": self.verdict.to_dict() if self.verdict else None,
+        }
 
 
 @dataclass
@@ -354,7 +369,57 @@ def inspect_paths(
     resolved = [(Path(p), find_checkpoints(p, opts.selection, opts.verify)) for p in paths]
     inputs = [InputInfo(str(p), "run" if any(c.run for c in cks) else "checkpoint", len(cks)) for p, cks in resolved]
     checkpoints = [inspect_checkpoint(c, opts, progress) for _, cks in resolved for c in cks]
-    return InspectReport(inputs, checkpoints)
+    report = InspectReport(inputs, checkpoints)
+    judge(report)
+    return report
+
+
+def precursors(c: CheckpointReport) -> Precursors:
+    """What the verdict reads of a checkpoint's report: the probe's per-layer statistics, the output
+    log Z, the largest update ratio and, per layer, the tighter of the two logit bounds."""
+    layers = c.layers
+    heads = []
+    for layer in layers:
+        measured = [(h.max_attention_logit, h.head) for h in layer.heads if h.max_attention_logit is not None]
+        top = max((x for x in measured if _number(x[0])), key=lambda x: x[0], default=None)  # the first, as the tables
+        heads.append(top[1] if top else None)
+    bounds: list[float | None] = []
+    kinds: list[str | None] = []
+    for layer in layers:  # both bound the same logit: the smaller holds
+        pairs = ((layer.spectral_logit_bound, "spectral"), (layer.logit_bound, "max-norm"))
+        found = [(b, k) for b, k in pairs if b is not None and _number(b)]
+        best = min(found) if found else (None, None)
+        bounds.append(best[0])
+        kinds.append(best[1])
+    return Precursors(
+        step=c.step,
+        max_logit=[l.max_attention_logit for l in layers],
+        max_logit_head=heads,
+        entropy_min=[l.normalized_attention_entropy_min for l in layers],
+        activation_ratio=[l.activation_ratio for l in layers],
+        log_z_mean=c.output[LOG_Z_MEAN] if c.output else None,
+        update_ratio=c.summary.update_rms_ratio,
+        update_weight=c.summary.update_rms_ratio_weight,
+        logit_bound=bounds,
+        bound_kind=kinds,
+    )
+
+
+def judge(report: InspectReport) -> None:
+    """Set the verdicts: each checkpoint's (with its run's history when its input is a run folder)
+    and each run input's over its checkpoints."""
+    start = 0
+    for given in report.inputs:  # the checkpoints of each input follow one another, in input order
+        taken = report.checkpoints[start : start + given.n_checkpoints]
+        start += given.n_checkpoints
+        if given.kind == "run":
+            verdicts = trajectory_verdicts([precursors(c) for c in taken])
+            for c, verdict in zip(taken, verdicts):
+                c.verdict = verdict
+            given.verdict = run_verdict(verdicts, [c.step for c in taken])
+        else:
+            for c in taken:
+                c.verdict = checkpoint_verdict(precursors(c))
 
 
 def write_json(report: InspectReport | dict, path: str | Path) -> int:

@@ -123,8 +123,7 @@ class HeadStats:
     attention_entropy_min: float | None = None
     normalized_attention_entropy_mean: float | None = None
     normalized_attention_entropy_min: float | None = None
-    # a tighter bound from spectral norms (`spectral_logit_bounds`); not in the JSON report
-    spectral_logit_bound: float | None = field(default=None, compare=False)
+    spectral_logit_bound: float | None = None  # a tighter bound from spectral norms (`spectral_logit_bounds`)
 
     def to_dict(self) -> dict[str, Any]:
         if self.kv_head is None:
@@ -134,7 +133,15 @@ class HeadStats:
                 **record_fields(self, *ENTROPY_FIELDS),
             }
         return record_fields(
-            self, "head", "kv_head", *NORM_FIELDS, "bound", MAX_ATTENTION_LOGIT, "logit_bound", *ENTROPY_FIELDS
+            self,
+            "head",
+            "kv_head",
+            *NORM_FIELDS,
+            "bound",
+            MAX_ATTENTION_LOGIT,
+            "logit_bound",
+            "spectral_logit_bound",
+            *ENTROPY_FIELDS,
         )
 
 
@@ -144,7 +151,8 @@ class LayerStats:
 
     `bound` is the product ||W_Q||_m * ||W_K||_m, the term of MERIT's bound that the weights alone
     give; it is not itself a bound on the logit. `logit_bound` is one (max over heads), from the
-    max-norms and the measured input norms of the layer (`logit_bounds`), once probed.
+    max-norms and the measured input norms of the layer (`logit_bounds`), once probed;
+    `spectral_logit_bound` a tighter one from spectral norms (`spectral_logit_bounds`).
     """
 
     layer: int
@@ -172,10 +180,8 @@ class LayerStats:
     activation_ratio: float | None = None
     activation_max_position: int | None = None
     activation_max_dim: int | None = None
-    # largest l2 norm of an attention input token, and the spectral bound (`spectral_logit_bounds`);
-    # not in the JSON report
-    input_max_l2: float | None = field(default=None, compare=False)
-    spectral_logit_bound: float | None = field(default=None, compare=False)
+    input_max_l2: float | None = None  # largest l2 norm of an attention input token on the probe batch
+    spectral_logit_bound: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -189,6 +195,8 @@ class LayerStats:
             "k_cols": self.k_cols.to_dict(),
             "input_max_l1": self.input_max_l1,
             "logit_bound": self.logit_bound,
+            "input_max_l2": self.input_max_l2,
+            "spectral_logit_bound": self.spectral_logit_bound,
             **record_fields(self, *ENTROPY_FIELDS, *ACTIVATION_FIELDS),
         }
 

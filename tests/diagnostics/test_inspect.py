@@ -79,19 +79,19 @@ def test_typed_report_to_dict_is_the_json(ckpts, tmp_path):
     assert list(c) == [
         "path", "label", "step", "run", "architecture", "n_layers", "n_heads", "n_kv_heads", "head_dim",
         "d_model", "row_axis", "layers", "weights", "notes", "probe", "hessian", "summary",
-        "output", "updates",  # additions
+        "output", "updates", "verdict",  # additions
     ]  # fmt: skip
     assert list(c["layers"][0]) == [
         "layer", "q_max_norm", "k_max_norm", "q_l2_norm", "k_l2_norm", "q_max_over_l2", "k_max_over_l2",
         "bound", "max_attention_logit", "heads", "q_rows", "q_cols", "k_rows", "k_cols",
-        "input_max_l1", "logit_bound",  # additions
+        "input_max_l1", "logit_bound", "input_max_l2", "spectral_logit_bound",  # additions
         "attention_entropy_mean", "attention_entropy_min", "normalized_attention_entropy_mean",
         "normalized_attention_entropy_min", "activation_max", "activation_median", "activation_ratio",
         "activation_max_position", "activation_max_dim",
     ]  # fmt: skip
     assert list(c["layers"][0]["heads"][0]) == [
         "head", "kv_head", "q_max_norm", "k_max_norm", "q_l2_norm", "k_l2_norm", "bound", "max_attention_logit",
-        "logit_bound",  # addition
+        "logit_bound", "spectral_logit_bound",  # additions
         "attention_entropy_mean", "attention_entropy_min", "normalized_attention_entropy_mean",
         "normalized_attention_entropy_min",
     ]  # fmt: skip
@@ -208,7 +208,13 @@ def test_run_folder_trajectory_and_plots(ckpts, tmp_path):
     assert res.exit_code == 0, res.output
     assert "trajectory" in res.output and "step_30" in res.output  # the skipped folder is named in a note
     data = json.loads(out.read_text())
-    assert data["inputs"] == [{"path": str(run), "kind": "run", "n_checkpoints": 3}]
+    (given,) = data["inputs"]
+    assert {k: given[k] for k in ("path", "kind", "n_checkpoints")} == {
+        "path": str(run),
+        "kind": "run",
+        "n_checkpoints": 3,
+    }
+    assert given["verdict"]["steps"] == [0, 5, 10] and given["verdict"]["history"]
     steps = [c["step"] for c in data["checkpoints"]]
     assert steps == [0, 5, 10] and [c["optimizer"] for c in data["checkpoints"]] == ["merit"] * 3
     q = [c["summary"]["q_max_norm"] for c in data["checkpoints"]]

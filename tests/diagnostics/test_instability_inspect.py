@@ -1,6 +1,6 @@
 """The instability statistics where a user sees them: `merit train` eval records, `merit inspect`
-of a run folder (tables, --per-head, --json, the trajectory figure) and update size from the
-run's optimizer state."""
+of a run folder (tables, --per-head, --json, the trajectory figure, the verdict, the spectral
+bound) and update size from the run's optimizer state."""
 
 import json
 
@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from merit_cli.main import cli
+from merit_core.diagnostics import verdict as v
 from merit_core.metric_names import (
     ACTIVATION_RATIO,
     LOG_Z_MEAN,
@@ -52,8 +53,14 @@ def test_inspect_run_tables_json_and_trajectory(run, tmp_path):
     assert "min H/log n" in res.output and "max act ratio" in res.output and "mean log Z" in res.output
     assert "max Δw/w" in res.output
     assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "trajectory" in res.output
+    text = " ".join(res.output.split())
+    assert "spectral bound" in text and "verdict" in text
+    assert f"{run}: healthy over its 2 checkpoints, steps 2-4 (worst per signal)" in text
+    assert "max_logit_growth" in text and "log_z_drift" in text and "e-folds per step" in text
     report = json.loads(out.read_text())
     assert [c["step"] for c in report["checkpoints"]] == [2, 4]
+    _check_verdicts(report)
+    _check_spectral_bounds(report)
     for c in report["checkpoints"]:
         assert c["output"][LOG_Z_MEAN] == c["summary"][LOG_Z_MEAN]
         assert c["updates"]["optimizer"] == "merit" and c["updates"]["step"] == c["step"]
@@ -73,6 +80,38 @@ def test_inspect_run_tables_json_and_trajectory(run, tmp_path):
         assert live[c["step"]] == pytest.approx(c["summary"][UPDATE_RATIO], rel=1e-4)
 
 
+def _check_verdicts(report) -> None:
+    """The run's verdict and each checkpoint's, read against the JSON's own numbers."""
+    first, last = report["checkpoints"]
+    assert first["verdict"]["notes"] == [v.FIRST_NOTE] and not first["verdict"]["history"]
+    assert [s["signal"] for s in first["verdict"]["signals"]] == [v.MAX_LOGIT, v.ENTROPY, v.UPDATE, v.BOUND]
+    assert last["verdict"]["history"] and [s["signal"] for s in last["verdict"]["signals"]] == list(v.SIGNALS)
+    signals = {s["signal"]: s for s in last["verdict"]["signals"]}
+    assert signals[v.MAX_LOGIT]["value"] == last["summary"][MAX_ATTENTION_LOGIT]
+    assert signals[v.ENTROPY]["value"] == last["summary"][NORMALIZED_ENTROPY_MIN]
+    assert signals[v.UPDATE]["value"] == last["summary"][UPDATE_RATIO]
+    drift = abs(last["output"][LOG_Z_MEAN] - first["output"][LOG_Z_MEAN])
+    assert signals[v.LOG_Z]["value"] == pytest.approx(drift) and signals[v.LOG_Z]["step"] == 4
+    tightest = max(min(l["spectral_logit_bound"], l["logit_bound"]) for l in last["layers"])
+    assert signals[v.BOUND]["value"] == tightest < v.LOGIT_LIMIT
+    # 4 steps at a small lr: every number is far from every threshold
+    assert {s["level"] for s in signals.values()} == {v.HEALTHY} and last["verdict"]["level"] == v.HEALTHY
+    (given,) = report["inputs"]
+    assert given["kind"] == "run" and given["verdict"]["steps"] == [2, 4] and given["verdict"]["level"] == v.HEALTHY
+    assert [s["signal"] for s in given["verdict"]["signals"]] == list(v.SIGNALS)
+
+
+def _check_spectral_bounds(report) -> None:
+    """The spectral bound per layer and head in the JSON: at least the measured logit, at most the max-norm bound."""
+    for c in report["checkpoints"]:
+        for layer in c["layers"]:
+            assert 0 < layer["input_max_l2"] <= layer["input_max_l1"]
+            heads = layer["heads"]
+            assert layer["spectral_logit_bound"] == max(h["spectral_logit_bound"] for h in heads)
+            for h in heads:
+                assert h[MAX_ATTENTION_LOGIT] <= h["spectral_logit_bound"] <= h["logit_bound"]
+
+
 def test_inspect_one_checkpoint_shows_layer_columns_and_updates(run, tmp_path):
     fig = tmp_path / "one.png"
     res = CliRunner().invoke(cli, ["inspect", str(run / "step_4"), "--per-head", "--plot", str(fig)])
@@ -81,6 +120,10 @@ def test_inspect_one_checkpoint_shows_layer_columns_and_updates(run, tmp_path):
     assert "act max/median" in text and "attention entropy / log n per head" in text
     assert "next update / weight (merit, step 4" in text and "row wins" in text
     assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the verdict of a checkpoint by itself: the level rules only, and it says so
+    assert "step_4: healthy at step 4" in text and v.NO_HISTORY_NOTE in text
+    assert "max_logit" in text and "update_ratio" in text and "log_z_drift" not in text
+    assert "spectral bound" in text
 
 
 def test_update_size_uses_the_run_optimizer_and_schedule(run):
