@@ -17,6 +17,7 @@ from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 from merit_core.settings import COMPARE, COMPARE_TRAIN, CompareDefaults, TrainConfig
 
 if TYPE_CHECKING:  # read at `merit compare --help`: the comparison (torch) is imported when it runs
+    from merit_core.compare.estimate import CompareEstimate
     from merit_core.compare.results import CompareSummary
 
 
@@ -83,6 +84,17 @@ class RichCompareReport(LiveReport):
         self.progress = compare_progress(self.out)
         self.progress.start()
         self.overall = self.progress.add_task("all runs", total=len(runs), completed=done, info="")
+
+    def on_estimate(self, estimate: CompareEstimate) -> None:
+        took = fmt_duration(estimate.seconds)
+        more = "; later rounds add runs" if estimate.more else ""
+        if self.plain:
+            self.say(plain_line("estimate", [("time", took), ("runs", estimate.runs), ("more", estimate.more or None)]))
+            return
+        self.out.print(
+            f"[dim]estimate: about {took} for {plural(estimate.runs, 'run')}, {estimate.jobs} at a time "
+            f"(from passes timed on this CPU{more})[/]"
+        )
 
     def _display(self) -> tuple[Progress, TaskID]:
         """The progress display and its all-runs bar, which on_plan starts outside plain mode."""
@@ -329,8 +341,8 @@ def _check_task_trust(spec, trusted: bool) -> None:
 @click.option(
     "--quick",
     is_flag=True,
-    help=f"A smoke run: {COMPARE.quick_tokens} tokens per run and only the centre of each auto grid (6 runs of the "
-    "default); its report gives no verdict on the paper's claims.",
+    help=f"A smoke run: {COMPARE.quick_tokens} tokens per run, only the centre of each auto grid (6 runs of the "
+    "default) and half the evaluations; its report gives no verdict on the paper's claims.",
 )
 @setting_option(CompareDefaults, "seeds", type=int, callback=None)
 @setting_option(CompareDefaults, "best_seeds", type=int, callback=None)

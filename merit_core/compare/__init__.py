@@ -23,12 +23,14 @@ lr grid each (extended past an edge holding the best lr, at most twice per side)
 more, one per core at a time on CPU; then two more seeds for each of the 6 best cells (12 runs)
 and three environment re-runs of each where the host can make them (18 runs): 48 runs or more,
 about 2.7 times the grid's cost. `--quick` runs the auto grid's centre only, at 65,536
-tokens: 6 runs, a smoke run; with one lr per cell its report states no verdict on the paper's
-claims (report).
+tokens and with half the evaluations (grid.QUICK_EVAL_POINTS): 6 runs, a smoke run; with one
+lr per cell its report states no verdict on the paper's claims (report). On a CPU the start
+says how long the planned runs should take (estimate).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +39,7 @@ from typing import Any
 from merit_core.checkpoint.resolve import latest_checkpoint
 from merit_core.checkpoint.state import read_trainer_state
 from merit_core.compare.environment import FLOORS, Perturbation, perturbations
+from merit_core.compare.estimate import estimate_runs
 from merit_core.compare.grid import (
     RUNS_DIR,
     Cell,
@@ -196,6 +199,11 @@ def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) ->
     provenance = Provenance(host)
     data_dir, meta = _prepare_data(spec, callbacks)
     callbacks.on_plan(plan.runs, plan.states, plan.jobs)
+    estimate = estimate_runs(plan.runs, plan.states, plan.jobs, threads, meta)
+    if estimate is not None:
+        auto = any(setting == "auto" for setting in spec.lrs.values())
+        later = spec.best_seeds > spec.seeds or spec.environment_check or (not spec.quick and auto)
+        callbacks.on_estimate(dataclasses.replace(estimate, more=later))
     states = execute(plan.runs, Execution(plan.states, plan.jobs, spec.out / "logs", callbacks, threads))
     before = dict(plan.states)
     extra: dict[tuple[str, int], list[float]] = {}

@@ -52,6 +52,7 @@ QUICK_FACTORS = (1.0,)
 SMALL_WIDTH = 512
 RUNS_DIR = "runs"
 EVAL_POINTS = 8  # validation points per run: the max-attention-logit and loss curves over steps
+QUICK_EVAL_POINTS = 4  # --quick: a smoke run's curves need fewer (each is a forward pass over the validation set)
 # Keys of a run's config.toml that do not change what the run computes; a finished run whose
 # saved config differs from the planned one in any *other* key belongs to another comparison.
 NON_IDENTITY_KEYS = frozenset(
@@ -301,7 +302,7 @@ def plan_runs(
                     "optimizer_args": dict(spec.optimizer_args.get(optimizer, {})),
                     "out": str(spec.out / RUNS_DIR / name),
                 }
-                values.setdefault("eval_every", max(1, steps // EVAL_POINTS))
+                values.setdefault("eval_every", max(1, steps // (QUICK_EVAL_POINTS if spec.quick else EVAL_POINTS)))
                 values.setdefault("save_every", max(1, math.ceil(steps / 4)))
                 values.setdefault("keep_checkpoints", 1)
                 config = resolve(from_dict(values)).config

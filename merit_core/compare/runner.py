@@ -4,9 +4,12 @@ A run's state comes from its folder alone, so a re-run of the comparison picks u
 last one stopped: 'finished' (its latest checkpoint is at the planned last step: skipped),
 'diverged' (a marker the comparison wrote when training stopped on a non-finite loss:
 skipped), 'partial' (a checkpoint short of the end: resumed with `merit train`'s resume),
-'new'. With one job, runs train in this process through `run_training`; with more, each run
-is a subprocess (`python -m merit_core.compare.worker`), one per GPU when there are GPUs
-(CUDA_VISIBLE_DEVICES), and on CPU the cores are split between them (OMP_NUM_THREADS).
+'new'. With one job, runs train in this process through `run_training`; with more, runs train
+in worker processes (`python -m merit_core.compare.worker`), one per GPU when there are GPUs
+(CUDA_VISIBLE_DEVICES), and on CPU the cores are split between them (OMP_NUM_THREADS). A GPU
+run gets a fresh worker; on CPU a worker goes on to the next run of its slot when that run has
+the same environment and no torch.compile (`reusable_worker`), so torch and transformers are
+imported once per slot rather than once per run.
 
 Interruptions: SIGTERM / SIGUSR1 / SIGINT to the comparison are forwarded to its workers, which
 finish their step, checkpoint and exit; the comparison waits for them and stops with
@@ -29,7 +32,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from merit_core.checkpoint.resolve import latest_checkpoint
 from merit_core.checkpoint.run_config import read_run_config
@@ -41,7 +44,11 @@ from merit_core.metrics import json_safe, read_metrics
 from merit_core.progress import Progress
 from merit_core.train import training_run  # run_training looked up per call: tests stand in for it
 from merit_core.train.callbacks import HANDLED_SIGNALS, STOP_SIGNALS, TrainCallbacks
+from merit_core.train.compiling import resolve_compile
 from merit_core.values import coerce
+
+if TYPE_CHECKING:
+    from merit_core.compare.estimate import CompareEstimate
 
 STATUS_FILE = "compare_status.json"
 EXIT_INTERRUPTED = (130, 143)
@@ -58,6 +65,9 @@ class CompareCallbacks:
 
     def on_plan(self, runs: list[PlannedRun], states: dict[str, str], jobs: int) -> None:
         """The runs, their states before this invocation, and how many run at once."""
+
+    def on_estimate(self, estimate: CompareEstimate) -> None:
+        """After on_plan, on a CPU: how long the planned runs are expected to take (merit_core.compare.estimate)."""
 
     def on_run_start(self, run: PlannedRun, resumed: bool) -> None:
         """A run starts training (`resumed`: from its latest checkpoint)."""
@@ -316,6 +326,99 @@ def _forward_signals(active: dict):
             signal.signal(sig, old)
 
 
+class _Worker:
+    """A worker process of `_run_parallel`: `python -m merit_core.compare.worker --serve FD`, which takes
+    runs one after another on stdin and answers each with its exit code on a pipe (see the worker's
+    docstring). `reusable`: it may take another run after this one (a CPU run without torch.compile, in
+    the same environment); otherwise its stdin is closed with the first run and it exits after it."""
+
+    def __init__(self, env: dict[str, str], log: Path, reusable: bool):
+        self.env, self.reusable = env, reusable
+        read_end, write_end = os.pipe()
+        try:
+            with os.fdopen(open_truncated(log), "w") as fh:  # never through a planted link
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "merit_core.compare.worker", "--serve", str(write_end)],
+                    stdin=subprocess.PIPE,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    pass_fds=(write_end,),
+                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                    start_new_session=True,  # Ctrl-C reaches the comparison, which forwards it once
+                )
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        os.set_blocking(read_end, False)
+        self.results = read_end
+        self.buffer = b""
+        self.runs = 0
+
+    def start(self, config: dict[str, Any], log: Path) -> None:
+        """Give the worker its next run; its output goes to `log` (the first run's log is the one the
+        process was started with)."""
+        if self.runs:
+            os.close(open_truncated(log))  # created or emptied here, so a planted link fails in this process
+        job = {"config": config, "log": str(log) if self.runs else None}
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # it died meanwhile: outcome() gives its exit status
+            self.proc.stdin.write((json.dumps(job) + "\n").encode())
+            self.proc.stdin.flush()
+        self.runs += 1
+        if not self.reusable:
+            self.close()
+
+    def outcome(self) -> int | None:
+        """The exit code of the run under way once it ended (its answer, else the process's exit status),
+        or None while it trains."""
+        status = self.proc.poll()  # before reading: an answer written before the process ended is read
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(self.results, 64):
+                self.buffer += chunk
+        if b"\n" in self.buffer:
+            line, self.buffer = self.buffer.split(b"\n", 1)
+            return int(line)
+        return status
+
+    @property
+    def idle(self) -> bool:
+        """It answered its run and can take another."""
+        return self.reusable and self.proc.poll() is None
+
+    def close(self) -> None:
+        """End of its runs: its stdin closed, it exits after the run under way (if any)."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+
+    def stop(self, busy: bool) -> None:
+        """SIGTERM to a worker with a run under way (it checkpoints and exits); an idle one just closes."""
+        self.close()
+        if busy:
+            with contextlib.suppress(OSError):
+                self.proc.terminate()
+
+    def wait(self) -> None:
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.results)
+
+
+def reusable_worker(run: PlannedRun, n_gpus: int) -> bool:
+    """Whether a worker may go on to another run after `run`: on CPU without torch.compile. A GPU run
+    keeps a fresh process (the CUDA caching allocator and torch.compile's caches would carry over);
+    what a worker computes does not depend on the runs it trained before (tests/compare)."""
+    import torch
+
+    return n_gpus == 0 and not resolve_compile(run.config.compile, torch.device("cpu"))
+
+
 def _run_parallel(todo: list[PlannedRun], how: Execution) -> dict[str, str]:
     callbacks, log_dir = how.callbacks, how.log_dir
     n_gpus = _gpu_count(todo)
@@ -323,6 +426,7 @@ def _run_parallel(todo: list[PlannedRun], how: Execution) -> dict[str, str]:
     pending = deque(todo)
     free = list(range(jobs))
     active: dict[int, tuple[PlannedRun, subprocess.Popen, Path, int]] = {}
+    workers: dict[int, _Worker] = {}  # the process of each slot, busy (in active) or idle
     final: dict[str, str] = {}
     refuse_link(log_dir, "in a comparison folder")  # a planted link would take every run's log elsewhere
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -334,22 +438,22 @@ def _run_parallel(todo: list[PlannedRun], how: Execution) -> dict[str, str]:
                     resume = how.states[run.name] == "partial"
                     config = dataclasses.asdict(dataclasses.replace(run.config, resume=resume))
                     log = log_dir / f"{run.name}.log"
-                    with os.fdopen(open_truncated(log), "w") as fh:  # never through a planted link
-                        proc = subprocess.Popen(
-                            [sys.executable, "-m", "merit_core.compare.worker", json.dumps(config)],
-                            stdout=fh,
-                            stderr=subprocess.STDOUT,
-                            env={**worker_env(slot, jobs, n_gpus, run.threads or how.threads), **run.env},
-                            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-                            start_new_session=True,  # Ctrl-C reaches the comparison, which forwards it once
-                        )
+                    env = {**worker_env(slot, jobs, n_gpus, run.threads or how.threads), **run.env}
+                    worker = workers.get(slot)
+                    reusable = reusable_worker(run, n_gpus)
+                    if worker is None or not (worker.idle and reusable and worker.env == env):
+                        if worker is not None:
+                            worker.stop(busy=False)
+                            worker.wait()
+                        worker = workers[slot] = _Worker(env, log, reusable)
+                    worker.start(config, log)
                     callbacks.on_run_start(run, resume)
-                    active[slot] = (run, proc, log, _line_count(run))
+                    active[slot] = (run, worker.proc, log, _line_count(run))
                 if received and not active:
                     break
                 time.sleep(0.5)
                 for slot, (run, proc, log, seen) in list(active.items()):
-                    code = proc.poll()  # before reading: a finished run's records are all on disk
+                    code = workers[slot].outcome()  # before reading: a finished run's records are all on disk
                     seen = _forward_new_records(run, seen, callbacks)
                     active[slot] = (run, proc, log, seen)
                     if code is None:
@@ -360,15 +464,10 @@ def _run_parallel(todo: list[PlannedRun], how: Execution) -> dict[str, str]:
                         continue  # stopped on our signal after its checkpoint: 'partial' for the next run
                     final[run.name] = _finish(run, code, log, callbacks)
         finally:
-            for _, proc, _, _ in active.values():
-                with contextlib.suppress(OSError):
-                    proc.terminate()  # SIGTERM: the worker checkpoints and exits
-            for _, proc, _, _ in active.values():
-                try:
-                    proc.wait(timeout=120)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            for slot, worker in workers.items():
+                worker.stop(busy=slot in active)  # SIGTERM to a busy one: the worker checkpoints and exits
+            for worker in workers.values():
+                worker.wait()
     if received:
         name = received[0]
         raise RunInterrupted(
