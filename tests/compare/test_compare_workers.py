@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from merit_core.checkpoint import runs
+from merit_core.checkpoint.resolve import latest_checkpoint
 from merit_core.compare import estimate, plan_compare, run_compare, runner
 from merit_core.data import load_meta
 from merit_core.metric_names import TOKENS_PER_S
@@ -72,11 +72,12 @@ def test_reused_workers_train_exactly_what_fresh_workers_train(tmp_path, model_c
     for a, b in zip(plan_compare(spec_reused).runs, plan_compare(spec_fresh).runs, strict=True):
         assert a.name == b.name
         assert _same(_records(a.run_dir), _records(b.run_dir)), a.name
-        ckpt_a, ckpt_b = runs.latest(a.run_dir), runs.latest(b.run_dir)
-        assert (ckpt_a is None) == (ckpt_b is None), a.name
-        if ckpt_a is not None and ckpt_b is not None:
-            weights_a = load_file(ckpt_a / "model.safetensors")
-            weights_b = load_file(ckpt_b / "model.safetensors")
+        found_a, found_b = latest_checkpoint(a.run_dir), latest_checkpoint(b.run_dir)
+        assert (found_a is None) == (found_b is None), a.name
+        if found_a is not None and found_b is not None:
+            assert found_a[0] == found_b[0], a.name
+            weights_a = load_file(found_a[1] / "model.safetensors")
+            weights_b = load_file(found_b[1] / "model.safetensors")
             assert weights_a.keys() == weights_b.keys()
             assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a), a.name
     assert _same(_cells(reused.summary), _cells(fresh.summary))
