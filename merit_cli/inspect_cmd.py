@@ -15,7 +15,7 @@ from merit_cli.options import all_steps_option, device_option, no_verify_option,
 from merit_cli.render import print_table, shown
 from merit_core.diagnostics.plots import plot_report, short_labels
 from merit_core.errors import CheckpointError, ConfigError
-from merit_core.fileio import check_writable
+from merit_core.fileio import check_writable, read_text_file
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
 
 if TYPE_CHECKING:  # rich is imported where a table is drawn
@@ -478,7 +478,6 @@ def inspect_cmd(
     from rich.console import Console
 
     from merit_cli.render import ProgressView
-    from merit_core.diagnostics.probe import read_text_file
 
     if text is not None and text_file is not None:
         raise ConfigError("give --text or --text-file, not both")
@@ -490,7 +489,7 @@ def inspect_cmd(
             check_writable(path, option)  # before the work, so a report is never lost at the end
     source = "builtin"
     if text_file is not None:
-        text, source = read_text_file(text_file), "file"
+        text, source = read_text_file(text_file, "probe text"), "file"
     elif text is not None:
         if not text.strip():
             raise ConfigError("--text is empty")

@@ -31,6 +31,7 @@ from merit_core.errors import ConfigError, MeritError
 from merit_core.fileio import refuse_link
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
 from merit_core.settings import TRAIN_DTYPES, TrainConfig, option_names
+from merit_core.train_input import check_names_and_out, load_config
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
@@ -324,12 +325,13 @@ def train(config_file, overrides, yes, **values):
       merit train --resume --out runs/first         # continue from the latest checkpoint
     """
     from merit_core.hub import prefer_offline
-    from merit_core.train.training_run import run_training
 
     prefer_offline()
     main = int(os.environ.get("RANK", "0")) == 0
     try:
         summary_config = _load(config_file, overrides, values)
+        check_names_and_out(summary_config)  # before the seconds of importing torch: a typo is one line at once
+        from merit_core.train.training_run import run_training
 
         report = RichTrainReport(yes=yes) if main else None
         try:
@@ -346,7 +348,6 @@ def train(config_file, overrides, yes, **values):
 def _load(config_file, overrides, values):
     """Defaults < CONFIG.toml (or the resumed run's config.toml) < --set < options."""
     from merit_core.configs import find_config
-    from merit_core.train.config import load_config
 
     base = find_config(config_file, "train") if config_file is not None else None
     if values.get("resume") or values.get("resume_from"):

@@ -159,8 +159,16 @@ def test_every_command_help_stays_light():
 
 # What merit_core/optim (the slim install: torch alone) may import from the rest of merit_core: leaf
 # modules that import nothing of merit's but errors. The lr table takes a model's name and width from
-# its caller (merit_core.train.config.resolve), so nothing of optim reads models or training.
-OPTIM_MAY_IMPORT = {"merit_core", "merit_core.errors", "merit_core.extras", "merit_core.paths", "merit_core.values"}
+# its caller (merit_core.train.config.resolve), so nothing of optim reads models or training; the
+# built-in optimizer names are a leaf module that `merit train` reads before torch loads.
+OPTIM_MAY_IMPORT = {
+    "merit_core",
+    "merit_core.errors",
+    "merit_core.extras",
+    "merit_core.optimizer_names",
+    "merit_core.paths",
+    "merit_core.values",
+}
 
 
 def _optim_modules(graph: dict[str, set[str]]) -> list[str]:
