@@ -19,9 +19,10 @@ from merit_cli.render import (
     fmt_count,
     fmt_duration,
     fmt_float,
-    key_value_table,
     plural,
     print_command_hints,
+    print_key_values,
+    print_whole,
     shown,
     train_log_line,
     training_progress,
@@ -93,7 +94,7 @@ class RichTrainReport(LiveReport):
             f"(micro-batch {c.micro_batch_size}), {plural(info.total_steps, 'step')} on {info.device}{world}"
         )
         self.out.print(f"[dim]{device_line(info)}[/]")
-        self.out.print(f"[dim]run folder {shown(info.run_dir)}[/]")
+        print_whole(self.out, f"[dim]run folder {shown(info.run_dir)}[/]")
         self.total_steps = info.total_steps
         if self.plain:
             return
@@ -144,7 +145,7 @@ class RichTrainReport(LiveReport):
         if self.plain:
             self.say(f"checkpoint step={step} path={path}")
         elif self.progress is not None:
-            self.progress.console.print(f"[dim]step {step:>6}  saved {shown(path)}[/]")
+            print_whole(self.progress.console, f"[dim]step {step:>6}  saved {shown(path)}[/]")
 
     def confirm(self, message: str) -> bool:
         """On a terminal (stdin and stdout), unless --yes: ask before a long run; off one, go on."""
@@ -176,7 +177,7 @@ class RichTrainReport(LiveReport):
             ("curves", summary.run_dir / "curves.png"),
         ]
         self.out.print()
-        self.out.print(key_value_table("[bold]Run summary", rows))
+        print_key_values(self.out, "Run summary", rows)
         self.out.print()
         hints = [
             (f"merit inspect {shlex.quote(str(summary.run_dir))}", "max-norms and attention logits per checkpoint")
