@@ -54,7 +54,7 @@ def wide_console(out: Console) -> Console:
         file=out.file,
         width=WIDE_COLUMNS,
         force_terminal=out.is_terminal,
-        color_system=out.color_system,  # type: ignore[arg-type]  (the name the console was made with)
+        color_system=cast(Any, out.color_system),  # the name ("256", "truecolor", ...) or None, as out's
         no_color=out.no_color,
         highlight=False,
     )

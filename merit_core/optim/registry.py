@@ -359,7 +359,10 @@ def optimizer_names() -> tuple[str, ...]:
 
 def canonical_name(name: str) -> str:
     """The registry name for ``name`` (case-insensitive, ``_`` == ``-``); ConfigError if there is none."""
-    return known_optimizer(name, optimizer_names())
+    key = optimizer_key(name) if isinstance(name, str) else None
+    if key in _SPECS:
+        return key
+    return known_optimizer(name, optimizer_names())  # not a registered name: its one-line error
 
 
 def get_spec(name: str | OptimizerSpec) -> OptimizerSpec:
