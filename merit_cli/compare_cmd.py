@@ -11,8 +11,18 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from merit_cli.options import device_callback, setting_option
-from merit_cli.render import EtaColumn, LiveReport, fmt_duration, fmt_float, plain_line, plural, shown
+from merit_cli.options import device_callback, setting_option, wide_option
+from merit_cli.render import (
+    EtaColumn,
+    LiveReport,
+    fmt_duration,
+    fmt_float,
+    plain_line,
+    plural,
+    print_whole,
+    shown,
+    wide_console,
+)
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 from merit_core.settings import COMPARE, COMPARE_TRAIN, CompareDefaults, TrainConfig
 
@@ -47,8 +57,9 @@ class RichCompareReport(LiveReport):
     from LiveReport) rather than inherited, so that this module, read at `merit compare --help`, does not
     import the comparison (torch); tests/cli check that it answers every hook."""
 
-    def __init__(self) -> None:
+    def __init__(self, wide: bool = False) -> None:
         super().__init__()
+        self.tables = wide_console(self.out) if wide else self.out  # the console tables print on (--wide)
         self.overall: TaskID | None = None
         self.tasks: dict[str, Any] = {}
         self.started: dict[str, float] = {}
@@ -67,7 +78,7 @@ class RichCompareReport(LiveReport):
             f"[bold]Comparing[/] {', '.join(dict.fromkeys(r.optimizer for r in runs))} on {shown(first.config.model)}, "
             f"seq len {first.config.seq_len}, {max(r.tokens for r in runs):,} tokens per run ({steps})"
         )
-        self.out.print(_grid_table(runs))
+        self.tables.print(_grid_table(runs))
         parts = [f"{counts['finished']} finished"] if counts["finished"] else []
         parts += [f"{counts['diverged']} diverged"] if counts["diverged"] else []
         parts += [
@@ -76,7 +87,7 @@ class RichCompareReport(LiveReport):
             + (f", {jobs} at a time" if todo else "")
         ]
         self.out.print(f"{len(runs)} runs: {', '.join(parts)}")
-        self.out.print(f"[dim]runs in {shown(first.run_dir.parent)}[/]")
+        print_whole(self.out, f"[dim]runs in {shown(first.run_dir.parent)}[/]")
         self.done = done
         self.total = len(runs)
         if self.plain:
@@ -369,6 +380,7 @@ def _check_task_trust(spec, trusted: bool) -> None:
     metavar="KEY=VALUE",
     help="A merit train setting for every run (e.g. warmup_ratio=0.05, micro_batch_size=16).",
 )
+@wide_option()
 def compare(
     config_file,
     optimizers,
@@ -393,6 +405,7 @@ def compare(
     overrides,
     best_seeds,
     environment_check,
+    wide,
 ):
     """Compare optimizers at a small and a large batch, same token budget, each at its best lr.
 
@@ -438,7 +451,7 @@ def compare(
     )
     _check_task_trust(spec, trust_task_code)
     spec.command = _command_line(click.get_current_context())
-    report = RichCompareReport()
+    report = RichCompareReport(wide=wide)
     try:
         result = run_compare(spec, report)
     finally:
@@ -446,13 +459,13 @@ def compare(
     out_console = report.out
     summary = result.summary
     out_console.print()
-    out_console.print(results_table(summary))
+    report.tables.print(results_table(summary))
     reason = no_verdict(summary)
     if reason is not None:
         out_console.print(f"[yellow]{SMOKE}:[/] {reason}")
     measures = measures_table(summary)
     if measures is not None:
-        out_console.print(measures)
+        report.tables.print(measures)
     for status in ("diverged", "unstable", "missing"):
         failed = [r.name for r in summary.runs if r.status == status]
         if failed:
@@ -475,4 +488,4 @@ def compare(
         f"in {fmt_duration(result.elapsed_s)}"
     )
     for path in (result.summary_path, result.plot_path, result.report_path):
-        out_console.print(f"  {shown(path)}")
+        print_whole(out_console, f"  {shown(path)}")

@@ -11,8 +11,15 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from merit_cli.options import all_steps_option, device_option, no_verify_option, selection_of, steps_option
-from merit_cli.render import ProgressView, print_table, shown
+from merit_cli.options import (
+    all_steps_option,
+    device_option,
+    no_verify_option,
+    selection_of,
+    steps_option,
+    wide_option,
+)
+from merit_cli.render import ProgressView, print_table, print_whole, shown, wide_console
 from merit_core.errors import ConfigError
 from merit_core.evaluation import EvalSettings, evaluate_checkpoints
 from merit_core.evaluation.lm_eval_output import parse_seed
@@ -233,7 +240,7 @@ def _show_steps(console, run: str, steps: list[int], records: list[CheckpointRes
         rows = metric_rows(records)
         series = {f"{r.task} {r.metric}": list(r.values) for r in rows}
         plot_steps(steps, series, [logits.get(s) for s in steps], plot)
-        console.print(f"wrote {shown(plot)}")
+        print_whole(console, f"wrote {shown(plot)}")
 
 
 class EvalCommand(click.Command):
@@ -325,6 +332,7 @@ def _display_stream():
 )
 @click.option("--list-tasks", is_flag=True, help="Show the task aliases (and --include-path tasks) and exit.")
 @click.option("--verbose", "-v", is_flag=True, help="Show lm-eval's own logs and progress bars.")
+@wide_option()
 def eval_cmd(
     checkpoints,
     tasks,
@@ -348,6 +356,7 @@ def eval_cmd(
     plot,
     list_tasks,
     verbose,
+    wide,
 ):
     """Zero-shot evaluation of checkpoints with lm-evaluation-harness.
 
@@ -369,7 +378,7 @@ def eval_cmd(
     --output_path DIR writes lm-eval's DIR/<model>/results_<time>.json, the file lm-eval's own command
     line writes for the same run, and merit's JSON into DIR too unless -o names its place.
     """
-    console = Console()
+    console = wide_console(Console()) if wide else Console()
     check_task_code_trusted(include_path, trust_task_code)
     if list_tasks:
         console.print(_aliases_table(include_path))
@@ -443,7 +452,7 @@ def eval_cmd(
         _show_steps(console, step_run, chosen, records, plot)
     if output:
         path = write_results_json(output, records)
-        console.print(f"wrote {shown(path)}")
+        print_whole(console, f"wrote {shown(path)}")
     if lm_eval_dir:
         given = LmEvalGiven(checkpoints, lm_eval_model_args, dtype, batch_size, include_path)
         _write_lm_eval_layout(console, lm_eval_dir, records, given)
@@ -481,4 +490,4 @@ def _write_lm_eval_layout(
             "include_path": given.include_path,
         }
         for path in write_lm_eval_results(output_path, name, record.lm_eval or {}, settings):
-            console.print(f"wrote {shown(path)}")
+            print_whole(console, f"wrote {shown(path)}")

@@ -11,11 +11,18 @@ from typing import TYPE_CHECKING
 
 import click
 
-from merit_cli.options import all_steps_option, device_option, no_verify_option, selection_of, steps_option
-from merit_cli.render import print_table, shown
+from merit_cli.options import (
+    all_steps_option,
+    device_option,
+    no_verify_option,
+    selection_of,
+    steps_option,
+    wide_option,
+)
+from merit_cli.render import print_table, print_whole, shown, wide_console
 from merit_core.diagnostics.plots import plot_report, short_labels
 from merit_core.errors import CheckpointError, ConfigError
-from merit_core.fileio import check_writable
+from merit_core.fileio import check_writable, read_text_file
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
 
 if TYPE_CHECKING:  # rich is imported where a table is drawn
@@ -509,6 +516,7 @@ def _say_taken(console, report, selection) -> None:
     type=click.Path(path_type=Path, dir_okay=False),
     help="Figure: per-layer bars, or the trajectory over steps for a run folder (.png/.pdf/.svg).",
 )
+@wide_option()
 def inspect_cmd(
     paths,
     text,
@@ -530,6 +538,7 @@ def inspect_cmd(
     show_weights,
     json_path,
     plot_path,
+    wide,
 ):
     """Max-norms of W_Q / W_K, max attention logits, attention entropy, massive activations, output
     log Z, update size and Hessian estimates of checkpoints (docs/DIAGNOSTICS.md).
@@ -554,7 +563,6 @@ def inspect_cmd(
     from rich.console import Console
 
     from merit_cli.render import ProgressView
-    from merit_core.diagnostics.probe import read_text_file
 
     if text is not None and text_file is not None:
         raise ConfigError("give --text or --text-file, not both")
@@ -566,7 +574,7 @@ def inspect_cmd(
             check_writable(path, option)  # before the work, so a report is never lost at the end
     source = "builtin"
     if text_file is not None:
-        text, source = read_text_file(text_file), "file"
+        text, source = read_text_file(text_file, "probe text"), "file"
     elif text is not None:
         if not text.strip():
             raise ConfigError("--text is empty")
@@ -602,15 +610,16 @@ def inspect_cmd(
         console = Console(width=160)
     with ProgressView(console, one_line=True, first="inspecting") as view:
         report = inspect_paths([str(p) for p in paths], opts, progress=view)
+    if wide:
+        console = wide_console(console)
     _say_taken(console, report, selection)
     render(console, report, per_head, show_weights)
     if json_path is not None:
         replaced = write_json(report, json_path)
-        console.print(f"wrote {shown(json_path)}")
+        print_whole(console, f"wrote {shown(json_path)}")
         if replaced:
             console.print(f"[yellow]note[/] {replaced} values are not finite (NaN or infinite): null in the JSON")
     if plot_path is not None:
         kind = plot_report(report, plot_path)
-        console.print(
-            f"wrote {shown(plot_path)} ({'trajectory over steps' if kind == 'trajectory' else 'per-layer bars'})"
-        )
+        what = "trajectory over steps" if kind == "trajectory" else "per-layer bars"
+        print_whole(console, f"wrote {shown(plot_path)} ({what})")

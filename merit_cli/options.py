@@ -234,3 +234,15 @@ def setting_option(cls: type, name: str, *, default: Any = dataclasses.MISSING, 
         kwargs["callback"] = number(value_type(cls, name))
     kwargs.update(extra)
     return click.option(*decls, **kwargs)
+
+
+def wide_option():
+    """--wide for the commands that print tables (inspect, eval, compare): every column unfolded at its
+    full width (merit_cli.render.wide_console) instead of tables that fit the terminal."""
+    return click.option(
+        "--wide",
+        is_flag=True,
+        help="Print tables with every column at its full width, one line per row, whatever the terminal's "
+        "width (for a pipe or a wide terminal); without it a table fits the terminal, its names folding onto "
+        "more lines and its columns split into parts.",
+    )

@@ -9,31 +9,29 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from merit_cli.options import number_option
-from merit_cli.render import ProgressView, shown
+from merit_cli.render import ProgressView, print_key_values, shown
 from merit_core.errors import ConfigError
 from merit_core.settings import VOCAB_SIZE
 
 
-def _summary(meta, seconds: float):
-    table = Table(title="Prepared data", show_header=False, title_justify="left")
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(overflow="fold")
+def _summary(meta, seconds: float) -> list[tuple[str, str]]:
+    """The summary's rows (merit_cli.render.print_key_values escapes and prints them, paths whole)."""
     extra = meta.extra
-    table.add_row("source", shown(meta.source))
-    table.add_row("folder", shown(meta.path))
-    table.add_row(
-        "documents",
-        f"{meta.documents:,} ({extra.get('train_documents', '?'):,} train, {extra.get('val_documents', '?'):,} val)",
+    documents = (
+        f"{meta.documents:,} ({extra.get('train_documents', '?'):,} train, {extra.get('val_documents', '?'):,} val)"
     )
-    table.add_row("tokens train", f"{meta.train_tokens:,}")
-    table.add_row("tokens val", f"{meta.val_tokens:,}")
-    table.add_row("vocab", f"{meta.vocab_size:,} ({shown(extra.get('tokenizer_source', meta.tokenizer))})")
-    table.add_row("dtype", meta.dtype)
-    table.add_row("time", f"{seconds:.1f} s")
-    return table
+    return [
+        ("source", meta.source),
+        ("folder", meta.path),
+        ("documents", documents),
+        ("tokens train", f"{meta.train_tokens:,}"),
+        ("tokens val", f"{meta.val_tokens:,}"),
+        ("vocab", f"{meta.vocab_size:,} ({extra.get('tokenizer_source', meta.tokenizer)})"),
+        ("dtype", meta.dtype),
+        ("time", f"{seconds:.1f} s"),
+    ]
 
 
 @click.command("prepare", context_settings={"show_default": True})
@@ -143,7 +141,7 @@ def prepare(
         click.echo(json.dumps({**meta.to_json(), "path": str(meta.path)}, indent=2))
         return
     console = Console()
-    console.print(_summary(meta, seconds))
+    print_key_values(console, "Prepared data", _summary(meta, seconds), key_style="bold")
     from merit_core.data.meta import data_notes
 
     for note in data_notes(meta):

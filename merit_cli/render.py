@@ -41,6 +41,43 @@ def console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False)
 
 
+# The width of a --wide console: more columns than any table of merit's takes, so every column is at its
+# full width and each row one line (rich pads a table to its own width, not to the console's).
+WIDE_COLUMNS = 100_000
+
+
+def wide_console(out: Console) -> Console:
+    """A console on `out`'s stream (terminal or not, colours or not, as `out`) that no table reaches the
+    edge of: tables print every column unfolded at its full width, one line per row, whatever the
+    terminal's width (--wide: for a pipe or a wide terminal)."""
+    return Console(
+        file=out.file,
+        width=WIDE_COLUMNS,
+        force_terminal=out.is_terminal,
+        color_system=cast(Any, out.color_system),  # the name ("256", "truecolor", ...) or None, as out's
+        no_color=out.no_color,
+        highlight=False,
+    )
+
+
+def print_whole(out: Console, markup: str, **kwargs: Any) -> None:
+    """Print `markup` (names and paths in it through `shown`) as one line that rich neither wraps nor
+    cuts: only the terminal folds it on screen, so that a path or a command in it is copied whole.
+    Every line that prints a path (a run folder, a checkpoint, a file written) goes through here or
+    `print_key_values`."""
+    out.print(markup, soft_wrap=True, **kwargs)
+
+
+def print_key_values(out: Console, title: str, rows: Iterable[tuple[str, Any]], key_style: str = "dim") -> None:
+    """A bold title, then one `key   value` line per row with the keys aligned, each line whole
+    (`print_whole`): a path among the values is never wrapped or cut, at any width."""
+    pairs = [(key, value) for key, value in rows]
+    width = max((len(key) for key, _ in pairs), default=0)
+    print_whole(out, f"[bold]{escape(title)}[/]")
+    for key, value in pairs:
+        print_whole(out, f"  [{key_style}]{escape(key.ljust(width))}[/]    {shown(value)}")
+
+
 def plain_line(kind: str, fields: Iterable[tuple[str, Any]]) -> str:
     """One `kind key=value ...` line for logs read by batch systems (None values are left out)."""
     return " ".join([kind, *(f"{key}={value}" for key, value in fields if value is not None)])
@@ -141,16 +178,6 @@ def print_command_hints(out: Console, title: str, hints: Iterable[tuple[str, str
         text.append(f"\n  {printable(command)}")
         text.append(f"  # {printable(note)}", style="dim")
     out.print(text, soft_wrap=True)
-
-
-def key_value_table(title: str | None, rows: Iterable[tuple[str, Any]]) -> Table:
-    """A two-column table: dim keys, plain values."""
-    table = Table(title=title, show_header=False, box=None, padding=(0, 2), title_justify="left")
-    table.add_column(style="dim", no_wrap=True)
-    table.add_column()
-    for key, value in rows:
-        table.add_row(key, shown(value))
-    return table
 
 
 class ProgressView:

@@ -19,9 +19,10 @@ from merit_cli.render import (
     fmt_count,
     fmt_duration,
     fmt_float,
-    key_value_table,
     plural,
     print_command_hints,
+    print_key_values,
+    print_whole,
     shown,
     train_log_line,
     training_progress,
@@ -31,6 +32,7 @@ from merit_core.errors import ConfigError, MeritError
 from merit_core.fileio import refuse_link
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
 from merit_core.settings import TRAIN_DTYPES, TrainConfig, option_names
+from merit_core.train_input import check_names_and_out, load_config
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
@@ -92,7 +94,7 @@ class RichTrainReport(LiveReport):
             f"(micro-batch {c.micro_batch_size}), {plural(info.total_steps, 'step')} on {info.device}{world}"
         )
         self.out.print(f"[dim]{device_line(info)}[/]")
-        self.out.print(f"[dim]run folder {shown(info.run_dir)}[/]")
+        print_whole(self.out, f"[dim]run folder {shown(info.run_dir)}[/]")
         self.total_steps = info.total_steps
         if self.plain:
             return
@@ -143,7 +145,7 @@ class RichTrainReport(LiveReport):
         if self.plain:
             self.say(f"checkpoint step={step} path={path}")
         elif self.progress is not None:
-            self.progress.console.print(f"[dim]step {step:>6}  saved {shown(path)}[/]")
+            print_whole(self.progress.console, f"[dim]step {step:>6}  saved {shown(path)}[/]")
 
     def confirm(self, message: str) -> bool:
         """On a terminal (stdin and stdout), unless --yes: ask before a long run; off one, go on."""
@@ -175,7 +177,7 @@ class RichTrainReport(LiveReport):
             ("curves", summary.run_dir / "curves.png"),
         ]
         self.out.print()
-        self.out.print(key_value_table("[bold]Run summary", rows))
+        print_key_values(self.out, "Run summary", rows)
         self.out.print()
         hints = [
             (f"merit inspect {shlex.quote(str(summary.run_dir))}", "max-norms and attention logits per checkpoint")
@@ -324,12 +326,13 @@ def train(config_file, overrides, yes, **values):
       merit train --resume --out runs/first         # continue from the latest checkpoint
     """
     from merit_core.hub import prefer_offline
-    from merit_core.train.training_run import run_training
 
     prefer_offline()
     main = int(os.environ.get("RANK", "0")) == 0
     try:
         summary_config = _load(config_file, overrides, values)
+        check_names_and_out(summary_config)  # before the seconds of importing torch: a typo is one line at once
+        from merit_core.train.training_run import run_training
 
         report = RichTrainReport(yes=yes) if main else None
         try:
@@ -346,7 +349,6 @@ def train(config_file, overrides, yes, **values):
 def _load(config_file, overrides, values):
     """Defaults < CONFIG.toml (or the resumed run's config.toml) < --set < options."""
     from merit_core.configs import find_config
-    from merit_core.train.config import load_config
 
     base = find_config(config_file, "train") if config_file is not None else None
     if values.get("resume") or values.get("resume_from"):

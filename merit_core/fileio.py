@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from merit_core.errors import CheckpointError, ConfigError, DiskFull, MeritError, UnsafePath, printable
+from merit_core.errors import CheckpointError, ConfigError, DataError, DiskFull, MeritError, UnsafePath, printable
 
 # The name prefix of a file or folder still being written (readers and cleaners skip it).
 TMP_PREFIX = ".tmp-"
@@ -628,3 +628,18 @@ def display(path: str | os.PathLike) -> str:
     name holds that are not UTF-8 (kept by Python as surrogates) as \\xNN escapes instead of failing
     to encode, control characters (an ESC planted in a name) as escapes instead of reaching the terminal."""
     return printable(os.fspath(path))
+
+
+def read_text_file(path: str | os.PathLike, what: str) -> str:
+    """The UTF-8 text of a file the user named (`what` it is, e.g. 'probe text'), or one DataError
+    line: a FIFO or device (whose read would block), an unreadable or empty file."""
+    kind = special_file(path)
+    if kind is not None:  # a FIFO would block the read forever
+        raise DataError(f"{what} {display(path)} is {kind}; give a regular text file")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not text.strip():
+        raise DataError(f"{what} file {path} is empty")
+    return text

@@ -128,6 +128,15 @@ def checkpoints(run_dir: str | Path, level: str = "complete") -> list[tuple[int,
     return [(step, path) for step, path in step_folders(run_dir) if ok(path)]
 
 
+def check_new_run(run_dir: str | Path) -> None:
+    """ConfigError when `run_dir` already holds complete checkpoints: a new run there (no --resume)
+    would mix its checkpoints with another run's."""
+    if checkpoints(run_dir, "complete"):
+        raise ConfigError(
+            f"{run_dir} already holds checkpoints; pass --resume to continue that run or choose another --out"
+        )
+
+
 def missing_step_hint(path: str | Path) -> str:
     """For a `step_N` path that does not exist inside a run folder: '; RUN has step_5, step_10' (the
     checkpoints with weights it does have), so that a mistyped step is one look away. Else ''."""

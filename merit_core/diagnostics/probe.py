@@ -19,7 +19,6 @@ from transformers import AutoTokenizer
 from merit_core.checkpoint.runs import TOKENIZER_FILES
 from merit_core.diagnostics.layout import read_config
 from merit_core.errors import CheckpointError, ConfigError, DataError
-from merit_core.fileio import display, special_file
 from merit_core.models import build_model, config_from_dict, family_spec
 from merit_core.models.limits import check_model_config, check_model_size
 
@@ -58,19 +57,6 @@ class ProbeBatch:
 
     def describe(self) -> ProbeInfo:
         return ProbeInfo(self.source, int(self.input_ids.shape[1]), list(self.notes))
-
-
-def read_text_file(path: str | Path) -> str:
-    what = special_file(path)
-    if what is not None:  # a FIFO would block the read forever
-        raise DataError(f"probe text {display(path)} is {what}; give a regular text file")
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"cannot read probe text {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    if not text.strip():
-        raise DataError(f"probe text file {path} is empty")
-    return text
 
 
 def has_tokenizer(folder: Path) -> bool:

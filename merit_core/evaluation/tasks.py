@@ -319,9 +319,11 @@ def check_task_code_trusted(include_path: str | os.PathLike | None, trusted: boo
     A task folder can be code, not data: a YAML `!function` tag imports the folder's Python, and
     lm-eval renders prompt templates with Jinja, which can reach os.system from a YAML file. Like a
     checkpoint's auto_map it runs only on request; plain YAML and the shipped aliases need no flag."""
-    if include_path is None or trusted:
+    if include_path is None:
         return
-    _check_include_folder(include_path)
+    _check_include_folder(include_path)  # a missing folder is said at once, trusted or not
+    if trusted:
+        return
     why = task_code(include_path)
     if why is not None:
         raise ConfigError(

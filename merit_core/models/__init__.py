@@ -31,6 +31,7 @@ __all__ = [
     "ModelSpec",
     "all_families",
     "build_model",
+    "check_model_name",
     "config_from_dict",
     "context_length",
     "count_parameters",
@@ -115,12 +116,24 @@ def model_config(
     if isinstance(name_or_path, ModelSpec) or name_or_path in NAMED_MODELS:
         spec = NAMED_MODELS[name_or_path] if isinstance(name_or_path, str) else name_or_path
         return _spec_config(spec, vocab_size or spec.vocab, context or spec.context, special_ids)
+    return _config_from_file(_config_path(name_or_path), vocab_size, context, special_ids)
+
+
+def check_model_name(name_or_path: str) -> None:
+    """A ConfigError line unless `name_or_path` is a named model or a config.json path (file or
+    folder). Reads no file and imports no transformers: `merit train` answers a misspelt --model
+    with it before torch loads; model_config reads the file."""
+    if name_or_path not in NAMED_MODELS:
+        _config_path(name_or_path)
+
+
+def _config_path(name_or_path: str) -> Path:
+    """The config.json a model that is not named stands for (a folder's own), or the unknown-model error."""
     path = Path(name_or_path)
     if path.is_dir():
         path = path / MODEL_CONFIG
     if path.suffix == ".json" or path.exists():
-        return _config_from_file(path, vocab_size, context, special_ids)
-
+        return path
     close = difflib.get_close_matches(name_or_path, NAMED_MODELS, n=3)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     raise ConfigError(

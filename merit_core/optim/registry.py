@@ -5,8 +5,8 @@ the project needs about that optimizer: how to build it, its settable hyperparam
 defaults and kinds, its measured learning rates (or, unmeasured, the centre of compare's lr grid;
 or the name whose lrs it shares), whether it trains FSDP2 shards, and an optional per-step hook
 the training loop calls (Sophia-G's Hessian refresh). Adding an optimizer means adding a builder
-(:mod:`merit_core.optim.builders`) and a spec here (see CONTRIBUTING.md); `merit train`,
-`merit compare` and the fsdp check then know it.
+(:mod:`merit_core.optim.builders`), a spec here and its name to :mod:`merit_core.optimizer_names`
+(see CONTRIBUTING.md); `merit train`, `merit compare` and the fsdp check then know it.
 
 ``build_optimizer(name, model_or_params, **hparams)`` builds one. Names are case-insensitive and
 ``_`` equals ``-``; the functions below also take the :class:`OptimizerSpec` of :func:`get_spec`,
@@ -43,6 +43,7 @@ from merit_core.optim.lr_table import (
     table_width,
 )
 from merit_core.optim.sophia import hessian_interval, hessian_refresh
+from merit_core.optimizer_names import BUILTIN_OPTIMIZERS, add_name, known_optimizer, optimizer_key, remove_name
 from merit_core.values import PAIR, coerce, describe, is_number
 
 # ---------------------------------------------------------------------------------------------
@@ -113,7 +114,7 @@ class OptimizerSpec:
 
     def __post_init__(self) -> None:
         where = f"optimizer spec '{self.name}'"
-        if not isinstance(self.name, str) or self.name != _key(self.name) or not self.name:
+        if not isinstance(self.name, str) or self.name != optimizer_key(self.name) or not self.name:
             raise ValueError(f"{where}: the name must be lower case with '-' between words")
         stray = set(self.kinds) - set(self.defaults)
         if stray:
@@ -148,10 +149,6 @@ class OptimizerSpec:
             )
 
 
-def _key(name: str) -> str:
-    return name.strip().lower().replace("_", "-")
-
-
 def _kind_of(default: Any) -> Any:
     """The kind a default value implies, or None when it does not imply one."""
     for kind in (bool, int, float, str):  # bool first: True is an int too
@@ -180,12 +177,15 @@ def register_optimizer(spec: OptimizerSpec, *, replace: bool = False) -> Optimiz
                 "with an lr_centre or measured_lrs of its own"
             )
     _SPECS[spec.name] = spec
+    add_name(spec.name)  # the torch-free list `merit train` checks a name against first
     return spec
 
 
 def unregister_optimizer(name: str) -> None:
     """Remove a registered name (for tests and plugins that registered their own)."""
-    _SPECS.pop(canonical_name(name))
+    key = canonical_name(name)
+    _SPECS.pop(key)
+    remove_name(key)
 
 
 def _default_lr_centre(lr: float) -> dict[str, float]:
@@ -342,8 +342,14 @@ for _spec in (
     register_optimizer(_spec)
 del _spec
 
-# The built-in names, in registry order (optimizer_names() also lists names registered later).
+# The built-in names, in registry order (optimizer_names() also lists names registered later): the
+# torch-free list merit_core.optimizer_names holds, which `merit train` reads before torch loads.
 OPTIMIZER_NAMES: tuple[str, ...] = tuple(_SPECS)
+if OPTIMIZER_NAMES != BUILTIN_OPTIMIZERS:
+    raise ValueError(
+        f"merit_core.optimizer_names.BUILTIN_OPTIMIZERS {BUILTIN_OPTIMIZERS} must be the registry's built-in "
+        f"names {OPTIMIZER_NAMES}, in order"
+    )
 
 
 def optimizer_names() -> tuple[str, ...]:
@@ -353,15 +359,10 @@ def optimizer_names() -> tuple[str, ...]:
 
 def canonical_name(name: str) -> str:
     """The registry name for ``name`` (case-insensitive, ``_`` == ``-``); ConfigError if there is none."""
-    names = optimizer_names()
-    if not isinstance(name, str):
-        raise ConfigError(f"optimizer name must be a string, got {name!r}; valid: {', '.join(names)}")
-    key = _key(name)
+    key = optimizer_key(name) if isinstance(name, str) else None
     if key in _SPECS:
         return key
-    close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    raise ConfigError(f"unknown optimizer '{name}'{hint}; valid names: {', '.join(names)}")
+    return known_optimizer(name, optimizer_names())  # not a registered name: its one-line error
 
 
 def get_spec(name: str | OptimizerSpec) -> OptimizerSpec:

@@ -140,10 +140,8 @@ class TrainingRun:
         self._take_folder()  # a second writer stops here; what it made is undone if a check below fails
         for note in runs.recover_staging(self.run_dir):  # a rewrite killed between its renames
             self.cb.on_note(note)
-        if not c.resume and runs.checkpoints(self.run_dir, "complete"):
-            raise ConfigError(
-                f"{self.run_dir} already holds checkpoints; pass --resume to continue that run or choose another --out"
-            )
+        if not c.resume:
+            runs.check_new_run(self.run_dir)
         return plan_resume(c, self.run_dir)
 
     def _take_folder(self) -> None:

@@ -159,8 +159,16 @@ def test_every_command_help_stays_light():
 
 # What merit_core/optim (the slim install: torch alone) may import from the rest of merit_core: leaf
 # modules that import nothing of merit's but errors. The lr table takes a model's name and width from
-# its caller (merit_core.train.config.resolve), so nothing of optim reads models or training.
-OPTIM_MAY_IMPORT = {"merit_core", "merit_core.errors", "merit_core.extras", "merit_core.paths", "merit_core.values"}
+# its caller (merit_core.train.config.resolve), so nothing of optim reads models or training; the
+# built-in optimizer names are a leaf module that `merit train` reads before torch loads.
+OPTIM_MAY_IMPORT = {
+    "merit_core",
+    "merit_core.errors",
+    "merit_core.extras",
+    "merit_core.optimizer_names",
+    "merit_core.paths",
+    "merit_core.values",
+}
 
 
 def _optim_modules(graph: dict[str, set[str]]) -> list[str]:
@@ -359,18 +367,18 @@ def test_a_run_folder_is_read_through_merit_core_checkpoint():
     """compare reaches run folders through the checkpoint package's resolver and readers, never the
     layout module (merit_core.checkpoint.runs: step folders, "latest"); a run's config.toml is read by
     merit_core.checkpoint.run_config alone, and a TOML file is loaded in one place (fileio.read_toml_file;
-    train/config.py's tomllib parses --set values, and its read_toml the train and compare config files)."""
+    train_input.py's tomllib parses --set values, and its read_toml the train and compare config files)."""
     modules = _modules()
     imports = {name: _imported_modules(path) for name, path in modules.items()}
     compare = sorted(m for m in modules if m.startswith("merit_core.compare"))
     assert "merit_core.compare.runner" in compare
     reaching = [m for m in compare if any(i.startswith("merit_core.checkpoint.runs") for i in imports[m])]
     assert reaching == []
-    assert sorted(m for m in modules if "tomllib" in imports[m]) == ["merit_core.fileio", "merit_core.train.config"]
+    assert sorted(m for m in modules if "tomllib" in imports[m]) == ["merit_core.fileio", "merit_core.train_input"]
     loading = sorted(m for m in modules if "merit_core.fileio.read_toml_file" in imports[m])
-    assert loading == ["merit_core.checkpoint.run_config", "merit_core.train.config"]
-    spec_readers = sorted(m for m in modules if "merit_core.train.config.read_toml" in imports[m])
-    assert spec_readers == ["merit_core.compare.spec"]  # a compare spec; train/config.py reads train configs
+    assert loading == ["merit_core.checkpoint.run_config", "merit_core.train_input"]
+    spec_readers = sorted(m for m in modules if "merit_core.train_input.read_toml" in imports[m])
+    assert spec_readers == ["merit_core.compare.spec"]  # a compare spec; train_input.py reads train configs
     planted = {
         **imports,
         "merit_core.compare.runner": imports["merit_core.compare.runner"] | {"merit_core.checkpoint.runs"},
