@@ -11,9 +11,8 @@ divergence step minus that step (a warning after the divergence is a miss), in s
 
 - detector (as run): the first warning written by `merit train --watch` in the run's metrics.jsonl;
 - detector (replayed): merit_core.train.watch.replay over the run's recorded watch records with the
-  detector's current settings. The detector changed after the grid ran (the entropy no longer
-  warns; the warmup steps are judged too): this row is what `merit train --watch` gives now, the
-  row above what it gave when the grid ran;
+  detector's current settings: what `merit train --watch` gives now. The row above is what it gave
+  when the grid ran; the two differ only if the detector changed after the grid;
 - one row per signal: the detector restricted to that signal (replayed, entropy included);
 - the two spike rules, on every step's loss and grad norm: OLMo-core's StabilityMonitor (a value
   above mean + 6 std of the previous 128, from 16 values on), and ZClip's (Kumar et al. 2025) grad
@@ -127,7 +126,7 @@ def evaluate(run: dict[str, Any]) -> dict[str, Any]:
     losses = [(r["step"], _nan(r["loss"])) for r in logs]
     grads = [(r["step"], _nan(r["grad_norm"])) for r in logs]
     recorded = [w for r in watch for w in r.get(WATCH_WARNINGS) or ()]
-    warmup = 0  # as merit train's watcher now runs it (the grid's runs skipped the warmup steps)
+    warmup = 0  # as merit train's watcher runs it: the warmup steps are judged too
     fires: dict[str, int | None] = {
         "detector (as run)": recorded[0]["step"] if recorded else None,
     }

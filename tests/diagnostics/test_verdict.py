@@ -234,7 +234,7 @@ def test_the_defaults_are_what_the_grid_calibration_picks():
     finally:
         sys.path.remove(str(path.parent))
     results = module.runs()
-    assert len(results) == 31 and sum(r["diverged_at"] is not None for r in results) == 12
+    assert len(results) == 42 and sum(r["diverged_at"] is not None for r in results) == 15
     for r in results:
         r["extreme"] = module.extremes(module.judged(r["records"]))
     _, picked = module.sweep(results)
