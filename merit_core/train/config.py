@@ -30,7 +30,6 @@ from merit_core.train_input import (
     load_config,
     parse_override,
     parse_report_to,
-    read_toml,
     validate,
 )
 
@@ -48,7 +47,6 @@ __all__ = [
     "load_config",
     "parse_override",
     "parse_report_to",
-    "read_toml",
     "resolve",
     "save_config",
     "validate",
