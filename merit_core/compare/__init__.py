@@ -31,6 +31,7 @@ says how long the planned runs should take (estimate).
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,8 @@ from merit_core.fileio import (
     refuse_link,
     refuse_special,
 )
+from merit_core.optim.merit.verify import verify_backend
+from merit_core.optim.registry import get_spec
 from merit_core.settings import VOCAB_SIZE
 from merit_core.train.hardware import float_environment
 
@@ -197,7 +200,10 @@ def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) ->
     threads = compare_threads(str(spec.train.get("device", "auto")), spec.jobs)
     host = float_environment(threads)
     provenance = Provenance(host)
+    warming = _warm_merit_kernel(spec, threads)
     data_dir, meta = _prepare_data(spec, callbacks)
+    if warming is not None:
+        warming.join()
     callbacks.on_plan(plan.runs, plan.states, plan.jobs)
     estimate = estimate_runs(plan.runs, plan.states, plan.jobs, threads, meta)
     if estimate is not None:
@@ -353,6 +359,24 @@ def _environment(
         "samples": samples,
         "floors": dict(FLOORS) if samples else {},
     }
+
+
+def _warm_merit_kernel(spec: CompareSpec, threads: int | None) -> threading.Thread | None:
+    """On a CPU, when a run uses MERIT's default backend: MERIT's C++ kernel built and checked against the
+    reference step (merit_core.optim.merit.verify, once per machine, cached) in a thread beside the data
+    preparation. Every run does it before its first step; done here first, the MERIT runs that start side
+    by side find both in the cache instead of each building and checking the kernel before training."""
+    merit_like = [
+        name
+        for name in spec.optimizers
+        if "implementation" in get_spec(name).defaults
+        and spec.optimizer_args.get(name, {}).get("implementation") is None
+    ]
+    if threads is None or not merit_like:
+        return None
+    thread = threading.Thread(target=verify_backend, args=("cpu",), name="merit-kernel-check", daemon=True)
+    thread.start()
+    return thread
 
 
 def _prepare_data(spec: CompareSpec, callbacks: CompareCallbacks):

@@ -116,3 +116,14 @@ def test_the_estimate_is_one_line(capsys):
         "estimate time=1m15s runs=6",
         "estimate time=1h02m05s runs=18 more=True",
     ]
+
+
+def test_the_merit_kernel_is_warmed_beside_the_data_only_for_merit_on_a_cpu(tmp_path, model_cfg, data_dir):
+    from merit_core.compare import _warm_merit_kernel
+
+    merit = tiny_spec(model_cfg, data_dir, tmp_path / "a", optimizers="adamw,merit")
+    thread = _warm_merit_kernel(merit, threads=1)
+    assert thread is not None
+    thread.join()
+    assert _warm_merit_kernel(merit, threads=None) is None  # GPUs: each run checks its own device
+    assert _warm_merit_kernel(tiny_spec(model_cfg, data_dir, tmp_path / "b", optimizers="adamw"), threads=1) is None
