@@ -66,6 +66,7 @@ class RichTrainReport(LiveReport):
         self.yes = yes  # --yes: a long run goes on without asking
         self.task: TaskID | None = None
         self.fields: dict[str, Any] = {"loss": "-", "lr": "-", "tok_s": "-", "max_logit": "-"}
+        self.data_line: str | None = None  # shown with the start line: a run refused before it starts prints only why
 
     def stop_requested(self) -> str | None:
         """'SIGPIPE' once stdout is lost (its reader went away): the run checkpoints and stops, as
@@ -75,13 +76,14 @@ class RichTrainReport(LiveReport):
     def on_data(self, meta) -> None:
         if self.stages is not None:
             self.stages.stop()
-        self.out.print(
+        self.data_line = (
             f"[dim]data {shown(meta.path)}: {fmt_count(meta.train_tokens)} train / {fmt_count(meta.val_tokens)} "
-            f"val tokens, vocabulary {meta.vocab_size}[/]",
-            soft_wrap=True,
+            f"val tokens, vocabulary {meta.vocab_size}[/]"
         )
 
     def on_start(self, info: RunInfo) -> None:
+        if self.data_line is not None:
+            self.out.print(self.data_line, soft_wrap=True)
         c = info.config
         world = f" x {info.world_size} processes ({c.parallel})" if info.world_size > 1 else ""
         verb = f"Resuming from {shown(info.resumed_from)}" if info.resumed_from else "Training"

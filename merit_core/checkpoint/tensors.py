@@ -102,8 +102,10 @@ def check_trainer_state(state: Any, where: str | Path, step: int | None = None) 
     ):
         raise refuse("its CUDA RNG states are not ones torch saved")
     data = state.get("data")
-    if data is not None and not (isinstance(data, dict) and all(_is_int(v) for v in data.values())):
-        raise refuse("its data position is not a set of integers")
+    if data is not None and not (isinstance(data, dict) and all(_is_int(v) and v >= 0 for v in data.values())):
+        raise refuse("its data position is not a set of non-negative integers")
+    if data is not None and data.get("next_batch", saved) != saved:  # written as the step: the batch it resumes at
+        raise refuse(f"its data position is batch {data['next_batch']} but its step is {saved}")
     optimizer = state.get("optimizer")
     if not is_sharded_optimizer_state(optimizer):
         check_state_dict_structure(optimizer, where)
