@@ -429,6 +429,10 @@ def eval_cmd(
     prefer_offline()  # before lm-eval / datasets / transformers are imported
     if not verbose:
         _quiet_libraries()
+    if lm_eval_dir:  # a link at DIR/<model> is refused now, not after the scoring
+        from merit_core.evaluation.lm_eval_output import check_model_folders
+
+        check_model_folders(lm_eval_dir, checkpoints)
 
     # The display holds its own stderr: in quiet mode the library silences sys.stderr and fd 2 while it runs.
     notes: list[str] = []

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from merit_core.errors import ConfigError
-from merit_core.fileio import fsync_dir, fsync_file, refuse_link
+from merit_core.errors import ConfigError, UnsafePath
+from merit_core.fileio import fsync_dir, fsync_file, refuse_link, rename_new
 from merit_core.values import parse_number
 
 DEFAULT_SEED = (0, 1234, 1234, 1234)  # lm-eval's: python random, numpy, torch, few-shot sampler
@@ -71,6 +71,34 @@ def _as_given(source: str, include_path: str | None) -> str:
     except ValueError:
         return source
     return os.path.join(include_path, str(rest))
+
+
+def check_model_folders(output_path: str | os.PathLike, model_names: Sequence[str]) -> None:
+    """Before any scoring: UnsafePath when `DIR/<model>` for one of `model_names` (the `pretrained=`
+    values as typed) is a symbolic link, dangling or not; ConfigError when it is there but no folder.
+    `write_lm_eval_results` checks again as it writes."""
+    from lm_eval.utils import sanitize_model_name
+
+    target = Path(output_path).expanduser()
+    if target.suffix == ".json":  # lm-eval writes DIR/<name>_<time>.json beside it, in no model folder
+        return
+    for name in model_names:
+        place = target / sanitize_model_name(name)
+        refuse_link(place, "inside --output_path")
+        if os.path.lexists(place) and not place.is_dir():
+            raise ConfigError(
+                f"--output_path {output_path}: {place} is not a folder; lm-eval writes into DIR/<model>/: "
+                "move it or give another DIR"
+            )
+
+
+def _refuse_taken(folder: Path, final: Path) -> None:
+    """UnsafePath when a folder on the way from `folder` to `final` is a link, or `final` is taken."""
+    for parent in reversed(final.relative_to(folder).parents[:-1]):  # DIR/<model>, ... (never DIR itself)
+        refuse_link(folder / parent, "inside --output_path")
+    refuse_link(final, "inside --output_path")
+    if os.path.lexists(final):
+        raise UnsafePath(f"{final} already exists and merit did not just make it; remove it")
 
 
 def write_lm_eval_results(
@@ -131,15 +159,15 @@ def write_lm_eval_results(
         written = sorted(p for p in staging.rglob("*") if p.is_file())
         if not any(p.name.endswith(".json") for p in written):  # lm-eval logs a failed save and goes on
             raise ConfigError(f"--output_path {output_path}: lm-eval could not write its results file there")
+        finals = [(path, folder / path.relative_to(staging)) for path in written]
+        for _, final in finals:  # every name checked before the first file is moved in: all or none
+            _refuse_taken(folder, final)
         moved = []
-        for path in written:
-            final = folder / path.relative_to(staging)
-            for parent in reversed(final.relative_to(folder).parents[:-1]):  # DIR/<model>, ... (never DIR itself)
-                refuse_link(folder / parent, "inside --output_path")
+        for path, final in finals:
+            _refuse_taken(folder, final)
             final.parent.mkdir(parents=True, exist_ok=True)
-            refuse_link(final, "inside --output_path")
             fsync_file(path)
-            os.replace(path, final)
+            rename_new(path, final)  # a file, folder or link put there meanwhile is never replaced
             fsync_dir(final.parent)
             moved.append(final)
         return moved
