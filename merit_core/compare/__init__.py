@@ -71,6 +71,7 @@ from merit_core.compare.runner import (
     compare_threads,
     default_jobs,
     execute,
+    replaced,
     run_state,
     usable_cores,
 )
@@ -78,6 +79,7 @@ from merit_core.compare.spec import CompareSpec, load_spec
 from merit_core.compare.summary import SUMMARY_FILE, build_summary, select_best, write_json
 from merit_core.data import load_meta, resolve_data
 from merit_core.devices import measurement_device
+from merit_core.errors import MeritError
 from merit_core.evaluation.tasks import resolve_tasks
 from merit_core.fileio import (
     TMP_PREFIX,
@@ -157,7 +159,7 @@ def check_compare_out(out: Path) -> Path:
     (runs/, logs/, summary.json, compare.png, REPORT.md and their temp files). Writes nothing.
 
     Like `merit train --out`, compare never writes into a folder of the user's own files. UnsafePath
-    when its runs/ or logs/ is a symbolic link, or logs/ holds one or a special file: compare
+    when its runs/ or logs/ is a symbolic link or holds one, or logs/ holds a special file: compare
     writes in both and never follows a link planted there."""
     check_writable_folder(out, "--out")
     if not out.is_dir():
@@ -167,11 +169,11 @@ def check_compare_out(out: Path) -> Path:
     )
     for name in (RUNS_DIR, "logs"):
         refuse_link(out / name, "in a comparison folder")
-    logs = out / "logs"
-    if logs.is_dir():
-        for entry in sorted(logs.iterdir()):
-            refuse_link(entry, "in a comparison folder")
-            refuse_special(entry)
+        if (out / name).is_dir():
+            for entry in sorted((out / name).iterdir()):
+                refuse_link(entry, "in a comparison folder")
+                if name == "logs":
+                    refuse_special(entry)
     return out
 
 
@@ -260,8 +262,10 @@ def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) ->
                 env_runs.setdefault(cell, []).extend((index, p) for index in indices for p in group)
             widest = max(p.threads or threads or 1 for p in group)
             train_new("environment", max(1, usable_cores() // widest) if threads is not None else None)
-    # a run folder removed after its run finished (or diverged) is trained again, once
-    now = {r.name: run_state(r) for r in plan.runs if states[r.name] in ("finished", "diverged")}
+    # a run folder removed after its run finished (or diverged) is trained again, once; one replaced by a
+    # link or a file, or no longer holding this run, is 'missing' (summary.run_record says why)
+    now = {r.name: _state_now(r) for r in plan.runs if states[r.name] in ("finished", "diverged")}
+    states.update({name: "missing" for name, state in now.items() if state == "missing"})
     vanished = [r for r in plan.runs if now.get(r.name) in ("new", "partial")]
     if vanished:
         again = {r.name: now[r.name] for r in vanished}
@@ -290,6 +294,18 @@ def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) ->
         trained,
         time.perf_counter() - start,
     )
+
+
+def _state_now(run: PlannedRun) -> str:
+    """The state of a run that finished or diverged, read again after the later rounds (run_state):
+    'missing' when its folder was replaced (runner.replaced) or no longer holds this run (a MeritError:
+    a marker or config.toml that is not this run's, an unreadable checkpoint)."""
+    if replaced(run.run_dir) is not None:
+        return "missing"
+    try:
+        return run_state(run)
+    except MeritError:
+        return "missing"
 
 
 def _measure(spec: CompareSpec, summary: CompareSummary, data_dir: Path, callbacks: CompareCallbacks) -> None:

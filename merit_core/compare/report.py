@@ -373,13 +373,17 @@ def sensitivity_lines(summary: CompareSummary) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---|",
     ]
     spans = []
+    diverged = {r.name for r in summary.runs if r.status == "diverged"}
     for (name, batch), cells in groups.items():
         cells = sorted(cells, key=lambda r: r.lr)
         for r in cells:
             finished = r.status == "finished"
             n_seeds = len(r.seeds or [r.seed])
             values = r.final_val_loss_values or [r.final_val_loss]
-            n_bad = 0 if r.valued else sum(v is None or not math.isfinite(v) for v in values) or n_seeds
+            if r.run_names:  # the seeds whose run diverged (a missing one did not)
+                n_bad = sum(name in diverged for name in r.run_names)
+            else:
+                n_bad = 0 if r.valued else sum(v is None or not math.isfinite(v) for v in values) or n_seeds
             rows.append(
                 f"| {name} | {batch} | {fmt_lr(r.lr)} | "
                 + (

@@ -114,6 +114,16 @@ def run_state(run: PlannedRun) -> str:
     return "finished" if read_trainer_state(latest[1]).step >= run.steps else "partial"
 
 
+def replaced(run_dir: Path) -> str | None:
+    """Why `run_dir` no longer is a run folder the comparison may read or train in: it is now a symbolic
+    link (never followed: it leads out of the comparison) or something other than a folder; else None."""
+    if run_dir.is_symlink():
+        return f"its run folder was replaced by a symbolic link to {os.readlink(run_dir)} (not followed)"
+    if run_dir.exists() and not run_dir.is_dir():
+        return "its run folder was replaced by something that is not a folder"
+    return None
+
+
 STATUS_STATES = ("diverged",)
 MAX_STATUS_BYTES = 1 << 20  # a marker is a few kB: its config and one message
 

@@ -43,12 +43,12 @@ from merit_core.compare.results import (
     RunResult,
     SeedCurve,
 )
-from merit_core.compare.runner import read_status
+from merit_core.compare.runner import read_status, replaced, run_state
 from merit_core.diagnostics.weights import weight_stats
 from merit_core.errors import MeritError
 from merit_core.fileio import atomic_write_json
-from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
-from merit_core.metrics import eval_lines, json_safe, read_metrics
+from merit_core.metric_names import MAX_ATTENTION_LOGIT, STEP, VAL_LOSS
+from merit_core.metrics import METRICS_FILE, eval_lines, json_safe, read_metrics
 
 SUMMARY_FILE = "summary.json"
 CELL_KEYS = ("final_val_loss", MAX_ATTENTION_LOGIT, "final_train_loss", "tokens_per_s")
@@ -70,7 +70,12 @@ def run_record(run: PlannedRun, state: str, host_isa: str | None = None) -> RunR
     """What one run gave: final validation loss, max attention logit (max over layers and per
     layer) at the end, and its trajectory (step, val loss, max logit) for the plots. `host_isa`:
     the ISA torch dispatches to on this host, recorded as the run's unless it forced another."""
-    records = read_metrics(run.run_dir) if run.run_dir.is_dir() else []
+    gone = replaced(run.run_dir) or (_gone_why(run) if state == "missing" else None)
+    unread = None
+    try:
+        records = read_metrics(run.run_dir) if gone is None and run.run_dir.is_dir() else []
+    except (ValueError, MeritError) as exc:  # lines or a file merit never wrote
+        records, unread = [], f"its {METRICS_FILE} is not one merit wrote ({exc})"
     evals = eval_lines(records)
     logs = [r for r in records if r.get("loss") is not None]
     final = evals[-1] if evals and evals[-1].get("step") == run.steps else None
@@ -78,9 +83,16 @@ def run_record(run: PlannedRun, state: str, host_isa: str | None = None) -> RunR
     logits = [v for v in (by_layer or []) if v is not None]
     val_loss = final.get(VAL_LOSS) if final else None
     status = state
-    message = read_status(run.run_dir).get("message") if state == "diverged" else None
-    if state == "finished" and not records:
+    message = read_status(run.run_dir).get("message") if state == "diverged" and gone is None else None
+    if gone is not None or unread is not None:
+        status, message = "missing", gone or unread
+    elif state == "finished" and not records:
         status, message = "missing", "its run folder holds no metrics (removed after the run finished)"
+    elif state == "finished" and final is None:
+        status, message = (
+            "missing",
+            f"its {METRICS_FILE} holds no evaluation at its last step (changed after the run finished)",
+        )
     elif state == "finished" and (val_loss is None or not math.isfinite(val_loss)):
         status, message = "diverged", "the final validation loss is not finite"
     elif state == "finished":
@@ -111,15 +123,24 @@ def run_record(run: PlannedRun, state: str, host_isa: str | None = None) -> RunR
         tokens_per_s=_median([r.get("tokens_per_s") for r in logs]),
         qk_bound_by_layer=_qk_bounds(run) if kept else None,
         instability=instability_record(final) if kept else None,
-        last_step=records[-1]["step"] if records else 0,
+        last_step=records[-1].get(STEP, 0) if records else 0,
         run_dir=str(run.run_dir),
     )
     curve = Curve(
-        step=[r["step"] for r in evals],
+        step=[r.get(STEP, 0) for r in evals],
         val_loss=[r.get(VAL_LOSS) for r in evals],
         max_attention_logit=[_peak(r.get(MAX_ATTENTION_LOGIT)) for r in evals],
     )
     return RunRead(result, curve)
+
+
+def _gone_why(run: PlannedRun) -> str:
+    """Why a run the comparison found 'missing' at its end no longer counts (its folder's one-line error)."""
+    try:
+        run_state(run)
+    except MeritError as exc:
+        return str(exc)
+    return "its run folder no longer holds the run"
 
 
 def _qk_bounds(run: PlannedRun) -> list[float] | None:
