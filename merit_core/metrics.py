@@ -88,7 +88,7 @@ def read_metrics(path: str | Path) -> list[MetricsRecord]:
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # torn, or nested deeper than any record merit writes
             continue
         step = record.get(STEP, 0) if isinstance(record, dict) else None
         if not isinstance(step, int) or isinstance(step, bool):

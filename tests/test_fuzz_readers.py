@@ -20,12 +20,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from merit_core.checkpoint.safe import validate_safetensors
+from merit_core.compare.runner import read_status
 from merit_core.data.meta import PREPARED_MARKER, is_merit_prepared, load_meta
 from merit_core.data.prepare import remove_stale_temp
 from merit_core.data.publish import check_target
 from merit_core.diagnostics.layout import detect_layout, read_config
 from merit_core.errors import MeritError
 from merit_core.fileio import STAGING_MARKER
+from merit_core.metrics import read_metrics
 from merit_core.models import model_config
 from merit_core.models.limits import check_model_config
 from merit_core.train.config import FIELD_NAMES, TrainConfig, load_config
@@ -248,3 +250,49 @@ def test_prepared_folder_marks(scratch, marker, meta, pid, staging):
     _allowed(check_target, target)
     _allowed(remove_stale_temp, target)
     assert (target / PREPARED_MARKER).read_bytes() == marker  # a reader never changes what it reads
+
+
+# -- compare's run markers and the metrics.jsonl it reads -----------------------------------------
+STATUS = st.one_of(
+    st.binary(max_size=40),
+    st.just(b"[" * 5000),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "state": st.one_of(st.sampled_from(["diverged", "finished", "missing", ""]), VALUES),
+            "message": st.one_of(st.text(max_size=12), VALUES),
+            "config": st.one_of(st.dictionaries(st.text(max_size=6), VALUES, max_size=3), VALUES),
+        },
+    ).map(lambda v: json.dumps(v).encode()),
+    VALUES.map(lambda v: json.dumps(v).encode()),
+)
+METRICS_LINE = st.one_of(
+    st.fixed_dictionaries({"step": VALUES}, optional={"loss": VALUES, "val_loss": VALUES, "max_logit": VALUES}),
+    VALUES,
+).map(lambda v: json.dumps(v))
+METRICS = st.one_of(
+    st.lists(st.one_of(METRICS_LINE, st.text(max_size=12), st.just("[" * 5000)), max_size=5).map(
+        lambda lines: "\n".join(lines).encode("utf-8", "surrogatepass")
+    ),
+    st.binary(max_size=60),
+)
+
+
+@FUZZ
+@given(status=STATUS, metrics=METRICS)
+def test_compare_run_markers_and_metrics(scratch, status, metrics):
+    """read_status answers a dict or a MeritError; read_metrics a list of records, or the ValueError
+    its callers turn into a "missing" run (a line that is not a record, bytes that are not UTF-8)."""
+    run = scratch / "compare-run"
+    run.mkdir(exist_ok=True)
+    (run / "compare_status.json").write_bytes(status)
+    (run / "metrics.jsonl").write_bytes(metrics)
+    found = _allowed(read_status, run)
+    if isinstance(found, dict):
+        assert found["state"] == "diverged" and isinstance(found["message"], (str, type(None)))
+        assert isinstance(found["config"], (dict, type(None)))
+    try:
+        records = read_metrics(run)
+    except ValueError:
+        return
+    assert all(isinstance(r, dict) and isinstance(r.get("step", 0), int) for r in records)

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from merit_cli.main import cli
-from merit_core.compare import CompareCallbacks, load_spec, run_compare
+from merit_core.compare import load_spec
 from merit_core.compare.environment import FLOORS, Perturbation, floored_spread, perturbations
 from merit_core.compare.grid import plan_runs
 from merit_core.compare.provenance import Provenance, git_state
@@ -199,54 +198,7 @@ def test_provenance_names_the_commit_times_and_host():
     assert record["host_isa"] == "AVX2" and record["started"] <= record["finished_at"]
 
 
-class _Remover(CompareCallbacks):
-    """Removes the first finished run's folder when a later run ends (once, or `times` times)."""
-
-    def __init__(self, times: int = 1):
-        self.first = None
-        self.times = times
-        self.trained: list[str] = []
-
-    def on_run_end(self, run, state, message):
-        self.trained.append(run.name)
-        if self.first is None:
-            self.first = run
-        elif self.times and run.name != self.first.name:
-            self.times -= 1
-            shutil.rmtree(self.first.run_dir)
-
-
-def test_a_run_folder_removed_mid_grid_is_missing_and_trained_again(tmp_path, model_cfg, data_dir):
-    spec = tiny_spec(model_cfg, data_dir, tmp_path / "cmp", optimizers="adamw", batch_sizes="4")
-    calls = _Remover()
-    result = run_compare(spec, calls)
-    first = calls.first.name
-    assert calls.trained.count(first) == 2  # trained, removed, trained again
-    assert all(r.status == "finished" for r in result.summary.runs)
-    assert (spec.out / "REPORT.md").is_file() and (spec.out / "compare.png").is_file()
-
-
-def test_a_run_that_stays_missing_is_reported_not_diverged(tmp_path, model_cfg, data_dir, monkeypatch):
-    import merit_core.compare as compare
-
-    spec = tiny_spec(model_cfg, data_dir, tmp_path / "cmp", optimizers="adamw", batch_sizes="4")
-    calls = _Remover(times=2)  # removed again after it was trained again
-    real = compare.execute
-
-    def execute(runs, how):
-        states = real(runs, how)
-        if calls.first is not None and calls.trained.count(calls.first.name) == 2:
-            shutil.rmtree(calls.first.run_dir, ignore_errors=True)
-        return states
-
-    monkeypatch.setattr(compare, "execute", execute)
-    result = run_compare(spec, calls)
-    (gone,) = [r for r in result.summary.runs if r.name == calls.first.name]
-    assert gone.status == "missing" and "removed" in gone.message
-    assert not any(r.status == "diverged" for r in result.summary.runs)
-    text = (spec.out / "REPORT.md").read_text()
-    assert f"Missing runs (their folder no longer held the run; not counted): {gone.name}." in text
-    assert (spec.out / "compare.png").read_bytes()[:4] == b"\x89PNG"
+# A run folder removed (or spoiled) mid-grid: tests/compare/test_compare_families.py, through the CLI.
 
 
 TAMPERED = [
