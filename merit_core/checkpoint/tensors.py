@@ -27,9 +27,10 @@ from typing import Any
 
 import torch
 
+from merit_core import values
 from merit_core.checkpoint.runs import STATE_PT, WEIGHTS_NAME
 from merit_core.checkpoint.safe import opened_path, validate_safetensors
-from merit_core.errors import CheckpointError, first_line, os_error_line
+from merit_core.errors import CheckpointError, ConfigError, first_line, os_error_line
 from merit_core.fileio import display, open_regular
 
 # What a sharded scheme (fsdp) keeps in trainer_state.pt in place of the optimizer state: a marker
@@ -71,6 +72,15 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _count(value: Any) -> int | None:
+    """`value` as a non-negative integer, read as every number a user or a file gives is
+    (merit_core.values: no bool, no text, an integral float as its int); None when it is not one."""
+    try:
+        return values.positive_int(value, "count", zero=True)
+    except ConfigError:
+        return None
+
+
 def check_trainer_state(state: Any, where: str | Path, step: int | None = None) -> int:
     """CheckpointError unless trainer_state.pt's `state` is what a resume needs: a non-negative int
     `step` (equal to `step`, the step trainer_state.json and the folder name say, when given), an
@@ -83,9 +93,9 @@ def check_trainer_state(state: Any, where: str | Path, step: int | None = None) 
 
     if not isinstance(state, dict):
         raise refuse("not a merit trainer state (step, optimizer, rng)")
-    saved = state.get("step")
-    if not isinstance(saved, int) or isinstance(saved, bool) or saved < 0:
-        raise refuse(f"its step is {_kind(saved)}, not a non-negative integer")
+    saved = _count(state.get("step"))
+    if saved is None:
+        raise refuse(f"its step is {_kind(state.get('step'))}, not a non-negative integer")
     if step is not None and saved != step:
         raise refuse(f"it holds step {saved} but its folder holds step {step}")
     rng = state.get("rng")
@@ -102,7 +112,7 @@ def check_trainer_state(state: Any, where: str | Path, step: int | None = None) 
     ):
         raise refuse("its CUDA RNG states are not ones torch saved")
     data = state.get("data")
-    if data is not None and not (isinstance(data, dict) and all(_is_int(v) and v >= 0 for v in data.values())):
+    if data is not None and not (isinstance(data, dict) and all(_count(v) is not None for v in data.values())):
         raise refuse("its data position is not a set of non-negative integers")
     if data is not None and data.get("next_batch", saved) != saved:  # written as the step: the batch it resumes at
         raise refuse(f"its data position is batch {data['next_batch']} but its step is {saved}")
@@ -148,7 +158,7 @@ def _check_value(value: Any, what: str) -> None:
             raise CheckpointError(f"{what} is not a dense tensor")
         if value.dtype.is_complex or value.dtype == torch.bool:
             raise CheckpointError(f"{what} has dtype {value.dtype}, not a real number type")
-    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    elif not values.is_number(value) or not math.isfinite(value):
         raise CheckpointError(f"{what} is {_kind(value)}, not a tensor or a finite number")
 
 
@@ -287,7 +297,7 @@ def _check_entry(key: str, value: Any, like: Any, param: torch.Tensor, index: in
         number = value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
         if isinstance(value, torch.Tensor) and value.dim() != 0 and like is not None:
             raise CheckpointError(f"{what} is a tensor of shape {tuple(value.shape)}, not a scalar")
-        if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number) or number < 0:
+        if not values.is_number(number) or not math.isfinite(number) or number < 0:
             raise CheckpointError(f"{what} is {_kind(value)}, not a non-negative number")
 
 
