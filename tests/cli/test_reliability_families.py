@@ -293,6 +293,19 @@ def _under_a_file(t: Path, n: str) -> Path:
     return blocker / "results.json"
 
 
+def _hostile_tensor(t: Path, n: str, trained: Path) -> Path:
+    """A Hugging Face folder of the trained weights plus a tensor named `n`."""
+    from safetensors.torch import load_file, save_file
+
+    folder = t / "named"
+    folder.mkdir(exist_ok=True)
+    shutil.copy(trained / "step_2" / "config.json", folder / "config.json")
+    weights = load_file(trained / "step_2" / "model.safetensors")
+    weights[n] = torch.full((2, 3), 7.0)
+    save_file(weights, str(folder / "model.safetensors"))
+    return folder
+
+
 # (argv builder, exit code): the builder gets (tmp_path, hostile name, fixtures) and returns argv; a
 # refusal names the hostile path or name in its line.
 PRINTED: dict[str, tuple[Callable[..., list], int]] = {
@@ -308,6 +321,10 @@ PRINTED: dict[str, tuple[Callable[..., list], int]] = {
     "prepare -o": (lambda t, n, f: _prepare_args(f["corpus"], f["data_dir"], t / f"data{n}"), 0),
     "prepare missing source": (lambda t, n, f: ["prepare", t / f"src{n}.txt", "-o", t / "o"], 2),
     "inspect --json": (lambda t, n, f: ["inspect", "--no-logits", f["trained"], "--json", t / f"r{n}.json"], 0),
+    "inspect --weights tensor names": (
+        lambda t, n, f: ["inspect", "--no-logits", "--weights", _hostile_tensor(t, n, f["trained"])],
+        0,
+    ),
     "inspect missing": (lambda t, n, f: ["inspect", t / f"ckpt{n}"], 2),
     "inspect --json under a file": (
         lambda t, n, f: ["inspect", "--no-logits", f["trained"], "--json", _under_a_file(t, n)],
@@ -329,11 +346,14 @@ def test_names_with_markup_and_escapes_print_as_text(what, tmp_path, trained, mo
     build, code = PRINTED[what]
     fixtures = {"model_cfg": model_cfg, "data_dir": data_dir, "corpus": corpus, "trained": trained}
     decoy = Decoy.plant(tmp_path)
-    names = HOSTILE if code == 2 else HOSTILE[:2]  # the valid runs cost time: markup and an escape
+    cheap = code == 2 or what.startswith("inspect")
+    names = HOSTILE if cheap else HOSTILE[:2]  # the runs that train or prepare cost time: markup and an escape
     for name in names:
         result = _invoke(build(tmp_path, name, fixtures))
         text = assert_refused(result) if code == 2 else assert_ok(result)
         _no_raw_controls(text)
+        if what == "inspect --weights tensor names":
+            assert printable(name) in text, (name, text)  # shown, escaped, never interpreted
         if code == 2:
             assert printable(name) in " ".join(text.split()), (name, text)
     decoy.assert_unchanged()
