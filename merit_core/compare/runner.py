@@ -38,7 +38,7 @@ from merit_core.checkpoint.resolve import latest_checkpoint
 from merit_core.checkpoint.run_config import read_run_config
 from merit_core.checkpoint.state import read_trainer_state
 from merit_core.compare.grid import PlannedRun, config_mismatch
-from merit_core.errors import ConfigError, MeritError, RunFailed, RunInterrupted, TrainingDiverged
+from merit_core.errors import ConfigError, MeritError, RunFailed, RunInterrupted, TrainingDiverged, printable
 from merit_core.fileio import atomic_write_json, open_truncated, refuse_link
 from merit_core.metrics import json_safe, read_metrics
 from merit_core.progress import Progress
@@ -118,7 +118,7 @@ def replaced(run_dir: Path) -> str | None:
     """Why `run_dir` no longer is a run folder the comparison may read or train in: it is now a symbolic
     link (never followed: it leads out of the comparison) or something other than a folder; else None."""
     if run_dir.is_symlink():
-        return f"its run folder was replaced by a symbolic link to {os.readlink(run_dir)} (not followed)"
+        return f"its run folder was replaced by a symbolic link to {printable(os.readlink(run_dir))} (not followed)"
     if run_dir.exists() and not run_dir.is_dir():
         return "its run folder was replaced by something that is not a folder"
     return None
