@@ -289,8 +289,9 @@ def _display_stream():
     type=str,
     default=None,
     metavar="PATH",
-    help="Write all results as JSON: to PATH when it is a file name (results.json), else into the folder PATH "
-    "(a new results-<date>T<time>.json), as merit prepare -o names a folder.",
+    help="Write all results as JSON: to PATH when it is a file name (results.json; a file of that name is "
+    "replaced whole, never half-written), else into the folder PATH (a new results-<date>T<time>.json, "
+    "never one that exists), as merit prepare -o names a folder.",
 )
 @click.option(
     "--trust-remote-code",
