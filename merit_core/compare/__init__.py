@@ -71,15 +71,14 @@ from merit_core.compare.runner import (
     compare_threads,
     default_jobs,
     execute,
-    replaced,
     run_state,
+    state_now,
     usable_cores,
 )
 from merit_core.compare.spec import CompareSpec, load_spec
 from merit_core.compare.summary import SUMMARY_FILE, build_summary, select_best, write_json
 from merit_core.data import load_meta, resolve_data
 from merit_core.devices import measurement_device
-from merit_core.errors import MeritError
 from merit_core.evaluation.tasks import resolve_tasks
 from merit_core.fileio import (
     TMP_PREFIX,
@@ -264,7 +263,7 @@ def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) ->
             train_new("environment", max(1, usable_cores() // widest) if threads is not None else None)
     # a run folder removed after its run finished (or diverged) is trained again, once; one replaced by a
     # link or a file, or no longer holding this run, is 'missing' (summary.run_record says why)
-    now = {r.name: _state_now(r) for r in plan.runs if states[r.name] in ("finished", "diverged")}
+    now = {r.name: state_now(r)[0] for r in plan.runs if states[r.name] in ("finished", "diverged")}
     states.update({name: "missing" for name, state in now.items() if state == "missing"})
     vanished = [r for r in plan.runs if now.get(r.name) in ("new", "partial")]
     if vanished:
@@ -294,18 +293,6 @@ def run_compare(spec: CompareSpec, callbacks: CompareCallbacks | None = None) ->
         trained,
         time.perf_counter() - start,
     )
-
-
-def _state_now(run: PlannedRun) -> str:
-    """The state of a run that finished or diverged, read again after the later rounds (run_state):
-    'missing' when its folder was replaced (runner.replaced) or no longer holds this run (a MeritError:
-    a marker or config.toml that is not this run's, an unreadable checkpoint)."""
-    if replaced(run.run_dir) is not None:
-        return "missing"
-    try:
-        return run_state(run)
-    except MeritError:
-        return "missing"
 
 
 def _measure(spec: CompareSpec, summary: CompareSummary, data_dir: Path, callbacks: CompareCallbacks) -> None:

@@ -124,6 +124,19 @@ def replaced(run_dir: Path) -> str | None:
     return None
 
 
+def state_now(run: PlannedRun) -> tuple[str, str | None]:
+    """The state of a run read again after it ended (run_state), and why it is 'missing' when its
+    folder was replaced (`replaced`) or no longer holds this run (a MeritError: a marker or
+    config.toml that is not this run's, an unreadable checkpoint; its one line)."""
+    why = replaced(run.run_dir)
+    if why is not None:
+        return "missing", why
+    try:
+        return run_state(run), None
+    except MeritError as exc:
+        return "missing", str(exc)
+
+
 STATUS_STATES = ("diverged",)
 MAX_STATUS_BYTES = 1 << 20  # a marker is a few kB: its config and one message
 

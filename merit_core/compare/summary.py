@@ -43,7 +43,7 @@ from merit_core.compare.results import (
     RunResult,
     SeedCurve,
 )
-from merit_core.compare.runner import read_status, replaced, run_state
+from merit_core.compare.runner import read_status, replaced, state_now
 from merit_core.diagnostics.weights import weight_stats
 from merit_core.errors import MeritError
 from merit_core.fileio import atomic_write_json
@@ -70,7 +70,10 @@ def run_record(run: PlannedRun, state: str, host_isa: str | None = None) -> RunR
     """What one run gave: final validation loss, max attention logit (max over layers and per
     layer) at the end, and its trajectory (step, val loss, max logit) for the plots. `host_isa`:
     the ISA torch dispatches to on this host, recorded as the run's unless it forced another."""
-    gone = replaced(run.run_dir) or (_gone_why(run) if state == "missing" else None)
+    if state == "missing":
+        gone: str | None = state_now(run)[1] or "its run folder no longer holds the run"
+    else:
+        gone = replaced(run.run_dir)
     unread = None
     try:
         records = read_metrics(run.run_dir) if gone is None and run.run_dir.is_dir() else []
@@ -132,15 +135,6 @@ def run_record(run: PlannedRun, state: str, host_isa: str | None = None) -> RunR
         max_attention_logit=[_peak(r.get(MAX_ATTENTION_LOGIT)) for r in evals],
     )
     return RunRead(result, curve)
-
-
-def _gone_why(run: PlannedRun) -> str:
-    """Why a run the comparison found 'missing' at its end no longer counts (its folder's one-line error)."""
-    try:
-        run_state(run)
-    except MeritError as exc:
-        return str(exc)
-    return "its run folder no longer holds the run"
 
 
 def _qk_bounds(run: PlannedRun) -> list[float] | None:

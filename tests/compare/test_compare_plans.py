@@ -114,6 +114,7 @@ def fake_training(monkeypatch, target):
 
     monkeypatch.setattr(compare, "execute", execute)
     monkeypatch.setattr(compare, "run_state", run_state)
+    monkeypatch.setattr(compare.runner, "run_state", run_state)  # read again by runner.state_now
     monkeypatch.setattr(compare.summary, "run_record", run_record)
     return trained
 
