@@ -60,6 +60,17 @@ class Decoy:
         assert not changed, f"the user's decoy folder changed: {changed}"
 
 
+# Names a user or a file may give, each something a terminal or rich would act on: markup that closes
+# a tag never opened, an erase-screen escape, a colour tag, a bidi override, a C1 CSI, a hyperlink.
+HOSTILE_NAMES = ["[/bold]x", "a\x1b[2Jb", "[red]r[/red]", "c\u202ed", "e\x9b31mf", "[link=mailto:x]l[/link]"]
+
+
+def assert_no_raw_controls(text: str) -> None:
+    """Nothing the terminal would act on: no ESC, no C1 CSI, no bidi override, no stray tab."""
+    bad = [ch for ch in text if ch in "\x1b\x9b\u202e\t"]
+    assert not bad, repr(text)
+
+
 def lines_of(result: Any) -> list[str]:
     return [line for line in result.output.splitlines() if line.strip()]
 

@@ -26,10 +26,11 @@ from merit_core.data.meta import PREPARED_MARKER
 from merit_core.data.publish import lock_path
 from merit_core.errors import one_line, printable
 from merit_core.fileio import FileLock
+from tests.family_checks import HOSTILE_NAMES, assert_no_raw_controls
 from tests.prepared_data import TINY_GPT2
 
 DATA_SENTENCES = 400  # the data_dir fixture (tests/conftest.py): small and quick
-HOSTILE = ["[/bold]x", "a\x1b[2Jb", "[red]r[/red]", "c\u202ed", "e\x9b31mf", "t\tab"]
+HOSTILE = [*HOSTILE_NAMES, "t\tab"]
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +60,6 @@ def _run(args: list, code: int = 0) -> str:
     assert "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     return result.output
-
-
-def _no_raw_controls(text: str) -> None:
-    """Nothing the terminal would act on: no ESC, no C1 code, no bidi override, no stray tab."""
-    bad = [ch for ch in text if ch in "\x1b\x9b\u202e\t"]
-    assert not bad, repr(text)
 
 
 def _snapshot(folder: Path) -> dict[str, str]:
@@ -101,7 +96,7 @@ def test_tensor_names_with_markup_and_control_characters_print_as_text(gpt2, tmp
         weights[name] = torch.full((2, 3), float(i + 1))
     save_file(weights, str(folder / "model.safetensors"))
     out = _run(["inspect", "--no-logits", folder, "--weights"])
-    _no_raw_controls(out)
+    assert_no_raw_controls(out)
     for name in HOSTILE:
         assert printable(name) in out, name  # shown, escaped, never interpreted
 
@@ -109,16 +104,16 @@ def test_tensor_names_with_markup_and_control_characters_print_as_text(gpt2, tmp
 @pytest.mark.parametrize("name", HOSTILE, ids=[repr(n) for n in HOSTILE])
 def test_paths_with_markup_and_control_characters_in_prepare_and_inspect(gpt2, data_dir, corpus, tmp_path, name):
     out = _run(["prepare", corpus, "-o", tmp_path / f"data{name}", "--tokenizer", data_dir / "tokenizer"])
-    _no_raw_controls(out)
+    assert_no_raw_controls(out)
     assert printable(f"data{name}") in out
     assert (tmp_path / f"data{name}" / "meta.json").is_file()
     folder = tmp_path / f"ckpt{name}"
     shutil.copytree(gpt2, folder)
     out = _run(["inspect", "--no-logits", folder, "--json", tmp_path / f"r{name}.json"])
-    _no_raw_controls(out)
+    assert_no_raw_controls(out)
     assert f"wrote {printable(tmp_path / f'r{name}.json')}" in out
     out = _run(["eval", tmp_path / f"missing{name}", "--tasks", "lambada"], code=2)  # the red error line
-    _no_raw_controls(out)
+    assert_no_raw_controls(out)
     assert printable(one_line(f"missing{name}")) in out and len(out.strip().splitlines()) == 1  # a tab: a space
 
 
@@ -126,7 +121,7 @@ def test_a_run_folder_named_with_markup_and_an_escape_trains(model_cfg, data_dir
     run = tmp_path / "[/bold]run\x1b[2J"
     args = ["train", "--model", model_cfg, "--data", data_dir, "--seq-len", "16", "--batch-size", "2"]
     out = _run([*args, "--steps", "1", "--out", run, "--set", "eval_batches=1", "--set", "eval_batch_size=2"])
-    _no_raw_controls(out)
+    assert_no_raw_controls(out)
     assert printable(run) in out and (run / "step_1" / "model.safetensors").is_file()
 
 

@@ -32,7 +32,7 @@ from merit_cli.main import cli
 from merit_core.checkpoint.state import STATE_JSON
 from merit_core.errors import printable
 from tests.cli_runs import TINY_TRAIN, train_args
-from tests.family_checks import Decoy, assert_ok, assert_refused, tree_state
+from tests.family_checks import HOSTILE_NAMES, Decoy, assert_no_raw_controls, assert_ok, assert_refused, tree_state
 
 DATA_SENTENCES = 400  # the data_dir fixture: small and quick; prepare uses only its tokenizer
 
@@ -73,6 +73,9 @@ def _prepare_args(corpus: Path, data_dir: Path, out: Path) -> list:
     return ["prepare", corpus, "-o", out, "--tokenizer", data_dir / "tokenizer", "--val-fraction", "0.1"]
 
 
+USERS_ENTRIES = ("notes.txt", "mine", "meta.json.bak", "link-of-mine")  # what _users_files puts in DIR
+
+
 def _users_files(target: Path) -> dict[str, tuple[str, str]]:
     """The user's own entries in a prepared folder (kept across a re-prepare): their state now."""
     (target / "notes.txt").write_text("my notes, keep them")
@@ -84,7 +87,7 @@ def _users_files(target: Path) -> dict[str, tuple[str, str]]:
 
 
 def _only_users(state: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
-    return {k: v for k, v in state.items() if k.split("/")[0] in ("notes.txt", "mine", "meta.json.bak", "link-of-mine")}
+    return {k: v for k, v in state.items() if k.split("/")[0] in USERS_ENTRIES}
 
 
 def _start_held(corpus: Path, data_dir: Path, target: Path, stage: str, flags: Path) -> subprocess.Popen:
@@ -277,14 +280,6 @@ def test_a_damaged_checkpoint_file_is_refused_by_resume_inspect_and_eval(
 
 
 # == printed names: what a user or a file names reaches the terminal as text ======================
-HOSTILE = ["[/bold]x", "a\x1b[2Jb", "[red]r[/red]", "c\u202ed", "e\x9b31mf", "[link=mailto:x]l[/link]"]
-
-
-def _no_raw_controls(text: str) -> None:
-    bad = [ch for ch in text if ch in "\x1b\x9b\u202e\t"]
-    assert not bad, repr(text)
-
-
 def _under_a_file(t: Path, n: str) -> Path:
     """An output path below a file of the user's (so it cannot be written), the hostile name in both."""
     blocker = t / f"file{n}"
@@ -347,11 +342,13 @@ def test_names_with_markup_and_escapes_print_as_text(what, tmp_path, trained, mo
     fixtures = {"model_cfg": model_cfg, "data_dir": data_dir, "corpus": corpus, "trained": trained}
     decoy = Decoy.plant(tmp_path)
     cheap = code == 2 or what.startswith("inspect")
-    names = HOSTILE if cheap else HOSTILE[:2]  # the runs that train or prepare cost time: markup and an escape
+    names = (
+        HOSTILE_NAMES if cheap else HOSTILE_NAMES[:2]
+    )  # the runs that train or prepare cost time: markup and an escape
     for name in names:
         result = _invoke(build(tmp_path, name, fixtures))
         text = assert_refused(result) if code == 2 else assert_ok(result)
-        _no_raw_controls(text)
+        assert_no_raw_controls(text)
         if what == "inspect --weights tensor names":
             assert printable(name) in text, (name, text)  # shown, escaped, never interpreted
         if code == 2:
