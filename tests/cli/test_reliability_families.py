@@ -188,6 +188,11 @@ def _resume(model_cfg: Path, data_dir: Path, run: Path, *extra: str) -> object:
     return _invoke(train_args(model_cfg, data_dir, run, "--steps", "4", "--resume", *extra, settings=SETTINGS))
 
 
+def _one_error(text: str) -> None:
+    """One line of the output is the error (a note the user asked for, --no-verify's, may stand beside it)."""
+    assert len([line for line in text.splitlines() if line.startswith("error:")]) == 1, text
+
+
 def _group(state: dict) -> dict:
     return state["optimizer"]["param_groups"][0]
 
@@ -196,11 +201,20 @@ def _moments(state: dict) -> dict:
     return state["optimizer"]["state"][0]
 
 
-# Crafted trainer states, each loadable with weights_only=True (so the state's own checks must refuse
-# it); beyond these, tests/checkpoint/test_refusals.py has a negative, text and vector step, a moment
-# on the meta device, a missing exp_avg_sq, garbage betas and clip, and no rng. A parameter with no
-# state at all is not refused: in torch's contract it is one the optimizer has not stepped yet.
+# Crafted trainer states, each loadable with weights_only=True, so that with --no-verify the state's
+# own checks must refuse it. A parameter with no state at all is not refused: in torch's contract it is
+# one the optimizer has not stepped yet.
 CRAFTED: dict[str, Callable[[dict], object]] = {
+    "negative step": lambda s: s.update(step=-5),
+    "text step": lambda s: s.update(step="2"),
+    "vector step": lambda s: s.update(step=torch.tensor([2, 2])),
+    "meta-device moment": lambda s: _moments(s).update(exp_avg=torch.zeros_like(_moments(s)["exp_avg"], device="meta")),
+    "missing exp_avg_sq": lambda s: _moments(s).pop("exp_avg_sq"),
+    "text betas": lambda s: _group(s).update(betas="(0.9, 0.99)"),
+    "betas of three": lambda s: _group(s).update(betas=(0.9, 0.99, 0.5)),
+    "negative clip": lambda s: _group(s).update(clip=-1.0),
+    "text clip": lambda s: _group(s).update(clip="none"),
+    "no rng": lambda s: s.pop("rng"),
     "step past the folder's": lambda s: s.update(step=99),
     "step 2.5": lambda s: s.update(step=2.5),
     "step True": lambda s: s.update(step=True),
@@ -229,12 +243,13 @@ def _craft(run: Path, change: Callable[[dict], object]) -> None:
 
 @pytest.mark.parametrize("case", list(CRAFTED))
 def test_resume_of_a_crafted_trainer_state_is_refused_and_moves_nothing(run, model_cfg, data_dir, tmp_path, case):
-    """With --no-verify, so that the state's own checks refuse it (with checksums on, the changed file
-    is refused unread: the integrity table below)."""
+    """With checksums on the changed file is refused unread; with --no-verify the state's own checks
+    refuse it."""
     _craft(run, CRAFTED[case])
     decoy = Decoy.plant(tmp_path)
     before = tree_state(run)
-    assert_refused(_resume(model_cfg, data_dir, run, "--no-verify"), "step_2")
+    _one_error(assert_refused(_resume(model_cfg, data_dir, run), "trainer_state.pt"))
+    _one_error(assert_refused(_resume(model_cfg, data_dir, run, "--no-verify"), "step_2"))
     assert tree_state(run) == before  # no checkpoint moved aside, metrics.jsonl not cut back
     decoy.assert_unchanged()
 
@@ -255,6 +270,7 @@ def _flip(raw: bytes, at: int) -> bytes:
 
 DAMAGES: dict[str, Callable[[bytes], bytes]] = {
     "first byte flipped": lambda raw: _flip(raw, 0),
+    "middle byte flipped": lambda raw: _flip(raw, len(raw) // 2),
     "last byte flipped": lambda raw: _flip(raw, len(raw) - 1),
     "cut to half": lambda raw: raw[: len(raw) // 2],
     "one byte added": lambda raw: raw + b"\x00",
@@ -272,9 +288,9 @@ def test_a_damaged_checkpoint_file_is_refused_by_resume_inspect_and_eval(
     path.write_bytes(DAMAGES[damage](path.read_bytes()))
     decoy = Decoy.plant(tmp_path)
     before = tree_state(run)
-    assert_refused(_resume(model_cfg, data_dir, run), name)
-    assert_refused(_invoke(["inspect", run, "--no-logits", "--no-updates"]), name)
-    assert_refused(_invoke(["eval", run, "--tasks", "lambada"]), name)
+    _one_error(assert_refused(_resume(model_cfg, data_dir, run), name))
+    _one_error(assert_refused(_invoke(["inspect", run, "--no-logits", "--no-updates"]), name))
+    _one_error(assert_refused(_invoke(["eval", run, "--tasks", "lambada"]), name))
     assert tree_state(run) == before
     decoy.assert_unchanged()
 
