@@ -55,6 +55,15 @@ def is_number(value: Any) -> bool:
     return isinstance(value, Real) and not isinstance(value, bool)
 
 
+def as_int(value: Any) -> int | None:
+    """An int (not a bool) as is, an integral float as an int; None for anything else."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return None
+
+
 def describe(hint: Any, mention_none: bool = True) -> str:
     """How an error message says what `hint` accepts: 'a number', 'true, false or None', ...
 
@@ -78,7 +87,7 @@ def coerce(value: Any, hint: Any, what: str, mention_none: bool = True) -> Any:
         return None
     if base is float and is_number(value):
         return float(value)
-    if base is int and (number := _as_int(value)) is not None:
+    if base is int and (number := as_int(value)) is not None:
         return number
     if base is bool and isinstance(value, bool):
         return value
@@ -95,7 +104,7 @@ def coerce(value: Any, hint: Any, what: str, mention_none: bool = True) -> Any:
 def positive_int(value: Any, what: str, zero: bool = False) -> int:
     """`value` as an int >= 1 (>= 0 with `zero`); an integral float counts, a bool does not.
     ConfigError "<what> must be a positive integer, got ..." ("0 or a positive integer" with `zero`)."""
-    number = _as_int(value)
+    number = as_int(value)
     if number is None or number < (0 if zero else 1):
         words = "0 or a positive integer" if zero else "a positive integer"
         raise ConfigError(f"{what} must be {words}, got {value!r}")
@@ -123,7 +132,7 @@ def parse_number(text: Any, kind: type, what: str) -> Any:
 def in_range(value: Any, low: int, high: int, what: str) -> int:
     """`value` as an int from `low` to `high` (both included), e.g. a seed that numpy takes as 32
     bits; ConfigError ``<what> must be an integer from <low> to <high>, got ...`` otherwise."""
-    number = _as_int(value)
+    number = as_int(value)
     if number is None or not low <= number <= high:
         raise ConfigError(f"{what} must be an integer from {low} to {_power(high)}, got {value!r}")
     return number
@@ -152,15 +161,6 @@ def deep_merge(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         else:
             base[key] = value
     return base
-
-
-def _as_int(value: Any) -> int | None:
-    """An int (not a bool) as is, an integral float as an int; None for anything else."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    return None
 
 
 def _split_optional(hint: Any) -> tuple[Any, bool]:

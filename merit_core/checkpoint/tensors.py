@@ -30,7 +30,7 @@ import torch
 from merit_core import values
 from merit_core.checkpoint.runs import STATE_PT, WEIGHTS_NAME
 from merit_core.checkpoint.safe import opened_path, validate_safetensors
-from merit_core.errors import CheckpointError, ConfigError, first_line, os_error_line
+from merit_core.errors import CheckpointError, first_line, os_error_line
 from merit_core.fileio import display, open_regular
 
 # What a sharded scheme (fsdp) keeps in trainer_state.pt in place of the optimizer state: a marker
@@ -74,11 +74,9 @@ def _is_int(value: Any) -> bool:
 
 def _count(value: Any) -> int | None:
     """`value` as a non-negative integer, read as every number a user or a file gives is
-    (merit_core.values: no bool, no text, an integral float as its int); None when it is not one."""
-    try:
-        return values.positive_int(value, "count", zero=True)
-    except ConfigError:
-        return None
+    (merit_core.values.as_int: no bool, no text, an integral float as its int); None when it is not one."""
+    number = values.as_int(value)
+    return number if number is not None and number >= 0 else None
 
 
 def check_trainer_state(state: Any, where: str | Path, step: int | None = None) -> int:
