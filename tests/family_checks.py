@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from merit_core.checkpoint.runs import STATE_PT
 
 
 def tree_state(root: Path) -> dict[str, tuple[str, str]]:
@@ -95,3 +98,14 @@ def assert_ok(result: Any) -> str:
     assert "Traceback" not in text, text
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     return text
+
+
+def craft_trainer_state(checkpoint: Path, change: Callable[[dict], object]) -> None:
+    """Rewrite `checkpoint`'s trainer_state.pt with `change` applied to it in place (what a crafted file
+    holds: still loadable with weights_only=True, so the state's own checks are what must refuse it)."""
+    import torch
+
+    path = checkpoint / STATE_PT
+    state = torch.load(path, weights_only=True)
+    change(state)
+    torch.save(state, path)

@@ -20,14 +20,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from merit_core.checkpoint.safe import validate_safetensors
-from merit_core.compare.runner import read_status
+from merit_core.compare.runner import STATUS_FILE, read_status
 from merit_core.data.meta import PREPARED_MARKER, is_merit_prepared, load_meta
 from merit_core.data.prepare import remove_stale_temp
 from merit_core.data.publish import check_target
 from merit_core.diagnostics.layout import detect_layout, read_config
 from merit_core.errors import MeritError
 from merit_core.fileio import STAGING_MARKER
-from merit_core.metrics import read_metrics
+from merit_core.metrics import METRICS_FILE, read_metrics
 from merit_core.models import model_config
 from merit_core.models.limits import check_model_config
 from merit_core.train.config import FIELD_NAMES, TrainConfig, load_config
@@ -285,8 +285,8 @@ def test_compare_run_markers_and_metrics(scratch, status, metrics):
     its callers turn into a "missing" run (a line that is not a record, bytes that are not UTF-8)."""
     run = scratch / "compare-run"
     run.mkdir(exist_ok=True)
-    (run / "compare_status.json").write_bytes(status)
-    (run / "metrics.jsonl").write_bytes(metrics)
+    (run / STATUS_FILE).write_bytes(status)
+    (run / METRICS_FILE).write_bytes(metrics)
     found = _allowed(read_status, run)
     if isinstance(found, dict):
         assert found["state"] == "diverged" and isinstance(found["message"], (str, type(None)))

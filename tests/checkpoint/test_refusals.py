@@ -9,10 +9,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from merit_core.checkpoint.state import NOT_VERIFIED, SKIPPED, STATE_JSON
 from tests.cli_runs import TINY_TRAIN, invoke, train_args
+from tests.family_checks import craft_trainer_state
 
 # One checkpoint at step 2 (and no other to fall back to).
 SETTINGS = {**TINY_TRAIN, "save_every": 0, "eval_every": 0}
@@ -56,15 +56,8 @@ def _refused(result, *words):
 # the tables of tests/cli/test_reliability_families.py.
 
 
-def _craft_state(run: Path, change) -> None:
-    path = run / "step_2" / "trainer_state.pt"
-    state = torch.load(path, weights_only=True)
-    change(state)
-    torch.save(state, path)
-
-
 def test_inspect_says_in_one_line_that_a_crafted_optimizer_state_gives_no_update_size(run):
-    _craft_state(run, lambda s: s["optimizer"]["state"][0].pop("exp_avg_sq"))
+    craft_trainer_state(run / "step_2", lambda s: s["optimizer"]["state"][0].pop("exp_avg_sq"))
     result = invoke(["inspect", str(run / "step_2"), "--no-verify", "--seq-len", "8"])
     assert result.exit_code == 0 and "Traceback" not in result.output, result.output
     flat = " ".join(result.output.split())  # rich wraps long notes

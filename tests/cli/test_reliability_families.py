@@ -32,7 +32,15 @@ from merit_cli.main import cli
 from merit_core.checkpoint.state import STATE_JSON
 from merit_core.errors import printable
 from tests.cli_runs import TINY_TRAIN, train_args
-from tests.family_checks import HOSTILE_NAMES, Decoy, assert_no_raw_controls, assert_ok, assert_refused, tree_state
+from tests.family_checks import (
+    HOSTILE_NAMES,
+    Decoy,
+    assert_no_raw_controls,
+    assert_ok,
+    assert_refused,
+    craft_trainer_state,
+    tree_state,
+)
 
 DATA_SENTENCES = 400  # the data_dir fixture: small and quick; prepare uses only its tokenizer
 
@@ -234,18 +242,11 @@ CRAFTED: dict[str, Callable[[dict], object]] = {
 }
 
 
-def _craft(run: Path, change: Callable[[dict], object]) -> None:
-    path = run / "step_2" / "trainer_state.pt"
-    state = torch.load(path, weights_only=True)
-    change(state)
-    torch.save(state, path)
-
-
 @pytest.mark.parametrize("case", list(CRAFTED))
 def test_resume_of_a_crafted_trainer_state_is_refused_and_moves_nothing(run, model_cfg, data_dir, tmp_path, case):
     """With checksums on the changed file is refused unread; with --no-verify the state's own checks
     refuse it."""
-    _craft(run, CRAFTED[case])
+    craft_trainer_state(run / "step_2", CRAFTED[case])
     decoy = Decoy.plant(tmp_path)
     before = tree_state(run)
     _one_error(assert_refused(_resume(model_cfg, data_dir, run), "trainer_state.pt"))
@@ -255,7 +256,7 @@ def test_resume_of_a_crafted_trainer_state_is_refused_and_moves_nothing(run, mod
 
 
 def test_after_a_refused_resume_the_restored_state_resumes(run, trained, model_cfg, data_dir, tmp_path):
-    _craft(run, CRAFTED["step past the folder's"])
+    craft_trainer_state(run / "step_2", CRAFTED["step past the folder's"])
     assert_refused(_resume(model_cfg, data_dir, run, "--no-verify"))
     shutil.copy(trained / "step_2" / "trainer_state.pt", run / "step_2" / "trainer_state.pt")
     decoy = Decoy.plant(tmp_path)
