@@ -203,7 +203,7 @@ def _chosen_steps(checkpoints: tuple, selection, all_steps: bool, plot: str | No
     if len(checkpoints) != 1:
         raise ConfigError(f"--steps {selection} takes one `merit train` run folder")
     if plot is not None:
-        from merit_core.fileio import check_writable
+        from merit_core.output_checks import check_writable
 
         if not plot.lower().endswith((".png", ".pdf", ".svg")):
             raise ConfigError(f"--plot {plot}: use a .png, .pdf or .svg file name")

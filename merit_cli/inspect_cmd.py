@@ -22,8 +22,9 @@ from merit_cli.options import (
 from merit_cli.render import print_table, print_whole, shown, wide_console
 from merit_core.diagnostics.plots import plot_report, short_labels
 from merit_core.errors import CheckpointError, ConfigError
-from merit_core.fileio import check_writable, read_text_file
+from merit_core.file_reading import read_text_file
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
+from merit_core.output_checks import check_writable
 
 if TYPE_CHECKING:  # rich is imported where a table is drawn
     from rich.console import JustifyMethod

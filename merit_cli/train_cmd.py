@@ -28,8 +28,8 @@ from merit_cli.render import (
     training_progress,
 )
 from merit_core.checkpoint import CONFIG_FILE, read_run_config
+from merit_core.durable_writes import refuse_link
 from merit_core.errors import ConfigError, MeritError
-from merit_core.fileio import refuse_link
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
 from merit_core.settings import TRAIN_DTYPES, TrainConfig, option_names
 from merit_core.train_input import check_names_and_out, load_config

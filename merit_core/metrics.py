@@ -19,7 +19,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Required, TypedDict
 
-from merit_core.fileio import atomic_write, open_regular, refuse_link
+from merit_core.durable_writes import atomic_write, refuse_link
+from merit_core.file_reading import open_regular
 from merit_core.metric_names import LOSS, STEP, VAL_LOSS
 
 METRICS_FILE = "metrics.jsonl"

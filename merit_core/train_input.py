@@ -22,9 +22,10 @@ from typing import Any
 
 from merit_core.checkpoint.runs import check_new_run, check_out
 from merit_core.errors import ConfigError
-from merit_core.fileio import check_utf8_path, read_toml_file
+from merit_core.file_reading import read_toml_file
 from merit_core.models import check_model_name
 from merit_core.optimizer_names import known_optimizer
+from merit_core.output_checks import check_utf8_path
 from merit_core.settings import DEVICE_PATTERN, DEVICE_WORDS, TRACKERS, TrainConfig, setting_of
 from merit_core.values import coerce, deep_merge, nest
 
@@ -57,7 +58,7 @@ def load_config(
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
-    """The table of a train or compare config file (merit_core.fileio.read_toml_file); ConfigError
+    """The table of a train or compare config file (merit_core.file_reading.read_toml_file); ConfigError
     in one line when it is missing, a folder or not readable TOML."""
     path = Path(path)
     if path.is_dir():

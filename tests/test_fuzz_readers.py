@@ -25,8 +25,8 @@ from merit_core.data.meta import PREPARED_MARKER, is_merit_prepared, load_meta
 from merit_core.data.prepare import remove_stale_temp
 from merit_core.data.publish import check_target
 from merit_core.diagnostics.layout import detect_layout, read_config
+from merit_core.durable_writes import STAGING_MARKER
 from merit_core.errors import MeritError
-from merit_core.fileio import STAGING_MARKER
 from merit_core.metrics import METRICS_FILE, read_metrics
 from merit_core.models import model_config
 from merit_core.models.limits import check_model_config

@@ -38,7 +38,7 @@ from merit_core.checkpoint.safe import (  # the one safe reader of a checkpoint,
 )
 from merit_core.checkpoint.state import SKIPPED, optional_trainer_state, verify_checkpoint
 from merit_core.errors import CheckpointError, ConfigError
-from merit_core.fileio import display
+from merit_core.file_reading import display
 
 __all__ = [
     "ALL",

@@ -17,7 +17,7 @@ from typing import Any
 
 from merit_core.checkpoint.runs import CONFIG_FILE
 from merit_core.errors import CheckpointError
-from merit_core.fileio import display, read_toml_file
+from merit_core.file_reading import display, read_toml_file
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class OptimizerSettings:
 
 def read_run_config(run_dir: str | Path) -> dict[str, Any] | None:
     """The table of the run folder's config.toml, None when it has none; CheckpointError in one line
-    when it is not a regular file of readable TOML (merit_core.fileio.read_toml_file)."""
+    when it is not a regular file of readable TOML (merit_core.file_reading.read_toml_file)."""
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         return None

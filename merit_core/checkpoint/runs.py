@@ -19,7 +19,7 @@ merit renames a checkpoint into place only when it is complete, so its own step 
 complete or absent; the lower levels are for folders other tools wrote.
 
 Every other module takes these file names from here (the constants below) rather than
-spelling them. Writes are durable (merit_core.fileio: a temp file in the same folder, fsynced,
+spelling them. Writes are durable (merit_core.durable_writes: a temp file in the same folder, fsynced,
 renamed, the folder fsynced); a checkpoint folder is fsynced file by file before its rename
 (`publish_folder`). Files get the user's umask (not the 0600 of temp-file helpers).
 """
@@ -35,22 +35,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 from merit_core.checkpoint.state import STATE_JSON
-from merit_core.errors import ConfigError, RunBusy, UnsafePath
-from merit_core.fileio import (
+from merit_core.durable_writes import (
     STAGING_MARKER,
     TMP_PREFIX,
-    FileLock,
     atomic_write_json,
-    check_writable_folder,
     create_new,
     file_mode,
     folder_mode,
     fsync_dir,
     fsync_file,
-    refuse_foreign_entries,
     refuse_link,
 )
+from merit_core.errors import ConfigError, RunBusy, UnsafePath
+from merit_core.file_locks import FileLock
 from merit_core.metrics import METRICS_FILE  # the metrics log is metrics.py's
+from merit_core.output_checks import check_writable_folder, refuse_foreign_entries
 
 RUN_MARKER = ".merit-run"
 RUN_FORMAT = "merit-run-v1"

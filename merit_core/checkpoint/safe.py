@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from merit_core.errors import CheckpointError
-from merit_core.fileio import display, open_regular, special_entries
+from merit_core.file_reading import display, open_regular, special_entries
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 _DTYPE_BYTES = {

@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
 
 from merit_core.errors import CheckpointError, MeritError, first_line
-from merit_core.fileio import display, open_regular
+from merit_core.file_reading import display, open_regular
 
 METADATA_FILE = ".metadata"
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from merit_core.durable_writes import STAGING_MARKER, atomic_write
 from merit_core.errors import CheckpointError
-from merit_core.fileio import STAGING_MARKER, atomic_write, display, open_regular
+from merit_core.file_reading import display, open_regular
 
 STATE_JSON = "trainer_state.json"
 STATE_FORMAT = "merit-trainer-v1"

@@ -31,7 +31,7 @@ from merit_core import values
 from merit_core.checkpoint.runs import STATE_PT, WEIGHTS_NAME
 from merit_core.checkpoint.safe import opened_path, validate_safetensors
 from merit_core.errors import CheckpointError, first_line, os_error_line
-from merit_core.fileio import display, open_regular
+from merit_core.file_reading import display, open_regular
 
 # What a sharded scheme (fsdp) keeps in trainer_state.pt in place of the optimizer state: a marker
 # naming the format of the shards it wrote into the checkpoint folder (see merit_core.train.fsdp).

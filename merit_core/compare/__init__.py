@@ -79,17 +79,11 @@ from merit_core.compare.spec import CompareSpec, load_spec
 from merit_core.compare.summary import SUMMARY_FILE, build_summary, select_best, write_json
 from merit_core.data import load_meta, resolve_data
 from merit_core.devices import measurement_device
+from merit_core.durable_writes import TMP_PREFIX, atomic_write, refuse_link, refuse_special
 from merit_core.evaluation.tasks import resolve_tasks
-from merit_core.fileio import (
-    TMP_PREFIX,
-    atomic_write,
-    check_writable_folder,
-    refuse_foreign_entries,
-    refuse_link,
-    refuse_special,
-)
 from merit_core.optim.merit.verify import verify_backend
 from merit_core.optim.registry import get_spec
+from merit_core.output_checks import check_writable_folder, refuse_foreign_entries
 from merit_core.settings import VOCAB_SIZE
 from merit_core.train.hardware import float_environment
 

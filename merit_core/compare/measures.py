@@ -29,10 +29,10 @@ from merit_core.compare.summary import spread
 from merit_core.data import open_tokens
 from merit_core.diagnostics.hessian import model_hessian
 from merit_core.diagnostics.probe import load_model
+from merit_core.durable_writes import atomic_write_json
 from merit_core.errors import CheckpointError
 from merit_core.evaluation import EvalSettings, evaluate_checkpoints
 from merit_core.evaluation.results import CheckpointResult, metric_rows
-from merit_core.fileio import atomic_write_json
 from merit_core.metrics import json_safe
 from merit_core.train.batches import val_batches
 

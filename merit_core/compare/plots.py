@@ -26,7 +26,7 @@ from typing import Any, cast
 from merit_core.compare.report import GOOD_LR_TOLERANCE
 from merit_core.compare.results import BestResult, CellResult, CompareSummary
 from merit_core.compare.verdicts import no_verdict, num
-from merit_core.fileio import atomic_path
+from merit_core.durable_writes import atomic_path
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 
 PLOT_FILE = "compare.png"

@@ -38,8 +38,8 @@ from merit_core.checkpoint.resolve import latest_checkpoint
 from merit_core.checkpoint.run_config import read_run_config
 from merit_core.checkpoint.state import read_trainer_state
 from merit_core.compare.grid import PlannedRun, config_mismatch
+from merit_core.durable_writes import atomic_write_json, open_truncated, refuse_link
 from merit_core.errors import ConfigError, MeritError, RunFailed, RunInterrupted, TrainingDiverged, printable
-from merit_core.fileio import atomic_write_json, open_truncated, refuse_link
 from merit_core.metrics import json_safe, read_metrics
 from merit_core.progress import Progress
 from merit_core.train import training_run  # run_training looked up per call: tests stand in for it

@@ -45,8 +45,8 @@ from merit_core.compare.results import (
 )
 from merit_core.compare.runner import read_status, replaced, state_now
 from merit_core.diagnostics.weights import weight_stats
+from merit_core.durable_writes import atomic_write_json
 from merit_core.errors import MeritError
-from merit_core.fileio import atomic_write_json
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, STEP, VAL_LOSS
 from merit_core.metrics import METRICS_FILE, eval_lines, json_safe, read_metrics
 

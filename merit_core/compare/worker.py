@@ -24,8 +24,8 @@ import sys
 from typing import Any
 
 from merit_core.compare.runner import EXIT_DIVERGED, EXIT_USER_ERROR
+from merit_core.durable_writes import open_truncated
 from merit_core.errors import MeritError, RunInterrupted, TrainingDiverged
-from merit_core.fileio import open_truncated
 from merit_core.train.config import from_dict
 from merit_core.train.training_run import run_training
 

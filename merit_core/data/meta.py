@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from merit_core.errors import DataError, MeritError
-from merit_core.fileio import display, read_head
+from merit_core.file_reading import display, read_head
 from merit_core.version import __version__
 
 FORMAT = "merit-tokens-v1"

@@ -47,14 +47,11 @@ from merit_core.data.tokenizer import (
     save_tokenizer,
     train_bpe,
 )
+from merit_core.durable_writes import STAGING_MARKER
 from merit_core.errors import ConfigError, DataError, MeritError
-from merit_core.fileio import (
-    STAGING_MARKER,
-    pid_alive,
-    read_head,
-    refuse_dangling_parents,
-    remove_stale_lock,
-)
+from merit_core.file_locks import pid_alive, remove_stale_lock
+from merit_core.file_reading import read_head
+from merit_core.output_checks import refuse_dangling_parents
 from merit_core.progress import Progress, ProgressFn, report_to
 from merit_core.settings import VOCAB_SIZE
 

@@ -11,20 +11,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from merit_core.data.meta import PREPARED_ENTRIES, PREPARED_MARKER, is_merit_prepared
-from merit_core.errors import ConfigError, DataError, RunBusy, UnsafePath
-from merit_core.fileio import (
+from merit_core.durable_writes import (
     STAGING_MARKER,
-    FileLock,
-    check_writable_folder,
     exchange_paths,
-    exclusive_lock,
     folder_mode,
     fsync_dir,
     fsync_tree,
-    pid_alive,
     refuse_link,
     rename_new,
 )
+from merit_core.errors import ConfigError, DataError, RunBusy, UnsafePath
+from merit_core.file_locks import FileLock, exclusive_lock, pid_alive
+from merit_core.output_checks import check_writable_folder
 
 TMP_PREFIX = ".merit-tmp-"
 
@@ -256,7 +254,7 @@ def build_lock(target: Path) -> Iterator[None]:
     """Hold an exclusive file lock beside `target` (POSIX; a no-op elsewhere), waiting for it, e.g.
     across DDP ranks or two processes filling one cache entry.
 
-    The lock file is removed when released (merit_core.fileio.FileLock), so none is left behind.
+    The lock file is removed when released (merit_core.file_locks.FileLock), so none is left behind.
     """
     try:
         import fcntl  # noqa: F401

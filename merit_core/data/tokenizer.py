@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from merit_core.data.meta import TOKENIZER_DIR, is_prepared, load_meta
+from merit_core.durable_writes import atomic_write_json
 from merit_core.errors import ConfigError
-from merit_core.fileio import atomic_write_json
 from merit_core.hub import looks_like_hub_id, prefer_offline
 
 EOS_TOKEN = "<|endoftext|>"

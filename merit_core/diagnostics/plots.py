@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from merit_core.fileio import atomic_path
+from merit_core.durable_writes import atomic_path
 from merit_core.metric_names import (
     ACTIVATION_RATIO,
     LOG_Z_MEAN,

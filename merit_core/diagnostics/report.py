@@ -48,8 +48,8 @@ from merit_core.diagnostics.weights import (
     record_fields,
     spectral_logit_bounds,
 )
+from merit_core.durable_writes import atomic_write_json
 from merit_core.errors import DataError, MeritError
-from merit_core.fileio import atomic_write_json
 from merit_core.metric_names import (
     ACTIVATION_RATIO,
     LOG_Z_MAX,

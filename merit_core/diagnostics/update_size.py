@@ -32,7 +32,7 @@ from merit_core.checkpoint.tensors import check_optimizer_state, check_trainer_s
 from merit_core.devices import available_host_memory
 from merit_core.diagnostics.weights import record_fields
 from merit_core.errors import CheckpointError, MeritError, first_line
-from merit_core.fileio import display
+from merit_core.file_reading import display
 from merit_core.metric_names import UPDATE_RATIO
 from merit_core.optim import build_optimizer
 from merit_core.optim.merit import MERIT

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from merit_core.fileio import atomic_write
+from merit_core.durable_writes import atomic_write
 from merit_core.paths import cache_dir
 
 ALIAS = "builtin"

@@ -27,7 +27,7 @@ from merit_core.checkpoint.safe import (
 )
 from merit_core.checkpoint.state import SKIPPED, optional_trainer_state, verify_checkpoint
 from merit_core.errors import CheckpointError, ConfigError, first_line
-from merit_core.fileio import display
+from merit_core.file_reading import display
 from merit_core.hub import looks_like_hub_id
 from merit_core.models.limits import check_model_dims, check_model_size
 from merit_core.settings import DTYPE_SPELLINGS

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from merit_core.durable_writes import fsync_dir, fsync_file, refuse_link, rename_new
 from merit_core.errors import ConfigError, UnsafePath
-from merit_core.fileio import fsync_dir, fsync_file, refuse_link, rename_new
 from merit_core.values import parse_number
 
 DEFAULT_SEED = (0, 1234, 1234, 1234)  # lm-eval's: python random, numpy, torch, few-shot sampler

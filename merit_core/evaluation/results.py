@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from merit_core.durable_writes import atomic_write, write_new_file
 from merit_core.errors import ConfigError
-from merit_core.fileio import atomic_write, check_path_names, refuse_dangling_parents, write_new_file
+from merit_core.output_checks import check_path_names, refuse_dangling_parents
 
 _NOT_METRICS = {"alias", "name", "sample_len", "samples", " "}
 
@@ -140,9 +141,9 @@ def _jsonable(value: Any) -> Any:
 def write_results_json(
     path: str | os.PathLike, records: Sequence[CheckpointResult], now: datetime.datetime | None = None
 ) -> Path:
-    """Write all records durably to `path` (a file: replaced atomically, merit_core.fileio.atomic_write)
+    """Write all records durably to `path` (a file: replaced atomically, merit_core.durable_writes.atomic_write)
     or, when `path` names a folder, to a new `results-<date>T<time>[-N].json` in it, a name reserved
-    as it is written (merit_core.fileio.write_new_file): two evals writing into one folder at the same
+    as it is written (merit_core.durable_writes.write_new_file): two evals writing into one folder at the same
     second never share a file. Returns the file written."""
     given = Path(path).expanduser()
     text = json.dumps({"checkpoints": [r.to_json() for r in records]}, indent=2, default=_jsonable) + "\n"

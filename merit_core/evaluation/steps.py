@@ -20,7 +20,7 @@ from merit_core.checkpoint.safe import refuse_special_files
 from merit_core.checkpoint.state import optional_trainer_state
 from merit_core.diagnostics.plots import save_figure
 from merit_core.errors import ConfigError
-from merit_core.fileio import display
+from merit_core.file_reading import display
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, STEP
 from merit_core.metrics import read_metrics
 

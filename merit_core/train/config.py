@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from merit_core.checkpoint.runs import CONFIG_HEADER
+from merit_core.durable_writes import atomic_write
 from merit_core.errors import ConfigError
-from merit_core.fileio import atomic_write
 from merit_core.models import model_width
 from merit_core.optim.lr_table import LrDefault
 from merit_core.optim.registry import OptimizerSpec, default_lr, get_spec

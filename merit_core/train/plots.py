@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from merit_core.checkpoint.runs import CURVES_FILE
-from merit_core.fileio import atomic_write
+from merit_core.durable_writes import atomic_write
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 from merit_core.metrics import read_metrics
 

@@ -21,12 +21,12 @@ from typing import Any, NoReturn
 
 import torch
 
-from merit_core import fileio
 from merit_core.checkpoint import runs
 from merit_core.checkpoint.runs import CONFIG_FILE
 from merit_core.checkpoint.state import TrainerState
 from merit_core.data import load_meta, open_tokens, resolve_data
 from merit_core.data.meta import data_notes
+from merit_core.durable_writes import disk_full_guard
 from merit_core.errors import (
     CheckpointError,
     ConfigError,
@@ -34,6 +34,7 @@ from merit_core.errors import (
     RunInterrupted,
     TrainingDiverged,
 )
+from merit_core.file_locks import FileLock
 from merit_core.metric_names import GRAD_NORM, LOSS, LR, MAX_ATTENTION_LOGIT, STEP, TOKENS, TOKENS_PER_S, VAL_LOSS
 from merit_core.metrics import MetricsLog
 from merit_core.models import build_model, count_parameters, model_config
@@ -114,7 +115,7 @@ class TrainingRun:
         self.lr_default = resolved.lr  # where a default lr came from, for on_start (None: the config gave it)
         self.config.out = parallel.broadcast_object(self.config.out)
         self.run_dir = Path(self.config.out)
-        self.lock: fileio.FileLock | None = None
+        self.lock: FileLock | None = None
         self.created: list[Path] = []  # what this run made before its first write (undone on failure)
         self.stop: str | None = None  # the name of a stop signal that arrived
         self.resume = ResumePlan()  # what --resume continues from (resume.py)
@@ -239,7 +240,7 @@ class TrainingRun:
         self.data_meta = meta
         self.metrics = MetricsLog(self.run_dir)
         if self.parallel.is_main:
-            with fileio.disk_full_guard(self.run_dir / CONFIG_FILE, ckpt):
+            with disk_full_guard(self.run_dir / CONFIG_FILE, ckpt):
                 runs.remove_stale_staging(self.run_dir)
                 if ckpt is not None:
                     self._set_aside_abandoned()
@@ -463,7 +464,7 @@ class TrainingRun:
         step = self.trainer.step
         record = {STEP: step, TOKENS: step * self.config.tokens_per_step, **values}
         if self.parallel.is_main:
-            with fileio.disk_full_guard(self.metrics.path, self.last_ckpt):
+            with disk_full_guard(self.metrics.path, self.last_ckpt):
                 self.metrics.write(record)
         return record
 
@@ -508,7 +509,7 @@ class TrainingRun:
                 **self.data_info,
             )
             target = self.run_dir / runs.step_name(trainer.step)
-            with fileio.disk_full_guard(target, self.last_ckpt):
+            with disk_full_guard(target, self.last_ckpt):
                 try:
                     path = save_checkpoint(
                         self.run_dir,

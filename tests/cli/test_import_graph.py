@@ -195,7 +195,7 @@ def test_optim_imports_merits_modules_at_the_top_of_its_modules():
 
 def _folder(module: str, modules: dict[str, Path]) -> str:
     """The folder (package) a module lives in: merit_core.compare.grid -> merit_core.compare; a
-    module directly in merit_core (fileio.py, metrics.py, ...) is a node of its own."""
+    module directly in merit_core (durable_writes.py, metrics.py, ...) is a node of its own."""
     parts = module.split(".")
     package = parts if modules[module].name == "__init__.py" else parts[:-1]
     return module if len(package) == 1 else ".".join(package)
@@ -366,7 +366,7 @@ def _imported_modules(path: Path) -> set[str]:
 def test_a_run_folder_is_read_through_merit_core_checkpoint():
     """compare reaches run folders through the checkpoint package's resolver and readers, never the
     layout module (merit_core.checkpoint.runs: step folders, "latest"); a run's config.toml is read by
-    merit_core.checkpoint.run_config alone, and a TOML file is loaded in one place (fileio.read_toml_file;
+    merit_core.checkpoint.run_config alone, and a TOML file is loaded in one place (file_reading.read_toml_file;
     train_input.py's tomllib parses --set values, and its read_toml the train and compare config files)."""
     modules = _modules()
     imports = {name: _imported_modules(path) for name, path in modules.items()}
@@ -374,8 +374,11 @@ def test_a_run_folder_is_read_through_merit_core_checkpoint():
     assert "merit_core.compare.runner" in compare
     reaching = [m for m in compare if any(i.startswith("merit_core.checkpoint.runs") for i in imports[m])]
     assert reaching == []
-    assert sorted(m for m in modules if "tomllib" in imports[m]) == ["merit_core.fileio", "merit_core.train_input"]
-    loading = sorted(m for m in modules if "merit_core.fileio.read_toml_file" in imports[m])
+    assert sorted(m for m in modules if "tomllib" in imports[m]) == [
+        "merit_core.file_reading",
+        "merit_core.train_input",
+    ]
+    loading = sorted(m for m in modules if "merit_core.file_reading.read_toml_file" in imports[m])
     assert loading == ["merit_core.checkpoint.run_config", "merit_core.train_input"]
     spec_readers = sorted(m for m in modules if "merit_core.train_input.read_toml" in imports[m])
     assert spec_readers == ["merit_core.compare.spec"]  # a compare spec; train_input.py reads train configs

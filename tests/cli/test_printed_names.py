@@ -25,7 +25,7 @@ from merit_cli.main import cli
 from merit_core.data.meta import PREPARED_MARKER
 from merit_core.data.publish import lock_path
 from merit_core.errors import one_line, printable
-from merit_core.fileio import FileLock
+from merit_core.file_locks import FileLock
 from tests.family_checks import HOSTILE_NAMES, assert_no_raw_controls
 from tests.prepared_data import TINY_GPT2
 

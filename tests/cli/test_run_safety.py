@@ -15,7 +15,7 @@ import torch
 from click.testing import CliRunner
 
 from merit_cli.main import cli
-from merit_core import errors, fileio
+from merit_core import durable_writes, errors
 from merit_core.checkpoint import runs
 from merit_core.checkpoint.tensors import load_trainer_state
 from merit_core.metrics import read_metrics
@@ -372,7 +372,7 @@ def test_atomic_write_disk_full_leaves_the_old_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(runs.os, "write", full)
     with pytest.raises(errors.DiskFull, match="disk full while writing"):
-        fileio.atomic_write_json(target, {"new": 1})
+        durable_writes.atomic_write_json(target, {"new": 1})
     monkeypatch.undo()
     assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
 
@@ -400,7 +400,7 @@ def test_prepare_cleans_only_its_own_stale_temp_folders_and_locks(tmp_path):
     assert left == sorted(["corpus.txt", "prepared", live.name, foreign.name])
     assert (foreign / "notes.txt").read_text() == "mine"
     assert not (tmp_path / "prepared" / runs.STAGING_MARKER).exists()
-    assert oct((tmp_path / "prepared" / "train.bin").stat().st_mode & 0o777) == oct(fileio.file_mode())
+    assert oct((tmp_path / "prepared" / "train.bin").stat().st_mode & 0o777) == oct(durable_writes.file_mode())
 
 
 def test_run_lock_never_follows_a_planted_link(tmp_path):
@@ -534,7 +534,7 @@ def test_disk_full_is_recognised_whichever_library_reports_it(
 
 def test_the_lock_never_writes_through_a_link_and_release_removes_only_its_own_file(tmp_path):
     from merit_core.errors import UnsafePath
-    from merit_core.fileio import FileLock
+    from merit_core.file_locks import FileLock
 
     victim = tmp_path / "victim.txt"
     victim.write_text("mine")
@@ -552,8 +552,8 @@ def test_the_lock_never_writes_through_a_link_and_release_removes_only_its_own_f
 def test_atomic_writes_never_go_through_a_link_planted_at_the_temp_name(tmp_path):
     """The temp name of an atomic write is guessable (.tmp-<name>.<pid>): a link planted there is refused,
     and neither its target nor the file being replaced is touched."""
+    from merit_core.durable_writes import atomic_path, atomic_write
     from merit_core.errors import UnsafePath
-    from merit_core.fileio import atomic_path, atomic_write
 
     victim = tmp_path / "victim.txt"
     victim.write_text("mine")
@@ -570,21 +570,21 @@ def test_atomic_writes_never_go_through_a_link_planted_at_the_temp_name(tmp_path
 
 
 def test_a_rewritten_log_never_goes_through_a_planted_link_or_fifo(tmp_path):
-    """fileio.open_truncated (compare's per-run logs): a link or FIFO at the name is refused and the
+    """durable_writes.open_truncated (compare's per-run logs): a link or FIFO at the name is refused and the
     file it points at stays untouched; a regular file is emptied and rewritten."""
     victim = tmp_path / "victim.txt"
     victim.write_text("mine\n")
     link = tmp_path / "run.log"
     link.symlink_to(victim)
     with pytest.raises(errors.UnsafePath, match="symbolic link"):
-        fileio.open_truncated(link)
+        durable_writes.open_truncated(link)
     assert victim.read_text() == "mine\n"
     fifo = tmp_path / "fifo.log"
     os.mkfifo(fifo)
     with pytest.raises(errors.UnsafePath, match="FIFO"):
-        fileio.open_truncated(fifo)  # opening it for writing would block until a reader came
+        durable_writes.open_truncated(fifo)  # opening it for writing would block until a reader came
     log = tmp_path / "plain.log"
     log.write_text("an old run's log, longer than the new one\n")
-    with os.fdopen(fileio.open_truncated(log), "w") as fh:
+    with os.fdopen(durable_writes.open_truncated(log), "w") as fh:
         fh.write("new\n")
     assert log.read_text() == "new\n"

@@ -20,8 +20,8 @@ from merit_core.data import load_meta, open_tokens, prepare_corpus
 from merit_core.data.meta import PREPARED_MARKER
 from merit_core.data.prepare import remove_stale_temp
 from merit_core.data.publish import staging_dir
+from merit_core.durable_writes import STAGING_MARKER
 from merit_core.errors import DataError
-from merit_core.fileio import STAGING_MARKER
 from tests.data.test_data import make_docs, write_txt
 
 VOCAB = 320

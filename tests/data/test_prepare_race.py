@@ -20,8 +20,8 @@ import pytest
 from merit_core.data import publish as publish_mod
 from merit_core.data.meta import PREPARED_MARKER, marker_text
 from merit_core.data.prepare import batched, prepare_documents
+from merit_core.durable_writes import STAGING_MARKER
 from merit_core.errors import MeritError, RunBusy
-from merit_core.fileio import STAGING_MARKER
 
 DATA_SENTENCES = 400  # the data_dir fixture: only its tokenizer is used
 
