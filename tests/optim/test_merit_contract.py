@@ -1,6 +1,7 @@
 """MERIT as a torch.optim.Optimizer: validation, param groups, state, dtypes, skipped and sparse
 gradients, and that it actually trains."""
 
+import copy
 import io
 import os
 import subprocess
@@ -221,6 +222,60 @@ def test_load_state_dict_keeps_step_on_the_cpu(monkeypatch):
     for q in clones:
         step = opt2.state[q]["step"]
         assert type(step) is torch.Tensor and step.device.type == "cpu" and step.item() == 1
+
+
+def _stepped_state(shapes, seed=0):
+    """The state dict of a MERIT that took one step on parameters of these shapes."""
+    gen = torch.Generator().manual_seed(seed)
+    params = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in shapes]
+    opt = MERIT(params, lr=0.01)
+    _set_grads(params, seed)
+    opt.step()
+    return opt.state_dict()
+
+
+@pytest.mark.parametrize("moment", ["exp_avg", "exp_avg_sq"])
+def test_a_loaded_state_of_other_shapes_is_refused_naming_both_shapes_and_nothing_changes(moment):
+    """torch's AdamW loads such a state and fails at its step with a size error; MERIT refuses it at
+    load time, naming the parameter, its shape and the state's, and keeps the state it had."""
+    params = [torch.nn.Parameter(torch.ones(6)), torch.nn.Parameter(torch.ones(5, 6))]
+    opt = MERIT([{"params": params[:1]}, {"params": params[1:]}], lr=0.01)
+    _set_grads(params, 1)
+    opt.step()
+    before = copy.deepcopy(opt.state_dict())
+    loaded = _stepped_state([(6,), (5, 6)], seed=2)
+    loaded["param_groups"] = before["param_groups"]  # the same layout: only the moments' shapes differ
+    loaded["state"][1][moment] = torch.zeros(3, 6)
+    with pytest.raises(
+        ValueError,
+        match=rf"^MERIT\.load_state_dict: the loaded state of parameter 1 \(param group 1\) does not fit it: "
+        rf"its {moment} has shape \(3, 6\), the parameter has shape \(5, 6\)$",
+    ):
+        opt.load_state_dict(loaded)
+    after = opt.state_dict()
+    for index, st in before["state"].items():
+        for key, value in st.items():
+            assert torch.equal(after["state"][index][key], value), (index, key)
+
+
+@pytest.mark.parametrize("impl", PATHS)
+def test_moments_of_other_shapes_set_by_hand_are_refused_before_the_step_changes_anything(impl):
+    params = _params(3)
+    opt = MERIT(params, lr=0.01, implementation=impl)
+    _set_grads(params, 0)
+    opt.step()
+    opt.state[params[2]]["exp_avg_sq"] = torch.zeros(9, 5)
+    weights = [p.detach().clone() for p in params]
+    states = copy.deepcopy([{k: v.clone() for k, v in opt.state[p].items()} for p in params])
+    with pytest.raises(
+        ValueError,
+        match=r"^MERIT: the state of parameter 2 of the group does not fit it: "
+        r"its exp_avg_sq has shape \(9, 5\), the parameter has shape \(5, 9\)$",
+    ):
+        opt.step()
+    assert all(torch.equal(p, w) for p, w in zip(params, weights))
+    for p, saved in zip(params, states):
+        assert all(torch.equal(opt.state[p][k], v) for k, v in saved.items())
 
 
 @pytest.mark.parametrize(

@@ -188,6 +188,16 @@ def state_dtype(p: Tensor) -> torch.dtype:
     return torch.float32 if p.dtype in LOW_PRECISION else p.dtype
 
 
+def moment_misfit(p: Tensor, exp_avg: object, exp_avg_sq: object) -> str | None:
+    """What is wrong when a moment of `p`'s state has another shape than `p` (None when both fit):
+    both sizes named, as torch's own size errors name them. Checked where a state comes in
+    (``MERIT.load_state_dict``) and before every step changes anything (the functional core)."""
+    for name, m in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+        if isinstance(m, Tensor) and m.shape != p.shape:
+            return f"its {name} has shape {tuple(m.shape)}, the parameter has shape {tuple(p.shape)}"
+    return None
+
+
 def is_plain(t: Tensor) -> bool:
     """A plain tensor or Parameter (no DTensor or other subclass)."""
     return type(t) in (torch.Tensor, torch.nn.Parameter)

@@ -314,7 +314,9 @@ def merit_cpu(params, grads, exp_avgs, exp_avg_sqs, state_steps, h: Hyper) -> No
     The caller checks :func:`unavailable` first (the functional core does)."""
     for p, m in zip(params, exp_avgs):
         if m.dtype != state_dtype(p) or m.shape != p.shape:
-            raise ValueError(f"MERIT cpu backend: moments of a {p.dtype} {tuple(p.shape)} parameter are {m.dtype}")
+            raise ValueError(
+                f"MERIT cpu backend: moments of a {p.dtype} {tuple(p.shape)} parameter are {m.dtype} {tuple(m.shape)}"
+            )
     if isinstance(h.lr, Tensor):
         lr_t = h.lr.detach().to(device="cpu", dtype=torch.float64)
     else:

@@ -49,7 +49,7 @@ import torch
 from torch import Tensor
 
 from merit_core.optim.merit import cpu
-from merit_core.optim.merit.common import BackendStep, Hyper, hyper_values, is_dtensor, is_plain
+from merit_core.optim.merit.common import BackendStep, Hyper, hyper_values, is_dtensor, is_plain, moment_misfit
 from merit_core.optim.merit.compiled import merit_compiled
 from merit_core.optim.merit.cpu import merit_cpu
 from merit_core.optim.merit.foreach import merit_foreach
@@ -268,13 +268,19 @@ def merit(
     backend, every ablation: :data:`~merit_core.optim.merit.common.NONFINITE_RULE`).
 
     Raises:
-        ValueError: an explicit ``backend`` that cannot take these tensors, a ``norm`` other than
-            "max"/"l2" or a ``clip`` <= 0 (nothing changed).
+        ValueError: an explicit ``backend`` that cannot take these tensors, moments of another
+            shape than their parameter, a ``norm`` other than "max"/"l2" or a ``clip`` <= 0
+            (nothing changed).
     """
     if not params:
         return
     if not (len(grads) == len(exp_avgs) == len(exp_avg_sqs) == len(state_steps) == len(params)):
         raise ValueError("MERIT: params, grads, exp_avgs, exp_avg_sqs and state_steps differ in length")
+    for i, (p, m, v) in enumerate(zip(params, exp_avgs, exp_avg_sqs)):
+        if m.shape != p.shape or v.shape != p.shape:
+            raise ValueError(
+                f"MERIT: the state of parameter {i} of the group does not fit it: {moment_misfit(p, m, v)}"
+            )
     h = Hyper.of(**hyper_values(locals()))  # the keywords above, as one record
     _, fn, extra = choose(backend, params, grads, (exp_avgs, exp_avg_sqs))  # everything checked, nothing changed
     torch._foreach_add_(state_steps, 1)

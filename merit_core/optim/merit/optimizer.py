@@ -14,7 +14,15 @@ import torch
 from torch.optim import Optimizer
 
 from merit_core.optim.merit import cpu
-from merit_core.optim.merit.common import HYPER_KEYS, LOW_PRECISION, Hyper, hyper_values, is_plain, state_dtype
+from merit_core.optim.merit.common import (
+    HYPER_KEYS,
+    LOW_PRECISION,
+    Hyper,
+    hyper_values,
+    is_plain,
+    moment_misfit,
+    state_dtype,
+)
 from merit_core.optim.merit.functional import IMPLEMENTATIONS, merit
 from merit_core.optim.merit.reference import zero_gradient_update
 
@@ -163,11 +171,22 @@ class MERIT(Optimizer):
             result = pre_hook(self, state_dict)
             if result is not None:
                 state_dict = result
-        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        saved_groups = state_dict["param_groups"]
+        same_layout = len(saved_groups) == len(self.param_groups) and all(
+            len(s["params"]) == len(g["params"]) for s, g in zip(saved_groups, self.param_groups)
+        )  # otherwise torch's own check below names what differs
+        saved_ids = [i for g in saved_groups for i in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
+        group_of = [k for k, g in enumerate(self.param_groups) for _ in g["params"]]
         keep = {}
-        for saved_id, p in zip(saved_ids, params):
+        for index, (saved_id, p) in enumerate(zip(saved_ids, params)):
             st = state_dict["state"].get(saved_id)
+            misfit = moment_misfit(p, st.get("exp_avg"), st.get("exp_avg_sq")) if isinstance(st, dict) else None
+            if misfit and same_layout:  # refused before any state changes (torch's step would fail later)
+                raise ValueError(
+                    f"MERIT.load_state_dict: the loaded state of parameter {index} (param group {group_of[index]}) "
+                    f"does not fit it: {misfit}"
+                )
             if isinstance(st, dict) and p.dtype in LOW_PRECISION:
                 keep[p] = {k: st[k] for k in ("exp_avg", "exp_avg_sq") if isinstance(st.get(k), torch.Tensor)}
         self._optimizer_load_state_dict_pre_hooks, self._optimizer_load_state_dict_post_hooks = (
