@@ -29,7 +29,7 @@ env -u PYTHONPATH "$work/venv/bin/python" - "$site" <<'PY'
 import sys
 import merit_cli
 import merit_core
-from merit_core.configs import shipped_configs
+from merit_core.config_catalog import shipped_configs
 
 site = sys.argv[1]
 for module in (merit_core, merit_cli):

@@ -426,7 +426,7 @@ def compare(
     prefer_offline()
     from merit_core.compare import load_spec, run_compare
     from merit_core.compare.verdicts import SMOKE, no_verdict
-    from merit_core.configs import find_config
+    from merit_core.config_catalog import find_config
 
     spec = load_spec(
         find_config(config_file, "compare") if config_file is not None else None,

@@ -125,7 +125,7 @@ def eval_line(record: dict[str, Any]) -> str:
 
 
 def configs_table(configs) -> Table:
-    """The shipped configs (merit_core.configs.ShippedConfig): command, name, cost, what it is."""
+    """The shipped configs (merit_core.config_catalog.ShippedConfig): command, name, cost, what it is."""
     table = Table(title="Shipped configs", title_justify="left", box=None, padding=(0, 2), header_style="bold")
     # the command is what a user copies: never cut; the cost and the description wrap instead
     commands = [f"merit {c.command} {c.name}" for c in configs]

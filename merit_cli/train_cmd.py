@@ -28,11 +28,11 @@ from merit_cli.render import (
     training_progress,
 )
 from merit_core.checkpoint import CONFIG_FILE, read_run_config
+from merit_core.config_reading import check_names_and_out, load_config
 from merit_core.durable_writes import refuse_link
 from merit_core.errors import ConfigError, MeritError
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
 from merit_core.settings import TRAIN_DTYPES, TrainConfig, option_names
-from merit_core.train_input import check_names_and_out, load_config
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
@@ -193,7 +193,7 @@ def _list_configs(ctx, param, value):
     if not value or ctx.resilient_parsing:
         return
 
-    from merit_core.configs import shipped_configs
+    from merit_core.config_catalog import shipped_configs
 
     out = console()
     configs = shipped_configs()
@@ -350,7 +350,7 @@ def train(config_file, overrides, yes, **values):
 
 def _load(config_file, overrides, values):
     """Defaults < CONFIG.toml (or the resumed run's config.toml) < --set < options."""
-    from merit_core.configs import find_config
+    from merit_core.config_catalog import find_config
 
     base = find_config(config_file, "train") if config_file is not None else None
     if values.get("resume") or values.get("resume_from"):

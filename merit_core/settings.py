@@ -2,7 +2,8 @@
 
 The standard library only (no torch, transformers or numpy), so that `--help` and the config
 readers can use it without loading a model: `merit_cli` builds each option's help text and shown
-default from here, `merit_core.train.config` reads, checks and resolves a `TrainConfig`, and
+default from here, `merit_core.config_reading` reads and checks a `TrainConfig`,
+`merit_core.train.config` resolves it, and
 `merit_core.compare.spec` fills a comparison from `CompareDefaults`.
 
 - `TrainConfig`: a training run as the user gives it; `None` means "derived" (lr, steps, ...).

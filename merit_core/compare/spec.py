@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from merit_core.compare.environment import DEFAULT_PERTURBATIONS, PERTURBATIONS
+from merit_core.config_reading import FIELD_NAMES, from_dict, parse_override, read_toml
 from merit_core.errors import ConfigError
 from merit_core.optim import canonical_name, resolve_hparams
 from merit_core.settings import COMPARE, COMPARE_TRAIN, PRESETS
-from merit_core.train_input import FIELD_NAMES, from_dict, parse_override, read_toml
 from merit_core.values import coerce, deep_merge, is_number, nest, parse_number, positive_int
 
 # The default comparison, its presets and every other default are merit_core.settings' (COMPARE).

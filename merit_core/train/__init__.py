@@ -1,6 +1,6 @@
 """The training loop, its configuration, checkpoints and metrics.
 
-    from merit_core.configs import find_config
+    from merit_core.config_catalog import find_config
     from merit_core.train import load_config, run_training
     config = load_config(find_config("debug", "train"), ["steps=20"])  # the shipped debug config
     summary = run_training(config)

@@ -1,5 +1,5 @@
 """Resolving a TrainConfig (merit_core.settings) and writing it; the reading (TOML with `key=value`
-overrides, unknown keys named, values checked) is merit_core.train_input's, torch-free, and importable
+overrides, unknown keys named, values checked) is merit_core.config_reading's, torch-free, and importable
 from here too.
 
 `resolve()` fills the derived fields (lr and weight decay, steps from tokens, warmup, min lr,
@@ -18,13 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from merit_core.checkpoint.runs import CONFIG_HEADER
-from merit_core.durable_writes import atomic_write
-from merit_core.errors import ConfigError
-from merit_core.models import model_width
-from merit_core.optim.lr_table import LrDefault
-from merit_core.optim.registry import OptimizerSpec, default_lr, get_spec
-from merit_core.settings import ACTION_KEYS, DEFAULT_STEPS, TRACKERS, ResolvedConfig, TrainConfig
-from merit_core.train_input import (
+from merit_core.config_reading import (
     FIELD_NAMES,
     from_dict,
     load_config,
@@ -32,6 +26,12 @@ from merit_core.train_input import (
     parse_report_to,
     validate,
 )
+from merit_core.durable_writes import atomic_write
+from merit_core.errors import ConfigError
+from merit_core.models import model_width
+from merit_core.optim.lr_table import LrDefault
+from merit_core.optim.registry import OptimizerSpec, default_lr, get_spec
+from merit_core.settings import ACTION_KEYS, DEFAULT_STEPS, TRACKERS, ResolvedConfig, TrainConfig
 
 # TrainConfig and its resolved form are merit_core.settings' (plain data, no torch); importable from here too.
 __all__ = [

@@ -21,7 +21,7 @@ TINY = {"batch_size": 4, "micro_batch_size": 4, "seq_len": 16, "eval_batches": 1
 
 
 def test_list_configs_keeps_every_name_whole_at_80_columns():
-    from merit_core.configs import shipped_configs
+    from merit_core.config_catalog import shipped_configs
 
     out = Console(file=io.StringIO(), width=80, force_terminal=False)
     out.print(configs_table(shipped_configs()))

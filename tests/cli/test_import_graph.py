@@ -367,7 +367,7 @@ def test_a_run_folder_is_read_through_merit_core_checkpoint():
     """compare reaches run folders through the checkpoint package's resolver and readers, never the
     layout module (merit_core.checkpoint.runs: step folders, "latest"); a run's config.toml is read by
     merit_core.checkpoint.run_config alone, and a TOML file is loaded in one place (file_reading.read_toml_file;
-    train_input.py's tomllib parses --set values, and its read_toml the train and compare config files)."""
+    config_reading.py's tomllib parses --set values, and its read_toml the train and compare config files)."""
     modules = _modules()
     imports = {name: _imported_modules(path) for name, path in modules.items()}
     compare = sorted(m for m in modules if m.startswith("merit_core.compare"))
@@ -376,12 +376,12 @@ def test_a_run_folder_is_read_through_merit_core_checkpoint():
     assert reaching == []
     assert sorted(m for m in modules if "tomllib" in imports[m]) == [
         "merit_core.file_reading",
-        "merit_core.train_input",
+        "merit_core.config_reading",
     ]
     loading = sorted(m for m in modules if "merit_core.file_reading.read_toml_file" in imports[m])
-    assert loading == ["merit_core.checkpoint.run_config", "merit_core.train_input"]
-    spec_readers = sorted(m for m in modules if "merit_core.train_input.read_toml" in imports[m])
-    assert spec_readers == ["merit_core.compare.spec"]  # a compare spec; train_input.py reads train configs
+    assert loading == ["merit_core.checkpoint.run_config", "merit_core.config_reading"]
+    spec_readers = sorted(m for m in modules if "merit_core.config_reading.read_toml" in imports[m])
+    assert spec_readers == ["merit_core.compare.spec"]  # a compare spec; config_reading.py reads train configs
     planted = {
         **imports,
         "merit_core.compare.runner": imports["merit_core.compare.runner"] | {"merit_core.checkpoint.runs"},

@@ -4,7 +4,7 @@ import pytest
 from click.testing import CliRunner
 
 from merit_cli.main import cli
-from merit_core.configs import CONFIG_DIR, find_config, shipped_configs
+from merit_core.config_catalog import CONFIG_DIR, find_config, shipped_configs
 from merit_core.errors import ConfigError
 
 

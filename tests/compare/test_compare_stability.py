@@ -251,7 +251,7 @@ def test_environment_check_setting(tmp_path):
 
 
 def test_the_gpu_logit_spec_plans_the_claims_test():
-    from merit_core.configs import find_config
+    from merit_core.config_catalog import find_config
 
     spec = load_spec(find_config("compare-gpt2-small-logit", "compare"))
     runs = plan_runs(spec)

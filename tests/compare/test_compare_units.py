@@ -177,7 +177,7 @@ def test_shipped_compare_configs_plan_the_paper_runs(name):
 
 
 def test_the_h200_spec_grids_around_the_measured_defaults_of_each_batch():
-    from merit_core.configs import find_config
+    from merit_core.config_catalog import find_config
     from merit_core.optim.registry import default_lr
 
     spec = load_spec(find_config("compare-h200", "compare"))

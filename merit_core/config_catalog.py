@@ -1,4 +1,5 @@
-"""The shipped configs: the paper's GPU runs, their comparisons, and CPU runs.
+"""The catalog of shipped configs (the paper's GPU runs, their comparisons, and CPU runs) and the
+lookup of a config a command names (a path or a shipped name).
 
 Their source is the top-level `configs/` folder of the repository; the wheel installs the same files
 as package data in `merit_core/shipped_configs/` (pyproject.toml maps that package to `configs/`).

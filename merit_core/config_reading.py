@@ -1,4 +1,4 @@
-"""Reading and checking `merit train`'s input without torch: a TrainConfig (merit_core.settings) from
+"""Reading and checking a user's config without torch: a TrainConfig (merit_core.settings) from
 TOML with `key=value` overrides, and the checks that need neither a model nor data.
 
 Precedence: dataclass defaults < TOML file < overrides (in order). Override values are TOML
