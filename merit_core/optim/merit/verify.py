@@ -34,6 +34,7 @@ import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -52,25 +53,22 @@ from torch import Tensor
 from merit_core import paths
 from merit_core.errors import MeritError
 from merit_core.optim.merit import cpu, functional
-from merit_core.optim.merit.common import Hyper, state_dtype
+from merit_core.optim.merit.common import HYPER_KEYS, Hyper, state_dtype
+from merit_core.optim.merit.optimizer import MERIT
 from merit_core.optim.merit.reference import merit_reference
 
 CHECK_VERSION = 1  # bump when the short form changes: cached verdicts are then redone
 EPS32 = torch.finfo(torch.float32).eps
-# The step's hyperparameters: MERIT's default ablation with every term switched on (decay, bias
-# correction at step 5), |w| ~ 0.2 so that most |s*u| stay below the clip and the ratios decide.
-HYPER: dict[str, Any] = dict(
-    lr=0.02,
-    betas=(0.9, 0.999),
-    eps=1e-8,
-    weight_decay=0.1,
-    norm="max",
-    elementwise=True,
-    weight_bound=True,
-    clip=1.0,
-    bias_correction=True,
-    maximize=False,
-)
+# The step's hyperparameters: MERIT's defaults (its constructor's) with every term switched on (decay,
+# bias correction at step 5), |w| ~ 0.2 so that most |s*u| stay below the clip and the ratios decide.
+_DEFAULTS = inspect.signature(MERIT).parameters
+HYPER: dict[str, Any] = {
+    **{key: _DEFAULTS[key].default for key in HYPER_KEYS},
+    "lr": 0.02,
+    "eps": 1e-8,
+    "weight_decay": 0.1,
+    "bias_correction": True,
+}
 NONFINITE_SHAPES = ((6, 5), (5,))  # the non-finite row's group
 UPDATE_EPSILONS = 64  # the fp32 update's rounding bound, in fp32 epsilons of its largest entry (generous)
 MOMENT_EPSILONS = 8  # m and v: two roundings of a fused multiply-add per step, and the coefficient's
