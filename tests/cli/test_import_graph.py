@@ -375,8 +375,8 @@ def test_a_run_folder_is_read_through_merit_core_checkpoint():
     reaching = [m for m in compare if any(i.startswith("merit_core.checkpoint.runs") for i in imports[m])]
     assert reaching == []
     assert sorted(m for m in modules if "tomllib" in imports[m]) == [
-        "merit_core.file_reading",
         "merit_core.config_reading",
+        "merit_core.file_reading",
     ]
     loading = sorted(m for m in modules if "merit_core.file_reading.read_toml_file" in imports[m])
     assert loading == ["merit_core.checkpoint.run_config", "merit_core.config_reading"]
