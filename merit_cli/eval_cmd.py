@@ -20,8 +20,8 @@ from merit_cli.options import (
     wide_option,
 )
 from merit_cli.render import ProgressView, print_table, print_whole, shown, wide_console
-from merit_core.errors import ConfigError
 from merit_core.checkpoint.hub_revisions import REVISIONS_HELP, hub_request
+from merit_core.errors import ConfigError
 from merit_core.evaluation import EvalSettings, evaluate_checkpoints
 from merit_core.evaluation.lm_eval_output import parse_seed
 from merit_core.evaluation.results import (
@@ -227,7 +227,9 @@ def _steps_table(steps: list[int], records: list[CheckpointResult], logits: dict
     return table
 
 
-def _show_steps(console, run: str, steps: list[int], records: list[CheckpointResult], plot: str | None, taken=None) -> None:
+def _show_steps(
+    console, run: str, steps: list[int], records: list[CheckpointResult], plot: str | None, taken=None
+) -> None:
     """The steps table, the recorded max logit in each record's meta and, with --plot, the figure."""
     from pathlib import Path
 

@@ -118,6 +118,8 @@ def _hub_error(repo_id: str, exc: BaseException) -> CheckpointError:
 def _read_ref(repo_id: str, revision: str) -> str | None:
     """The commit a cached revision names (refs/REV), or the revision itself when it is a cached commit."""
     folder = repo_dir(repo_id)
+    if ".." in revision.split("/") or revision.startswith("/"):
+        return None  # a name, never a way out of refs/
     if _SHA.fullmatch(revision) and (folder / "snapshots" / revision).is_dir():
         return revision
     ref = folder / "refs" / revision
@@ -173,7 +175,9 @@ def _wanted(what: str, files: dict[str, int | None], trust_remote_code: bool) ->
         raise CheckpointError(f"{what} has no {MODEL_CONFIG} at its top level: not a transformers model")
     size = files[MODEL_CONFIG]
     if size is not None and size > MAX_CONFIG_BYTES:
-        raise CheckpointError(f"{what}: {MODEL_CONFIG} is {size:,} bytes, past {MAX_CONFIG_BYTES:,}: not a model config")
+        raise CheckpointError(
+            f"{what}: {MODEL_CONFIG} is {size:,} bytes, past {MAX_CONFIG_BYTES:,}: not a model config"
+        )
     weights = [n for n in files if n.endswith(".safetensors")]
     if not weights:
         pickles = sorted(n for n in files if Path(n).suffix.lower() in PICKLE_SUFFIXES)
@@ -220,7 +224,7 @@ def _snapshot_download(repo_id: str, revision: str, files: list[str], progress: 
                 revision=revision,
                 allow_patterns=files,
                 cache_dir=cache_root(),
-                tqdm_class=_progress_bar(report_to(progress), what),  # type: ignore[arg-type]
+                tqdm_class=_progress_bar(report_to(progress), what),
             )
         )
     except OSError as exc:
@@ -250,7 +254,9 @@ def _progress_bar(progress: ProgressFn, what: str) -> type:
 
         def refresh(self, *args: Any, **kwargs: Any) -> None:
             if self.shown and self.total:
-                progress(Progress("downloading", done=min(self.n, self.total), total=self.total, unit="bytes", item=what))
+                progress(
+                    Progress("downloading", done=min(self.n, self.total), total=self.total, unit="bytes", item=what)
+                )
 
         def set_postfix_str(self, *args: Any, **kwargs: Any) -> None:
             pass

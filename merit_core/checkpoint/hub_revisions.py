@@ -54,6 +54,7 @@ _MODEL = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<rev
 _PYTHIA = re.compile(r"step(?P<step>\d+)")
 _OLMO = re.compile(r"(?:.*-)?step(?P<step>\d+)-tokens(?P<tokens>\d+)(?P<unit>[KMBT])", re.IGNORECASE)
 _AMBER = re.compile(r"ckpt_(?P<step>\d+)")
+_NAME = re.compile(r"[\w.][\w./-]*")  # a branch, tag or commit name
 _UNITS = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 
 
@@ -130,9 +131,12 @@ def parse_revisions(text: str, option: str = "--revisions") -> RevisionChoice:
         return RevisionChoice("all", every=every, text=text.strip())
     if ".." in body:
         low, high = (part.strip() or None for part in body.split("..", 1))
+        odd = [side for side in (low, high) if side is not None and not _NAME.fullmatch(side)]
+        if odd:
+            raise ConfigError(f"{option} {text}: FROM..TO takes two revision names or step numbers, not {odd[0]!r}")
         return RevisionChoice("range", low=low, high=high, every=every, text=text.strip())
     names = tuple(dict.fromkeys(p.strip() for p in body.split(",") if p.strip()))
-    bad = [n for n in names if not re.fullmatch(r"[\w.][\w./-]*", n)]
+    bad = [n for n in names if not _NAME.fullmatch(n)]
     if bad or not names:
         raise ConfigError(f"{option} {text}: {bad[0] if bad else 'nothing'} is not a revision name")
     return RevisionChoice("list", names=names, every=every, text=text.strip())

@@ -282,7 +282,9 @@ def _measure(
         if probed.input_max_l1 is not None:  # always measured with inputs=True
             logit_bounds(reader, stats.layout, stats.layers, probed.input_max_l1, probed.scaling)
         if probed.input_max_l2 is not None:
-            stats.notes += spectral_logit_bounds(reader, stats.layout, stats.layers, probed.input_max_l2, probed.scaling)
+            stats.notes += spectral_logit_bounds(
+                reader, stats.layout, stats.layers, probed.input_max_l2, probed.scaling
+            )
     if opts.hessian:
         progress(
             Progress(

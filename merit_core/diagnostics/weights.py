@@ -19,9 +19,8 @@ JSON shape `merit inspect --json` writes.
 
 from __future__ import annotations
 
-import math
-
 import contextlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NotRequired, TypedDict

@@ -125,7 +125,13 @@ def _resolve_checkpoint(text: str, trust_remote_code: bool, verify: bool, progre
     if state:
         source = "merit-train"
     notes = [note] if note is not None else []
-    return CheckpointRef(text, str(path), is_local=True, meta={"source": source, **({"hub": str(hub)} if hub else {}), **state}, notes=notes)
+    return CheckpointRef(
+        text,
+        str(path),
+        is_local=True,
+        meta={"source": source, **({"hub": str(hub)} if hub else {}), **state},
+        notes=notes,
+    )
 
 
 def check_weight_files(folder: Path) -> list[Path]:

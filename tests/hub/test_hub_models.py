@@ -87,7 +87,10 @@ def test_eval_of_a_revision_equals_eval_of_its_folder(hub, tmp_path):
     common = ["--tasks", "builtin", "--limit", "2", "--bootstrap-iters", "0"]
     assert _merit("eval", f"{REPO}@step2000", *common, "-o", hub_out).exit_code == 0
     assert _merit("eval", hub["models"] / "step2000", *common, "-o", folder_out).exit_code == 0
-    (scored,), (direct,) = json.loads(hub_out.read_text())["checkpoints"], json.loads(folder_out.read_text())["checkpoints"]
+    (scored,), (direct,) = (
+        json.loads(hub_out.read_text())["checkpoints"],
+        json.loads(folder_out.read_text())["checkpoints"],
+    )
     assert scored["results"] == direct["results"]
     assert scored["path"] == str(hub["snapshots"]["step2000"].resolve())  # the folder scored
     assert scored["meta"]["source"] == "hub" and scored["meta"]["hub"] == f"{REPO}@step2000"
