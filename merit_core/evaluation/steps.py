@@ -59,6 +59,8 @@ def eval_targets(given: Sequence[str], selection: Selection = LATEST, hub: HubRe
             taken.append(revisions)
             checkpoints.extend(str(name) for name in revisions.folders)
             continue
+        if hub is not None and hub.revisions is not None:
+            raise ConfigError(f"--revisions {hub.revisions} takes a hub model ORG/NAME; {display(text)} is not one")
         if not is_run_folder(path):
             if selection != LATEST:
                 raise ConfigError(

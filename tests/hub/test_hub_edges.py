@@ -210,3 +210,51 @@ def test_download_progress_is_told_in_bytes():
         (4, 10, "bytes", "org/m@main"),
         (10, 10, "bytes", "org/m@main"),
     ]
+
+
+class _FakeHub:
+    """huggingface_hub's listing and download, served from a local folder: what was asked for is kept."""
+
+    def __init__(self, source, cache, monkeypatch):
+        import huggingface_hub
+
+        self.source, self.cache, self.downloads = source, cache, []
+        fake = self
+
+        class Api:
+            def model_info(self, repo_id, revision=None, files_metadata=False):
+                siblings = [
+                    type("S", (), {"rfilename": p.name, "size": p.stat().st_size}) for p in sorted(source.iterdir())
+                ]
+                return type("Info", (), {"siblings": siblings, "sha": "0" * 40})()
+
+        monkeypatch.setattr(huggingface_hub, "HfApi", Api)
+        monkeypatch.setattr(huggingface_hub, "snapshot_download", fake.download)
+        monkeypatch.setattr(hub_cache, "_offline", lambda: False)
+
+    def download(self, repo_id, revision, allow_patterns, cache_dir, tqdm_class):
+        self.downloads.append(sorted(allow_patterns))
+        snapshot = self.cache / "snapshot"
+        snapshot.mkdir(parents=True, exist_ok=True)
+        for name in allow_patterns:
+            (snapshot / name).write_bytes((self.source / name).read_bytes())
+        return str(snapshot)
+
+
+def test_online_the_small_files_come_first_and_code_is_refused_before_any_weight(tmp_path, monkeypatch):
+    source = _tiny_folder(tmp_path / "remote")
+    (source / "pytorch_model.bin").write_bytes(b"not to be fetched")
+    fake = _FakeHub(source, tmp_path / "cache", monkeypatch)
+    folder = fetch_snapshot(HubModel("org/m", "step5"))
+    assert fake.downloads == [
+        ["config.json", "generation_config.json"],
+        sorted(["config.json", "generation_config.json", "model.safetensors"]),
+    ]
+    assert (folder / "model.safetensors").is_file() and not (folder / "pytorch_model.bin").exists()
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoModelForCausalLM": "m.Model"}}))
+    (tmp_path / "cache" / "snapshot" / "model.safetensors").unlink()
+    fake.downloads.clear()
+    with pytest.raises(CheckpointError, match="auto_map"):
+        fetch_snapshot(HubModel("org/m", "step5"))
+    assert fake.downloads == [["config.json", "generation_config.json"]]  # no weight asked for
