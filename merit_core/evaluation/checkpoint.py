@@ -174,8 +174,10 @@ def check_layers(folder: Path, files: list[Path]) -> None:
     said = data.get(key) if key is not None else None
     if not isinstance(said, int) or isinstance(said, bool):
         return
+    extra = data.get("num_nextn_predict_layers")  # multi-token-prediction layers stored after the decoder's
+    said_all = said + (extra if isinstance(extra, int) and not isinstance(extra, bool) else 0)
     found = {int(m.group(1)) for f in files for name in validate_safetensors(f) if (m := _LAYER.search(name))}
-    if found and max(found) + 1 > said:
+    if found and max(found) + 1 > said_all:
         raise CheckpointError(
             f"config.json of {display(folder)} does not match the weights: {key}={said} but the weights have "
             f"{max(found) + 1} layers"
