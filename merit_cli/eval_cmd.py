@@ -20,6 +20,7 @@ from merit_cli.options import (
     wide_option,
 )
 from merit_cli.render import ProgressView, print_table, print_whole, shown, wide_console
+from merit_core.checkpoint.hub_revisions import REVISIONS_HELP, hub_request
 from merit_core.errors import ConfigError
 from merit_core.evaluation import EvalSettings, evaluate_checkpoints
 from merit_core.evaluation.lm_eval_output import parse_seed
@@ -226,13 +227,15 @@ def _steps_table(steps: list[int], records: list[CheckpointResult], logits: dict
     return table
 
 
-def _show_steps(console, run: str, steps: list[int], records: list[CheckpointResult], plot: str | None) -> None:
+def _show_steps(
+    console, run: str, steps: list[int], records: list[CheckpointResult], plot: str | None, taken=None
+) -> None:
     """The steps table, the recorded max logit in each record's meta and, with --plot, the figure."""
     from pathlib import Path
 
     from merit_core.evaluation.steps import RECORDED_LOGIT, plot_steps, recorded_max_logits
 
-    logits = recorded_max_logits(Path(run).expanduser())
+    logits = recorded_max_logits(Path(run).expanduser(), taken)
     for step, record in zip(steps, records):
         record.meta[RECORDED_LOGIT] = logits.get(step)
     print_table(console, _steps_table(steps, records, logits))
@@ -324,6 +327,7 @@ def _display_stream():
 )
 @steps_option(default="latest")
 @all_steps_option()
+@click.option("--revisions", help="A hub model ORG/NAME scored over its revisions: " + REVISIONS_HELP)
 @no_verify_option()
 @click.option(
     "--plot",
@@ -353,6 +357,7 @@ def eval_cmd(
     trust_task_code,
     selection,
     all_steps,
+    revisions,
     no_verify,
     plot,
     list_tasks,
@@ -418,9 +423,9 @@ def eval_cmd(
     from merit_core.checkpoint import LATEST
     from merit_core.evaluation.steps import eval_targets
 
-    selection = _chosen_steps(checkpoints, selection, all_steps, plot)
-    targets = eval_targets(checkpoints, selection)
-    step_run = checkpoints[0] if selection != LATEST else None
+    selection = _chosen_steps(checkpoints, selection, all_steps, None if revisions else plot)
+    targets = eval_targets(checkpoints, selection, hub_request(revisions, trust_remote_code=trust_remote_code))
+    step_run = checkpoints[0] if selection != LATEST or revisions else None
     chosen = targets.taken[0].steps if step_run is not None else []
     if step_run is not None:
         checkpoints = targets.checkpoints  # lm-eval's files name each step folder evaluated
@@ -454,7 +459,7 @@ def eval_cmd(
 
     print_table(console, results_table(records, settings.num_fewshot))
     if step_run is not None:
-        _show_steps(console, step_run, chosen, records, plot)
+        _show_steps(console, step_run, chosen, records, plot, targets.taken[0])
     if output:
         path = write_results_json(output, records)
         print_whole(console, f"wrote {shown(path)}")

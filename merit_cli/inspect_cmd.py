@@ -20,6 +20,7 @@ from merit_cli.options import (
     wide_option,
 )
 from merit_cli.render import print_table, print_whole, shown, wide_console
+from merit_core.checkpoint.hub_revisions import REVISIONS_HELP, hub_request, parse_hub_model
 from merit_core.diagnostics.plots import plot_report, short_labels
 from merit_core.errors import CheckpointError, ConfigError
 from merit_core.file_reading import read_text_file
@@ -517,6 +518,9 @@ def _say_taken(console, report, selection) -> None:
     type=click.Path(path_type=Path, dir_okay=False),
     help="Figure: per-layer bars, or the trajectory over steps for a run folder (.png/.pdf/.svg).",
 )
+@click.option("--revisions", help="Hub models ORG/NAME: " + REVISIONS_HELP)
+@click.option("--drop-weights", is_flag=True, help="Delete each hub revision's weights from the cache once read.")
+@click.option("--trust-remote-code", is_flag=True, help="Read hub models whose config asks to run their own code.")
 @wide_option()
 def inspect_cmd(
     paths,
@@ -539,13 +543,17 @@ def inspect_cmd(
     show_weights,
     json_path,
     plot_path,
+    revisions,
+    drop_weights,
+    trust_remote_code,
     wide,
 ):
     """Max-norms of W_Q / W_K, max attention logits, attention entropy, massive activations, output
     log Z, update size and Hessian estimates of checkpoints (docs/DIAGNOSTICS.md).
 
     Each PATH is a .safetensors file, a sharded model.safetensors.index.json, a Hugging Face
-    checkpoint folder, or a `merit train` run folder (its step_* checkpoints: --steps all, latest or N,M).
+    checkpoint folder, a `merit train` run folder (its step_* checkpoints: --steps all, latest or N,M),
+    or a hub model ORG/NAME or ORG/NAME@REV (its revisions: --revisions).
 
     \b
     Examples:
@@ -554,9 +562,10 @@ def inspect_cmd(
       merit inspect runs/a/step_200 runs/b/step_200 --json stats.json --plot layers.png
       merit inspect model.safetensors --no-logits --heads 12
       merit inspect runs/first/step_5 --hessian
+      merit inspect EleutherAI/pythia-160m --revisions all/16 --plot pythia.png
     """
     for path in paths:  # before torch and transformers load (seconds): a typo is answered at once
-        if not path.expanduser().exists():
+        if not path.expanduser().exists() and parse_hub_model(str(path)) is None:
             from merit_core.checkpoint import missing_step_hint
 
             raise CheckpointError(f"checkpoint not found: {path}{missing_step_hint(path.expanduser())}")
@@ -605,6 +614,7 @@ def inspect_cmd(
         updates=updates,
         selection=selection,
         verify=not no_verify,
+        hub=hub_request(revisions, drop_weights, trust_remote_code),
     )
     console = Console()
     if not console.is_terminal:  # piped / redirected: no terminal width to respect

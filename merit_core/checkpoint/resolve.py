@@ -11,7 +11,10 @@ For inspect a user path resolves to one or more `Checkpoint`s (`find_checkpoints
 - a sharded checkpoint's `model.safetensors.index.json`;
 - a Hugging Face folder (`model.safetensors` or the sharded index, `config.json` alongside);
 - a `merit train` run folder: its selected `step_<N>/` subfolders with weights, in step order
-  (temporary `.tmp*` folders and folders without weights are skipped).
+  (temporary `.tmp*` folders and folders without weights are skipped);
+- a hub model `ORG/NAME` or `ORG/NAME@REV` that is not a local path, or several of its revisions
+  (`HubRequest.revisions`, in step order, read as a run): each revision's snapshot folder in the hub
+  cache, downloaded first where needed (merit_core.checkpoint.hub_cache).
 Each is verified against the checksums its trainer_state.json records unless told not to.
 
 Every weight file's header is checked against the file size before safetensors opens it, so a
@@ -21,11 +24,15 @@ truncated or corrupt file gets a precise one-line `CheckpointError`. Pickle-base
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from merit_core.checkpoint import runs
+from merit_core.checkpoint.hub_cache import check_config_size, drop_weights, fetch_snapshot, list_revisions
+from merit_core.checkpoint.hub_revisions import HubModel, HubRequest, choose_revisions, parse_hub_model, revision_step
 from merit_core.checkpoint.runs import INDEX_NAME, WEIGHTS_NAME
 from merit_core.checkpoint.safe import (  # the one safe reader of a checkpoint, shared with eval and resume
     PICKLE_SUFFIXES,
@@ -55,6 +62,8 @@ __all__ = [
     "took",
     "SafetensorsReader",
     "find_checkpoints",
+    "hub_checkpoints",
+    "take_revisions",
     "index_files",
     "open_regular",
     "refuse_pickle",
@@ -141,7 +150,9 @@ def _names(found: list[tuple[int, Path]]) -> str:
 
 
 def took(run_dir: str | Path, picked: list[tuple[int, Path]], selection: Selection) -> str:
-    """One line saying which checkpoints of a run folder a command took, and why."""
+    """One line saying which checkpoints of a run folder (or revisions of a hub model) a command took, and why."""
+    if not Path(run_dir).exists() and parse_hub_model(str(run_dir)) is not None:
+        return f"{display(run_dir)}: took {_names(picked)} (--revisions)"
     return f"{display(run_dir)}: took {_names(picked)} (--steps {selection})"
 
 
@@ -191,6 +202,10 @@ class Checkpoint:
     run: Path | None = None  # the run folder it belongs to, if any
     notes: list[str] = field(default_factory=list)
     tensors: dict[str, tuple[Path, str, tuple[int, ...]]] = field(default_factory=dict)  # name -> (file, dtype, shape)
+    name: str | None = None  # how the user named it where that is not its path: a hub model's ORG/NAME@REV
+    tokens: int | None = None  # tokens trained on, where its name says (a hub revision's)
+    fetch: Callable[[], Path] | None = None  # a hub revision downloaded only when read (`held`)
+    drop: Callable[[Path], object] | None = None  # frees its weights once read (`held`)
 
     @property
     def config_path(self) -> Path | None:
@@ -199,7 +214,23 @@ class Checkpoint:
 
     @property
     def label(self) -> str:
-        return display(self.path)  # printable even when the file name is not UTF-8
+        return self.name or display(self.path)  # printable even when the file name is not UTF-8
+
+    @contextmanager
+    def held(self) -> Iterator[Checkpoint]:
+        """The checkpoint with its files on disk while the caller reads it: a hub revision read with
+        `HubRequest.drop_weights` is downloaded (and validated) here and its weights deleted after."""
+        if self.fetch is None:
+            yield self
+            return
+        folder = self.folder = self.fetch()
+        self.files, self.tensors = _weight_files(folder), {}
+        try:
+            _read_tensors(self)
+            yield self
+        finally:
+            if self.drop is not None:
+                self.drop(folder)
 
 
 def _read_step(folder: Path) -> int | None:
@@ -208,13 +239,20 @@ def _read_step(folder: Path) -> int | None:
     return state.step if state is not None else runs.parse_step(folder.name)
 
 
+def _weight_files(folder: Path) -> list[Path]:
+    """model.safetensors or the shards its index names ([] for neither); an absurd config.json refused."""
+    check_config_size(folder / runs.MODEL_CONFIG)
+    if (folder / WEIGHTS_NAME).is_file():
+        return [folder / WEIGHTS_NAME]
+    if (folder / INDEX_NAME).is_file():
+        return index_files(folder / INDEX_NAME)
+    return []
+
+
 def _folder_checkpoint(folder: Path) -> Checkpoint | None:
     refuse_special_files(folder)
-    if (folder / WEIGHTS_NAME).is_file():
-        files = [folder / WEIGHTS_NAME]
-    elif (folder / INDEX_NAME).is_file():
-        files = index_files(folder / INDEX_NAME)
-    else:
+    files = _weight_files(folder)
+    if not files:
         return None
     return Checkpoint(path=folder, files=files, folder=folder, step=_read_step(folder))
 
@@ -265,13 +303,20 @@ def _from_folder(folder: Path, selection: Selection) -> list[Checkpoint]:
     )
 
 
-def find_checkpoints(path: str | Path, selection: Selection = ALL, verify: bool = True) -> list[Checkpoint]:
+def find_checkpoints(
+    path: str | Path, selection: Selection = ALL, verify: bool = True, hub: HubRequest | None = None
+) -> list[Checkpoint]:
     """Resolve a user path to its checkpoints (validated), in step order for a run folder; a run
-    folder's steps as `selection` picks them. With `verify`, each checkpoint's files are checked
-    against the checksums its trainer_state.json records (CheckpointError on a mismatch)."""
+    folder's steps as `selection` picks them, a hub model's revisions as `hub` asks (`hub_checkpoints`).
+    With `verify`, each checkpoint's files are checked against the checksums its trainer_state.json
+    records (CheckpointError on a mismatch)."""
+    model = parse_hub_model(str(path))
     path = Path(path).expanduser()
     try:
-        found = _find_checkpoints(path, selection)
+        if not path.exists() and model is not None:
+            found = hub_checkpoints(model, hub or HubRequest())
+        else:
+            found = _find_checkpoints(path, selection)
     except PermissionError as exc:
         raise CheckpointError(f"cannot read {display(exc.filename or path)}: permission denied") from None
     notes = [SKIPPED] if not verify else [n for n in (verify_checkpoint(c.folder) for c in found) if n is not None]
@@ -290,11 +335,44 @@ def _find_checkpoints(path: Path, selection: Selection) -> list[Checkpoint]:
     else:
         found = [Checkpoint(path=path, files=[path], folder=path.parent, step=_read_step(path.parent))]
     for ckpt in found:
-        for f in ckpt.files:
-            for name, info in validate_safetensors(f).items():
-                if name in ckpt.tensors:
-                    raise CheckpointError(f"tensor {name!r} appears in two shards of {ckpt.path}")
-                ckpt.tensors[name] = (f, info["dtype"], tuple(info["shape"]))
+        _read_tensors(ckpt)
+    return found
+
+
+def _read_tensors(ckpt: Checkpoint) -> None:
+    """Validate a checkpoint's files and record each tensor's file, dtype and shape."""
+    for f in ckpt.files:
+        for name, info in validate_safetensors(f).items():
+            if name in ckpt.tensors:
+                raise CheckpointError(f"tensor {name!r} appears in two shards of {ckpt.path}")
+            ckpt.tensors[name] = (f, info["dtype"], tuple(info["shape"]))
+
+
+def hub_checkpoints(model: HubModel, request: HubRequest) -> list[Checkpoint]:
+    """A hub model's checkpoints: its one revision, or the revisions `request.revisions` picks, in step
+    order and read as a run (`run` is the repository id; step and tokens from each revision's name).
+
+    Each is fetched and validated now, or, with `request.drop_weights`, when it is read (`held`)."""
+    if request.revisions is not None and model.revision is not None:
+        raise ConfigError(f"{model}: give the revision once, as ORG/NAME@REV or with --revisions, not both")
+    if request.revisions is None:
+        revisions = [model.revision]
+    else:
+        revisions = list(choose_revisions(model.repo_id, list_revisions(model.repo_id), request.revisions))
+    found = []
+    for revision in revisions:
+        one = HubModel(model.repo_id, revision)
+        step, tokens = revision_step(revision) if revision is not None else (None, None)
+        ckpt = Checkpoint(path=Path(str(one)), files=[], folder=Path(str(one)), step=step, name=str(one), tokens=tokens)
+        if request.revisions is not None:
+            ckpt.run = Path(model.repo_id)
+        if request.drop_weights:
+            ckpt.fetch, ckpt.drop = partial(fetch_snapshot, one, request), partial(drop_weights, model.repo_id)
+        else:
+            ckpt.folder = fetch_snapshot(one, request)  # its path stays the name: ORG/NAME@REV
+            ckpt.files = _weight_files(ckpt.folder)
+            _read_tensors(ckpt)
+        found.append(ckpt)
     return found
 
 
@@ -334,3 +412,13 @@ class SafetensorsReader(Mapping):
 
     def __len__(self) -> int:
         return len(self.checkpoint.tensors)
+
+
+def take_revisions(model: HubModel, request: HubRequest) -> Taken:
+    """The revisions of a hub model that `request.revisions` picks, as a Taken (run: the repository id;
+    each revision as `ORG/NAME@REV`, its step from its name, 0 where it names none), nothing fetched."""
+    if request.revisions is None or model.revision is not None:
+        raise ConfigError(f"{model}: give the revision once, as ORG/NAME@REV or with --revisions, not both")
+    picked = choose_revisions(model.repo_id, list_revisions(model.repo_id), request.revisions)
+    named = tuple((revision_step(r)[0] or 0, Path(str(HubModel(model.repo_id, r)))) for r in picked)
+    return Taken(Path(model.repo_id), ALL, named)

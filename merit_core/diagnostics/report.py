@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from merit_core.checkpoint import runs
+from merit_core.checkpoint.hub_revisions import HubRequest
 from merit_core.checkpoint.resolve import ALL, Checkpoint, SafetensorsReader, Selection, find_checkpoints
 from merit_core.checkpoint.state import optional_trainer_state
 from merit_core.diagnostics.hessian import model_hessian
@@ -89,6 +90,7 @@ class InspectOptions:
     updates: bool = True  # update size from a `merit train` checkpoint's optimizer state
     selection: Selection = ALL  # which checkpoints of a run folder
     verify: bool = True  # check each checkpoint's files against the checksums it recorded
+    hub: HubRequest | None = None  # a hub model's revisions, and how they are fetched
 
 
 TRAINING_LOGIT_NOTE = "training recorded max attention logit"  # how training_logit_note's notes begin
@@ -202,9 +204,10 @@ class InspectReport:
 
 def _trainer_state(ckpt: Checkpoint) -> dict:
     state = optional_trainer_state(ckpt.folder, strict=False)
+    named = {"tokens": ckpt.tokens} if ckpt.tokens is not None else {}  # a hub revision's name says
     if state is None:
-        return {}
-    return {k: state.get(k) for k in TRAINER_KEYS if state.get(k) is not None}
+        return named
+    return {**named, **{k: state.get(k) for k in TRAINER_KEYS if state.get(k) is not None}}
 
 
 def summarize(layers: list[LayerStats], output: dict | None = None, updates: UpdateReport | None = None) -> Summary:
@@ -279,7 +282,9 @@ def _measure(
         if probed.input_max_l1 is not None:  # always measured with inputs=True
             logit_bounds(reader, stats.layout, stats.layers, probed.input_max_l1, probed.scaling)
         if probed.input_max_l2 is not None:
-            spectral_logit_bounds(reader, stats.layout, stats.layers, probed.input_max_l2, probed.scaling)
+            stats.notes += spectral_logit_bounds(
+                reader, stats.layout, stats.layers, probed.input_max_l2, probed.scaling
+            )
     if opts.hessian:
         progress(
             Progress(
@@ -306,7 +311,7 @@ def inspect_checkpoint(
     """Weight statistics, then (with a config.json) max attention logits and optionally the Hessian."""
     opts = opts or InspectOptions()
     progress = report_to(progress)
-    with checkpoint_context(ckpt.path):
+    with checkpoint_context(ckpt.path), ckpt.held():  # a hub revision may be fetched only now
         return _inspect_checkpoint(ckpt, opts, progress)
 
 
@@ -366,7 +371,9 @@ def inspect_paths(
 ) -> InspectReport:
     """Inspect every checkpoint the paths resolve to (all are validated before any work starts)."""
     opts = opts or InspectOptions()
-    resolved = [(Path(p), find_checkpoints(p, opts.selection, opts.verify)) for p in paths]
+    hub = opts.hub or HubRequest()
+    hub = hub if hub.progress is not None else dataclasses.replace(hub, progress=progress)  # downloads' bars
+    resolved = [(Path(p), find_checkpoints(p, opts.selection, opts.verify, hub)) for p in paths]
     inputs = [InputInfo(str(p), "run" if any(c.run for c in cks) else "checkpoint", len(cks)) for p, cks in resolved]
     checkpoints = [inspect_checkpoint(c, opts, progress) for _, cks in resolved for c in cks]
     report = InspectReport(inputs, checkpoints)

@@ -20,6 +20,7 @@ JSON shape `merit inspect --json` writes.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NotRequired, TypedDict
@@ -295,9 +296,11 @@ def spectral_logit_bounds(
     layers: list[LayerStats],
     input_max_l2: list[float],
     scaling: list[float],
-) -> None:
+) -> list[str]:
     """Fill `spectral_logit_bound` of every layer and head: an upper bound on |scaled q.k| on the
-    probed batch, from spectral norms.
+    probed batch, from spectral norms. Returns notes naming the weights that are not finite (what a
+    diverged run leaves): their heads' bounds, and their layer's, are NaN (no bound holds), and the
+    other layers are bounded as before.
 
     Without QK-norm, with X the largest ||x||_2 of a token's attention input in the layer,
     ||q_h||_2 <= ||W_Q,h||_2 * X + ||b_Q,h||_2 (W_Q,h: the head's hd output rows), rotary
@@ -313,8 +316,9 @@ def spectral_logit_bounds(
     for layer, x in zip(layers, input_max_l2):
         layer.input_max_l2 = x
     split = None if layout is None else layout.head_split
+    notes: list[str] = []
     if layout is None or split is None:
-        return
+        return notes
     n_heads, n_kv_heads, hd = split
     axis = layout.out_axis
     for layer, x, scale in zip(layers, input_max_l2, scaling):
@@ -323,17 +327,27 @@ def spectral_logit_bounds(
         else:
             wq, wk = query_key(tensors, layout, layer.layer)
             qb, kb = query_key_bias(tensors, layout, layer.layer)
+            bad = [name for name, w in (("W_Q", wq), ("W_K", wk)) if not bool(torch.isfinite(w).all())]
+            if bad:
+                notes.append(
+                    f"layer {layer.layer}: {' and '.join(bad)} {'hold' if len(bad) > 1 else 'holds'} non-finite values (NaN or infinite): "
+                    "no spectral bound for it"
+                )
             q = [_spectral(wq, axis, h, hd) * x + float(qb[h * hd : (h + 1) * hd].norm()) for h in range(n_heads)]
             k = [_spectral(wk, axis, h, hd) * x + float(kb[h * hd : (h + 1) * hd].norm()) for h in range(n_kv_heads)]
         bounds = [scale * q[head.head] * k[head.head if head.kv_head is None else head.kv_head] for head in layer.heads]
         for head, bound in zip(layer.heads, bounds):
             head.spectral_logit_bound = bound
-        layer.spectral_logit_bound = max(bounds)
+        layer.spectral_logit_bound = max(bounds) if all(math.isfinite(b) for b in bounds) else math.nan
+    return notes
 
 
 def _spectral(w: torch.Tensor, axis: int, head: int, hd: int) -> float:
-    """||W_h||_2 of the head's hd output features of a stored weight (out features on `axis`)."""
+    """||W_h||_2 of the head's hd output features of a stored weight (out features on `axis`); NaN
+    when the block holds a value that is not finite (an SVD of it does not converge)."""
     block = w.narrow(axis, head * hd, hd).float()
+    if not bool(torch.isfinite(block).all()):
+        return math.nan
     return float(torch.linalg.matrix_norm(block, ord=2))
 
 

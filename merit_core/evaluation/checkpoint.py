@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from merit_core.checkpoint import runs
+from merit_core.checkpoint.hub_cache import check_config_size, fetch_snapshot
+from merit_core.checkpoint.hub_revisions import HubRequest, parse_hub_model
 from merit_core.checkpoint.resolve import LATEST, select_steps
 from merit_core.checkpoint.safe import (
     PICKLE_SUFFIXES,
@@ -30,6 +33,7 @@ from merit_core.errors import CheckpointError, ConfigError, first_line
 from merit_core.file_reading import display
 from merit_core.hub import looks_like_hub_id
 from merit_core.models.limits import check_model_dims, check_model_size
+from merit_core.progress import ProgressFn
 from merit_core.settings import DTYPE_SPELLINGS
 
 TOKENIZER_FILES = runs.TOKENIZER_FILES
@@ -50,8 +54,8 @@ class CheckpointRef:
     @property
     def label(self) -> str:
         """A short column title: 'run/step_N' for training steps, else the folder or hub name."""
-        if not self.is_local:
-            return self.location
+        if not self.is_local or self.meta.get("source") == "hub":
+            return self.given if self.is_local else self.location
         path = Path(self.location)
         return f"{path.parent.name}/{path.name}" if runs.parse_step(path.name) is not None else path.name
 
@@ -64,23 +68,30 @@ def trainer_meta(model_dir: Path) -> dict[str, Any]:
     return {key: state.get(key) for key in TRAINER_STATE_FIELDS if state.get(key) is not None}
 
 
-def resolve_checkpoint(given: str | os.PathLike, trust_remote_code: bool = False, verify: bool = True) -> CheckpointRef:
+def resolve_checkpoint(
+    given: str | os.PathLike, trust_remote_code: bool = False, verify: bool = True, progress: ProgressFn | None = None
+) -> CheckpointRef:
     """Find the model folder for `given` and check it has config.json, safe weights and a tokenizer.
 
     Raises CheckpointError for a missing path, a run folder without steps, a folder without
     config.json or tokenizer files, weights that are pickles or not complete safetensors files, a
     FIFO or device among the files, or (without `trust_remote_code`) code the folder asks to run.
-    Strings shaped like hub ids that are not local paths pass through. With `verify`, a merit
-    checkpoint's files are checked against its recorded checksums (CheckpointError on a mismatch).
+    A hub model ORG/NAME[@REV] that is not a local path is its snapshot folder in the hub cache
+    (merit_core.checkpoint.hub_cache: downloaded first where needed, `progress` told); other strings
+    shaped like hub ids pass through. With `verify`, a merit checkpoint's files are checked against
+    its recorded checksums (CheckpointError on a mismatch).
     """
     try:
-        return _resolve_checkpoint(os.fspath(given), trust_remote_code, verify)
+        return _resolve_checkpoint(os.fspath(given), trust_remote_code, verify, progress)
     except PermissionError as exc:
         raise CheckpointError(f"cannot read {display(exc.filename or given)}: permission denied") from None
 
 
-def _resolve_checkpoint(text: str, trust_remote_code: bool, verify: bool) -> CheckpointRef:
+def _resolve_checkpoint(text: str, trust_remote_code: bool, verify: bool, progress: ProgressFn | None) -> CheckpointRef:
     path = Path(text).expanduser()
+    hub = parse_hub_model(text) if not path.exists() else None
+    if hub is not None:  # the one reader of hub models, as inspect's (merit_core.checkpoint.resolve)
+        path = fetch_snapshot(hub, HubRequest(trust_remote_code=trust_remote_code, progress=progress))
     if not path.exists():
         if looks_like_hub_id(text):
             return CheckpointRef(text, text, is_local=False, meta={"source": "hub"})
@@ -103,15 +114,24 @@ def _resolve_checkpoint(text: str, trust_remote_code: bool, verify: bool) -> Che
             f"checkpoint {display(path)} has no tokenizer ({' / '.join(TOKENIZER_FILES[:2])}): "
             "save one next to the model with tokenizer.save_pretrained(folder)"
         )
-    check_weight_files(path)
+    files = check_weight_files(path)
     if not trust_remote_code:
         refuse_custom_code(path)
+    check_layers(path, files)
     note = verify_checkpoint(path) if verify else SKIPPED
     state = trainer_meta(path)
+    if hub is not None:
+        source = "hub"
     if state:
         source = "merit-train"
     notes = [note] if note is not None else []
-    return CheckpointRef(text, str(path), is_local=True, meta={"source": source, **state}, notes=notes)
+    return CheckpointRef(
+        text,
+        str(path),
+        is_local=True,
+        meta={"source": source, **({"hub": str(hub)} if hub else {}), **state},
+        notes=notes,
+    )
 
 
 def check_weight_files(folder: Path) -> list[Path]:
@@ -135,6 +155,33 @@ def check_weight_files(folder: Path) -> list[Path]:
     for file in files:
         validate_safetensors(file)
     return files
+
+
+_LAYER = re.compile(r"(?:^|\.)(?:h|layers|layer|blocks)\.(\d+)\.")  # a decoder layer's tensors: ...layers.N.
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+
+
+def check_layers(folder: Path, files: list[Path]) -> None:
+    """CheckpointError when the weights hold more decoder layers than config.json says, as inspect's
+    loader refuses: transformers would build the smaller model and drop the extra layers silently."""
+    config = folder / runs.MODEL_CONFIG
+    check_config_size(config)
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return  # reported by the loader, as before
+    key = next((k for k in _LAYER_KEYS if isinstance(data, dict) and k in data), None)
+    said = data.get(key) if key is not None else None
+    if not isinstance(said, int) or isinstance(said, bool):
+        return
+    extra = data.get("num_nextn_predict_layers")  # multi-token-prediction layers stored after the decoder's
+    said_all = said + (extra if isinstance(extra, int) and not isinstance(extra, bool) else 0)
+    found = {int(m.group(1)) for f in files for name in validate_safetensors(f) if (m := _LAYER.search(name))}
+    if found and max(found) + 1 > said_all:
+        raise CheckpointError(
+            f"config.json of {display(folder)} does not match the weights: {key}={said} but the weights have "
+            f"{max(found) + 1} layers"
+        )
 
 
 # Files of a model folder whose `auto_map` names Python code transformers would import from it.

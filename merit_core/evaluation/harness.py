@@ -245,7 +245,7 @@ def evaluate_checkpoints(
     settings = settings.validated()
     if not checkpoints:
         raise ConfigError("no checkpoint given: pass one or more model folders, run folders or hub names")
-    refs = [resolve_checkpoint(c, settings.trust_remote_code, settings.verify) for c in checkpoints]
+    refs = [resolve_checkpoint(c, settings.trust_remote_code, settings.verify, progress) for c in checkpoints]
     run = _Run(settings, progress, refs)
     said = sorted({n for ref in refs for n in ref.notes})
     for text in said:

@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from merit_core.checkpoint import runs
-from merit_core.checkpoint.resolve import LATEST, Selection, Taken, is_run_folder, take
+from merit_core.checkpoint.hub_revisions import HubRequest, parse_hub_model
+from merit_core.checkpoint.resolve import LATEST, Selection, Taken, is_run_folder, take, take_revisions
 from merit_core.checkpoint.safe import refuse_special_files
 from merit_core.checkpoint.state import optional_trainer_state
 from merit_core.diagnostics.plots import save_figure
 from merit_core.errors import ConfigError
+from merit_core.evaluation.hub_logits import measured_max_logits
 from merit_core.file_reading import display
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, STEP
 from merit_core.metrics import read_metrics
@@ -40,14 +42,25 @@ class EvalTargets:
         return [t.line() for t in self.taken]
 
 
-def eval_targets(given: Sequence[str], selection: Selection = LATEST) -> EvalTargets:
+def eval_targets(given: Sequence[str], selection: Selection = LATEST, hub: HubRequest | None = None) -> EvalTargets:
     """Resolve the user's checkpoints: a `merit train` run folder to the step_N checkpoints with a model
     that `selection` picks (merit_core.checkpoint.resolve.take); a model folder or hub name as given.
-    Any selection but LATEST scores over steps and takes run folders only (ConfigError for another path)."""
+    Any selection but LATEST scores over steps and takes run folders only (ConfigError for another path);
+    `hub.revisions` scores a hub model ORG/NAME over the revisions it picks (resolve.take_revisions)."""
+    if hub is not None and hub.revisions is not None and len(given) != 1:
+        raise ConfigError(f"--revisions {hub.revisions} scores one hub model ORG/NAME over its revisions")
     checkpoints: list[str] = []
     taken: list[Taken] = []
     for text in given:
         path = Path(text).expanduser()
+        model = parse_hub_model(text) if not path.exists() else None
+        if hub is not None and hub.revisions is not None and model is not None:
+            revisions = take_revisions(model, hub)
+            taken.append(revisions)
+            checkpoints.extend(str(name) for name in revisions.folders)
+            continue
+        if hub is not None and hub.revisions is not None:
+            raise ConfigError(f"--revisions {hub.revisions} takes a hub model ORG/NAME; {display(text)} is not one")
         if not is_run_folder(path):
             if selection != LATEST:
                 raise ConfigError(
@@ -63,8 +76,11 @@ def eval_targets(given: Sequence[str], selection: Selection = LATEST) -> EvalTar
     return EvalTargets(tuple(checkpoints), tuple(taken))
 
 
-def recorded_max_logits(run: Path) -> dict[int, float]:
-    """step -> the max attention logit (max over layers) training recorded at that step."""
+def recorded_max_logits(run: Path, taken: Taken | None = None) -> dict[int, float]:
+    """step -> the max attention logit (max over layers) training recorded at that step; for a hub
+    model's revisions (`taken`), the one inspect's probe measures (merit_core.evaluation.hub_logits)."""
+    if taken is not None and not run.exists() and parse_hub_model(str(run)) is not None:
+        return measured_max_logits(taken)
 
     out: dict[int, float] = {}
     for step, folder in runs.checkpoints(run, "model"):

@@ -97,7 +97,9 @@ def test_checkpoint_errors(tmp_path):
     (tmp_path / "notok" / "config.json").write_text("{}")
     with pytest.raises(CheckpointError, match="has no tokenizer"):
         resolve_checkpoint(tmp_path / "notok")
-    assert resolve_checkpoint("org/model").is_local is False  # a hub name when no such path exists
+    with pytest.raises(CheckpointError, match="org/model is not in the hub cache"):  # a hub model, offline
+        resolve_checkpoint("org/model")
+    assert resolve_checkpoint("gpt2").is_local is False  # a bare hub name passes to transformers
 
 
 def test_request_chunks_give_the_results_of_one_call():
