@@ -33,9 +33,10 @@ import torch
 from merit_core.checkpoint import runs
 from merit_core.checkpoint.resolve import ALL, Checkpoint, SafetensorsReader, Selection, find_checkpoints
 from merit_core.checkpoint.state import optional_trainer_state
+from merit_core.diagnostics.checkpoint_model import load_model
 from merit_core.diagnostics.hessian import model_hessian
 from merit_core.diagnostics.layout import read_config
-from merit_core.diagnostics.probe_batch import ProbeInfo, load_model, make_probe_batch
+from merit_core.diagnostics.probe_batch import ProbeInfo, make_probe_batch
 from merit_core.diagnostics.update_size import UpdateReport, checkpoint_update_sizes
 from merit_core.diagnostics.verdict import Verdict, checkpoint_verdict, run_verdict, trajectory_verdicts
 from merit_core.diagnostics.weights import (

@@ -136,7 +136,7 @@ def test_inspect_one_checkpoint_shows_layer_columns_and_updates(run, tmp_path):
 
 def test_update_size_uses_the_run_optimizer_and_schedule(run):
     from merit_core.checkpoint.resolve import SafetensorsReader, find_checkpoints
-    from merit_core.diagnostics.probe_batch import load_model
+    from merit_core.diagnostics.checkpoint_model import load_model
     from merit_core.diagnostics.update_size import checkpoint_update_sizes
     from merit_core.schedule import lr_at
     from merit_core.train.config import load_config
