@@ -178,12 +178,12 @@ class RichCompareReport(LiveReport):
         last = self.last.pop(run.name, {})
         if self.plain:
             self.done += 1
-            peak, _ = peak_logit(last)
+            top, _ = peak_logit(last)
             fields = [("run", run.name), ("state", state), ("runs_done", f"{self.done}/{self.total}")]
             if state == "finished":
                 val = last.get(VAL_LOSS)
                 fields += [(VAL_LOSS, f"{val:.4f}" if val is not None else None)]
-                fields += [("max_logit", f"{peak:.3f}" if peak is not None else None), ("time", took)]
+                fields += [("max_logit", f"{top:.3f}" if top is not None else None), ("time", took)]
             else:
                 fields += [("time", took), ("message", message)]
             self.say(plain_line("run", fields))

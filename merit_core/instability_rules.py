@@ -13,14 +13,11 @@ that every caller judges by the same constants and the same wording; each uses i
   ratios of large pretrained models are 10^3-10^4), so only the change is judged. The rules and the
   grid's counts behind each threshold are in docs/DIAGNOSTICS.md.
 - `WATCH_RULES` (merit_core.train.watch_detector, `merit train --watch`): each signal in log units
-  (`SIGNALS`) judged against the run's own history (`trend_rule`), and the divergence rule that
-  says when a run diverged (`divergence_step`).
-- `COMPARE_RULES` (merit_core.compare.summary, `merit compare`): when a run that finished with a
-  finite loss still counts as failed, 'unstable'.
-
-When a run that finished with a finite loss still counts as failed: 'unstable'.
-
-A finite loss is not a healthy run. Two rules, each stated with its reason:
+  (`WATCH_SIGNALS`) judged against the run's own history (`trend_rule`), and the divergence rule
+  that says when a run diverged (`divergence_step`).
+- `COMPARE_RULES` (merit_core.compare.stability, `merit compare`): when a run that finished with a
+  finite loss still counts as failed, 'unstable'. A finite loss is not a healthy run. Two rules,
+  each stated with its reason:
 
 - **The attention logit saturated** (one run): its max attention logit at the end is at least
   LOGIT_LIMIT = 88. exp(-88) = 6e-39 is below float32's (and bfloat16's) smallest normal number,

@@ -27,6 +27,13 @@ too and the numbers do not depend on the device's mixed precision. The model's o
 runs unchanged (SDPA, or the family's eager attention where it needs one). With a padding mask,
 padded tokens are left out of every statistic.
 
+The probe keeps no state outside its call: the attention functions it registers with transformers
+(once per name, idempotently) hold no results, and each `record_attention_logits` block attaches
+its own recorder to the modules of the one model it probes. Probes of different models in
+different threads, a probe nested in another, and the layers of one model run one by one (in
+other threads too) each record exactly their own model. What a pass measured is reduced over heads
+and layers by merit_core.precursors alone.
+
 This module sits below both train/ (which records the cheap statistics at its eval cadence) and
 diagnostics/ (`merit inspect`).
 """

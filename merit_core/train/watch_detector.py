@@ -16,7 +16,9 @@ so that a near-constant history does not make noise look like a trend. A growing
 healthy training passes the first test but not the second (its growth slows); a spike that is
 already falling passes neither. The first `history` slopes of a signal form its history and never
 warn. The minimum normalised entropy is recorded but does not warn by default (WatchSettings).
-How well this forecasts, measured: results/watch-cpu/README.md.
+The signals, the settings and the rule itself (`trend_rule`) are the watcher's subset of
+merit_core.instability_rules (WATCH_RULES); this module keeps each signal's history and says when
+to warn. How well this forecasts, measured: results/watch-cpu/README.md.
 """
 
 from __future__ import annotations

@@ -86,3 +86,24 @@ def test_a_forward_pass_outside_a_block_records_nothing():
         pass
     model(input_ids=_ids(6), use_cache=False)  # the attention implementation is the model's own again
     assert recorder.per_layer == {}
+
+
+def test_layers_run_one_by_one_in_other_threads_record_into_the_blocks_recorder():
+    """A layer-at-a-time probe: the decoder layers run one by one, each in a thread of its own, inside
+    the block record what the whole forward pass records (GPT-2: no mask is causal attention)."""
+    model = tiny_gpt2(seed=1).eval()
+    ids = _ids(7)[:1]
+    whole = probe_attention(model, ids)
+    base = model.transformer
+    with torch.no_grad(), record_attention_logits(model) as recorder:
+        hidden = [base.wte(ids) + base.wpe(torch.arange(ids.shape[1])[None])]
+        for block in base.h:
+
+            def run(block=block) -> None:
+                out = block(hidden[-1])
+                hidden.append(out[0] if isinstance(out, tuple) else out)
+
+            worker = threading.Thread(target=run)
+            worker.start()
+            worker.join()
+    assert torch.equal(recorder.result(), whole.max_logits)
