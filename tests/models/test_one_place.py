@@ -13,7 +13,6 @@ PROBE_MODULES = (ROOT / "merit_core" / "models" / "attention_probe.py", REDUCTIO
 # the readers of the probe's numbers: each takes its reduction from merit_core.precursors
 READERS = (
     "merit_core/models/attention_probe.py",  # a run's eval records
-    "merit_core/train/instability.py",  # the watcher's records
     "merit_core/diagnostics/report.py",  # inspect's summary, heads and the verdict's input
     "merit_core/instability_rules.py",  # the verdict's rules
     "merit_core/compare/precursor_table.py",  # compare's summary and report
@@ -44,6 +43,8 @@ def test_one_module_says_how_the_probes_numbers_reduce_over_heads_and_layers():
 def test_every_reader_of_the_probe_takes_the_shared_reduction():
     for name in READERS:
         assert "from merit_core.precursors import" in _text(ROOT / name), name
+    train = [_text(p) for p in (ROOT / "merit_core" / "train").glob("*.py")]
+    assert any("import watch_record" in text and "watch_record(" in text for text in train)  # the watcher's records
 
 
 def _defined(path: Path) -> set[str]:
