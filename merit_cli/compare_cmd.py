@@ -17,6 +17,7 @@ from merit_cli.render import (
     LiveReport,
     fmt_duration,
     fmt_float,
+    peak_logit,
     plain_line,
     plural,
     print_whole,
@@ -177,12 +178,12 @@ class RichCompareReport(LiveReport):
         last = self.last.pop(run.name, {})
         if self.plain:
             self.done += 1
-            logits = [v for v in last.get(MAX_ATTENTION_LOGIT) or [] if v is not None]
+            top, _ = peak_logit(last)
             fields = [("run", run.name), ("state", state), ("runs_done", f"{self.done}/{self.total}")]
             if state == "finished":
                 val = last.get(VAL_LOSS)
                 fields += [(VAL_LOSS, f"{val:.4f}" if val is not None else None)]
-                fields += [("max_logit", f"{max(logits):.3f}" if logits else None), ("time", took)]
+                fields += [("max_logit", f"{top:.3f}" if top is not None else None), ("time", took)]
             else:
                 fields += [("time", took), ("message", message)]
             self.say(plain_line("run", fields))
@@ -193,8 +194,8 @@ class RichCompareReport(LiveReport):
             progress.remove_task(task)
         progress.advance(overall_id)
         if state == "finished":
-            logits = [v for v in last.get(MAX_ATTENTION_LOGIT) or [] if v is not None]
-            peak = fmt_float(max(logits), 3) if logits else "-"
+            top, _ = peak_logit(last)
+            peak = fmt_float(top, 3) if top is not None else "-"
             progress.console.print(
                 f"[green]done[/] {run.name:<26} val loss [bold cyan]{fmt_float(last.get('val_loss'))}[/]  "
                 f"max logit [magenta]{peak}[/]  [dim]{took}[/]"

@@ -414,7 +414,7 @@ def render(console, report, per_head: bool, show_weights: bool | None) -> None:
 
 def _print_notes(console, checkpoints: list) -> None:
     """The probe and the notes; what is the same for every checkpoint is said once (the JSON keeps each)."""
-    from merit_core.diagnostics.report import TRAINING_LOGIT_NOTE
+    from merit_core.diagnostics.report import TRAINING_LOGIT
 
     probes = {(c.probe.source, c.probe.n_tokens) for c in checkpoints if c.probe}
     if len(probes) == 1 and len(checkpoints) > 1 and all(c.probe for c in checkpoints):
@@ -426,7 +426,7 @@ def _print_notes(console, checkpoints: list) -> None:
         if c.probe and probes:
             console.print(f"[dim]{c.label}: probe {shown(c.probe.source)}, {c.probe.n_tokens} tokens[/]")
         for note in c.notes + (c.probe.notes if c.probe else []):
-            if note.startswith(TRAINING_LOGIT_NOTE):
+            if getattr(note, "kind", None) == TRAINING_LOGIT:
                 logit_notes.append((c.label, note))
             else:
                 console.print(f"[yellow]note[/] {c.label}: {shown(note)}")

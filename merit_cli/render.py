@@ -27,6 +27,7 @@ from rich.text import Text
 
 from merit_core.errors import printable
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
+from merit_core.precursors import peak
 
 
 def shown(value: Any) -> str:
@@ -83,20 +84,18 @@ def plain_line(kind: str, fields: Iterable[tuple[str, Any]]) -> str:
     return " ".join([kind, *(f"{key}={value}" for key, value in fields if value is not None)])
 
 
-def _max_logit(record: dict[str, Any]) -> tuple[float | None, int | None]:
+def peak_logit(record: dict[str, Any]) -> tuple[float | None, int | None]:
     """The peak of a record's per-layer max attention logits and its layer (None, None when not measured)."""
     values = record.get(MAX_ATTENTION_LOGIT)
     if isinstance(values, (int, float)):
         return float(values), None
-    logits = [(v, i) for i, v in enumerate(values or []) if v is not None]
-    if not logits:
-        return None, None
-    return max(logits)
+    top = peak(MAX_ATTENTION_LOGIT, values, nan_worst=True)  # a logit that is not a number is shown
+    return (float(top[0]), top[1]) if top else (None, None)
 
 
 def train_log_line(record: dict[str, Any], total_steps: int | None = None) -> str:
     """`train step=10/300 loss=5.1234 lr=2.000e-02 tokens_per_s=9870 [max_logit=12.345]`."""
-    peak, _ = _max_logit(record)
+    peak, _ = peak_logit(record)
     step = f"{record['step']}/{total_steps}" if total_steps else record["step"]
     return plain_line(
         "train",
@@ -112,7 +111,7 @@ def train_log_line(record: dict[str, Any], total_steps: int | None = None) -> st
 
 def eval_line(record: dict[str, Any]) -> str:
     """`eval step=50 val_loss=5.4321 max_logit=12.345 layer=3`."""
-    peak, layer = _max_logit(record)
+    peak, layer = peak_logit(record)
     return plain_line(
         "eval",
         [

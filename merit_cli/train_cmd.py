@@ -19,6 +19,7 @@ from merit_cli.render import (
     fmt_count,
     fmt_duration,
     fmt_float,
+    peak_logit,
     plural,
     print_command_hints,
     print_key_values,
@@ -31,7 +32,6 @@ from merit_core.checkpoint import CONFIG_FILE, read_run_config
 from merit_core.config_reading import check_names_and_out, load_config
 from merit_core.durable_writes import refuse_link
 from merit_core.errors import ConfigError, MeritError
-from merit_core.metric_names import MAX_ATTENTION_LOGIT
 from merit_core.settings import TRAIN_DTYPES, TrainConfig, option_names
 
 if TYPE_CHECKING:
@@ -129,12 +129,11 @@ class RichTrainReport(LiveReport):
         if self.plain:
             self.say(eval_line(record))
             return
-        logits = [v for v in record[MAX_ATTENTION_LOGIT] if v is not None]
-        peak = max(logits) if logits else None
+        peak, at = peak_logit(record)
         self.fields["max_logit"] = fmt_float(peak, 3)
         if self.progress is not None and self.task is not None:
             self.progress.update(self.task, **self.fields)
-            layer = record[MAX_ATTENTION_LOGIT].index(peak) if peak is not None else "-"
+            layer = at if at is not None else "-"
             self.progress.console.print(
                 f"[dim]step {record['step']:>6}[/]  val loss [bold cyan]{fmt_float(record['val_loss'])}[/]  "
                 f"max attention logit [magenta]{fmt_float(peak, 3)}[/] (layer {layer})"

@@ -39,7 +39,7 @@ LOG_Z_MAX: Final = "log_z_max"
 # weights in a run's eval records.
 UPDATE_RATIO: Final = "update_rms_ratio"
 
-# `merit train --watch` (merit_core/train/watch.py): one record every watch_every steps with the
+# `merit train --watch` (merit_core/train/watch_detector.py): one record every watch_every steps with the
 # precursors on a few sequences of the first validation batch (per layer where a list) and the
 # step's loss and grad norm; `watch_warnings` lists the warnings raised at that step, and
 # `watch_rewind` says where an --on-instability rewind went back to and with which lr.

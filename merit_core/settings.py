@@ -260,7 +260,7 @@ class TrainConfig:
     watch: bool = setting(
         True,
         "Watch for instability: probe the precursors every watch_every steps and warn ahead of a divergence "
-        "(merit_core.train.watch).",
+        "(merit_core.train.watch_detector).",
         option="switch",
         default_text="on",
     )

@@ -302,7 +302,8 @@ def _check_entry(key: str, value: Any, like: Any, param: torch.Tensor, index: in
 def load_model_weights(
     model: torch.nn.Module, checkpoint: str | Path, rename: Callable[[str], str] = lambda name: name
 ) -> None:
-    """Copy the checkpoint's safetensors weights into `model` (tied weights may be absent).
+    """Copy the checkpoint's safetensors weights into `model` (`copy_weights`; tied weights may be
+    absent, and a weight the model lacks is refused too).
 
     The file is checked whole first (`validate_safetensors`: a truncated file or a corrupt header is
     refused in one line) and loaded through the checked descriptor. `rename` maps a saved name to
@@ -321,14 +322,44 @@ def load_model_weights(
     except Exception as exc:  # noqa: BLE001 - safetensors raises several types for a damaged file
         raise CheckpointError(f"{display(path)} is unreadable: {first_line(exc)}") from None
     weights = {rename(name): tensor for name, tensor in weights.items()}
-    try:
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-    except RuntimeError as exc:  # a tensor of another shape
-        detail = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), first_line(exc))
-        raise CheckpointError(f"{display(checkpoint)} does not match the model: {detail}") from None
-    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
-    if unexpected or set(missing) - tied:
+    unexpected = sorted(set(weights) - set(model.state_dict()))
+    if unexpected:
+        raise CheckpointError(f"{display(checkpoint)} does not match the model: unexpected {unexpected[:3]}")
+    copy_weights(model, weights, display(checkpoint))
+
+
+def copy_weights(
+    model: torch.nn.Module, tensors: Any, where: str, saved_name: Callable[[str], str] = lambda name: name
+) -> None:
+    """Fill every tensor of `model`'s state dict from `tensors` (a mapping, or a lazy reader with `in`
+    and `[]` that reads one tensor at a time), under its saved name `saved_name(name)`: the one way
+    merit loads weights into a model, for resuming and rewinding a run and for inspecting a checkpoint.
+
+    A key saved without the base-model prefix (older GPT-2 files) is accepted; the tied output layer
+    may be absent (it follows the embedding). A missing weight or one of another shape is a
+    CheckpointError naming `where`, never a silent random init."""
+    prefix = getattr(model, "base_model_prefix", "") + "."
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    missing = []
+    with torch.no_grad():
+        for name, target in model.state_dict().items():  # tensors sharing storage with the model
+            key = saved_name(name)
+            if key not in tensors and key.startswith(prefix):
+                key = key[len(prefix) :]
+            if key not in tensors:
+                if not (tied and name == "lm_head.weight"):
+                    missing.append(name)
+                continue
+            value = tensors[key]  # one tensor in memory at a time
+            if tuple(value.shape) != tuple(target.shape):
+                raise CheckpointError(
+                    f"{where} does not match the model: {key} is {list(value.shape)}, "
+                    f"the model has {list(target.shape)}"
+                )
+            target.copy_(value)
+    if missing:
         raise CheckpointError(
-            f"{display(checkpoint)} does not match the model: missing {sorted(set(missing) - tied)[:3]}, "
-            f"unexpected {sorted(unexpected)[:3]}"
+            f"{where} does not match the model: it lacks {len(missing)} weights the model needs, e.g. {missing[0]}"
         )
+    if tied:
+        model.tie_weights()  # type: ignore[operator]

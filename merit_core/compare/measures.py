@@ -27,8 +27,8 @@ from merit_core.compare.environment import floored_spread
 from merit_core.compare.spec import EvalRequest
 from merit_core.compare.summary import spread
 from merit_core.data import open_tokens
+from merit_core.diagnostics.checkpoint_model import load_model
 from merit_core.diagnostics.hessian import model_hessian
-from merit_core.diagnostics.probe import load_model
 from merit_core.durable_writes import atomic_write_json
 from merit_core.errors import CheckpointError
 from merit_core.evaluation import EvalSettings, evaluate_checkpoints

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from merit_core.compare.instability import instability_lines
+from merit_core.compare.precursor_table import instability_lines
 from merit_core.compare.results import (
     BestResult,
     CellResult,

@@ -154,7 +154,7 @@ class RunResult(_Record):
     final_train_loss: float | None = None
     tokens_per_s: float | None = None
     qk_bound_by_layer: list[float] | None = None
-    instability: dict[str, float | None] | None = None  # see merit_core.compare.instability
+    instability: dict[str, float | None] | None = None  # see merit_core.compare.precursor_table
     last_step: int = 0
     perturbation: str | None = None  # an environment re-run's change of environment (environment.py)
     cpu_capability: str | None = None  # the ISA torch dispatched to (the host's, or the one forced)

@@ -31,7 +31,7 @@ from merit_core.checkpoint.resolve import latest_checkpoint
 from merit_core.compare import stability
 from merit_core.compare.environment import FLOORS, floored_spread
 from merit_core.compare.grid import PlannedRun
-from merit_core.compare.instability import instability_record
+from merit_core.compare.precursor_table import instability_record
 from merit_core.compare.results import (
     BestResult,
     CellResult,
@@ -49,6 +49,7 @@ from merit_core.durable_writes import atomic_write_json
 from merit_core.errors import MeritError
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, STEP, VAL_LOSS
 from merit_core.metrics import METRICS_FILE, eval_lines, json_safe, read_metrics
+from merit_core.precursors import over_layers
 
 SUMMARY_FILE = "summary.json"
 CELL_KEYS = ("final_val_loss", MAX_ATTENTION_LOGIT, "final_train_loss", "tokens_per_s")
@@ -83,7 +84,7 @@ def run_record(run: PlannedRun, state: str, host_isa: str | None = None) -> RunR
     logs = [r for r in records if r.get("loss") is not None]
     final = evals[-1] if evals and evals[-1].get("step") == run.steps else None
     by_layer = final.get(MAX_ATTENTION_LOGIT) if final else None
-    logits = [v for v in (by_layer or []) if v is not None]
+    peak_logit = over_layers(MAX_ATTENTION_LOGIT, by_layer)  # max over layers
     val_loss = final.get(VAL_LOSS) if final else None
     status = state
     message = read_status(run.run_dir).get("message") if state == "diverged" and gone is None else None
@@ -99,7 +100,7 @@ def run_record(run: PlannedRun, state: str, host_isa: str | None = None) -> RunR
     elif state == "finished" and (val_loss is None or not math.isfinite(val_loss)):
         status, message = "diverged", "the final validation loss is not finite"
     elif state == "finished":
-        why = stability.run_unstable(max(logits) if logits else None)
+        why = stability.run_unstable(peak_logit)
         if why is not None:
             status, message = "unstable", why
     kept = status in VALUED
@@ -120,7 +121,7 @@ def run_record(run: PlannedRun, state: str, host_isa: str | None = None) -> RunR
         status=status,
         message=message,
         final_val_loss=val_loss if kept else None,
-        max_attention_logit=max(logits) if kept and logits else None,
+        max_attention_logit=peak_logit if kept else None,
         max_attention_logit_by_layer=by_layer if kept else None,
         final_train_loss=logs[-1]["loss"] if logs and kept else None,
         tokens_per_s=_median([r.get("tokens_per_s") for r in logs]),

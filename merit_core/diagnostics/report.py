@@ -34,11 +34,12 @@ from merit_core.checkpoint import runs
 from merit_core.checkpoint.hub_revisions import HubRequest
 from merit_core.checkpoint.resolve import ALL, Checkpoint, SafetensorsReader, Selection, find_checkpoints
 from merit_core.checkpoint.state import optional_trainer_state
+from merit_core.diagnostics.checkpoint_model import load_model
 from merit_core.diagnostics.hessian import model_hessian
 from merit_core.diagnostics.layout import read_config
-from merit_core.diagnostics.probe import ProbeInfo, load_model, make_probe_batch
+from merit_core.diagnostics.probe_batch import ProbeInfo, make_probe_batch
 from merit_core.diagnostics.update_size import UpdateReport, checkpoint_update_sizes
-from merit_core.diagnostics.verdict import Precursors, Verdict, checkpoint_verdict, run_verdict, trajectory_verdicts
+from merit_core.diagnostics.verdict import Verdict, checkpoint_verdict, run_verdict, trajectory_verdicts
 from merit_core.diagnostics.weights import (
     HeadStats,
     LayerStats,
@@ -53,10 +54,13 @@ from merit_core.durable_writes import atomic_write_json
 from merit_core.errors import DataError, MeritError
 from merit_core.metric_names import (
     ACTIVATION_RATIO,
+    ATTENTION_ENTROPY_MEAN,
+    ATTENTION_ENTROPY_MIN,
     LOG_Z_MAX,
     LOG_Z_MEAN,
     LOG_Z_STD,
     MAX_ATTENTION_LOGIT,
+    NORMALIZED_ENTROPY_MEAN,
     NORMALIZED_ENTROPY_MIN,
     OUTPUT_LOGIT_MAX,
     UPDATE_RATIO,
@@ -64,6 +68,7 @@ from merit_core.metric_names import (
 from merit_core.metrics import count_non_finite, json_safe, read_metrics
 from merit_core.models import context_length
 from merit_core.models.attention_probe import ProbeResult, probe_attention
+from merit_core.precursors import Precursors, is_number, peak
 from merit_core.progress import Progress, ProgressFn, report_to
 
 TRAINER_KEYS = ("optimizer", "global_batch_size", "seq_len", "tokens")
@@ -94,6 +99,19 @@ class InspectOptions:
 
 
 TRAINING_LOGIT_NOTE = "training recorded max attention logit"  # how training_logit_note's notes begin
+TRAINING_LOGIT = "training_logit"  # the kind of those notes
+
+
+class Note(str):
+    """A note of a report that a reader tells apart by its `kind`: a str, so that the report's JSON
+    keeps notes as plain text."""
+
+    kind: str
+
+    def __new__(cls, text: str, kind: str) -> Note:
+        note = super().__new__(cls, text)
+        note.kind = kind
+        return note
 
 
 @dataclass
@@ -211,40 +229,41 @@ def _trainer_state(ckpt: Checkpoint) -> dict:
 
 
 def summarize(layers: list[LayerStats], output: dict | None = None, updates: UpdateReport | None = None) -> Summary:
-    """Maxima over layers (minima for entropy), the output layer's mean log Z and the largest update
-    ratio: the numbers a trajectory or a side-by-side comparison tracks."""
-    out = Summary()
-    for keys, pick in ((SUMMARY_KEYS, max), (MIN_SUMMARY_KEYS, min)):
-        for key in keys:
-            vals = [(getattr(l, key), l.layer) for l in layers if _number(getattr(l, key))]
-            if vals:
-                value, layer = pick(vals)
-                setattr(out, key, value)
-                setattr(out, f"{key}_layer", layer)
+    """Each summary key's alarming end over the layers with its layer (merit_core.precursors.peak:
+    maxima, the minimum for entropy), the output layer's mean log Z and the largest update ratio:
+    the numbers a trajectory or a side-by-side comparison tracks."""
+    found: dict[str, Any] = {}
+    for key in SUMMARY_KEYS + MIN_SUMMARY_KEYS:
+        top = peak(key, [getattr(layer, key) for layer in layers])
+        if top is not None:
+            found[key], found[f"{key}_layer"] = top[0], layers[top[1]].layer
     if output:
-        out.log_z_mean = output[LOG_Z_MEAN]
+        found["log_z_mean"] = output[LOG_Z_MEAN]
     if updates and updates.weights:
-        top = max(updates.weights, key=lambda w: w.ratio)
-        out.update_rms_ratio, out.update_rms_ratio_weight = top.ratio, top.name
-    return out
-
-
-def _number(x) -> bool:
-    return x is not None and not (isinstance(x, float) and math.isnan(x))
+        top_update = max(updates.weights, key=lambda w: w.ratio)
+        found["update_rms_ratio"], found["update_rms_ratio_weight"] = top_update.ratio, top_update.name
+    return Summary(**found)
 
 
 def fill_probe(stats: CheckpointReport, probed: ProbeResult) -> None:
-    """Copy one probe pass's measurements into the report's layer and head records."""
+    """Copy one probe pass's layers (reduced over heads once, by `ProbeResult.layers`) into the
+    report's layer and head records."""
     for layer, probe in zip(stats.layers, probed.layers()):
-        layer.max_attention_logit = probe.max_attention_logit
         if not layer.heads:
             layer.heads = [HeadStats(h) for h in range(len(probe.heads_max_attention_logit))]
-        for head, value in zip(layer.heads, probe.heads_max_attention_logit):
+        layer.max_attention_logit = probe.max_attention_logit
+        e = probe.entropy
+        layer.attention_entropy_mean = e.get(ATTENTION_ENTROPY_MEAN)
+        layer.attention_entropy_min = e.get(ATTENTION_ENTROPY_MIN)
+        layer.normalized_attention_entropy_mean = e.get(NORMALIZED_ENTROPY_MEAN)
+        layer.normalized_attention_entropy_min = e.get(NORMALIZED_ENTROPY_MIN)
+        for i, (head, value) in enumerate(zip(layer.heads, probe.heads_max_attention_logit)):
             head.max_attention_logit = value
-        for name, value in probe.entropy.items():
-            setattr(layer, name, value)
-            for head, per_head in zip(layer.heads, probe.heads_entropy[name]):
-                setattr(head, name, per_head)
+            h = {name: per_head[i] for name, per_head in probe.heads_entropy.items()}
+            head.attention_entropy_mean = h.get(ATTENTION_ENTROPY_MEAN)
+            head.attention_entropy_min = h.get(ATTENTION_ENTROPY_MIN)
+            head.normalized_attention_entropy_mean = h.get(NORMALIZED_ENTROPY_MEAN)
+            head.normalized_attention_entropy_min = h.get(NORMALIZED_ENTROPY_MIN)
         a = probe.activation
         if a is not None:
             layer.activation_max, layer.activation_median, layer.activation_ratio = a.max_abs, a.median_abs, a.ratio
@@ -337,32 +356,33 @@ def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: Progre
     return stats
 
 
-def training_logit_note(ckpt: Checkpoint, stats: CheckpointReport) -> str | None:
+def training_logit_note(ckpt: Checkpoint, stats: CheckpointReport) -> Note | None:
     """For a step of a `merit train` run: the max logit training recorded at that step, when it differs
     from the probe's, with why (training measures its first validation batch, inspect the probe text)."""
-    peak = stats.summary.max_attention_logit
+    probed = stats.summary.max_attention_logit
     run = ckpt.run or ckpt.folder.parent
-    if peak is None or ckpt.step is None or not runs.is_run(run):
+    if probed is None or ckpt.step is None or not runs.is_run(run):
         return None
     recorded = [
-        r["max_attention_logit"]
+        r[MAX_ATTENTION_LOGIT]
         for r in read_metrics(run)
-        if r.get("step") == ckpt.step and isinstance(r.get("max_attention_logit"), list)
+        if r.get("step") == ckpt.step and isinstance(r.get(MAX_ATTENTION_LOGIT), list)
     ]
-    values = [(v, i) for i, v in enumerate(recorded[-1] if recorded else []) if isinstance(v, (int, float))]
-    if not values:
+    top = peak(MAX_ATTENTION_LOGIT, recorded[-1] if recorded else [])
+    if top is None:
         return None
-    trained, layer = max(values)
-    if math.isclose(trained, peak, rel_tol=1e-3):
+    trained, layer = top
+    if math.isclose(trained, probed, rel_tol=1e-3):
         return None
     probe = stats.probe
     what = {"builtin": "the built-in paragraph", "random-ids": "seeded random token ids"}.get(
         probe.source if probe else "", "the given text"
     )
-    return (
+    return Note(
         f"{TRAINING_LOGIT_NOTE} {trained:.4g} (layer {layer}) at step {ckpt.step}, measured on "
         f"the run's first validation batch; this probe is {what} ({probe.n_tokens if probe else '?'} tokens), "
-        f"other inputs, hence {peak:.4g} (layer {stats.summary.max_attention_logit_layer})"
+        f"other inputs, hence {probed:.4g} (layer {stats.summary.max_attention_logit_layer})",
+        TRAINING_LOGIT,
     )
 
 
@@ -387,14 +407,14 @@ def precursors(c: CheckpointReport) -> Precursors:
     layers = c.layers
     heads = []
     for layer in layers:
-        measured = [(h.max_attention_logit, h.head) for h in layer.heads if h.max_attention_logit is not None]
-        top = max((x for x in measured if _number(x[0])), key=lambda x: x[0], default=None)  # the first, as the tables
-        heads.append(top[1] if top else None)
+        values = [h.max_attention_logit for h in layer.heads]
+        top = peak(MAX_ATTENTION_LOGIT, values)
+        heads.append(layer.heads[values.index(top[0])].head if top else None)  # the first, as the tables
     bounds: list[float | None] = []
     kinds: list[str | None] = []
     for layer in layers:  # both bound the same logit: the smaller holds
         pairs = ((layer.spectral_logit_bound, "spectral"), (layer.logit_bound, "max-norm"))
-        found = [(b, k) for b, k in pairs if b is not None and _number(b)]
+        found = [(b, k) for b, k in pairs if is_number(b) and not math.isnan(b)]
         best = min(found) if found else (None, None)
         bounds.append(best[0])
         kinds.append(best[1])

@@ -25,6 +25,7 @@ from merit_core.evaluation.hub_logits import measured_max_logits
 from merit_core.file_reading import display
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, STEP
 from merit_core.metrics import read_metrics
+from merit_core.precursors import over_layers
 
 RECORDED_LOGIT = "recorded_max_attention_logit"  # the key added to each result's meta
 
@@ -97,10 +98,7 @@ def recorded_max_logits(run: Path, taken: Taken | None = None) -> dict[int, floa
 
 
 def _peak(value: Any) -> float | None:
-    if not isinstance(value, list):
-        return None
-    numbers = [v for v in value if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    return float(max(numbers)) if numbers else None
+    return over_layers(MAX_ATTENTION_LOGIT, value) if isinstance(value, list) else None
 
 
 def plot_steps(steps: list[int], series: dict[str, list[float | None]], logits: list[float | None], path) -> None:

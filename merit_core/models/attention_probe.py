@@ -27,6 +27,13 @@ too and the numbers do not depend on the device's mixed precision. The model's o
 runs unchanged (SDPA, or the family's eager attention where it needs one). With a padding mask,
 padded tokens are left out of every statistic.
 
+The probe keeps no state outside its call: the attention functions it registers with transformers
+(once per name, idempotently) hold no results, and each `record_attention_logits` block attaches
+its own recorder to the modules of the one model it probes. Probes of different models in
+different threads, a probe nested in another, and the layers of one model run one by one (in
+other threads too) each record exactly their own model. What a pass measured is reduced over heads
+and layers by merit_core.precursors alone.
+
 This module sits below both train/ (which records the cheap statistics at its eval cadence) and
 diagnostics/ (`merit inspect`).
 """
@@ -37,9 +44,10 @@ import contextlib
 import math
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
 
 import torch
 from transformers import AttentionInterface
@@ -56,17 +64,22 @@ from merit_core.metric_names import (
     NORMALIZED_ENTROPY_MIN,
 )
 from merit_core.models import family_spec
+from merit_core.precursors import over_heads, over_layers
 
 PROBE_NAME = "merit_logit_probe"  # delegates to SDPA
 EAGER_PROBE_NAME = "merit_logit_probe_eager"  # delegates to the family's eager attention
-_registered = False
-_register_lock = threading.Lock()
-_active: LogitRecorder | None = None
+# The attribute of each module of a model being probed that holds the recorder of that call: the
+# attention function, shared by every model of the process, finds its recorder through the module
+# it is handed, so each model records into its own call's recorder and no state is shared.
+RECORDER_ATTRIBUTE = "_merit_logit_recorder"
 
 
 class LogitRecorder:
     """Running max attention logit per (layer, head), filled during forward passes; with `entropy`,
-    also the running sum, count and min of the attention entropy (plain and normalised) per head."""
+    also the running sum, count and min of the attention entropy (plain and normalised) per head.
+
+    One recorder belongs to one `record_attention_logits` block of one model; its lock makes the
+    updates of layers that run in other threads (a layer-at-a-time probe) safe."""
 
     def __init__(self, query_chunk: int = 128, entropy: bool = False):
         if query_chunk < 1:
@@ -77,10 +90,20 @@ class LogitRecorder:
         self.per_layer: dict[int, torch.Tensor] = {}
         self.scaling: dict[int, float] = {}
         self.entropies: dict[int, EntropyAccumulator] = {}
+        self.lock = threading.Lock()
 
-    def update(self, layer_idx: int, head_max: torch.Tensor) -> None:
-        prev = self.per_layer.get(layer_idx)
-        self.per_layer[layer_idx] = head_max if prev is None else torch.maximum(prev, head_max)
+    def update(self, layer_idx: int, head_max: torch.Tensor, scaling: float) -> None:
+        with self.lock:
+            prev = self.per_layer.get(layer_idx)
+            self.per_layer[layer_idx] = head_max if prev is None else torch.maximum(prev, head_max)
+            self.scaling[layer_idx] = scaling
+
+    def entropy_of(self, layer_idx: int, n_heads: int, device: torch.device) -> EntropyAccumulator:
+        """The entropy accumulator of a layer, made on its first pass."""
+        with self.lock:
+            if layer_idx not in self.entropies:
+                self.entropies[layer_idx] = EntropyAccumulator(n_heads, device)
+            return self.entropies[layer_idx]
 
     def result(self) -> torch.Tensor:
         """[n_layers, n_heads] float32 tensor on CPU, layers in index order."""
@@ -211,8 +234,8 @@ def _entropy_chunk(masked, logits, allowed, rows, softcap, acc: EntropyAccumulat
 
 
 def _record(module, query, key, attention_mask, scaling, softcap=None) -> None:
-    recorder = _active
-    if recorder is None:
+    recorder = getattr(module, RECORDER_ATTRIBUTE, None)
+    if recorder is None:  # the model's attention runs outside a recording block
         return
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     layer = int(module.layer_idx)
@@ -222,15 +245,14 @@ def _record(module, query, key, attention_mask, scaling, softcap=None) -> None:
         if valid is None or valid.shape[1] != q.shape[2]:
             valid = torch.ones(q.shape[0], q.shape[2], dtype=torch.bool, device=q.device)
         head_max = torch.full((q.shape[1],), float("-inf"), device=q.device, dtype=torch.float32)
-        if recorder.entropy and layer not in recorder.entropies:
-            recorder.entropies[layer] = EntropyAccumulator(q.shape[1], q.device)
+        acc = recorder.entropy_of(layer, q.shape[1], q.device) if recorder.entropy else None
         for logits, allowed, rows in _logit_chunks(q, k, attention_mask, scale, recorder.query_chunk, valid):
             masked = logits.masked_fill(~allowed, float("-inf"))
             head_max = torch.maximum(head_max, masked.amax(dim=(0, 2, 3)))
-            if recorder.entropy:
-                _entropy_chunk(masked, logits, allowed, rows, softcap, recorder.entropies[layer])
-    recorder.update(layer, head_max)
-    recorder.scaling[layer] = float(scale)
+            if acc is not None:
+                with recorder.lock:
+                    _entropy_chunk(masked, logits, allowed, rows, softcap, acc)
+    recorder.update(layer, head_max, float(scale))
 
 
 def _probe_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -245,36 +267,44 @@ def _probe_eager_attention(module, query, key, value, attention_mask, scaling=No
 
 
 def _register() -> None:
-    global _registered
-    with _register_lock:
-        if _registered:
-            return
-
-        AttentionInterface.register(PROBE_NAME, _probe_attention)
-        AttentionMaskInterface.register(PROBE_NAME, sdpa_mask)
-        AttentionInterface.register(EAGER_PROBE_NAME, _probe_eager_attention)
-        AttentionMaskInterface.register(EAGER_PROBE_NAME, eager_mask)
-        _registered = True
+    """Make the probe's attention implementations known to transformers. Idempotent: it maps the
+    same names to the same functions on every call, and those functions hold no results."""
+    AttentionInterface.register(PROBE_NAME, _probe_attention)
+    AttentionMaskInterface.register(PROBE_NAME, sdpa_mask)
+    AttentionInterface.register(EAGER_PROBE_NAME, _probe_eager_attention)
+    AttentionMaskInterface.register(EAGER_PROBE_NAME, eager_mask)
 
 
 @contextlib.contextmanager
 def record_attention_logits(model, query_chunk: int = 128, entropy: bool = False) -> Iterator[LogitRecorder]:
-    """Within the block, forward passes of `model` record max attention logits per layer and head
-    (and, with `entropy`, attention entropies).
+    """Within the block, forward passes of `model` (of the whole model, or of its layers one by one)
+    record max attention logits per layer and head (and, with `entropy`, attention entropies) into
+    the recorder it yields.
 
-    The model's attention implementation is switched to the probe and restored on exit; models
-    running eager attention (Gemma 2's soft-capping) keep eager attention behind the probe.
+    The recorder is this block's alone: it is attached to the modules of `model` (the attention
+    function finds it through the module it runs for), so blocks on different models, in one
+    thread or several, each record their own model, and a block nested in another on the same
+    model records into the inner recorder until it ends. One model is probed by one thread at a
+    time (its attention implementation is switched for the block). The model's attention
+    implementation is switched to the probe and restored on exit; models running eager attention
+    (Gemma 2's soft-capping) keep eager attention behind the probe.
     """
-    global _active
     _register()
     previous = model.config._attn_implementation
     recorder = LogitRecorder(query_chunk, entropy)
-    model.set_attn_implementation(EAGER_PROBE_NAME if previous == "eager" else PROBE_NAME)
-    _active = recorder
+    modules = list(model.modules())
+    held = [vars(m).get(RECORDER_ATTRIBUTE) for m in modules]
+    model.set_attn_implementation(EAGER_PROBE_NAME if previous in ("eager", EAGER_PROBE_NAME) else PROBE_NAME)
+    for m in modules:
+        vars(m)[RECORDER_ATTRIBUTE] = recorder
     try:
         yield recorder
     finally:
-        _active = None
+        for m, before in zip(modules, held):
+            if before is None:
+                vars(m).pop(RECORDER_ATTRIBUTE, None)
+            else:
+                vars(m)[RECORDER_ATTRIBUTE] = before
         model.set_attn_implementation(previous)
 
 
@@ -341,18 +371,17 @@ class ProbeResult:
     input_max_l2: list[float] | None = None  # largest l2 norm of a token's attention input (with inputs=True)
 
     def layers(self) -> list[LayerProbe]:
-        """Each layer's numbers, reduced over its heads: the max logit by max, an entropy's mean by the
-        mean of the heads' means and its min by their min (the one reduction train, inspect and the
-        integrations share)."""
+        """Each layer's numbers, reduced over its heads (merit_core.precursors.over_heads: the max
+        logit by max, an entropy's mean by the mean of the heads' means, its min by their min)."""
         entropy = {name: self.entropy[key].tolist() for name, key in ENTROPY_KEYS.items()} if self.entropy else {}
         found = []
         for i, heads in enumerate(self.max_logits.tolist()):
             per_head = {name: rows[i] for name, rows in entropy.items()}
             found.append(
                 LayerProbe(
-                    max_attention_logit=max(heads),
+                    max_attention_logit=over_heads(MAX_ATTENTION_LOGIT, heads),
                     heads_max_attention_logit=heads,
-                    entropy={name: (min if name.endswith("_min") else _mean)(v) for name, v in per_head.items()},
+                    entropy={name: over_heads(name, v) for name, v in per_head.items()},
                     heads_entropy=per_head,
                     activation=self.activations[i] if self.activations else None,
                 )
@@ -374,20 +403,21 @@ class ProbeResult:
         return record
 
     def overall_metrics(self) -> dict[str, float]:
-        """`eval_metrics` as one number each over the layers: the largest max logit and activation
-        ratio, the smallest normalised entropy (min over layers and heads), the mean log Z."""
-        per_layer = self.eval_metrics()
-        pick = {MAX_ATTENTION_LOGIT: max, NORMALIZED_ENTROPY_MIN: min, ACTIVATION_RATIO: max}
-        return {k: float(pick[k](v)) if k in pick else float(v) for k, v in per_layer.items()}
+        """`eval_metrics` as one number each over the layers (merit_core.precursors.over_layers): the
+        largest max logit and activation ratio, the smallest normalised entropy, the mean log Z."""
+        found = {k: over_layers(k, v) for k, v in self.eval_metrics().items()}
+        return {k: math.nan if v is None else v for k, v in found.items()}  # None: every layer NaN
 
 
 # Entropy statistics: their names in metrics and reports -> the key of ProbeResult.entropy.
-ENTROPY_KEYS = {
-    ATTENTION_ENTROPY_MEAN: "mean",
-    ATTENTION_ENTROPY_MIN: "min",
-    NORMALIZED_ENTROPY_MEAN: "normalized_mean",
-    NORMALIZED_ENTROPY_MIN: "normalized_min",
-}
+ENTROPY_KEYS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        ATTENTION_ENTROPY_MEAN: "mean",
+        ATTENTION_ENTROPY_MIN: "min",
+        NORMALIZED_ENTROPY_MEAN: "normalized_mean",
+        NORMALIZED_ENTROPY_MIN: "normalized_min",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -400,16 +430,6 @@ class LayerProbe:
     entropy: dict[str, float]
     heads_entropy: dict[str, list[float]]
     activation: ActivationStats | None
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
-
-    def instability(self) -> tuple[dict[str, torch.Tensor], list[ActivationStats], OutputLogitStats]:
-        """``(entropy, activations, output)`` of a probe run with ``instability=True``; ValueError otherwise."""
-        if self.entropy is None or self.activations is None or self.output is None:
-            raise ValueError("this probe ran without instability=True: no entropy, activations or output logits")
-        return self.entropy, self.activations, self.output
 
 
 @torch.no_grad()

@@ -3,7 +3,7 @@
 Every `watch_every` steps `RunWatch.after_step` measures the precursors on the first
 `PROBE_SEQUENCES` sequences of the first validation batch (one forward pass, autocast off, no
 gradient), reads the step's loss and grad norm, feeds them to the detector
-(merit_core.train.watch.Watcher), writes the record to metrics.jsonl and gives it to the trackers
+(merit_core.train.watch_detector.Watcher), writes the record to metrics.jsonl and gives it to the trackers
 (`TrainCallbacks.on_watch`). A warning is one line (`on_note`), and then `on_instability` says
 what happens:
 
@@ -35,22 +35,18 @@ from merit_core.checkpoint.runs import CONFIG_FILE
 from merit_core.checkpoint.tensors import check_trainer_state, load_model_weights, load_trainer_state
 from merit_core.errors import InstabilityStop
 from merit_core.metric_names import (
-    WATCH_ACTIVATION,
-    WATCH_ENTROPY,
     WATCH_GRAD_NORM,
-    WATCH_LOG_Z,
-    WATCH_LOGIT,
     WATCH_LOSS,
     WATCH_REWIND,
-    WATCH_UPDATE,
     WATCH_WARNINGS,
 )
 from merit_core.models import family_spec
 from merit_core.models.attention_probe import probe_attention
+from merit_core.precursors import watch_record
 from merit_core.train.compiling import eager
 from merit_core.train.config import save_config
 from merit_core.train.resume import to_device
-from merit_core.train.watch import Watcher, WatchWarning
+from merit_core.train.watch_detector import Watcher, WatchWarning
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -69,22 +65,12 @@ def for_run(run: TrainingRun) -> RunWatch | None:
 
 @torch.no_grad()
 def measure(trainer: Any, input_ids: torch.Tensor) -> dict[str, Any]:
-    """The precursors of `trainer`'s model on `input_ids`: per layer the max attention logit (max
-    over heads), the min normalised entropy (min over heads and positions) and the activation
-    ratio; the mean output log Z; and the update / weight ratio where the optimizer exposes it."""
+    """The precursors of `trainer`'s model on `input_ids`, as a run's eval record holds them (per
+    layer the max attention logit, the min normalised entropy and the activation ratio; the mean
+    output log Z) under the watch keys, with the update / weight ratio where the optimizer exposes it."""
     with eager(), trainer.autocast():  # the probe itself runs in float32
         probed = probe_attention(trainer.model, input_ids, instability=True)
-    assert probed.entropy is not None and probed.activations is not None and probed.output is not None
-    record: dict[str, Any] = {
-        WATCH_LOGIT: probed.max_logits.amax(dim=1).tolist(),
-        WATCH_ENTROPY: probed.entropy["normalized_min"].amin(dim=1).tolist(),
-        WATCH_ACTIVATION: [a.ratio for a in probed.activations],
-        WATCH_LOG_Z: probed.output.log_z_mean,
-    }
-    ratio = trainer.update_ratio()
-    if ratio is not None:
-        record[WATCH_UPDATE] = ratio
-    return record
+    return watch_record(probed.eval_metrics(), trainer.update_ratio())
 
 
 class RunWatch:

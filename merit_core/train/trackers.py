@@ -28,17 +28,16 @@ from merit_core.metric_names import (
     MAX_ATTENTION_LOGIT,
     NORMALIZED_ENTROPY_MIN,
     VAL_LOSS,
-    WATCH_ACTIVATION,
-    WATCH_ENTROPY,
-    WATCH_LOGIT,
     WATCH_WARNINGS,
 )
+from merit_core.precursors import WATCH_KEYS, over_layers
 from merit_core.train.callbacks import CallbackList, ClosingCallbacks, RunInfo, RunSummary, TrainCallbacks
 from merit_core.train.config import parse_report_to
 
-# per-layer lists of an eval record, and how a tracker's one overall scalar is taken from them
-PER_LAYER = {MAX_ATTENTION_LOGIT: max, ACTIVATION_RATIO: max, NORMALIZED_ENTROPY_MIN: min}
-PER_LAYER.update({WATCH_LOGIT: max, WATCH_ACTIVATION: max, WATCH_ENTROPY: min})
+# per-layer lists of an eval or watch record -> the precursor each holds, whose one overall scalar
+# a tracker is given (merit_core.precursors.over_layers)
+PER_LAYER = {name: name for name in (MAX_ATTENTION_LOGIT, ACTIVATION_RATIO, NORMALIZED_ENTROPY_MIN)}
+PER_LAYER.update({WATCH_KEYS[name]: name for name in (MAX_ATTENTION_LOGIT, ACTIVATION_RATIO, NORMALIZED_ENTROPY_MIN)})
 TENSORBOARD_DIR = "tensorboard"
 # what `pip install` brings each tracker (the import name of each is the tracker's name)
 _INSTALL = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
@@ -75,8 +74,9 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
             continue
         if key in PER_LAYER and isinstance(value, (list, tuple)):
             layers = [(i, float(v)) for i, v in enumerate(value) if v is not None]
-            if layers:
-                out[f"{section}/{key}"] = PER_LAYER[key](v for _, v in layers)
+            overall = over_layers(PER_LAYER[key], value)
+            if overall is not None:
+                out[f"{section}/{key}"] = overall
             for i, v in layers:
                 out[f"{section}/{key}/layer_{i}"] = v
         elif isinstance(value, (int, float)) and not isinstance(value, bool):

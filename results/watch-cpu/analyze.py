@@ -3,14 +3,14 @@
     python results/watch-cpu/analyze.py GRID_DIR     # the grid's run folders: copies their metrics, writes the table
     python results/watch-cpu/analyze.py              # the table again from the copies in metrics/
 
-The divergence rule (merit_core.train.watch.divergence_step): a run diverged at the first step D whose training loss is
+The divergence rule (merit_core.instability_rules.divergence_step): a run diverged at the first step D whose training loss is
 non-finite, or whose loss and the mean loss of the 5 steps D..D+4 are both more than 1 nat above the
 lowest loss of the steps before D; a run with no such step is healthy. A rule fires at the first step it warns; on a diverged run its lead is the
 divergence step minus that step (a warning after the divergence is a miss), in steps and in tokens
 (steps x 512 tokens). Rows:
 
 - detector (as run): the first warning written by `merit train --watch` in the run's metrics.jsonl;
-- detector (replayed): merit_core.train.watch.replay over the run's recorded watch records with the
+- detector (replayed): merit_core.train.watch_detector.replay over the run's recorded watch records with the
   detector's current settings: what `merit train --watch` gives now. The row above is what it gave
   when the grid ran; the two differ only if the detector changed after the grid;
 - one row per signal: the detector restricted to that signal (replayed, entropy included);
@@ -37,8 +37,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
+from merit_core.instability_rules import divergence_step  # noqa: E402
 from merit_core.metrics import read_metrics  # noqa: E402
-from merit_core.train.watch import divergence_step  # noqa: E402
 
 RUNS = HERE / "metrics"
 TOKENS_PER_STEP = 16 * 32
@@ -117,8 +117,10 @@ def _nan(x: Any) -> float:
 
 def evaluate(run: dict[str, Any]) -> dict[str, Any]:
     """Divergence step and the first firing step of every rule, for one run."""
+    from merit_core.instability_rules import WATCH_SIGNALS as SIGNALS
+    from merit_core.instability_rules import WatchSettings
     from merit_core.metric_names import WATCH_LOSS, WATCH_WARNINGS
-    from merit_core.train.watch import SIGNALS, WatchSettings, replay
+    from merit_core.train.watch_detector import replay
 
     info, metrics = run["info"], run["metrics"]
     logs = [r for r in metrics if "loss" in r]

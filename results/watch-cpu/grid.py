@@ -9,7 +9,7 @@ Each run is the training loop behind `merit train` (merit_core.train.training_ru
 with the settings below and the watcher on every 2 steps (watch_every 2; the default is 20) and on_instability warn,
 so that the warnings in each run's metrics.jsonl are the ones `merit train --watch` gives. One
 addition, to keep the grid affordable on a shared 2-core CPU: a run is stopped (as on SIGTERM)
-10 steps after it meets the divergence rule (merit_core.train.watch.divergence_step). Runs go seed by seed, so that a grid cut
+10 steps after it meets the divergence rule (merit_core.instability_rules.divergence_step). Runs go seed by seed, so that a grid cut
 short is still balanced. `python results/watch-cpu/analyze.py OUT_DIR` then makes the table.
 """
 
@@ -25,10 +25,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from merit_core.errors import MeritError, RunInterrupted  # noqa: E402
+from merit_core.instability_rules import divergence_step  # noqa: E402
 from merit_core.train.callbacks import TrainCallbacks  # noqa: E402
 from merit_core.train.config import load_config  # noqa: E402
 from merit_core.train.training_run import run_training  # noqa: E402
-from merit_core.train.watch import divergence_step  # noqa: E402
 
 MODELS = ("gpt2-tiny", "llama-tiny")
 # lrs a factor 2 apart around each optimizer's stable edge at gpt2-tiny batch 16 (merit_core/optim/lr_table.py)

@@ -5,7 +5,7 @@
 Each run's watch records (metrics/, a probe every 2 steps) are read as a run folder's checkpoints
 and judged by the verdict's own code (trajectory_verdicts: level rules on each record, history
 rules against the run's first and previous records). A diverged run (analyze.py's rule,
-merit_core.train.watch.divergence_step) is judged on its records before the divergence step D:
+merit_core.instability_rules.divergence_step) is judged on its records before the divergence step D:
 what a verdict could have said before the loss went; a healthy run on all its records.
 
 Printed, and written to verdict.md: for each signal, the most extreme value each run reached and, per candidate threshold,
@@ -30,35 +30,37 @@ sys.path.insert(0, str(HERE))
 
 from analyze import load_runs  # noqa: E402
 
+from merit_core import instability_rules as rules  # noqa: E402
 from merit_core.diagnostics import verdict as v  # noqa: E402
+from merit_core.instability_rules import divergence_step  # noqa: E402
 from merit_core.metric_names import WATCH_ACTIVATION, WATCH_ENTROPY, WATCH_LOG_Z, WATCH_LOGIT, WATCH_UPDATE  # noqa: E402
-from merit_core.train.watch import divergence_step  # noqa: E402
+from merit_core.precursors import Precursors  # noqa: E402
 
 # candidate thresholds per signal, fixed before the sweep (roughly geometric steps); the max logit's
 # are fractions of LOGIT_LIMIT
 CANDIDATES: dict[str, Sequence[float]] = {
-    v.MAX_LOGIT: (0.125, 0.25, 0.5, 1, 10, 1000),
-    v.LOGIT_GROWTH: (0.25, 0.5, 0.75, 1, 1.5, 2, 3),
-    v.ENTROPY: (0.5, 0.2, 0.05, 0.01, 1e-6),
-    v.LOG_Z: (0.25, 0.5, 1, 1.5, 2, 3),
-    v.ACTIVATION: (1.5, 2, 3, 5, 10, 20),
-    v.UPDATE: (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5),
+    rules.MAX_LOGIT: (0.125, 0.25, 0.5, 1, 10, 1000),
+    rules.LOGIT_GROWTH: (0.25, 0.5, 0.75, 1, 1.5, 2, 3),
+    rules.ENTROPY: (0.5, 0.2, 0.05, 0.01, 1e-6),
+    rules.LOG_Z: (0.25, 0.5, 1, 1.5, 2, 3),
+    rules.ACTIVATION: (1.5, 2, 3, 5, 10, 20),
+    rules.UPDATE: (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5),
 }
-SCALE = {v.MAX_LOGIT: v.LOGIT_LIMIT}  # a candidate times this is the value compared
-LOW = {v.ENTROPY}  # signals where small is bad
+SCALE = {rules.MAX_LOGIT: rules.LOGIT_LIMIT}  # a candidate times this is the value compared
+LOW = {rules.ENTROPY}  # signals where small is bad
 # why a default is not the grid's pick (docs/DIAGNOSTICS.md)
 FIXED = {
-    v.MAX_LOGIT: "float32 saturation, and a margin of one doubling below it",
-    v.ENTROPY: "about one key (0.05 of log n: 1.3 keys' worth in a row of 256)",
+    rules.MAX_LOGIT: "float32 saturation, and a margin of one doubling below it",
+    rules.ENTROPY: "about one key (0.05 of log n: 1.3 keys' worth in a row of 256)",
 }
 # Thresholds' field of each calibrated signal: (watch, alarming)
 FIELDS = {
-    v.MAX_LOGIT: ("logit_watch", None),
-    v.LOGIT_GROWTH: ("growth_watch", "growth_alarming"),
-    v.ENTROPY: ("entropy_watch", None),
-    v.LOG_Z: ("log_z_watch", "log_z_alarming"),
-    v.ACTIVATION: ("activation_watch", None),
-    v.UPDATE: ("update_watch", "update_alarming"),
+    rules.MAX_LOGIT: ("logit_watch", None),
+    rules.LOGIT_GROWTH: ("growth_watch", "growth_alarming"),
+    rules.ENTROPY: ("entropy_watch", None),
+    rules.LOG_Z: ("log_z_watch", "log_z_alarming"),
+    rules.ACTIVATION: ("activation_watch", None),
+    rules.UPDATE: ("update_watch", "update_alarming"),
 }
 COARSE = 10  # the coarser checkpoint cadence (steps)
 
@@ -67,9 +69,9 @@ def _nan(x: Any) -> float:
     return float(x) if isinstance(x, (int, float)) and x is not None else math.nan
 
 
-def precursors(record: dict[str, Any]) -> v.Precursors:
+def precursors(record: dict[str, Any]) -> Precursors:
     """A watch record as the verdict reads a checkpoint (the grid has no weights: no logit bound)."""
-    return v.Precursors(
+    return Precursors(
         step=int(record["step"]),
         max_logit=record.get(WATCH_LOGIT) or (),
         entropy_min=record.get(WATCH_ENTROPY) or (),
@@ -90,7 +92,7 @@ def runs() -> list[dict[str, Any]]:
     return out
 
 
-def judged(records: list[dict[str, Any]], every: int = 2, t: v.Thresholds | None = None) -> list[v.Verdict]:
+def judged(records: list[dict[str, Any]], every: int = 2, t: rules.Thresholds | None = None) -> list[v.Verdict]:
     points = [precursors(r) for r in records if r["step"] % every == 0]
     return v.trajectory_verdicts(points, t)
 
@@ -130,7 +132,7 @@ def sweep(results: list[dict[str, Any]]) -> tuple[list[str], dict[str, tuple[flo
         scale = SCALE.get(signal, 1.0)
         word = "below" if signal in LOW else "at least"
         lines.append(
-            f"{signal} ({v.RULE_OF[signal]} rule; judged on {len(diverged)} diverged, {len(healthy)} healthy runs):"
+            f"{signal} ({rules.RULE_OF[signal]} rule; judged on {len(diverged)} diverged, {len(healthy)} healthy runs):"
         )
         watch = alarming = beyond = None
         for t in candidates:
@@ -158,12 +160,12 @@ def _show(t: float | None) -> str:
 def check(picked: dict[str, tuple[float | None, float | None]]) -> list[str]:
     """The picks beside the verdict's defaults: where the grid gives none, the default is a fixed
     float32 scale (docs/DIAGNOSTICS.md says which)."""
-    t = v.Thresholds()
+    t = rules.Thresholds()
     lines = []
     for signal, (watch, alarming) in picked.items():
         fields = FIELDS[signal]
         used = tuple(getattr(t, f) if f else None for f in fields)
-        if signal == v.MAX_LOGIT:
+        if signal == rules.MAX_LOGIT:
             used = (used[0], 1.0)  # alarming from LOGIT_LIMIT itself
         same = (watch, alarming) == used
         note = "the grid's pick" if same else f"not the grid's pick: {FIXED.get(signal, 'DIFFERS')}"
@@ -176,7 +178,7 @@ def check(picked: dict[str, tuple[float | None, float | None]]) -> list[str]:
 
 def _level(verdict: v.Verdict, signal: str) -> str | None:
     if signal.startswith("overall"):
-        return v.worst(s.level for s in verdict.signals if not signal.endswith(s.signal))
+        return rules.worst(s.level for s in verdict.signals if not signal.endswith(s.signal))
     found = verdict.signal(signal)
     return found.level if found else None
 
@@ -185,20 +187,20 @@ def distribution(results: list[dict[str, Any]], key: str, signals: Sequence[str]
     """Per signal (and overall), how many diverged and healthy runs end up at each level."""
     lines = ["| signal | diverged: healthy / watch / alarming | healthy runs: healthy / watch / alarming |"]
     lines.append("|---|---:|---:|")
-    for signal in signals or [*CANDIDATES, "overall", f"overall but {v.MAX_LOGIT}"]:
+    for signal in signals or [*CANDIDATES, "overall", f"overall but {rules.MAX_LOGIT}"]:
         cells = []
         for group in (
             [r for r in results if r["diverged_at"] is not None],
             [r for r in results if r["diverged_at"] is None],
         ):
             levels = [_level(r[key], signal) for r in group]
-            counts = [levels.count(level) for level in v.LEVELS]
+            counts = [levels.count(level) for level in rules.LEVELS]
             cells.append(" / ".join(map(str, counts)) + f" (of {sum(counts)})")
         lines.append(f"| {signal} | {cells[0]} | {cells[1]} |")
     return lines
 
 
-def picked_thresholds(picked: dict[str, tuple[float | None, float | None]]) -> v.Thresholds:
+def picked_thresholds(picked: dict[str, tuple[float | None, float | None]]) -> rules.Thresholds:
     """Thresholds with the grid's picks where the defaults take them (not the fixed scales)."""
     fields: dict[str, Any] = {}
     for signal, (watch, alarming) in picked.items():
@@ -209,12 +211,12 @@ def picked_thresholds(picked: dict[str, tuple[float | None, float | None]]) -> v
             fields[watch_field] = watch
         if alarming_field:
             fields[alarming_field] = alarming
-    return dataclasses.replace(v.Thresholds(), **fields)
+    return dataclasses.replace(rules.Thresholds(), **fields)
 
 
 def held_out(results: list[dict[str, Any]]) -> list[str]:
     """Thresholds picked on one model's runs, the verdict counted on the other model's runs."""
-    signal = f"overall but {v.MAX_LOGIT}"
+    signal = f"overall but {rules.MAX_LOGIT}"
     lines = [
         "| picked on | judged on | thresholds picked | diverged: healthy / watch / alarming | healthy: healthy / watch / alarming |",
         "|---|---|---|---:|---:|",
@@ -247,7 +249,7 @@ def report(results: list[dict[str, Any]]) -> list[str]:
         "",
         "    " + "\n    ".join(lines),  # a code block: the sweep is aligned text
         "",
-        f"merit_core.diagnostics.verdict.{v.Thresholds()}:",
+        f"merit_core.diagnostics.verdict.{rules.Thresholds()}:",
         "",
         *check(picked),
         "",
@@ -259,7 +261,7 @@ def report(results: list[dict[str, Any]]) -> list[str]:
         "",
         *distribution(results, "coarse"),
         "",
-        f"Held out by model (the rule above on one model's runs; overall but {v.MAX_LOGIT} on the other's, every 2 steps):",
+        f"Held out by model (the rule above on one model's runs; overall but {rules.MAX_LOGIT} on the other's, every 2 steps):",
         "",
         *held_out(results),
     ]

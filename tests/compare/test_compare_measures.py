@@ -119,8 +119,8 @@ def test_hessian_fields_match_inspects_estimators(measured, data_dir):
 
     from merit_core.checkpoint.resolve import SafetensorsReader, find_checkpoints
     from merit_core.data import open_tokens
+    from merit_core.diagnostics.checkpoint_model import load_model
     from merit_core.diagnostics.hessian import model_hessian
-    from merit_core.diagnostics.probe import load_model
     from merit_core.train.batches import val_batches
 
     out, summary, output, _, _ = measured

@@ -10,7 +10,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from merit_cli.main import cli
-from merit_core.diagnostics.probe import PROBE_TEXT
+from merit_core.diagnostics.probe_batch import PROBE_TEXT
 from merit_core.diagnostics.report import InspectOptions, inspect_paths
 from tests.diagnostics.direct_attention import gpt2_direct, llama_direct
 from tests.diagnostics.planted_models import GPT2_K_HEAD, LLAMA_KV_HEAD, PLANT, diag_gpt2, diag_llama, plant

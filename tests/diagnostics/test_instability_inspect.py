@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from merit_cli.main import cli
+from merit_core import instability_rules as rules
 from merit_core.diagnostics import verdict as v
 from merit_core.metric_names import (
     ACTIVATION_RATIO,
@@ -84,21 +85,28 @@ def _check_verdicts(report) -> None:
     """The run's verdict and each checkpoint's, read against the JSON's own numbers."""
     first, last = report["checkpoints"]
     assert first["verdict"]["notes"] == [v.FIRST_NOTE] and not first["verdict"]["history"]
-    assert [s["signal"] for s in first["verdict"]["signals"]] == [v.MAX_LOGIT, v.ENTROPY, v.UPDATE, v.BOUND]
-    assert last["verdict"]["history"] and [s["signal"] for s in last["verdict"]["signals"]] == list(v.SIGNALS)
+    assert [s["signal"] for s in first["verdict"]["signals"]] == [
+        rules.MAX_LOGIT,
+        rules.ENTROPY,
+        rules.UPDATE,
+        rules.BOUND,
+    ]
+    assert last["verdict"]["history"] and [s["signal"] for s in last["verdict"]["signals"]] == list(
+        rules.VERDICT_SIGNALS
+    )
     signals = {s["signal"]: s for s in last["verdict"]["signals"]}
-    assert signals[v.MAX_LOGIT]["value"] == last["summary"][MAX_ATTENTION_LOGIT]
-    assert signals[v.ENTROPY]["value"] == last["summary"][NORMALIZED_ENTROPY_MIN]
-    assert signals[v.UPDATE]["value"] == last["summary"][UPDATE_RATIO]
+    assert signals[rules.MAX_LOGIT]["value"] == last["summary"][MAX_ATTENTION_LOGIT]
+    assert signals[rules.ENTROPY]["value"] == last["summary"][NORMALIZED_ENTROPY_MIN]
+    assert signals[rules.UPDATE]["value"] == last["summary"][UPDATE_RATIO]
     drift = abs(last["output"][LOG_Z_MEAN] - first["output"][LOG_Z_MEAN])
-    assert signals[v.LOG_Z]["value"] == pytest.approx(drift) and signals[v.LOG_Z]["step"] == 4
+    assert signals[rules.LOG_Z]["value"] == pytest.approx(drift) and signals[rules.LOG_Z]["step"] == 4
     tightest = max(min(l["spectral_logit_bound"], l["logit_bound"]) for l in last["layers"])
-    assert signals[v.BOUND]["value"] == tightest < v.LOGIT_LIMIT
+    assert signals[rules.BOUND]["value"] == tightest < rules.LOGIT_LIMIT
     # 4 steps at a small lr: every number is far from every threshold
-    assert {s["level"] for s in signals.values()} == {v.HEALTHY} and last["verdict"]["level"] == v.HEALTHY
+    assert {s["level"] for s in signals.values()} == {rules.HEALTHY} and last["verdict"]["level"] == rules.HEALTHY
     (given,) = report["inputs"]
-    assert given["kind"] == "run" and given["verdict"]["steps"] == [2, 4] and given["verdict"]["level"] == v.HEALTHY
-    assert [s["signal"] for s in given["verdict"]["signals"]] == list(v.SIGNALS)
+    assert given["kind"] == "run" and given["verdict"]["steps"] == [2, 4] and given["verdict"]["level"] == rules.HEALTHY
+    assert [s["signal"] for s in given["verdict"]["signals"]] == list(rules.VERDICT_SIGNALS)
 
 
 def _check_spectral_bounds(report) -> None:
@@ -128,7 +136,7 @@ def test_inspect_one_checkpoint_shows_layer_columns_and_updates(run, tmp_path):
 
 def test_update_size_uses_the_run_optimizer_and_schedule(run):
     from merit_core.checkpoint.resolve import SafetensorsReader, find_checkpoints
-    from merit_core.diagnostics.probe import load_model
+    from merit_core.diagnostics.checkpoint_model import load_model
     from merit_core.diagnostics.update_size import checkpoint_update_sizes
     from merit_core.schedule import lr_at
     from merit_core.train.config import load_config

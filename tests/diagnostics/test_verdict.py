@@ -10,14 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from merit_core import instability_rules as rules
 from merit_core.diagnostics import verdict as v
-from merit_core.diagnostics.verdict import ALARMING, HEALTHY, LOGIT_LIMIT, WATCH, Precursors, Thresholds
+from merit_core.instability_rules import ALARMING, HEALTHY, LOGIT_LIMIT, WATCH, Thresholds
+from merit_core.precursors import Precursors
 
 T = Thresholds()
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def level_of(p: Precursors, signal: str, first: Precursors | None = None, t: Thresholds = T) -> v.SignalVerdict:
+def level_of(p: Precursors, signal: str, first: Precursors | None = None, t: Thresholds = T) -> rules.SignalVerdict:
     found = v.checkpoint_verdict(p, first, first, t).signal(signal)
     assert found is not None, signal
     return found
@@ -35,16 +37,16 @@ def level_of(p: Precursors, signal: str, first: Precursors | None = None, t: Thr
     ],
 )
 def test_max_logit_levels_and_reasons(logit, level, words):
-    s = level_of(Precursors(step=5, max_logit=[1.0, logit], max_logit_head=[0, 3]), v.MAX_LOGIT)
-    assert s.level == level and s.layer == 1 and s.rule == v.LEVEL_RULE and s.step == 5
+    s = level_of(Precursors(step=5, max_logit=[1.0, logit], max_logit_head=[0, 3]), rules.MAX_LOGIT)
+    assert s.level == level and s.layer == 1 and s.rule == rules.LEVEL_RULE and s.step == 5
     assert words in s.reason
     assert "(layer 1, head 3)" in s.reason
 
 
 def test_max_logit_watch_is_a_fraction_of_the_saturation_limit():
     p = Precursors(max_logit=[30.0])
-    assert level_of(p, v.MAX_LOGIT).level == HEALTHY
-    assert level_of(p, v.MAX_LOGIT, t=Thresholds(logit_watch=0.25)).level == WATCH  # 30 >= 22
+    assert level_of(p, rules.MAX_LOGIT).level == HEALTHY
+    assert level_of(p, rules.MAX_LOGIT, t=Thresholds(logit_watch=0.25)).level == WATCH  # 30 >= 22
 
 
 @pytest.mark.parametrize(
@@ -56,12 +58,12 @@ def test_max_logit_watch_is_a_fraction_of_the_saturation_limit():
     ],
 )
 def test_entropy_levels_and_reasons(entropy, level, words):
-    s = level_of(Precursors(entropy_min=[entropy, 0.9]), v.ENTROPY)
+    s = level_of(Precursors(entropy_min=[entropy, 0.9]), rules.ENTROPY)
     assert s.level == level and words in s.reason
 
 
 def test_entropy_is_never_alarming_when_finite():
-    assert level_of(Precursors(entropy_min=[0.0]), v.ENTROPY).level == WATCH
+    assert level_of(Precursors(entropy_min=[0.0]), rules.ENTROPY).level == WATCH
 
 
 @pytest.mark.parametrize(
@@ -73,7 +75,7 @@ def test_entropy_is_never_alarming_when_finite():
     ],
 )
 def test_update_ratio_levels_and_reasons(ratio, level, words):
-    s = level_of(Precursors(update_ratio=ratio, update_weight="lm_head.weight"), v.UPDATE)
+    s = level_of(Precursors(update_ratio=ratio, update_weight="lm_head.weight"), rules.UPDATE)
     assert s.level == level and words in s.reason and s.layer is None
 
 
@@ -86,12 +88,12 @@ def test_update_ratio_levels_and_reasons(ratio, level, words):
 )
 def test_logit_bound_levels_and_reasons(bound, level, words):
     p = Precursors(logit_bound=[1.0, bound], bound_kind=["max-norm", "spectral"])
-    s = level_of(p, v.BOUND)
+    s = level_of(p, rules.BOUND)
     assert s.level == level and words in s.reason
 
 
 def test_logit_bound_is_never_alarming():
-    assert level_of(Precursors(logit_bound=[1e9]), v.BOUND).level == WATCH
+    assert level_of(Precursors(logit_bound=[1e9]), rules.BOUND).level == WATCH
 
 
 # -- history rules ------------------------------------------------------------------------------
@@ -104,8 +106,8 @@ def _logit_at(step: int, rate: float, start: float = 1.0) -> float:
 def test_logit_growth_levels(rate, level):
     first = Precursors(step=0, max_logit=[1.0, 1.0])
     p = Precursors(step=4, max_logit=[1.5, _logit_at(4, rate)])
-    s = level_of(p, v.LOGIT_GROWTH, first)
-    assert s.level == level and s.layer == 1 and s.rule == v.HISTORY_RULE
+    s = level_of(p, rules.LOGIT_GROWTH, first)
+    assert s.level == level and s.layer == 1 and s.rule == rules.HISTORY_RULE
     assert s.value == pytest.approx(rate)
     assert f"{s.value:.3g} e-folds per step (layer 1: 1 at step 0 -> " in s.reason
     if level == WATCH:  # no alarming level: healthy runs of the grid grew as fast
@@ -116,14 +118,14 @@ def test_logit_growth_levels(rate, level):
 
 def test_logit_growth_alarms_where_a_threshold_is_given():
     first, p = Precursors(step=0, max_logit=[1.0]), Precursors(step=2, max_logit=[_logit_at(2, 2.0)])
-    s = level_of(p, v.LOGIT_GROWTH, first, Thresholds(growth_alarming=1.5))
+    s = level_of(p, rules.LOGIT_GROWTH, first, Thresholds(growth_alarming=1.5))
     assert s.level == ALARMING and "at least 1.5" in s.reason
 
 
 def test_logit_growth_is_against_the_previous_checkpoint():
     points = [Precursors(step=s, max_logit=[x]) for s, x in ((0, 1.0), (10, _logit_at(10, 0.1)), (11, 1e4))]
     verdicts = v.trajectory_verdicts(points)
-    growth = verdicts[2].signal(v.LOGIT_GROWTH)
+    growth = verdicts[2].signal(rules.LOGIT_GROWTH)
     assert growth is not None and growth.level == WATCH  # one step from the previous, not 11 from the first
     assert growth.value == pytest.approx(math.log1p(1e4) - math.log1p(_logit_at(10, 0.1)))
 
@@ -137,7 +139,7 @@ def test_logit_growth_is_against_the_previous_checkpoint():
     ],
 )
 def test_log_z_drift_levels_both_ways(log_z, level, words):
-    s = level_of(Precursors(step=8, log_z_mean=log_z), v.LOG_Z, Precursors(step=0, log_z_mean=5.9))
+    s = level_of(Precursors(step=8, log_z_mean=log_z), rules.LOG_Z, Precursors(step=0, log_z_mean=5.9))
     assert s.level == level and words in s.reason and s.layer is None
 
 
@@ -150,7 +152,7 @@ def test_log_z_drift_levels_both_ways(log_z, level, words):
 )
 def test_activation_growth_levels_and_reasons(ratio, level, words):
     first = Precursors(step=0, activation_ratio=[6.0, 5.0])
-    s = level_of(Precursors(step=8, activation_ratio=[ratio, 5.0]), v.ACTIVATION, first)
+    s = level_of(Precursors(step=8, activation_ratio=[ratio, 5.0]), rules.ACTIVATION, first)
     assert s.level == level and words in s.reason
     assert (level == WATCH) == ("not alarming by itself" in s.reason)
 
@@ -168,19 +170,19 @@ FULL = dict(
 
 def test_a_checkpoint_without_history_gets_the_level_rules_only_and_says_so():
     verdict = v.checkpoint_verdict(Precursors(step=3, **FULL))
-    assert [s.signal for s in verdict.signals] == [v.MAX_LOGIT, v.ENTROPY, v.UPDATE, v.BOUND]
-    assert {s.rule for s in verdict.signals} == {v.LEVEL_RULE}
+    assert [s.signal for s in verdict.signals] == [rules.MAX_LOGIT, rules.ENTROPY, rules.UPDATE, rules.BOUND]
+    assert {s.rule for s in verdict.signals} == {rules.LEVEL_RULE}
     assert not verdict.history and verdict.notes == [v.NO_HISTORY_NOTE]
     assert verdict.level == HEALTHY
     d = verdict.to_dict()
     assert d["level"] == HEALTHY and d["history"] is False and "steps" not in d
     assert d["signals"][0] == {
-        "signal": v.MAX_LOGIT,
+        "signal": rules.MAX_LOGIT,
         "level": HEALTHY,
         "value": 20.0,
         "layer": 1,
         "step": 3,
-        "rule": v.LEVEL_RULE,
+        "rule": rules.LEVEL_RULE,
         "reason": "max attention logit 20 (layer 1) is below 44 (0.5 of the saturation 88)",
     }
 
@@ -203,17 +205,17 @@ def test_a_run_judges_later_checkpoints_against_its_first_and_takes_the_worst_pe
     ]
     verdicts = v.trajectory_verdicts(points)
     assert verdicts[0].notes == [v.FIRST_NOTE] and not verdicts[0].history
-    assert v.LOG_Z not in [s.signal for s in verdicts[0].signals]
-    assert verdicts[1].history and verdicts[1].signal(v.LOG_Z).level == ALARMING
-    assert verdicts[2].signal(v.LOG_Z).level == HEALTHY
+    assert rules.LOG_Z not in [s.signal for s in verdicts[0].signals]
+    assert verdicts[1].history and verdicts[1].signal(rules.LOG_Z).level == ALARMING
+    assert verdicts[2].signal(rules.LOG_Z).level == HEALTHY
     run = v.run_verdict(verdicts, [p.step for p in points])
     assert run.history and run.notes == [] and run.steps == [100, 200, 300]
     assert run.level == ALARMING
-    log_z, update = run.signal(v.LOG_Z), run.signal(v.UPDATE)
+    log_z, update = run.signal(rules.LOG_Z), run.signal(rules.UPDATE)
     assert log_z.level == ALARMING and log_z.step == 200  # the first step at the worst level
     assert update.level == WATCH and update.step == 200
-    assert run.signal(v.MAX_LOGIT).level == HEALTHY and run.signal(v.MAX_LOGIT).step == 300  # healthy: latest
-    assert [s.signal for s in run.signals] == list(v.SIGNALS)
+    assert run.signal(rules.MAX_LOGIT).level == HEALTHY and run.signal(rules.MAX_LOGIT).step == 300  # healthy: latest
+    assert [s.signal for s in run.signals] == list(rules.VERDICT_SIGNALS)
 
 
 def test_a_run_of_one_checkpoint_has_no_history():
@@ -239,4 +241,4 @@ def test_the_defaults_are_what_the_grid_calibration_picks():
         r["extreme"] = module.extremes(module.judged(r["records"]))
     _, picked = module.sweep(results)
     assert module.picked_thresholds(picked) == Thresholds()
-    assert set(picked) - set(module.FIXED) == {v.LOGIT_GROWTH, v.LOG_Z, v.ACTIVATION, v.UPDATE}
+    assert set(picked) - set(module.FIXED) == {rules.LOGIT_GROWTH, rules.LOG_Z, rules.ACTIVATION, rules.UPDATE}

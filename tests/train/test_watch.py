@@ -1,4 +1,4 @@
-"""The watcher's detector (merit_core/train/watch.py) on synthetic precursor series: a healthy run
+"""The watcher's detector (merit_core/train/watch_detector.py) on synthetic precursor series: a healthy run
 whose signals grow and level off raises nothing; a max logit that starts growing exponentially is
 warned within a few probes of its start, naming the signal and the layer; a one-probe spike that
 falls back, noise on a flat history and a drift of log Z both ways are judged as the rules say."""
@@ -6,6 +6,7 @@ falls back, noise on a flat history and a drift of log Z both ways are judged as
 import math
 import random
 
+from merit_core.instability_rules import WatchSettings
 from merit_core.metric_names import (
     WATCH_ACTIVATION,
     WATCH_ENTROPY,
@@ -14,7 +15,7 @@ from merit_core.metric_names import (
     WATCH_LOGIT,
     WATCH_LOSS,
 )
-from merit_core.train.watch import Watcher, WatchSettings, replay
+from merit_core.train.watch_detector import Watcher, replay
 
 EVERY, WARMUP, STEPS = 2, 10, 200
 

@@ -1,6 +1,6 @@
 """`merit train --watch` end to end on a tiny GPT-2: a planted divergence (the lr raised mid-run,
 growing 30% a step) is warned before the loss meets the divergence rule
-(merit_core.train.watch.divergence_step); a healthy run gives no warning; `--on-instability stop`
+(merit_core.instability_rules.divergence_step); a healthy run gives no warning; `--on-instability stop`
 stops without saving the warned weights, naming a checkpoint from before the warning; `rewind`
 goes back to it, halves the lr and finishes."""
 
@@ -10,9 +10,9 @@ import tomllib
 import pytest
 
 from merit_core.checkpoint import runs
+from merit_core.instability_rules import divergence_step
 from merit_core.metric_names import WATCH_REWIND, WATCH_WARNINGS
 from merit_core.metrics import read_metrics
-from merit_core.train.watch import divergence_step
 from tests.cli_runs import invoke, train_args
 
 LR, PLANT_AT, STEPS, GROWTH = 3e-3, 8, 44, 1.3

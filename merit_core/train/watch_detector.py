@@ -16,75 +16,20 @@ so that a near-constant history does not make noise look like a trend. A growing
 healthy training passes the first test but not the second (its growth slows); a spike that is
 already falling passes neither. The first `history` slopes of a signal form its history and never
 warn. The minimum normalised entropy is recorded but does not warn by default (WatchSettings).
-How well this forecasts, measured: results/watch-cpu/README.md.
+The signals, the settings and the rule itself (`trend_rule`) are the watcher's subset of
+merit_core.instability_rules (WATCH_RULES); this module keeps each signal's history and says when
+to warn. How well this forecasts, measured: results/watch-cpu/README.md.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
-from merit_core.metric_names import (
-    WATCH_ACTIVATION,
-    WATCH_ENTROPY,
-    WATCH_GRAD_NORM,
-    WATCH_LOG_Z,
-    WATCH_LOGIT,
-    WATCH_LOSS,
-    WATCH_UPDATE,
-)
-
-_TINY = 1e-6  # the smallest value a log is taken of (an entropy of exactly 0, a zero grad norm)
-
-
-def _log(value: float) -> float:
-    return math.log(max(value, _TINY))
-
-
-def _log1p(value: float) -> float:
-    """log(1 + x) of the positive part: a max logit starts near 0 (even below it), where a plain log
-    would turn noise into huge swings; above a few units it is the log."""
-    return math.log1p(max(value, 0.0))
-
-
-def _neg_log(value: float) -> float:
-    return -math.log(max(value, _TINY))
-
-
-def _same(value: float) -> float:
-    return value
-
-
-# signal name -> (record key, how the raw value becomes "up is bad" in log units)
-SIGNALS: dict[str, tuple[str, Any]] = {
-    "max_logit": (WATCH_LOGIT, _log1p),
-    "entropy_collapse": (WATCH_ENTROPY, _neg_log),
-    "log_z_drift": (WATCH_LOG_Z, _same),  # judged both ways: see `Series`
-    "activation_ratio": (WATCH_ACTIVATION, _log),
-    "update_ratio": (WATCH_UPDATE, _log),
-    "grad_norm": (WATCH_GRAD_NORM, _log),
-    "loss": (WATCH_LOSS, _same),
-}
-TWO_SIDED = frozenset({"log_z_drift"})
-
-
-@dataclass(frozen=True)
-class WatchSettings:
-    """The detector's constants (calibrated on results/watch-cpu; docs/DIAGNOSTICS.md states them)."""
-
-    span: int = 3  # records over which the current slope is taken
-    history: int = 6  # slopes needed after warmup before a signal may warn
-    window: int = 64  # most recent slopes kept as the history
-    z: float = 4.0  # robust z-score of the slope that counts as "faster than ever"
-    slope_floor: float = 0.01  # least spread of the slopes, in log units per step
-    margin: float = 0.05  # how far above its earlier max (log units) a new high must be
-    confirm: int = 2  # records in a row
-    # what warns: every recorded signal but the entropy, whose fall is part of healthy training at
-    # the grid's scale (15 of its 27 healthy runs warned on it, none of its diverged runs)
-    signals: tuple[str, ...] = tuple(s for s in SIGNALS if s != "entropy_collapse")
+from merit_core.instability_rules import TWO_SIDED, WATCH_SIGNALS, WatchSettings, trend_rule
 
 
 @dataclass(frozen=True)
@@ -144,14 +89,7 @@ class Series:
             base = median(self.values) if self.values else value
             value, slope, history = abs(value - base), abs(slope), [abs(x) for x in history]
         high, self.high = self.high, max(self.high, value)
-        if len(history) < s.history:
-            return None
-        centre = median(history)
-        spread = max(1.4826 * median(abs(x - centre) for x in history), s.slope_floor)
-        zscore = (slope - centre) / spread
-        if value > high + s.margin and slope > 0 and zscore > s.z:
-            return f"rising {slope:.3g}/step ({zscore:.1f} robust sd above its history), new high {value:.3g}"
-        return None
+        return trend_rule(value, slope, high, history, s)
 
 
 def _layers(value: Any) -> list[tuple[int | None, float]]:
@@ -184,7 +122,7 @@ class Watcher:
             return []
         out = []
         for name in self.settings.signals:
-            key, transform = SIGNALS[name]
+            key, transform = WATCH_SIGNALS[name]
             for layer, raw in _layers(record.get(key)):
                 series = self.series.setdefault((name, layer), Series(two_sided=name in TWO_SIDED))
                 reason = series.add(step, transform(raw), self.settings)
@@ -199,27 +137,6 @@ class Watcher:
         self.series, self.records, self.warned = {}, [], {}
         for record in kept:
             self.observe(record)
-
-
-DIVERGENCE_NATS = 1.0  # how far above its lowest value the loss must go to count as diverged
-DIVERGENCE_PERSIST = 5  # steps over which it must stay that high on average
-
-
-def divergence_step(losses: Sequence[tuple[int, float]]) -> int | None:
-    """The divergence rule: the first step D whose training loss is non-finite, or whose loss and
-    the mean loss of steps D to D + DIVERGENCE_PERSIST - 1 both exceed the lowest loss before D by
-    more than DIVERGENCE_NATS (a one-batch spike that recovers at once is not a divergence); None
-    when there is none. `losses` are (step, loss) of consecutive logged steps."""
-    low = math.inf
-    for i, (step, loss) in enumerate(losses):
-        if not math.isfinite(loss):
-            return step
-        ahead = [x for _, x in losses[i : i + DIVERGENCE_PERSIST]]
-        if loss > low + DIVERGENCE_NATS and len(ahead) == DIVERGENCE_PERSIST:
-            if not all(map(math.isfinite, ahead)) or sum(ahead) / len(ahead) > low + DIVERGENCE_NATS:
-                return step
-        low = min(low, loss)
-    return None
 
 
 def replay(records: Iterable[Mapping[str, Any]], warmup_steps: int, settings: WatchSettings | None = None):

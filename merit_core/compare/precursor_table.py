@@ -1,4 +1,4 @@
-"""The instability precursors `merit train` records at each eval (docs/DIAGNOSTICS.md), carried
+"""A table of the instability precursors `merit train` records at each eval (docs/DIAGNOSTICS.md), carried
 from a run's final eval record into compare's summary.json and rendered in REPORT.md for each best
 run: max attention logit, smallest normalised attention entropy, largest residual-stream
 activation ratio, mean output log Z and (MERIT) largest update / weight ratio."""
@@ -17,25 +17,17 @@ from merit_core.metric_names import (
     NORMALIZED_ENTROPY_MIN,
     UPDATE_RATIO,
 )
-
-
-def _numbers(value: Any) -> list[float]:
-    values = value if isinstance(value, list) else [value]
-    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+from merit_core.precursors import over_layers
 
 
 def instability_record(final: Mapping[str, Any] | None) -> dict[str, float | None] | None:
-    """From a run's final eval record: the max logit and activation ratio over layers, the min
-    normalised entropy over layers, and the mean log Z; None when the run recorded none of them."""
+    """From a run's final eval record: each precursor as one number over the layers
+    (merit_core.precursors.over_layers: the max logit and activation ratio by max, the min normalised
+    entropy by min), the mean log Z and the update ratio; None when the run recorded none of them."""
     if not final:
         return None
-    out: dict[str, float | None] = {}
-    for key, pick in ((MAX_ATTENTION_LOGIT, max), (NORMALIZED_ENTROPY_MIN, min), (ACTIVATION_RATIO, max)):
-        values = _numbers(final.get(key))
-        out[key] = pick(values) if values else None
-    for key in (LOG_Z_MEAN, UPDATE_RATIO):
-        value = _numbers(final.get(key))
-        out[key] = value[0] if value else None
+    keys = (MAX_ATTENTION_LOGIT, NORMALIZED_ENTROPY_MIN, ACTIVATION_RATIO, LOG_Z_MEAN, UPDATE_RATIO)
+    out = {key: over_layers(key, final.get(key)) for key in keys}
     return out if any(out[k] is not None for k in (NORMALIZED_ENTROPY_MIN, ACTIVATION_RATIO, LOG_Z_MEAN)) else None
 
 

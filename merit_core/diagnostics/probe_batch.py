@@ -1,4 +1,4 @@
-"""The probe batch (token ids) and the model a checkpoint's config builds, for logit and Hessian probes.
+"""The probe batch: the token ids the logit and Hessian probes of `merit inspect` run on.
 
 The probe text is `--text`, a text file, or the built-in paragraph below, tokenized with the
 checkpoint's own tokenizer when its folder has one. A user's text is measured as given (cut to
@@ -17,10 +17,7 @@ import torch
 from transformers import AutoTokenizer
 
 from merit_core.checkpoint.runs import TOKENIZER_FILES
-from merit_core.diagnostics.layout import read_config
-from merit_core.errors import CheckpointError, ConfigError, DataError
-from merit_core.models import build_model, config_from_dict, family_spec
-from merit_core.models.limits import check_model_config, check_model_size
+from merit_core.errors import CheckpointError, DataError
 
 PROBE_TEXT = (
     "The committee met on a grey Tuesday morning to review the budget for the coming year. "
@@ -107,55 +104,3 @@ def make_probe_batch(
     gen = torch.Generator().manual_seed(seed)
     notes.append(f"no tokenizer next to the weights: probing with {seq_len} seeded random token ids (seed {seed})")
     return ProbeBatch(torch.randint(0, vocab_size, (1, seq_len), generator=gen), "random-ids", notes)
-
-
-def load_model(checkpoint, tensors, device: str | torch.device = "cpu", raw_config: dict | None = None):
-    """A float32 causal LM built from the checkpoint's config.json, with every weight from `tensors`.
-
-    Built with `from_config` and filled from the lazy safetensors reader, so any file name or
-    shard layout works and a missing weight is an error rather than a silent random init.
-    Keys saved without the base-model prefix (older GPT-2 files) and the names transformers saves
-    some weights under (GPT-NeoX embed_out) are accepted. `raw_config`: the checkpoint's config.json
-    when the caller has read it already (else it is read here).
-    """
-    raw = raw_config if raw_config is not None else read_config(checkpoint.config_path)
-    if raw is None:
-        raise CheckpointError(f"no config.json next to {checkpoint.path}")
-    try:
-        config = config_from_dict(raw, str(checkpoint.config_path))
-    except ConfigError as exc:
-        if raw.get("model_type") is None or "not a usable" in str(exc):
-            raise CheckpointError(str(exc)) from None
-        raise
-    config.dtype = torch.float32
-    spec = family_spec(config)
-    try:  # a config.json from someone else: shapes it cannot build, sizes no memory holds
-        check_model_config(config, str(checkpoint.config_path))
-        check_model_size(config, str(checkpoint.config_path), str(device))
-    except ConfigError as exc:
-        raise CheckpointError(str(exc)) from None
-    model = build_model(config)
-    prefix = model.base_model_prefix + "."
-    tied = getattr(config, "tie_word_embeddings", False)
-    missing = []
-    with torch.no_grad():
-        for name, target in model.state_dict().items():  # tensors sharing storage with the model
-            key = spec.saved_name(name)
-            if key not in tensors and key.startswith(prefix):
-                key = key[len(prefix) :]
-            if key not in tensors:
-                if not (tied and name == "lm_head.weight"):
-                    missing.append(name)
-                continue
-            value = tensors[key]  # one tensor in memory at a time
-            if tuple(value.shape) != tuple(target.shape):
-                raise CheckpointError(
-                    f"config.json does not match the weights: {key} is {list(value.shape)}, "
-                    f"the config builds {list(target.shape)}"
-                )
-            target.copy_(value)
-    if missing:
-        raise CheckpointError(f"{checkpoint.path} lacks {len(missing)} weights the config needs, e.g. {missing[0]}")
-    if tied:
-        model.tie_weights()
-    return model.to(device).eval()
