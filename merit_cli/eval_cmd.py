@@ -391,9 +391,14 @@ def eval_cmd(
       merit eval --model hf --model_args pretrained=runs/a/step_100 --tasks builtin \\
           --output_path evals --log_samples           # lm-eval's spellings and its results layout
       merit eval runs/a --steps all --tasks builtin --plot scores.png -o steps.json
+      merit eval runs/a --steps all --tasks lambada,wikitext --devices all -o steps.json  # a worker per GPU
+      merit eval --model_args pretrained=runs/big/step_900,parallelize=True,max_memory_per_gpu=70GiB \\
+          --tasks lambada                              # one model over the node's GPUs (lm-eval's)
 
-    lm-eval's spellings work too: --model hf, --model_args pretrained=CKPT,dtype=D,
-    --batch_size, --num_fewshot, --include_path, --bootstrap_iters, --log_samples, --seed;
+    lm-eval's spellings work too: --model hf, --model_args pretrained=CKPT,dtype=D (and lm-eval's
+    parallelize=True, max_memory_per_gpu=, max_cpu_memory=, offload_folder=, device_map=; with --model vllm,
+    where vLLM is installed, tensor_parallel_size=, data_parallel_size=, gpu_memory_utilization=,
+    max_model_len=), --batch_size, --num_fewshot, --include_path, --bootstrap_iters, --log_samples, --seed;
     --output_path DIR writes lm-eval's DIR/<model>/results_<time>.json, the file lm-eval's own command
     line writes for the same run, and merit's JSON into DIR too unless -o names its place.
     """
