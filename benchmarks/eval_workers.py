@@ -79,15 +79,18 @@ def main() -> None:
                 scores[devices] = [c["results"] for c in data["checkpoints"]]
         same = scores[one] == scores[many]
         steps = len(next(iter(scores.values())))
-        print(f"merit eval RUN --steps all --tasks builtin --limit {opts.limit} ({steps} checkpoints), "
-              f"{os.cpu_count()} CPUs, torch threads shared out per worker")
+        print(
+            f"merit eval RUN --steps all --tasks builtin --limit {opts.limit} ({steps} checkpoints), "
+            f"{os.cpu_count()} CPUs, torch threads shared out per worker"
+        )
         print("| --devices | wall time | load avg before -> after |")
         print("|---|---:|---:|")
         for devices, seconds, (before, after) in rows:
             print(f"| {devices} | {seconds:.1f} s | {before:.2f} -> {after:.2f} |")
         mean = {d: sum(s for dd, s, _ in rows if dd == d) / opts.repeats for d in (one, many)}
-        print(f"ratio (one worker / {len(many.split(','))} workers): {mean[one] / mean[many]:.2f}x; "
-              f"scores equal: {same}")
+        print(
+            f"ratio (one worker / {len(many.split(','))} workers): {mean[one] / mean[many]:.2f}x; scores equal: {same}"
+        )
 
 
 if __name__ == "__main__":

@@ -23,11 +23,13 @@ from dataclasses import asdict, dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from merit_core import errors
+from merit_core.devices import resolve_device
 from merit_core.errors import ConfigError, MeritError, first_line
 from merit_core.evaluation.backends import check_model_args, splits_model
 from merit_core.evaluation.checkpoint import CheckpointRef
 from merit_core.evaluation.harness import EvalSettings, Scorer, check_checkpoints, evaluate_checkpoints
-from merit_core.evaluation.results import CheckpointResult
+from merit_core.evaluation.results import CheckpointResult, jsonable
 from merit_core.progress import Progress, ProgressFn
 
 ALL_GPUS = "all"
@@ -70,8 +72,6 @@ class Outcome:
 def parse_devices(text: str) -> tuple[str, ...]:
     """`--devices`: 'all' (every visible CUDA device) or a comma-separated list, one worker per entry
     (an entry may repeat: 'cpu,cpu' is two CPU workers); each entry is checked to exist here."""
-    from merit_core.devices import resolve_device
-
     words = [w.strip() for w in text.split(",") if w.strip()]
     if [w.lower() for w in words] == [ALL_GPUS]:
         import torch
@@ -190,8 +190,10 @@ class _Pool:
                         live.discard(slot)
                 if self.error is not None:
                     raise self.error
-        finally:
-            self.stop(at_once=self.error is not None)
+        except BaseException:  # an error, Ctrl-C: nothing more will be scored
+            self.stop(at_once=True)
+            raise
+        self.stop()
         for index in self.queue:  # every worker stopped before these were handed out
             self.missing[index] = "not scored: every worker stopped before it"
         scored = sorted(self.records)
@@ -260,8 +262,6 @@ class _Pool:
 
 
 def _error_class(name: str) -> type[MeritError]:
-    import merit_core.errors as errors
-
     found = getattr(errors, name, None)
     return found if isinstance(found, type) and issubclass(found, MeritError) else MeritError
 
@@ -271,8 +271,6 @@ def _plain(record: CheckpointResult) -> dict[str, Any]:
     results writer turns it into JSON, the rest as merit's JSON writer does, so that both files are
     written from it exactly as from the record itself."""
     from lm_eval.utils import handle_non_serializable
-
-    from merit_core.evaluation.results import jsonable
 
     def plain(value: Any, default: Callable[[Any], Any]) -> Any:
         return json.loads(json.dumps(value, default=default))
@@ -289,11 +287,20 @@ def _plain(record: CheckpointResult) -> dict[str, Any]:
 def _worker(conn: Connection, settings: EvalSettings, threads: int, quiet: bool) -> None:
     """One worker process: load the tasks, take the checked list of checkpoints, then score the indices
     of it the parent sends until None."""
+    try:
+        _serve(conn, settings, threads, quiet)
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the parent says what stopped
+        return
+
+
+def _serve(conn: Connection, settings: EvalSettings, threads: int, quiet: bool) -> None:
     import logging
 
     import torch
 
     torch.set_num_threads(threads)
+    if settings.device.startswith("cuda"):  # this worker's GPU is its current one (no context on cuda:0)
+        torch.cuda.set_device(torch.device(settings.device))
     if quiet:
         for name in ("lm_eval", "transformers", "datasets", "accelerate", "huggingface_hub"):
             logging.getLogger(name).setLevel(logging.ERROR)
