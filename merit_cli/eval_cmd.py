@@ -23,6 +23,7 @@ from merit_cli.render import ProgressView, print_table, print_whole, shown, wide
 from merit_core.checkpoint.hub_revisions import REVISIONS_HELP, hub_request
 from merit_core.errors import ConfigError
 from merit_core.evaluation import EvalSettings, evaluate_checkpoints
+from merit_core.evaluation.backends import HF, SPLIT_KEYS, VLLM_KEYS, backend_of
 from merit_core.evaluation.lm_eval_output import parse_seed
 from merit_core.evaluation.results import (
     CheckpointResult,
@@ -156,11 +157,7 @@ def _lm_eval_args(args: list[str]) -> list[str]:
         if name == "--model_args":  # recorded as given in lm-eval's results file
             out += ["--lm-eval-model-args", inline]
         if name == "--model":
-            if inline not in ("hf", "hf-auto", "huggingface"):
-                raise ConfigError(
-                    f"--model {inline}: merit eval runs Hugging Face causal LMs (lm-eval's --model hf); "
-                    "give the checkpoint as the argument: merit eval CKPT --tasks ..."
-                )
+            out += ["--lm-eval-model", backend_of(inline)]  # vllm where it is missing: one line
             continue
         out += _model_args(inline)
     return out
@@ -178,6 +175,8 @@ def _model_args(text: str) -> list[str]:
             out.insert(0, value)
         elif key in MODEL_ARGS and eq:
             out += [MODEL_ARGS[key], value]
+        elif key in SPLIT_KEYS + VLLM_KEYS and eq:  # lm-eval's model placement, checked against --model later
+            out += ["--lm-eval-model-arg", f"{key}={value}"]
         elif key == "trust_remote_code":
             raise ConfigError(
                 "--model_args trust_remote_code: merit eval runs a checkpoint's own Python code only when given "
@@ -186,7 +185,8 @@ def _model_args(text: str) -> list[str]:
         else:
             raise ConfigError(
                 f"--model_args {key}: merit eval takes pretrained=CKPT as the CKPT argument and "
-                f"{', '.join(f'{k}= as {v}' for k, v in MODEL_ARGS.items())}; it has no {key!r}"
+                f"{', '.join(f'{k}= as {v}' for k, v in MODEL_ARGS.items())}, and lm-eval's "
+                f"{', '.join(SPLIT_KEYS)} (--model hf) or {', '.join(VLLM_KEYS)} (--model vllm); it has no {key!r}"
             )
     return out
 
@@ -318,6 +318,21 @@ def _display_stream():
     "--lm-eval-output", default=None, hidden=True, help="Set by --output_path DIR: lm-eval's files go into DIR."
 )
 @click.option("--lm-eval-model-args", default=None, hidden=True, help="Set by --model_args: recorded as given.")
+@click.option("--lm-eval-model", default=HF, hidden=True, help="Set by --model: hf or vllm.")
+@click.option(
+    "--lm-eval-model-arg",
+    multiple=True,
+    hidden=True,
+    help="Set by --model_args parallelize=True & co: passed to lm-eval.",
+)
+@click.option(
+    "--devices",
+    default=None,
+    metavar="LIST|all",
+    help="Score the checkpoints in parallel, one worker process per device listed: cuda:0,cuda:1, all "
+    "(every visible GPU) or cpu,cpu (two CPU processes, the cores shared out). Each worker scores whole "
+    "checkpoints; the results are those of one device, in step order.",
+)
 @click.option(
     "--trust-task-code",
     is_flag=True,
@@ -354,6 +369,9 @@ def eval_cmd(
     seed,
     lm_eval_output,
     lm_eval_model_args,
+    lm_eval_model,
+    lm_eval_model_arg,
+    devices,
     trust_task_code,
     selection,
     all_steps,
@@ -378,9 +396,14 @@ def eval_cmd(
       merit eval --model hf --model_args pretrained=runs/a/step_100 --tasks builtin \\
           --output_path evals --log_samples           # lm-eval's spellings and its results layout
       merit eval runs/a --steps all --tasks builtin --plot scores.png -o steps.json
+      merit eval runs/a --steps all --tasks lambada,wikitext --devices all -o steps.json  # a worker per GPU
+      merit eval --model_args pretrained=runs/big/step_900,parallelize=True,max_memory_per_gpu=70GiB \\
+          --tasks lambada                              # one model over the node's GPUs (lm-eval's)
 
-    lm-eval's spellings work too: --model hf, --model_args pretrained=CKPT,dtype=D,
-    --batch_size, --num_fewshot, --include_path, --bootstrap_iters, --log_samples, --seed;
+    lm-eval's spellings work too: --model hf, --model_args pretrained=CKPT,dtype=D (and lm-eval's
+    parallelize=True, max_memory_per_gpu=, max_cpu_memory=, offload_folder=, device_map=; with --model vllm,
+    where vLLM is installed, tensor_parallel_size=, data_parallel_size=, gpu_memory_utilization=,
+    max_model_len=), --batch_size, --num_fewshot, --include_path, --bootstrap_iters, --log_samples, --seed;
     --output_path DIR writes lm-eval's DIR/<model>/results_<time>.json, the file lm-eval's own command
     line writes for the same run, and merit's JSON into DIR too unless -o names its place.
     """
@@ -409,7 +432,10 @@ def eval_cmd(
         verify=not no_verify,
         log_samples=log_samples,
         seed=parse_seed(seed),
+        backend=lm_eval_model,
+        model_args=tuple(_key_value(item) for item in lm_eval_model_arg),
     ).validated()
+    workers = _workers(devices, device)
     if log_samples and not lm_eval_output:
         raise ConfigError(
             "--log_samples needs --output_path DIR: the samples go to DIR/<model>/samples_<task>_<time>.jsonl"
@@ -446,9 +472,7 @@ def eval_cmd(
     try:
         display = Console(file=own or sys.stderr, stderr=own is None)
         with ProgressView(display, one_line=True, first="loading torch and lm-eval", redirect=False) as view:
-            records = evaluate_checkpoints(
-                list(targets.checkpoints), settings, progress=view, quiet=not verbose, note=notes.append
-            )
+            outcome = _score(list(targets.checkpoints), settings, workers, view, not verbose, notes.append)
     finally:
         if own is not None:
             own.close()
@@ -457,27 +481,69 @@ def eval_cmd(
     for text in notes:
         console.print(f"[yellow]note[/] {shown(text)}", soft_wrap=True)
 
-    print_table(console, results_table(records, settings.num_fewshot))
-    if step_run is not None:
+    records, extra = outcome.records, outcome.json_extra()
+    if outcome.missing:  # what was scored: a checkpoint a worker lost is left out, and said below
+        checkpoints = tuple(checkpoints[i] for i in outcome.scored)
+        chosen = [chosen[i] for i in outcome.scored] if chosen else chosen
+    if records:
+        print_table(console, results_table(records, settings.num_fewshot))
+    if step_run is not None and records:
         _show_steps(console, step_run, chosen, records, plot, targets.taken[0])
     if output:
-        path = write_results_json(output, records)
+        path = write_results_json(output, records, extra=extra) if extra else write_results_json(output, records)
         print_whole(console, f"wrote {shown(path)}")
-    if lm_eval_dir:
-        given = LmEvalGiven(checkpoints, lm_eval_model_args, dtype, batch_size, include_path)
+    if lm_eval_dir and records:
+        given = LmEvalGiven(
+            checkpoints, lm_eval_model_args, dtype, batch_size, include_path, lm_eval_model, settings.model_args
+        )
         _write_lm_eval_layout(console, lm_eval_dir, records, given)
+    if outcome.missing:
+        from merit_core.errors import RunFailed
+
+        for lost in outcome.missing[:-1]:
+            console.print(f"[red]not scored[/] {shown(lost.error)}", soft_wrap=True)
+        raise RunFailed(f"not scored: {outcome.missing[-1].error}")
+
+
+def _workers(devices: str | None, device: str) -> tuple[str, ...] | None:
+    """--devices read (merit_core.evaluation.workers.parse_devices), or None for the one-process run."""
+    if devices is None:
+        return None
+    if device not in ("auto", None):
+        raise ConfigError(f"give --device {device} or --devices {devices}, not both")
+    from merit_core.evaluation.workers import parse_devices
+
+    return parse_devices(devices)
+
+
+def _score(checkpoints: list[str], settings, workers: tuple[str, ...] | None, view, quiet: bool, note):
+    """The checkpoints scored in this process, or with --devices by one worker process per device."""
+    from merit_core.evaluation.workers import Outcome, evaluate_on_devices
+
+    if workers is None:
+        records = evaluate_checkpoints(checkpoints, settings, progress=view, quiet=quiet, note=note)
+        return Outcome(records, list(range(len(records))))
+    return evaluate_on_devices(checkpoints, settings, workers, view, quiet, note)
+
+
+def _key_value(item: str) -> tuple[str, str]:
+    key, _, value = item.partition("=")
+    return key.strip(), value
 
 
 @dataclasses.dataclass(frozen=True)
 class LmEvalGiven:
     """What the user typed, which lm-eval's results file records as typed: the checkpoints (lm-eval's
-    pretrained=, also its folder name), --model_args, --dtype, --batch-size and --include-path."""
+    pretrained=, also its folder name), --model_args, --dtype, --batch-size, --include-path, --model and
+    the model placement keys of --model_args."""
 
     checkpoints: tuple[str, ...]
     model_args: str | None
     dtype: str
     batch_size: str
     include_path: str | None
+    model: str = HF
+    placement: tuple[tuple[str, str], ...] = ()  # lm-eval's parallelize=True & co as given
 
 
 def _write_lm_eval_layout(
@@ -493,7 +559,9 @@ def _write_lm_eval_layout(
             model_args = given.model_args
         else:  # what `lm_eval --model_args` would have been for these options
             model_args = f"pretrained={name}" + (f",dtype={given.dtype}" if given.dtype != "auto" else "")
+            model_args += "".join(f",{key}={value}" for key, value in given.placement)
         settings = {
+            "model": given.model,
             "model_args": model_args,
             "batch_size": given.batch_size if given.batch_size != "auto" else used.get("batch_size"),
             "device": used.get("device"),

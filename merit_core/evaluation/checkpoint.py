@@ -282,16 +282,12 @@ def load_model_and_tokenizer(
     the checkpoint runs only with `trust_remote_code`, and weights are read from safetensors only.
     `note` is told (one line) when the weights leave parameters of the config at random init."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     config = check_causal_lm(ref, trust_remote_code)
     check_model_size(config, ref.given, device, bytes_per_parameter=getattr(torch, dtype).itemsize)
     remote = {"trust_remote_code": trust_remote_code}
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(ref.location, **remote)
-    except (OSError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"cannot load the tokenizer of {ref.given}: {first_line(exc)}") from None
-    check_special_tokens(tokenizer, f"checkpoint {ref.given}")
+    tokenizer = load_tokenizer(ref, trust_remote_code)
     try:
         # use_safetensors: never a pickle, not even one next to the safetensors or on the hub
         loaded: Any = AutoModelForCausalLM.from_pretrained(
@@ -305,6 +301,18 @@ def load_model_and_tokenizer(
         note(random_init_warning(ref.given, missing))
     # transformers' decorated PreTrainedModel.to loses its self in the annotations
     return model.to(device).eval(), tokenizer
+
+
+def load_tokenizer(ref: CheckpointRef, trust_remote_code: bool = False) -> Any:
+    """The checkpoint's tokenizer, checked to have an end-of-text token (CheckpointError if not)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(ref.location, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"cannot load the tokenizer of {ref.given}: {first_line(exc)}") from None
+    check_special_tokens(tokenizer, f"checkpoint {ref.given}")
+    return tokenizer
 
 
 def random_init_warning(given: str, missing: list[str]) -> str:

@@ -19,11 +19,21 @@ from typing import Any
 
 from merit_core.devices import resolve_device
 from merit_core.errors import ConfigError
+from merit_core.evaluation.backends import (
+    HF,
+    VLLM,
+    ModelArgs,
+    build_split_lm,
+    build_vllm,
+    check_model_args,
+    splits_model,
+)
 from merit_core.evaluation.checkpoint import (
     CheckpointRef,
     check_causal_lm,
     check_tokenizer,
     load_model_and_tokenizer,
+    load_tokenizer,
     resolve_checkpoint,
     resolve_dtype,
 )
@@ -58,6 +68,8 @@ class EvalSettings:
     verify: bool = True  # check a merit checkpoint's files against the checksums it recorded
     log_samples: bool = False  # keep lm-eval's per-document records (written by --output_path)
     seed: tuple[int | None, ...] = DEFAULT_SEED  # lm-eval's python, numpy, torch and few-shot seeds
+    backend: str = HF  # lm-eval's model class: hf (HFLM) or vllm (merit_core.evaluation.backends)
+    model_args: ModelArgs = ()  # lm-eval's placement keys (parallelize=True, tensor_parallel_size=2, ...)
 
     def validated(self) -> EvalSettings:
         """Raise ConfigError for values lm-eval would reject late or silently misread."""
@@ -72,6 +84,7 @@ class EvalSettings:
             raise ConfigError(f"--bootstrap-iters must be 0 or more, got {self.bootstrap_iters}")
         parse_batch_size(self.batch_size)
         resolve_dtype(self.dtype, "cpu")  # an unknown dtype name fails before anything is loaded
+        check_model_args(self.backend, self.model_args)
         for value in parse_seed(self.seed):  # numpy and torch take a seed of 32 bits
             if value is not None:
                 in_range(value, 0, SEED_MAX, "--seed")
@@ -240,38 +253,71 @@ def evaluate_checkpoints(
     told, one line each, what the user should know: checksums not verified (said once), weights
     that leave a config's parameters at random init.
     """
-    import lm_eval
-
     settings = settings.validated()
+    refs = check_checkpoints(checkpoints, settings, progress, note)
+    scorer = Scorer(settings, refs, progress, quiet, note)
+    return [scorer.score(index) for index in range(len(refs))]
+
+
+def check_checkpoints(
+    checkpoints: Sequence[str],
+    settings: EvalSettings,
+    progress: ProgressFn | None = None,
+    note: Callable[[str], None] | None = None,
+) -> list[CheckpointRef]:
+    """Resolve and check every checkpoint (files, checksums, config, tokenizer) before any is scored;
+    `note` is told once what applies to several (checksums not verified)."""
     if not checkpoints:
         raise ConfigError("no checkpoint given: pass one or more model folders, run folders or hub names")
     refs = [resolve_checkpoint(c, settings.trust_remote_code, settings.verify, progress) for c in checkpoints]
-    run = _Run(settings, progress, refs)
     said = sorted({n for ref in refs for n in ref.notes})
     for text in said:
         who = [ref.label for ref in refs if text in ref.notes]
         if note is not None:
             note(f"{who[0] if len(who) == 1 else f'{len(who)} checkpoints'}: {text}")
-    run.report("checking checkpoints")
-    device = str(resolve_device(settings.device))
-    dtype = resolve_dtype(settings.dtype, device)
-    configs = [check_causal_lm(ref, settings.trust_remote_code) for ref in run.refs]
-    for ref in run.refs:
+    _Run(settings, progress, refs).report("checking checkpoints")
+    for ref in refs:
+        check_causal_lm(ref, settings.trust_remote_code)
         check_tokenizer(ref, settings.trust_remote_code)
+    return refs
 
-    run.report("loading tasks and datasets")
-    with _silenced(quiet):
-        resolved = resolve_tasks(settings.tasks, settings.include_path)
-        task_objects = load_tasks(resolved)
-    check_fewshot_docs(task_objects, settings.num_fewshot)
 
-    records = []
-    for index, (ref, config) in enumerate(zip(run.refs, configs)):
+class Scorer:
+    """Scores checkpoints of a checked list one at a time on the settings' device, the tasks loaded
+    once (in `__init__`); a worker process of merit_core.evaluation.workers holds one."""
+
+    def __init__(
+        self,
+        settings: EvalSettings,
+        refs: Sequence[CheckpointRef],
+        progress: ProgressFn | None = None,
+        quiet: bool = False,
+        note: Callable[[str], None] | None = None,
+    ):
+        self.settings = settings
+        self.run = _Run(settings, progress, list(refs))
+        self.quiet = quiet
+        self.note = note
+        self.model_args = check_model_args(settings.backend, settings.model_args)
+        self.split = splits_model(settings.backend, self.model_args)
+        self.device = str(resolve_device(settings.device))
+        self.dtype = resolve_dtype(settings.dtype, self.device)
+        self.run.report("loading tasks and datasets")
+        with _silenced(quiet):
+            self.resolved = resolve_tasks(settings.tasks, settings.include_path)
+            self.task_objects = load_tasks(self.resolved)
+        check_fewshot_docs(self.task_objects, settings.num_fewshot)
+
+    def score(self, index: int) -> CheckpointResult:
+        """The result record of checkpoint `index` of the list."""
+        import lm_eval
+
+        run, settings, device = self.run, self.settings, self.device
+        ref = run.refs[index]
         run.report("loading model", index)
         started = time.perf_counter()
-        with _silenced(quiet), _exact_float32(device, dtype):
-            model, tokenizer = load_model_and_tokenizer(ref, device, dtype, settings.trust_remote_code, note)
-            lm, batch_size = build_lm(model, tokenizer, parse_batch_size(settings.batch_size), device)
+        with _silenced(self.quiet), _exact_float32(device, self.dtype):
+            lm, batch_size = self._build(ref)
 
             def on_requests(event: Progress, i: int = index) -> None:
                 run.report(event.stage, i, done=event.done, total=event.total, unit=event.unit)
@@ -279,8 +325,8 @@ def evaluate_checkpoints(
             report_request_progress(lm, on_requests)
             out = lm_eval.simple_evaluate(
                 model=lm,
-                tasks=task_objects,
-                task_manager=resolved.manager,
+                tasks=self.task_objects,
+                task_manager=self.resolved.manager,
                 num_fewshot=settings.num_fewshot,
                 limit=settings.limit,
                 bootstrap_iters=settings.bootstrap_iters,
@@ -288,16 +334,17 @@ def evaluate_checkpoints(
                 **seed_kwargs(parse_seed(settings.seed)),
             )
         out[EVAL_SECONDS] = time.perf_counter() - started  # lm-eval's results file's total_evaluation_time_seconds
+        model = getattr(lm, "model", None)
         meta = {
             **ref.meta,
-            "model_type": config.model_type,
-            "parameters": _count_params(model),
+            "model_type": check_causal_lm(ref, settings.trust_remote_code).model_type,
+            "parameters": _count_params(model) if model is not None and hasattr(model, "parameters") else None,
             "eval": {
-                "tasks": resolved.names,
+                "tasks": self.resolved.names,
                 "num_fewshot": settings.num_fewshot,
                 "limit": settings.limit,
                 "device": device,
-                "dtype": dtype,
+                "dtype": self.dtype,
                 "batch_size": batch_size,
                 "bootstrap_iters": settings.bootstrap_iters,
                 "seed": list(parse_seed(settings.seed)),
@@ -308,13 +355,40 @@ def evaluate_checkpoints(
                 "versions": out.get("versions"),
             },
         }
-        records.append(
-            CheckpointResult(path=ref.location, label=ref.label, results=out["results"], meta=meta, lm_eval=out)
-        )
+        if settings.backend != HF or self.model_args:  # the model placement lm-eval was given
+            meta["eval"]["model"] = {"backend": settings.backend, **self.model_args}
+        record = CheckpointResult(path=ref.location, label=ref.label, results=out["results"], meta=meta, lm_eval=out)
         run.report("done", index)
-        del lm, model, tokenizer
+        del lm, model
         _release_memory(device)
-    return records
+        return record
+
+    def _build(self, ref: CheckpointRef) -> tuple[Any, int | str]:
+        """lm-eval's model object for `ref` and the batch size it scores with (merit_core.evaluation.backends)."""
+        settings, device, dtype = self.settings, self.device, self.dtype
+        batch_size = parse_batch_size(settings.batch_size)
+        trust = settings.trust_remote_code
+        if settings.backend == VLLM:
+            return build_vllm(ref.location, self.model_args, dtype, batch_size, trust), batch_size
+        if not self.split:
+            model, tokenizer = load_model_and_tokenizer(ref, device, dtype, trust, self.note)
+            return build_lm(model, tokenizer, batch_size, device)
+        tokenizer = load_tokenizer(ref, trust)
+        if batch_size == "auto" and not device.startswith("cuda"):
+            batch_size = CPU_BATCH_SIZE
+        lm = build_split_lm(
+            ref.location,
+            tokenizer,
+            self.model_args,
+            backend="causal",
+            device=device,
+            dtype=dtype,
+            batch_size=batch_size,
+            max_batch_size=64,
+            trust_remote_code=trust,
+            softmax_dtype="float32" if dtype in ("bfloat16", "float16") else None,
+        )
+        return lm, batch_size
 
 
 def _release_memory(device: str) -> None:

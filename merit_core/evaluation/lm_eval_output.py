@@ -111,13 +111,14 @@ def write_lm_eval_results(
     holds `model: "hf"` and `model_args` as lm-eval parses them (a dict), the tasks' metadata carry the
     model arguments as lm-eval merges them in, a task YAML's `config_source` is under the
     `--include-path` as typed, and `total_evaluation_time_seconds` is the model load and scoring time
-    (`out[EVAL_SECONDS]`). `settings`: `model_args` (the string), `batch_size`, `device`,
-    `include_path`. A symbolic link inside DIR (a planted `DIR/<model>`) is refused, never written through.
+    (`out[EVAL_SECONDS]`). `settings`: `model` (lm-eval's --model, hf by default), `model_args` (the
+    string), `batch_size`, `device` (the one that scored this checkpoint), `include_path`. A symbolic link inside DIR (a planted `DIR/<model>`) is refused, never written through.
     """
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.utils import simple_parse_args_string
 
     settings = dict(settings or {})
+    model_source = settings.pop("model", None) or "hf"
     include_path = settings.pop("include_path", None)
     model_args = simple_parse_args_string(settings.pop("model_args", None) or f"pretrained={model_name}")
     target = Path(output_path).expanduser()
@@ -126,7 +127,7 @@ def write_lm_eval_results(
     results = copy.deepcopy({k: v for k, v in out.items() if k not in ("samples", EVAL_SECONDS)})
     samples = out.get("samples") or {}
     config = results.setdefault("config", {})
-    config["model"], config["model_args"] = "hf", model_args
+    config["model"], config["model_args"] = model_source, model_args
     for key, value in settings.items():
         if config.get(key) in (None, [], "") or key == "batch_size":
             config[key] = value
@@ -146,7 +147,7 @@ def write_lm_eval_results(
         if isinstance(seconds, (int, float)):  # the tracker times from its creation; lm-eval's CLI creates it first
             tracker.general_config_tracker.start_time = time.perf_counter() - seconds
         tracker.general_config_tracker.log_experiment_args(
-            model_source="hf",
+            model_source=model_source,
             model_args=model_args,
             system_instruction=None,
             chat_template=None,

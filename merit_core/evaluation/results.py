@@ -1,6 +1,8 @@
 """Evaluation result records: one per checkpoint, flattened into metric rows, written as JSON.
 
-JSON shape: {"checkpoints": [{"path": str, "results": <lm-eval's results dict, unchanged>, "meta": {...}}]}.
+JSON shape: {"checkpoints": [{"path": str, "results": <lm-eval's results dict, unchanged>, "meta": {...}}]};
+a run over several devices adds "devices": {"split": "checkpoints", "workers": [device, ...]} and, when a
+checkpoint was not scored, "missing": [{"path": str, "error": str}].
 """
 
 from __future__ import annotations
@@ -131,7 +133,8 @@ def check_output_path(path: str | os.PathLike) -> Path:
     return out
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """What merit's results JSON writes for a value JSON has no type for: a numpy / torch scalar's number, else its str."""
     item = getattr(value, "item", None)  # numpy / torch scalars
     if callable(item):
         return item()
@@ -139,14 +142,19 @@ def _jsonable(value: Any) -> Any:
 
 
 def write_results_json(
-    path: str | os.PathLike, records: Sequence[CheckpointResult], now: datetime.datetime | None = None
+    path: str | os.PathLike,
+    records: Sequence[CheckpointResult],
+    now: datetime.datetime | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Path:
     """Write all records durably to `path` (a file: replaced atomically, merit_core.durable_writes.atomic_write)
     or, when `path` names a folder, to a new `results-<date>T<time>[-N].json` in it, a name reserved
     as it is written (merit_core.durable_writes.write_new_file): two evals writing into one folder at the same
-    second never share a file. Returns the file written."""
+    second never share a file. `extra`: top-level keys beside "checkpoints" (a run over several devices:
+    "missing", the checkpoints no worker scored, and "devices", how they were shared). Returns the file written."""
     given = Path(path).expanduser()
-    text = json.dumps({"checkpoints": [r.to_json() for r in records]}, indent=2, default=_jsonable) + "\n"
+    whole = {"checkpoints": [r.to_json() for r in records], **(extra or {})}
+    text = json.dumps(whole, indent=2, default=jsonable) + "\n"
     if names_file(given):
         out = check_output_path(given)
         out.parent.mkdir(parents=True, exist_ok=True)
