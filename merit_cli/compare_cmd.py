@@ -11,7 +11,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from merit_cli.options import device_callback, setting_option, wide_option
+from merit_cli.options import check_output, device_callback, setting_option, wide_option
 from merit_cli.render import (
     EtaColumn,
     LiveReport,
@@ -347,7 +347,7 @@ def _check_task_trust(spec, trusted: bool) -> None:
 @setting_option(TrainConfig, "data")
 @setting_option(TrainConfig, "seq_len", default=COMPARE_TRAIN["seq_len"], type=int, callback=None)
 @setting_option(TrainConfig, "device", callback=device_callback)
-@setting_option(CompareDefaults, "out")
+@setting_option(CompareDefaults, "out", short="-o", metavar="DIR")
 @setting_option(CompareDefaults, "jobs", type=int, callback=None)
 @click.option(
     "--quick",
@@ -421,6 +421,7 @@ def compare(
       merit compare --preset ablations              # merit against its ablations
       merit compare compare-cpu --out runs/cpu      # the committed CPU reproduction
     """
+    check_output(out, folder=True)  # as typed, before the spec's imports; the spec's own out is checked below
     from merit_core.hub import prefer_offline
 
     prefer_offline()
@@ -450,6 +451,7 @@ def compare(
         environment_check=environment_check,
     )
     _check_task_trust(spec, trust_task_code)
+    check_output(spec.out, folder=True)  # a folder that refuses a file: before the grid is planned
     spec.command = _command_line(click.get_current_context())
     report = RichCompareReport(wide=wide)
     try:

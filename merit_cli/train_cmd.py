@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from merit_cli.options import device_callback, dtype_callback, number, setting_option
+from merit_cli.options import check_output, device_callback, dtype_callback, number, setting_option
 from merit_cli.render import (
     LiveReport,
     configs_table,
@@ -271,7 +271,12 @@ CONVERTERS = {
 # option (merit_core.settings), in its order: an option's parameter name is its TrainConfig key, so the
 # command passes them to load_config as they are (None: not given).
 CONFIG_OPTIONS = tuple(
-    setting_option(TrainConfig, name, **({"callback": CONVERTERS[name]} if name in CONVERTERS else {}))
+    setting_option(
+        TrainConfig,
+        name,
+        **({"short": "-o", "metavar": "DIR"} if name == "out" else {}),
+        **({"callback": CONVERTERS[name]} if name in CONVERTERS else {}),
+    )
     for name in option_names(TrainConfig)
 )
 
@@ -334,6 +339,7 @@ def train(config_file, overrides, yes, **values):
     try:
         summary_config = _load(config_file, overrides, values)
         check_names_and_out(summary_config)  # before the seconds of importing torch: a typo is one line at once
+        check_output(summary_config.out, folder=True)  # a folder that refuses a file: before any work
         from merit_core.train.training_run import run_training
 
         report = RichTrainReport(yes=yes) if main else None
