@@ -347,7 +347,14 @@ def _check_task_trust(spec, trusted: bool) -> None:
 @setting_option(TrainConfig, "data")
 @setting_option(TrainConfig, "seq_len", default=COMPARE_TRAIN["seq_len"], type=int, callback=None)
 @setting_option(TrainConfig, "device", callback=device_callback)
-@setting_option(CompareDefaults, "out", short="-o", metavar="DIR")
+@setting_option(
+    CompareDefaults,
+    "out",
+    short="-o",
+    metavar="DIR",
+    text="Write the comparison into this folder (runs/, summary.json, REPORT.md, compare.png); re-running "
+    "skips finished runs.",
+)
 @setting_option(CompareDefaults, "jobs", type=int, callback=None)
 @click.option(
     "--quick",

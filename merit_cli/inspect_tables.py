@@ -229,15 +229,17 @@ def side_by_side(checkpoints: list):
     return table
 
 
-SHORT_COLUMNS = (
-    "checkpoint",
-    "step",
-    "max ‖Q‖m·‖K‖m (layer)",
-    "max logit (layer)",
-    "logit bound",
-    "spectral bound",
-    "verdict",
-)
+SHORT_NAME_WIDTH = 16
+# The short summary's columns, renamed where the title says it ("(n)": the layer of the maximum).
+SHORT_COLUMNS = {
+    "checkpoint": "checkpoint",
+    "step": "step",
+    "max ‖Q‖m·‖K‖m (layer)": "‖Q‖m·‖K‖m",
+    "max logit (layer)": "max logit",
+    "logit bound": "logit bound",
+    "spectral bound": "spectral bound",
+    "verdict": "verdict",
+}
 
 
 def summary_table(checkpoints: list, full: bool = True):
@@ -246,7 +248,9 @@ def summary_table(checkpoints: list, full: bool = True):
     from rich.table import Table
 
     table = Table(
-        title="per checkpoint (max over layers; entropy: min)" if full else "per checkpoint (max over layers)",
+        title="per checkpoint (max over layers; entropy: min)"
+        if full
+        else "per checkpoint (max over layers, (n): layer n)",
         title_justify="left",
         header_style="bold",
         caption=BOUNDS_CAPTION,
@@ -282,8 +286,10 @@ def summary_table(checkpoints: list, full: bool = True):
         cols += [("verdict", "left")]
     hessian = lambda name: "eig" in name or name.startswith("Hessian")  # noqa: E731
     keep = [i for i, (name, _) in enumerate(cols) if full or name in SHORT_COLUMNS or with_h and hessian(name)]
-    for i in keep:
-        table.add_column(cols[i][0], justify=cols[i][1])
+    for i in keep:  # short: a long checkpoint name folds, so that the table fits 100 columns
+        name, justify = cols[i]
+        header = name if full else SHORT_COLUMNS.get(name, name)
+        table.add_column(header, justify=justify, max_width=None if full or i else SHORT_NAME_WIDTH)
     s = [c.summary for c in checkpoints]
     qm, km = highlighted([x.q_max_norm for x in s]), highlighted([x.k_max_norm for x in s])
     bd, lg = highlighted([x.bound for x in s]), highlighted([x.max_attention_logit for x in s])

@@ -41,7 +41,8 @@ def _summary(meta, seconds: float) -> list[tuple[str, str]]:
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Folder to write (train.bin, val.bin, meta.json, tokenizer/). Required with SOURCE. A non-empty "
+    metavar="DIR",
+    help="Write the prepared data into this folder (train.bin, val.bin, meta.json, tokenizer/). Required with SOURCE. A non-empty "
     "folder is refused unless merit prepared it; then merit's files are replaced and the rest kept.",
 )
 @click.option(

@@ -332,14 +332,14 @@ PRINTED: dict[str, tuple[Callable[..., list], int]] = {
     ),
     "prepare -o": (lambda t, n, f: _prepare_args(f["corpus"], f["data_dir"], t / f"data{n}"), 0),
     "prepare missing source": (lambda t, n, f: ["prepare", t / f"src{n}.txt", "-o", t / "o"], 2),
-    "inspect --json": (lambda t, n, f: ["inspect", "--no-logits", f["trained"], "--json", t / f"r{n}.json"], 0),
+    "inspect -o": (lambda t, n, f: ["inspect", "--no-logits", f["trained"], "-o", t / f"r{n}.json"], 0),
     "inspect --weights tensor names": (
         lambda t, n, f: ["inspect", "--no-logits", "--weights", _hostile_tensor(t, n, f["trained"])],
         0,
     ),
     "inspect missing": (lambda t, n, f: ["inspect", t / f"ckpt{n}"], 2),
     "inspect --json under a file": (
-        lambda t, n, f: ["inspect", "--no-logits", f["trained"], "--json", _under_a_file(t, n)],
+        lambda t, n, f: ["inspect", "--no-logits", f["trained"], "-o", _under_a_file(t, n)],
         2,
     ),
     "eval --tasks": (lambda t, n, f: ["eval", f["trained"], "--tasks", f"task{n}"], 2),
