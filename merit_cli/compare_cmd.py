@@ -433,7 +433,7 @@ def compare(
 
     prefer_offline()
     from merit_core.compare import load_spec, run_compare
-    from merit_core.compare.verdicts import SMOKE, no_verdict
+    from merit_core.compare.verdicts import no_verdict
     from merit_core.configs import find_config
 
     spec = load_spec(
@@ -471,7 +471,7 @@ def compare(
     report.tables.print(results_table(summary))
     reason = no_verdict(summary)
     if reason is not None:
-        out_console.print(f"[yellow]{SMOKE}:[/] {reason}")
+        out_console.print(f"[yellow]no verdict:[/] {reason}")  # the reason says why (a smoke run, one lr)
     measures = measures_table(summary)
     if measures is not None:
         report.tables.print(measures)

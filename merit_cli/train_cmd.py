@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +68,7 @@ class RichTrainReport(LiveReport):
         self.task: TaskID | None = None
         self.fields: dict[str, Any] = {"loss": "-", "lr": "-", "tok_s": "-", "max_logit": "-"}
         self.data_line: str | None = None  # shown with the start line: a run refused before it starts prints only why
+        self.started = time.monotonic()  # the summary's time counts the run; this, all the command took
 
     def stop_requested(self) -> str | None:
         """'SIGPIPE' once stdout is lost (its reader went away): the run checkpoints and stops, as
@@ -166,7 +168,7 @@ class RichTrainReport(LiveReport):
         rows = [
             ("run folder", summary.run_dir),
             ("steps", f"{summary.steps} ({fmt_count(summary.tokens)} tokens)"),
-            ("time", f"{fmt_duration(summary.elapsed_s)}"),
+            ("time", run_time(summary.elapsed_s, time.monotonic() - self.started)),
             ("wall tokens/s", f"{fmt_count(summary.tokens_per_s)} (the whole run: evals and checkpoints included)"),
             ("device", f"{summary.device} ({summary.device_name or '-'}), {summary.compute_dtype}"),
             ("peak memory", peak_memory_text(summary.peak_memory, summary.device)),
@@ -253,6 +255,14 @@ def device_line(info: RunInfo) -> str:
     return ", ".join(parts)
 
 
+def run_time(run_s: float, command_s: float) -> str:
+    """The run's time, and all the command took where that is a second longer (data preparation, model
+    building and imports come before the run's clock starts)."""
+    if command_s - run_s < 1:
+        return fmt_duration(run_s)
+    return f"{fmt_duration(run_s)} training, {fmt_duration(command_s)} in all (data preparation and start-up included)"
+
+
 def peak_memory_text(peak: int | None, device: str) -> str:
     if peak is None:
         return "-"
@@ -314,7 +324,10 @@ def config_options(command):
 )
 @config_options
 def train(config_file, overrides, yes, **values):
-    """Pretrain a GPT-2 or Llama model with MERIT or a baseline optimizer.
+    """Pretrain a language model with MERIT or a baseline optimizer.
+
+    --model: GPT-2, Llama, Qwen, Mistral, Gemma, OLMo, Phi-3 or Pythia (a named one, a -tiny of each
+    family, or a config.json).
 
     CONFIG is a TOML file or the name of a shipped config (merit train --list-configs).
     With no arguments: a tiny GPT-2 trained with MERIT on the built-in corpus (a few minutes on a CPU).
