@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from merit_cli.render import shown
+from merit_cli.render import cell_width, shown
 from merit_core.diagnostics.plots import short_labels
 from merit_core.metric_names import MAX_ATTENTION_LOGIT
 
@@ -229,7 +229,8 @@ def side_by_side(checkpoints: list):
     return table
 
 
-SHORT_NAME_WIDTH = 16
+SHORT_WIDTH = 100  # the short summary's width, its names folded where long
+SHORT_NAME_WIDTH = 10  # the least a name column keeps
 # The short summary's columns, renamed where the title says it ("(n)": the layer of the maximum).
 SHORT_COLUMNS = {
     "checkpoint": "checkpoint",
@@ -289,7 +290,7 @@ def summary_table(checkpoints: list, full: bool = True):
     for i in keep:  # short: a long checkpoint name folds, so that the table fits 100 columns
         name, justify = cols[i]
         header = name if full else SHORT_COLUMNS.get(name, name)
-        table.add_column(header, justify=justify, max_width=None if full or i else SHORT_NAME_WIDTH)
+        table.add_column(header, justify=justify)
     s = [c.summary for c in checkpoints]
     qm, km = highlighted([x.q_max_norm for x in s]), highlighted([x.k_max_norm for x in s])
     bd, lg = highlighted([x.bound for x in s]), highlighted([x.max_attention_logit for x in s])
@@ -326,6 +327,9 @@ def summary_table(checkpoints: list, full: bool = True):
         if with_verdict:
             row.append(verdict_cell(c.verdict) if full else level_text(c.verdict.level if c.verdict else None))
         table.add_row(*(row[i] for i in keep))
+    if not full:  # the names fold into what the other columns leave of SHORT_WIDTH
+        others = sum(max(map(cell_width, [c.header, *c.cells])) + 3 for c in table.columns[1:])
+        table.columns[0].max_width = max(SHORT_NAME_WIDTH, SHORT_WIDTH - others - 4)
     return table
 
 

@@ -397,7 +397,7 @@ class LiveReport:
             self.progress = None
 
 
-def _cell_width(cell: Any) -> int:
+def cell_width(cell: Any) -> int:
     text = Text.from_markup(cell) if isinstance(cell, str) else cell
     return text.cell_len if isinstance(text, Text) else 0
 
@@ -408,7 +408,7 @@ def never_cut(table: Table) -> Table:
     :func:`print_table` also folds columns into a second table when even that is too wide."""
     for column in table.columns:
         if column.justify == "right":
-            widths = [_cell_width(c) for c in column.cells] + [_cell_width(column.header)]
+            widths = [cell_width(c) for c in column.cells] + [cell_width(column.header)]
             column.min_width = max([column.min_width or 0, *widths])
             column.no_wrap = True
         else:
@@ -442,7 +442,7 @@ def print_table(out: Console, table: Table, first_width: int = 16) -> None:
     split: it is turned on its side, one line per column."""
     never_cut(table)
     columns = table.columns
-    space = lambda c: (c.min_width or _cell_width(c.header)) + 3  # noqa: E731  (padding and border)
+    space = lambda c: (c.min_width or cell_width(c.header)) + 3  # noqa: E731  (padding and border)
     if len(columns) < 3 or first_width + sum(space(c) for c in columns[1:]) <= out.width:
         out.print(table)
         return
