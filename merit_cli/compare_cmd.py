@@ -206,6 +206,7 @@ class RichCompareReport(LiveReport):
 def _command_line(ctx: click.Context) -> str:
     """The comparison as one `merit compare` command line, from the parsed options (recorded in REPORT.md)."""
     parts = ["merit", "compare"]
+    spelled = lambda param: max(param.opts, key=len)  # noqa: E731  (the long name: --out, not -o)
     for param in ctx.command.params:
         value = ctx.params.get(param.name) if param.name is not None else None
         if value is None or value is False or value == ():
@@ -213,10 +214,10 @@ def _command_line(ctx: click.Context) -> str:
         if isinstance(param, click.Argument):
             parts.append(shlex.quote(str(value)))
         elif value is True:
-            parts.append(param.opts[0])
+            parts.append(spelled(param))
         else:
             for item in value if isinstance(value, tuple) else (value,):
-                parts += [param.opts[0], shlex.quote(str(item))]
+                parts += [spelled(param), shlex.quote(str(item))]
     return " ".join(parts)
 
 
@@ -347,14 +348,7 @@ def _check_task_trust(spec, trusted: bool) -> None:
 @setting_option(TrainConfig, "data")
 @setting_option(TrainConfig, "seq_len", default=COMPARE_TRAIN["seq_len"], type=int, callback=None)
 @setting_option(TrainConfig, "device", callback=device_callback)
-@setting_option(
-    CompareDefaults,
-    "out",
-    short="-o",
-    metavar="DIR",
-    text="Write the comparison into this folder (runs/, summary.json, REPORT.md, compare.png); re-running "
-    "skips finished runs.",
-)
+@setting_option(CompareDefaults, "out", short="-o", metavar="DIR")
 @setting_option(CompareDefaults, "jobs", type=int, callback=None)
 @click.option(
     "--quick",

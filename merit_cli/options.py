@@ -253,7 +253,7 @@ def output_option(help: str, *, old: str | None = None, dest: str = "out", **ext
         renamed(str(old), "-o/--out")
         ctx.meta["merit.old_out"] = value
 
-    def decorate(command):
+    def decorate(command: Any) -> Any:
         if old is not None:
             command = click.option(old, "old_out", default=None, hidden=True, expose_value=False, callback=take_old)(
                 command
@@ -307,11 +307,11 @@ def no_verify_option(what: str = "the checkpoints'"):
     )
 
 
-def setting_help(cls: type, name: str, default: Any = dataclasses.MISSING, text: str | None = None) -> str:
-    """A setting's help as --help shows it: the declared help (or `text`, the command's own words) and,
-    where there is one, its default (`default`: another default to show) in click's own `[default: ...]` form."""
+def setting_help(cls: type, name: str, default: Any = dataclasses.MISSING) -> str:
+    """A setting's help as --help shows it: the declared help and, where there is one, its default
+    (`default`: another default to show) in click's own `[default: ...]` form."""
     shown = shown_default(cls, name, default)
-    return (text or setting_of(cls, name).help) + (f"  [default: {shown}]" if shown else "")
+    return setting_of(cls, name).help + (f"  [default: {shown}]" if shown else "")
 
 
 def setting_option(
@@ -320,18 +320,17 @@ def setting_option(
     *,
     default: Any = dataclasses.MISSING,
     short: str | None = None,
-    text: str | None = None,
     **extra: Any,
 ):
     """The option `--NAME` of setting `name` of a merit_core.settings dataclass, as it declares it: its
     kind (value, flag, switch, choice), help, metavar and shown default (`default`: another default
     to show, e.g. compare's own for a train setting). The option's value is None when not given, so
-    that the config's own precedence decides; `short` is its one-letter spelling (-o for --out), `text`
-    the command's own help for it; `extra` adds or replaces click arguments (a callback)."""
+    that the config's own precedence decides; `short` is its one-letter spelling (-o for --out); `extra`
+    adds or replaces click arguments (a callback)."""
     declared = setting_of(cls, name)
     flag = "--" + name.replace("_", "-")
     decls: tuple[str, ...] = (flag,) if short is None else (short, flag)
-    kwargs: dict[str, Any] = {"help": setting_help(cls, name, default, text), "show_default": False}
+    kwargs: dict[str, Any] = {"help": setting_help(cls, name, default), "show_default": False}
     kwargs["metavar"] = declared.metavar
     if declared.option == "switch":
         decls = (f"{flag}/--no-{flag[2:]}", name)

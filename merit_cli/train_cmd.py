@@ -270,7 +270,6 @@ def peak_memory_text(peak: int | None, device: str) -> str:
     return f"{peak / 2**30:.2f} GiB ({what})"
 
 
-OUT_HELP = "Write the run into this folder (config.toml, metrics.jsonl, curves.png, step_N/ checkpoints)."
 # How `merit train` converts the options whose words differ from their setting's type; every other
 # option is what merit_core.settings declares (setting_option).
 CONVERTERS = {
@@ -285,7 +284,7 @@ CONFIG_OPTIONS = tuple(
     setting_option(
         TrainConfig,
         name,
-        **({"short": "-o", "metavar": "DIR", "text": OUT_HELP} if name == "out" else {}),
+        **({"short": "-o", "metavar": "DIR"} if name == "out" else {}),
         **({"callback": CONVERTERS[name]} if name in CONVERTERS else {}),
     )
     for name in option_names(TrainConfig)
