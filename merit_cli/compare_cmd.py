@@ -331,6 +331,14 @@ def results_table(summary: CompareSummary):
     return table
 
 
+def no_verdict_line(summary) -> str | None:
+    """Why the comparison gives no verdict, said once ('no verdict: this is a smoke run ...'), or None."""
+    from merit_core.compare.verdicts import no_verdict
+
+    reason = no_verdict(summary)
+    return None if reason is None else f"[yellow]no verdict:[/] {reason}"
+
+
 def _check_task_trust(spec, trusted: bool) -> None:
     """A task folder is code (merit eval --trust-task-code): refused before any run trains."""
     from merit_core.evaluation.tasks import check_task_code_trusted
@@ -427,7 +435,6 @@ def compare(
 
     prefer_offline()
     from merit_core.compare import load_spec, run_compare
-    from merit_core.compare.verdicts import no_verdict
     from merit_core.configs import find_config
 
     spec = load_spec(
@@ -463,9 +470,9 @@ def compare(
     summary = result.summary
     out_console.print()
     report.tables.print(results_table(summary))
-    reason = no_verdict(summary)
-    if reason is not None:
-        out_console.print(f"[yellow]no verdict:[/] {reason}")  # the reason says why (a smoke run, one lr)
+    line = no_verdict_line(summary)
+    if line is not None:
+        out_console.print(line)
     measures = measures_table(summary)
     if measures is not None:
         report.tables.print(measures)
