@@ -158,7 +158,6 @@ def dtype_callback(allowed: tuple[str, ...]):
 
 
 CHECKPOINTS_METAVAR = "latest|all|N,M"
-CHECKPOINTS_HELP = "Which step_N checkpoints of a run folder: latest, all, or chosen steps (e.g. 100,200)."
 _OLD_STEPS = "merit.old_steps"  # ctx.meta key: the selection given with the old spelling --steps
 
 
@@ -167,17 +166,21 @@ def renamed(old: str, new: str) -> None:
     click.echo(f"note: {old} is now {new}; {old} still works in this release and will be removed", err=True)
 
 
-def _selection(ctx, param, value):
-    """--checkpoints as typed -> a Selection (merit_core.checkpoint's one parser), or one ConfigError
-    line; not given: what the old spelling --steps gave, else the command's default."""
-    from merit_core.checkpoint import parse_selection
+def _selection(default: str):
+    """A click callback: --checkpoints as typed -> a Selection (merit_core.checkpoint's one parser), or
+    one ConfigError line; not given: what the old spelling --steps gave, else `default`."""
 
-    old = ctx.meta.get(_OLD_STEPS)
-    if value is not None and old is not None:
-        raise ConfigError("give --checkpoints once (--steps is its old spelling)")
-    if value is None:
-        return old if old is not None else parse_selection(ctx.meta.get("merit.checkpoints_default", "latest"))
-    return parse_selection(value, "--checkpoints")
+    def convert(ctx, param, value):
+        from merit_core.checkpoint import parse_selection
+
+        old = ctx.meta.get(_OLD_STEPS)
+        if value is not None and old is not None:
+            raise ConfigError("give --checkpoints once (--steps is its old spelling)")
+        if value is None:
+            return old if old is not None else parse_selection(default)
+        return parse_selection(value, "--checkpoints")
+
+    return convert
 
 
 def _old_steps(ctx, param, value):
@@ -195,21 +198,12 @@ def _old_steps(ctx, param, value):
 def steps_option(default: str):
     """--checkpoints latest|all|N,M: which checkpoints of a run folder a command takes, the same words in
     inspect and eval (merit_core.checkpoint.resolve parses and applies them). `--steps` is a number
-    of updates (merit train); its old use here still works, with a one-line notice."""
+    of updates (merit train); its old use here still works, hidden, with a one-line notice."""
+    from merit_core.checkpoint import STEPS_HELP
 
-    def with_default(ctx, param, value):
-        ctx.meta.setdefault("merit.checkpoints_default", default)
-        return _selection(ctx, param, value)
-
-    def decorate(command):
+    def decorate(command: Any) -> Any:
         command = click.option(
-            "--steps",
-            "old_steps",
-            default=None,
-            hidden=True,
-            expose_value=False,
-            callback=_old_steps,
-            help="Old spelling of --checkpoints.",
+            "--steps", "old_steps", hidden=True, expose_value=False, callback=_old_steps, help="Old spelling."
         )(command)
         return click.option(
             "--checkpoints",
@@ -217,8 +211,8 @@ def steps_option(default: str):
             default=None,
             show_default=default,
             metavar=CHECKPOINTS_METAVAR,
-            callback=with_default,
-            help=CHECKPOINTS_HELP,
+            callback=_selection(default),
+            help=STEPS_HELP,
         )(command)
 
     return decorate
@@ -238,9 +232,6 @@ def selection_of(selection, all_steps: bool):
     if selection not in (LATEST, ALL):
         raise ConfigError(f"--all-steps is --checkpoints all; it cannot go with --checkpoints {selection}")
     return ALL
-
-
-OUT_HELP_FILE = "Write the results as JSON to this file (replaced whole, never half-written)."
 
 
 def output_option(help: str, *, old: str | None = None, dest: str = "out", **extra: Any):
