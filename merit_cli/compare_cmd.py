@@ -11,7 +11,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from merit_cli.options import device_callback, setting_option, wide_option
+from merit_cli.options import check_output, device_callback, setting_option, wide_option
 from merit_cli.render import (
     EtaColumn,
     LiveReport,
@@ -207,6 +207,7 @@ class RichCompareReport(LiveReport):
 def _command_line(ctx: click.Context) -> str:
     """The comparison as one `merit compare` command line, from the parsed options (recorded in REPORT.md)."""
     parts = ["merit", "compare"]
+    spelled = lambda param: max(param.opts, key=len)  # noqa: E731  (the long name: --out, not -o)
     for param in ctx.command.params:
         value = ctx.params.get(param.name) if param.name is not None else None
         if value is None or value is False or value == ():
@@ -214,10 +215,10 @@ def _command_line(ctx: click.Context) -> str:
         if isinstance(param, click.Argument):
             parts.append(shlex.quote(str(value)))
         elif value is True:
-            parts.append(param.opts[0])
+            parts.append(spelled(param))
         else:
             for item in value if isinstance(value, tuple) else (value,):
-                parts += [param.opts[0], shlex.quote(str(item))]
+                parts += [spelled(param), shlex.quote(str(item))]
     return " ".join(parts)
 
 
@@ -331,6 +332,14 @@ def results_table(summary: CompareSummary):
     return table
 
 
+def no_verdict_line(summary) -> str | None:
+    """Why the comparison gives no verdict, said once ('no verdict: this is a smoke run ...'), or None."""
+    from merit_core.compare.verdicts import no_verdict
+
+    reason = no_verdict(summary)
+    return None if reason is None else f"[yellow]no verdict:[/] {reason}"
+
+
 def _check_task_trust(spec, trusted: bool) -> None:
     """A task folder is code (merit eval --trust-task-code): refused before any run trains."""
     from merit_core.evaluation.tasks import check_task_code_trusted
@@ -348,7 +357,7 @@ def _check_task_trust(spec, trusted: bool) -> None:
 @setting_option(TrainConfig, "data")
 @setting_option(TrainConfig, "seq_len", default=COMPARE_TRAIN["seq_len"], type=int, callback=None)
 @setting_option(TrainConfig, "device", callback=device_callback)
-@setting_option(CompareDefaults, "out")
+@setting_option(CompareDefaults, "out", short="-o", metavar="DIR")
 @setting_option(CompareDefaults, "jobs", type=int, callback=None)
 @click.option(
     "--quick",
@@ -422,11 +431,11 @@ def compare(
       merit compare --preset ablations              # merit against its ablations
       merit compare compare-cpu --out runs/cpu      # the committed CPU reproduction
     """
+    check_output(out, folder=True)  # as typed, before the spec's imports; the spec's own out is checked below
     from merit_core.hub import prefer_offline
 
     prefer_offline()
     from merit_core.compare import load_spec, run_compare
-    from merit_core.compare.verdicts import SMOKE, no_verdict
     from merit_core.config_catalog import find_config
 
     spec = load_spec(
@@ -451,6 +460,7 @@ def compare(
         environment_check=environment_check,
     )
     _check_task_trust(spec, trust_task_code)
+    check_output(spec.out, folder=True)  # a folder that refuses a file: before the grid is planned
     spec.command = _command_line(click.get_current_context())
     report = RichCompareReport(wide=wide)
     try:
@@ -461,9 +471,9 @@ def compare(
     summary = result.summary
     out_console.print()
     report.tables.print(results_table(summary))
-    reason = no_verdict(summary)
-    if reason is not None:
-        out_console.print(f"[yellow]{SMOKE}:[/] {reason}")
+    line = no_verdict_line(summary)
+    if line is not None:
+        out_console.print(line)
     measures = measures_table(summary)
     if measures is not None:
         report.tables.print(measures)

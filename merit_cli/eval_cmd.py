@@ -13,8 +13,12 @@ from rich.table import Table
 
 from merit_cli.options import (
     all_steps_option,
+    check_checkpoint_path,
+    check_output,
     device_option,
+    given_out,
     no_verify_option,
+    output_option,
     selection_of,
     steps_option,
     wide_option,
@@ -192,17 +196,17 @@ def _model_args(text: str) -> list[str]:
 
 
 def _chosen_steps(checkpoints: tuple, selection, all_steps: bool, plot: str | None):
-    """The selection --steps / --all-steps make; checks that a selection other than the latest (scores
+    """The selection --checkpoints / --all-steps make; checks that a selection other than the latest (scores
     over steps) has one run folder and that --plot comes only with one."""
     from merit_core.checkpoint import LATEST
 
     selection = selection_of(selection, all_steps)
     if selection == LATEST:
         if plot is not None:
-            raise ConfigError("--plot draws scores over steps: give it with --steps all or --steps N,M")
+            raise ConfigError("--plot draws scores over steps: give it with --checkpoints all or --checkpoints N,M")
         return selection
     if len(checkpoints) != 1:
-        raise ConfigError(f"--steps {selection} takes one `merit train` run folder")
+        raise ConfigError(f"--checkpoints {selection} takes one `merit train` run folder")
     if plot is not None:
         from merit_core.output_checks import check_writable
 
@@ -286,15 +290,12 @@ def _display_stream():
 @click.option(
     "--bootstrap-iters", type=int, default=100000, help="Bootstrap draws for stderrs (0: none); lm-eval's default."
 )
-@click.option(
-    "--output",
-    "-o",
-    type=str,
-    default=None,
-    metavar="PATH",
-    help="Write all results as JSON: to PATH when it is a file name (results.json; a file of that name is "
+@output_option(
+    "Write all results as JSON: to PATH when it is a file name (results.json; a file of that name is "
     "replaced whole, never half-written), else into the folder PATH (a new results-<date>T<time>.json, "
     "never one that exists), as merit prepare -o names a folder.",
+    old="--output",
+    dest="output",
 )
 @click.option(
     "--trust-remote-code",
@@ -348,7 +349,7 @@ def _display_stream():
     "--plot",
     default=None,
     metavar="PATH",
-    help="With --steps all / N,M: scores over steps beside the recorded max logit (.png/.pdf/.svg).",
+    help="With --checkpoints all / N,M: scores over steps beside the recorded max logit (.png/.pdf/.svg).",
 )
 @click.option("--list-tasks", is_flag=True, help="Show the task aliases (and --include-path tasks) and exit.")
 @click.option("--verbose", "-v", is_flag=True, help="Show lm-eval's own logs and progress bars.")
@@ -395,8 +396,8 @@ def eval_cmd(
       merit eval runs/first --tasks builtin            # offline: the built-in corpus's held-out text
       merit eval --model hf --model_args pretrained=runs/a/step_100 --tasks builtin \\
           --output_path evals --log_samples           # lm-eval's spellings and its results layout
-      merit eval runs/a --steps all --tasks builtin --plot scores.png -o steps.json
-      merit eval runs/a --steps all --tasks lambada,wikitext --devices all -o steps.json  # a worker per GPU
+      merit eval runs/a --checkpoints all --tasks builtin --plot scores.png -o steps.json
+      merit eval runs/a --checkpoints all --tasks lambada,wikitext --devices all -o steps.json  # a worker per GPU
       merit eval --model_args pretrained=runs/big/step_900,parallelize=True,max_memory_per_gpu=70GiB \\
           --tasks lambada                              # one model over the node's GPUs (lm-eval's)
 
@@ -415,6 +416,8 @@ def eval_cmd(
 
     if not checkpoints:
         raise ConfigError("no checkpoint given: merit eval CKPT... --tasks lambada,wikitext")
+    for checkpoint in checkpoints:  # a local typo in inspect's words at once; a hub name is left to the hub
+        check_checkpoint_path(checkpoint, hub_name_ok=True)
     if not tasks or not split_task_list(tasks):
         raise ConfigError(
             "no task given: pass --tasks, e.g. --tasks builtin (offline) or lambada,wikitext (see --list-tasks)"
@@ -441,9 +444,10 @@ def eval_cmd(
             "--log_samples needs --output_path DIR: the samples go to DIR/<model>/samples_<task>_<time>.jsonl"
         )
     lm_eval_dir = lm_eval_output
-    output = output or lm_eval_output  # merit's JSON beside lm-eval's files unless -o names its place
+    output = given_out(output) or lm_eval_output  # merit's JSON beside lm-eval's files unless -o names its place
     if output:
         check_output_path(output_file(output))  # the name is taken when the file is written
+        check_output(output_file(output))  # a folder that refuses a file: before any model is built
     # which checkpoints: resolved once, said with the results (so that a bad option, task or checkpoint
     # stays one line) from the same resolution the harness is handed
     from merit_core.checkpoint import LATEST

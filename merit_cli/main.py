@@ -28,7 +28,7 @@ COMMANDS: dict[str, str] = {
 }
 
 HELP_SUMMARIES: dict[str, str] = {
-    "train": "Pretrain a GPT-2 or Llama model with MERIT or a baseline optimizer.",
+    "train": "Pretrain a language model (GPT-2, Llama, Qwen, ...) with MERIT or a baseline optimizer.",
     "prepare": "Tokenize a corpus into memmapped train/val token files.",
     "inspect": "Max-norm, attention-logit and Hessian statistics of checkpoints.",
     "eval": "Zero-shot LAMBADA / WikiText / SuperGLUE through lm-evaluation-harness.",

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from merit_core.errors import ConfigError
+from merit_core.errors import CheckpointError, ConfigError
 from merit_core.settings import (
     DEVICE_HELP,
     DEVICE_PATTERN,
@@ -157,43 +157,136 @@ def dtype_callback(allowed: tuple[str, ...]):
     return convert
 
 
-def _selection(ctx, param, value):
-    """--steps as typed -> a Selection (merit_core.checkpoint's one parser), or one ConfigError line."""
+CHECKPOINTS_METAVAR = "latest|all|N,M"
+_OLD_STEPS = "merit.old_steps"  # ctx.meta key: the selection given with the old spelling --steps
+
+
+def renamed(old: str, new: str) -> None:
+    """One line on stderr: an old spelling of an option still works for this release, under its new name."""
+    click.echo(f"note: {old} is now {new}; {old} still works in this release and will be removed", err=True)
+
+
+def _selection(default: str):
+    """A click callback: --checkpoints as typed -> a Selection (merit_core.checkpoint's one parser), or
+    one ConfigError line; not given: what the old spelling --steps gave, else `default`."""
+
+    def convert(ctx, param, value):
+        from merit_core.checkpoint import parse_selection
+
+        old = ctx.meta.get(_OLD_STEPS)
+        if value is not None and old is not None:
+            raise ConfigError("give --checkpoints once (--steps is its old spelling)")
+        if value is None:
+            return old if old is not None else parse_selection(default)
+        return parse_selection(value, "--checkpoints")
+
+    return convert
+
+
+def _old_steps(ctx, param, value):
+    """The old spelling --steps of --checkpoints: said once on stderr, then read as --checkpoints."""
     from merit_core.checkpoint import parse_selection
 
-    return None if value is None else parse_selection(value)
+    if value is None:
+        return
+    renamed("--steps", "--checkpoints")
+    if ctx.params.get("selection") is not None:
+        raise ConfigError("give --checkpoints once (--steps is its old spelling)")
+    ctx.meta[_OLD_STEPS] = parse_selection(value, "--steps")
 
 
 def steps_option(default: str):
-    """--steps latest|all|N,M: which checkpoints of a run folder a command takes, the same words in
-    inspect and eval (merit_core.checkpoint.resolve parses and applies them)."""
+    """--checkpoints latest|all|N,M: which checkpoints of a run folder a command takes, the same words in
+    inspect and eval (merit_core.checkpoint.resolve parses and applies them). `--steps` is a number
+    of updates (merit train); its old use here still works, hidden, with a one-line notice."""
     from merit_core.checkpoint import STEPS_HELP
 
-    return click.option(
-        "--steps",
-        "selection",
-        default=default,
-        show_default=True,
-        metavar="latest|all|N,M",
-        callback=_selection,
-        help=STEPS_HELP,
-    )
+    def decorate(command: Any) -> Any:
+        command = click.option(
+            "--steps", "old_steps", hidden=True, expose_value=False, callback=_old_steps, help="Old spelling."
+        )(command)
+        return click.option(
+            "--checkpoints",
+            "selection",
+            default=None,
+            show_default=default,
+            metavar=CHECKPOINTS_METAVAR,
+            callback=_selection(default),
+            help=STEPS_HELP,
+        )(command)
+
+    return decorate
 
 
 def all_steps_option():
-    """--all-steps, kept as another spelling of --steps all (see `selection_of`)."""
-    return click.option("--all-steps", is_flag=True, help="The same as --steps all.")
+    """--all-steps, kept as another spelling of --checkpoints all (see `selection_of`)."""
+    return click.option("--all-steps", is_flag=True, help="The same as --checkpoints all.")
 
 
 def selection_of(selection, all_steps: bool):
-    """The Selection --steps and --all-steps make together (--all-steps with other steps: one ConfigError line)."""
+    """The Selection --checkpoints and --all-steps make together (--all-steps with other steps: one ConfigError line)."""
     from merit_core.checkpoint import ALL, LATEST
 
     if not all_steps:
         return selection
     if selection not in (LATEST, ALL):
-        raise ConfigError(f"--all-steps is --steps all; it cannot go with --steps {selection}")
+        raise ConfigError(f"--all-steps is --checkpoints all; it cannot go with --checkpoints {selection}")
     return ALL
+
+
+def output_option(help: str, *, old: str | None = None, dest: str = "out", **extra: Any):
+    """-o/--out PATH: where a command writes its results (a file or a folder), the one spelling of every
+    command; `old` (e.g. --output) is an older spelling kept for a release, with a one-line notice."""
+
+    def take_old(ctx, param, value):
+        if value is None:
+            return
+        renamed(str(old), "-o/--out")
+        ctx.meta["merit.old_out"] = value
+
+    def decorate(command: Any) -> Any:
+        if old is not None:
+            command = click.option(old, "old_out", default=None, hidden=True, expose_value=False, callback=take_old)(
+                command
+            )
+        kwargs: dict[str, Any] = {"default": None, "metavar": "PATH", "help": help, **extra}
+        return click.option("-o", "--out", dest, **kwargs)(command)
+
+    return decorate
+
+
+def given_out(out):
+    """-o/--out as given, or what its old spelling gave (both: one ConfigError line)."""
+    old = click.get_current_context().meta.get("merit.old_out")
+    if out is not None and old is not None:
+        raise ConfigError("give -o/--out once (the other spelling is its old one)")
+    return out if out is not None else old
+
+
+def check_output(path, option: str = "--out", *, folder: bool = False) -> None:
+    """ConfigError unless merit can write `path` (a file, or a folder with `folder`): checked before any
+    model is built, so that no work is lost at the end. Besides the checks of merit_core.output_checks, a file is
+    made and removed in the nearest existing folder: a folder can look writable and refuse (/proc, a
+    read-only mount, root's view of os.access)."""
+    import os
+    from pathlib import Path
+
+    from merit_core.durable_writes import TMP_PREFIX, create_new
+    from merit_core.output_checks import check_writable, check_writable_folder
+
+    if path is None:
+        return
+    given = Path(path).expanduser()
+    (check_writable_folder if folder else check_writable)(given, option)
+    probe = given if folder else given.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    test = probe / f"{TMP_PREFIX}check.{os.getpid()}"
+    try:
+        os.close(create_new(test))
+        os.unlink(test)
+    except OSError as exc:
+        raise ConfigError(f"{option} {path}: cannot write into {probe} ({exc.strerror or exc})") from None
 
 
 def no_verify_option(what: str = "the checkpoints'"):
@@ -213,14 +306,22 @@ def setting_help(cls: type, name: str, default: Any = dataclasses.MISSING) -> st
     return setting_of(cls, name).help + (f"  [default: {shown}]" if shown else "")
 
 
-def setting_option(cls: type, name: str, *, default: Any = dataclasses.MISSING, **extra: Any):
+def setting_option(
+    cls: type,
+    name: str,
+    *,
+    default: Any = dataclasses.MISSING,
+    short: str | None = None,
+    **extra: Any,
+):
     """The option `--NAME` of setting `name` of a merit_core.settings dataclass, as it declares it: its
     kind (value, flag, switch, choice), help, metavar and shown default (`default`: another default
     to show, e.g. compare's own for a train setting). The option's value is None when not given, so
-    that the config's own precedence decides; `extra` adds or replaces click arguments (a callback)."""
+    that the config's own precedence decides; `short` is its one-letter spelling (-o for --out); `extra`
+    adds or replaces click arguments (a callback)."""
     declared = setting_of(cls, name)
     flag = "--" + name.replace("_", "-")
-    decls: tuple[str, ...] = (flag,)
+    decls: tuple[str, ...] = (flag,) if short is None else (short, flag)
     kwargs: dict[str, Any] = {"help": setting_help(cls, name, default), "show_default": False}
     kwargs["metavar"] = declared.metavar
     if declared.option == "switch":
@@ -246,3 +347,28 @@ def wide_option():
         "width (for a pipe or a wide terminal); without it a table fits the terminal, its names folding onto "
         "more lines and its columns split into parts.",
     )
+
+
+def check_checkpoint_path(path, hub_name_ok: bool = False) -> None:
+    """CheckpointError, in the same words for every command, when `path` is no checkpoint: missing (a
+    name that may be a hub model's, with `hub_name_ok`, is left to the hub), or a prepared token file
+    or folder of `merit prepare`. Checked before torch loads: a typo is answered at once."""
+    from pathlib import Path
+
+    from merit_core.checkpoint import missing_step_hint
+    from merit_core.data.meta import is_prepared
+
+    given = Path(path).expanduser()
+    if not given.exists():
+        parent = given.parent
+        local = parent != Path(".") and parent.is_dir() or str(path).startswith((".", "/", "~")) or len(given.parts) > 2
+        if hub_name_ok and not local:
+            return
+        raise CheckpointError(f"checkpoint not found: {path}{missing_step_hint(given)}")
+    folder = given.parent if given.is_file() else given
+    if is_prepared(folder):
+        what = "a token file" if given.is_file() else "a folder"
+        raise CheckpointError(
+            f"{path} is {what} of data prepared by merit prepare, not a checkpoint: train on it with "
+            f"merit train --data {folder}"
+        )

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from merit_cli.options import number_option
+from merit_cli.options import check_output, number_option
 from merit_cli.render import ProgressView, print_key_values, shown
 from merit_core.errors import ConfigError
 from merit_core.settings import VOCAB_SIZE
@@ -37,11 +37,12 @@ def _summary(meta, seconds: float) -> list[tuple[str, str]]:
 @click.command("prepare", context_settings={"show_default": True})
 @click.argument("source", required=False)
 @click.option(
-    "--out",
     "-o",
+    "--out",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Folder to write (train.bin, val.bin, meta.json, tokenizer/). Required with SOURCE. A non-empty "
+    metavar="DIR",
+    help="Write the prepared data into this folder (train.bin, val.bin, meta.json, tokenizer/). Required with SOURCE. A non-empty "
     "folder is refused unless merit prepared it; then merit's files are replaced and the rest kept.",
 )
 @click.option(
@@ -100,6 +101,7 @@ def prepare(
         raise ConfigError("nothing to prepare: give a SOURCE file, folder or dataset name, or --builtin")
     if source and out is None:
         raise ConfigError("--out DIR is required: the folder to write the prepared data to")
+    check_output(out, folder=True)  # before the corpus is read
 
     err = Console(stderr=True)
     start = time.perf_counter()

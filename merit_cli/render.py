@@ -396,7 +396,7 @@ class LiveReport:
             self.progress = None
 
 
-def _cell_width(cell: Any) -> int:
+def cell_width(cell: Any) -> int:
     text = Text.from_markup(cell) if isinstance(cell, str) else cell
     return text.cell_len if isinstance(text, Text) else 0
 
@@ -407,7 +407,7 @@ def never_cut(table: Table) -> Table:
     :func:`print_table` also folds columns into a second table when even that is too wide."""
     for column in table.columns:
         if column.justify == "right":
-            widths = [_cell_width(c) for c in column.cells] + [_cell_width(column.header)]
+            widths = [cell_width(c) for c in column.cells] + [cell_width(column.header)]
             column.min_width = max([column.min_width or 0, *widths])
             column.no_wrap = True
         else:
@@ -415,15 +415,38 @@ def never_cut(table: Table) -> Table:
     return table
 
 
+def _on_its_side(table: Table) -> Table:
+    """A one-row table as two columns: each column's header beside its cell (the first column's pair
+    heads the table), title and caption kept."""
+    first, *rest = table.columns
+    side = Table(
+        title=table.title,
+        title_justify=table.title_justify,
+        caption=table.caption,
+        caption_justify=table.caption_justify,
+        box=table.box,
+        header_style=table.header_style,
+    )
+    side.add_column(first.header, justify="left")
+    side.add_column(list(first.cells)[0], justify="right")
+    for column in rest:
+        side.add_row(column.header, list(column.cells)[0])
+    return side
+
+
 def print_table(out: Console, table: Table, first_width: int = 16) -> None:
     """Print `table` (:func:`never_cut`) on `out`; when its number columns do not fit the console beside
     a `first_width` first column, the columns go into several tables of the first column and as many
-    others as fit, one after the other (each title says which part it is)."""
+    others as fit, one after the other (each title says which part it is). A table of one row is never
+    split: it is turned on its side, one line per column."""
     never_cut(table)
     columns = table.columns
-    space = lambda c: (c.min_width or _cell_width(c.header)) + 3  # noqa: E731  (padding and border)
+    space = lambda c: (c.min_width or cell_width(c.header)) + 3  # noqa: E731  (padding and border)
     if len(columns) < 3 or first_width + sum(space(c) for c in columns[1:]) <= out.width:
         out.print(table)
+        return
+    if table.row_count == 1:
+        out.print(never_cut(_on_its_side(table)))
         return
     parts: list[list[int]] = [[]]
     used = first_width
@@ -436,7 +459,15 @@ def print_table(out: Console, table: Table, first_width: int = 16) -> None:
     rows = [[list(c.cells)[r] for c in columns] for r in range(table.row_count)]
     for n, part in enumerate(parts, 1):
         title = f"{table.title} ({n}/{len(parts)})" if table.title else None
-        piece = Table(title=title, title_justify=table.title_justify, box=table.box, header_style=table.header_style)
+        last = n == len(parts)
+        piece = Table(
+            title=title,
+            title_justify=table.title_justify,
+            caption=table.caption if last else None,
+            caption_justify=table.caption_justify,
+            box=table.box,
+            header_style=table.header_style,
+        )
         for index in [0, *part]:
             column = columns[index]
             piece.add_column(column.header, justify=column.justify, style=column.style)

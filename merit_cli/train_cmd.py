@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from merit_cli.options import device_callback, dtype_callback, number, setting_option
+from merit_cli.options import check_output, device_callback, dtype_callback, number, setting_option
 from merit_cli.render import (
     LiveReport,
     configs_table,
@@ -67,6 +68,7 @@ class RichTrainReport(LiveReport):
         self.task: TaskID | None = None
         self.fields: dict[str, Any] = {"loss": "-", "lr": "-", "tok_s": "-", "max_logit": "-"}
         self.data_line: str | None = None  # shown with the start line: a run refused before it starts prints only why
+        self.started = time.monotonic()  # the summary's time counts the run; this, all the command took
 
     def stop_requested(self) -> str | None:
         """'SIGPIPE' once stdout is lost (its reader went away): the run checkpoints and stops, as
@@ -165,7 +167,7 @@ class RichTrainReport(LiveReport):
         rows = [
             ("run folder", summary.run_dir),
             ("steps", f"{summary.steps} ({fmt_count(summary.tokens)} tokens)"),
-            ("time", f"{fmt_duration(summary.elapsed_s)}"),
+            ("time", run_time(summary.elapsed_s, time.monotonic() - self.started)),
             ("wall tokens/s", f"{fmt_count(summary.tokens_per_s)} (the whole run: evals and checkpoints included)"),
             ("device", f"{summary.device} ({summary.device_name or '-'}), {summary.compute_dtype}"),
             ("peak memory", peak_memory_text(summary.peak_memory, summary.device)),
@@ -252,6 +254,14 @@ def device_line(info: RunInfo) -> str:
     return ", ".join(parts)
 
 
+def run_time(run_s: float, command_s: float) -> str:
+    """The run's time, and all the command took where that is a second longer (data preparation, model
+    building and imports come before the run's clock starts)."""
+    if command_s - run_s < 1:
+        return fmt_duration(run_s)
+    return f"{fmt_duration(run_s)} training, {fmt_duration(command_s)} in all (data preparation and start-up included)"
+
+
 def peak_memory_text(peak: int | None, device: str) -> str:
     if peak is None:
         return "-"
@@ -270,7 +280,12 @@ CONVERTERS = {
 # option (merit_core.settings), in its order: an option's parameter name is its TrainConfig key, so the
 # command passes them to load_config as they are (None: not given).
 CONFIG_OPTIONS = tuple(
-    setting_option(TrainConfig, name, **({"callback": CONVERTERS[name]} if name in CONVERTERS else {}))
+    setting_option(
+        TrainConfig,
+        name,
+        **({"short": "-o", "metavar": "DIR"} if name == "out" else {}),
+        **({"callback": CONVERTERS[name]} if name in CONVERTERS else {}),
+    )
     for name in option_names(TrainConfig)
 )
 
@@ -307,7 +322,10 @@ def config_options(command):
 )
 @config_options
 def train(config_file, overrides, yes, **values):
-    """Pretrain a GPT-2 or Llama model with MERIT or a baseline optimizer.
+    """Pretrain a language model with MERIT or a baseline optimizer.
+
+    --model: GPT-2, Llama, Qwen, Mistral, Gemma, OLMo, Phi-3 or Pythia (a named one, a -tiny of each
+    family, or a config.json).
 
     CONFIG is a TOML file or the name of a shipped config (merit train --list-configs).
     With no arguments: a tiny GPT-2 trained with MERIT on the built-in corpus (a few minutes on a CPU).
@@ -333,6 +351,7 @@ def train(config_file, overrides, yes, **values):
     try:
         summary_config = _load(config_file, overrides, values)
         check_names_and_out(summary_config)  # before the seconds of importing torch: a typo is one line at once
+        check_output(summary_config.out, folder=True)  # a folder that refuses a file: before any work
         from merit_core.train.training_run import run_training
 
         report = RichTrainReport(yes=yes) if main else None

@@ -181,7 +181,12 @@ class TrainConfig:
         None, "Tokenizer name or path when data must be prepared.", option="value", default_text="train a BPE"
     )
     vocab_size: int = setting(VOCAB_SIZE, "Vocabulary of a BPE trained on the data.", option="value", bound="positive")
-    out: str | None = setting(None, "Run folder.", option="value", default_text="runs/<date>-<model>-<optimizer>")
+    out: str | None = setting(
+        None,
+        "Write the run into this folder (config.toml, metrics.jsonl, curves.png, step_N/ checkpoints).",
+        option="value",
+        default_text="runs/<date>-<model>-<optimizer>",
+    )
     resume: bool = setting(False, "Continue the run in --out from its latest checkpoint.", option="flag")
     seed: int = setting(0, "Seed of the initialisation and the batch order.", option="value")
     device: str = setting("auto", DEVICE_HELP, option="value", metavar="DEVICE")
@@ -329,7 +334,8 @@ class CompareDefaults:
     quick_tokens: int = setting(65_536, "Training tokens per run of --quick.")
     out: str | None = setting(
         None,
-        "Comparison folder; re-running skips finished runs.",
+        "Write the comparison into this folder (runs/, summary.json, REPORT.md, compare.png); re-running "
+        "skips finished runs.",
         option="value",
         default_text="runs/compare-<model>",
     )

@@ -517,7 +517,7 @@ def library_lr(
     if batch_size is None or seq_len is None:
         _say_once(
             f"build_optimizer('{spec.name}'): lr {generic:g} is a generic default (GPT-2 small's); pass "
-            "batch_size= and seq_len= for the lr measured for this model's width and batch, or lr="
+            "batch_size= and seq_len= for the lr measured for this model's width and batch, or choose one with lr=..."
         )
         return generic
     for what, value in (("batch_size", batch_size), ("seq_len", seq_len)):
@@ -526,8 +526,8 @@ def library_lr(
     found = measured_lr(spec, model_name(model_or_params), batch_size, seq_len, model_width(model_or_params))
     if found is None:
         _say_once(
-            f"build_optimizer('{spec.name}'): lr {generic:g} is a generic default (GPT-2 small's): the model's "
-            "width (d_model) could not be read; pass lr="
+            f"build_optimizer('{spec.name}'): lr {generic:g} is a generic default (GPT-2 small's), as the model's "
+            "width (d_model) could not be read (it has no Hugging Face config); choose one with lr=..."
         )
         return generic
     _say_once(f"build_optimizer('{spec.name}'): lr {found.lr:g}, {found.source}")

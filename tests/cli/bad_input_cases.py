@@ -450,11 +450,11 @@ add(
     ],
     "corrupt",
 )
-add("inspect", "--json is a folder", lambda w, c: [*INSPECT, str(w.gpt2), "--json", str(c)], "is a directory")
+add("inspect", "-o is a folder", lambda w, c: [*INSPECT, str(w.gpt2), "-o", str(c)], "is a directory")
 add(
     "inspect",
-    "--json under a file",
-    lambda w, c: [*INSPECT, str(w.gpt2), "--json", str(fs_file(c) / "r.json")],
+    "-o under a file",
+    lambda w, c: [*INSPECT, str(w.gpt2), "-o", str(fs_file(c) / "r.json")],
     "not a folder",
 )
 add(

@@ -103,14 +103,14 @@ def test_inspect_reads_float8_tensors(world, tmp_path):
     weights = load_file(world.gpt2 / "model.safetensors")
     weights["transformer.h.0.mlp.c_fc.weight"] = torch.full((32, 128), 2.75).to(torch.float8_e4m3fn)
     save_file(weights, str(tmp_path / "f8.safetensors"))
-    result = _ok([*INSPECT, str(tmp_path / "f8.safetensors"), "--json", str(tmp_path / "r.json")])
+    result = _ok([*INSPECT, "--layers", str(tmp_path / "f8.safetensors"), "-o", str(tmp_path / "r.json")])
     assert "transformer.h.0.mlp.c_fc.weight" in result.output and "2.75" in result.output  # exact in float8
 
 
 def test_inspect_and_eval_accept_a_file_name_that_is_not_utf8(world, tmp_path):
     name = os.fsdecode(b"weights-\xff.safetensors")  # a surrogate-escaped byte, as Python lists such names
     shutil.copy(world.gpt2 / "model.safetensors", tmp_path / name)
-    result = _ok([*INSPECT, str(tmp_path / name)])
+    result = _ok([*INSPECT, "--layers", str(tmp_path / name)])
     assert "transformer.h.0.attn.c_attn.weight" in result.output
 
 
@@ -129,7 +129,7 @@ def test_an_unreadable_step_folder_is_skipped_with_a_note(world, tmp_path, monke
     hidden = run / "step_1"
     hidden.chmod(0)
     try:
-        result = _ok(["inspect", "--no-logits", str(run), "--json", str(tmp_path / "r.json")])
+        result = _ok(["inspect", "--no-logits", str(run), "-o", str(tmp_path / "r.json")])
         steps = [c["step"] for c in json.loads((tmp_path / "r.json").read_text())["checkpoints"]]
         if os.access(hidden, os.R_OK | os.X_OK):  # root: mode bits do not stop it
             assert steps == [1, 2]
@@ -143,7 +143,7 @@ def test_an_unreadable_step_folder_is_skipped_with_a_note(world, tmp_path, monke
             return real_stat(path, *args, **kwargs)
 
         monkeypatch.setattr(os, "stat", denied)
-        result = _ok(["inspect", "--no-logits", str(run), "--json", str(tmp_path / "r2.json")])
+        result = _ok(["inspect", "--no-logits", str(run), "-o", str(tmp_path / "r2.json")])
         assert "skipped" in result.output and "step_1" in result.output
         result = CliRunner().invoke(cli, ["inspect", "--no-logits", str(hidden)])
         assert result.exit_code == 2 and "permission denied" in result.output, result.output

@@ -106,7 +106,7 @@ def two_step_run(model_cfg, data_dir, tmp_path_factory):
 
 def test_inspect_says_the_training_logit_note_once_and_shows_the_logit_bound(two_step_run, tmp_path):
     out = tmp_path / "stats.json"
-    args = ["inspect", str(two_step_run), "--seq-len", "16", "--no-weights", "--json", str(out)]
+    args = ["inspect", str(two_step_run), "--seq-len", "16", "--no-weights", "-o", str(out)]
     result = CliRunner().invoke(cli, args, terminal_width=200)
     assert result.exit_code == 0, result.output
     per_checkpoint = [c for c in json.loads(out.read_text())["checkpoints"] if c["notes"]]

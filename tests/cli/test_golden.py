@@ -90,7 +90,7 @@ def test_inspect_json_is_unchanged(tmp_path, model_cfg, data_dir):
     run = tmp_path / "run"
     assert invoke(train_args(model_cfg, data_dir, run, "--steps", "2")).exit_code == 0
     out = tmp_path / "inspect.json"
-    args = ["inspect", str(run), "--json", str(out), "--device", "cpu", "--hessian", "--hessian-iters", "3"]
+    args = ["inspect", str(run), "-o", str(out), "--device", "cpu", "--hessian", "--hessian-iters", "3"]
     result = invoke([*args, "--hutchinson-samples", "2"])
     assert result.exit_code == 0, result.output
     _check("inspect.json", _stable(json.loads(out.read_text()), _paths(tmp_path, model_cfg, data_dir)))

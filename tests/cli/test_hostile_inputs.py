@@ -243,10 +243,10 @@ OS_CASES = {
     "train CONFIG name too long": (lambda t: ["train", t / f"{LONG}.toml"], "long"),
     "inspect a name too long": (lambda t: ["inspect", t / LONG], "long"),
     "inspect --json in a folder named too long": (
-        lambda t: ["inspect", t / "x", "--json", t / LONG / "r.json"],
+        lambda t: ["inspect", t / "x", "-o", t / LONG / "r.json"],
         "255",
     ),
-    "inspect --json /proc/version": (lambda t: ["inspect", t / "x", "--json", "/proc/version"], "--json"),
+    "inspect -o /proc/version": (lambda t: ["inspect", t / "x", "-o", "/proc/version"], "--out"),
     "inspect --hessian-iters 100000000": (lambda t: ["inspect", t / "x", "--hessian-iters", "100000000"], "1000"),
     "--set nested thousands deep": (lambda t: ["train", "--set", "lr=" + "[" * 5000 + "]" * 5000], "nested"),
     "a TOML file nested thousands deep": (lambda t: ["train", t / "deep.toml"], "nested"),

@@ -9,8 +9,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("merit_core", "merit_cli")
 MAX_LINES = 600
-# Modules being split right now, each to leave this list when its split lands (empty when none is).
-BEING_SPLIT = {"merit_cli/inspect_cmd.py"}
 
 
 def _line_counts() -> dict[str, int]:
@@ -24,12 +22,6 @@ def _line_counts() -> dict[str, int]:
 def test_every_module_has_at_most_600_lines():
     counts = _line_counts()
     assert "merit_core/optim/merit/optimizer.py" in counts  # the walk sees sub-packages
-    too_long = {name: n for name, n in counts.items() if n > MAX_LINES and name not in BEING_SPLIT}
+    too_long = {name: n for name, n in counts.items() if n > MAX_LINES}
     assert too_long == {}, f"split these by what their parts hold (at most {MAX_LINES} lines each)"
 
-
-def test_the_list_of_modules_being_split_holds_only_long_modules():
-    """An entry whose module is short again (or gone) is stale: drop it, so the limit covers it."""
-    counts = _line_counts()
-    stale = sorted(name for name in BEING_SPLIT if counts.get(name, 0) <= MAX_LINES)
-    assert stale == []

@@ -113,7 +113,11 @@ def fake_eval(monkeypatch):
     return calls
 
 
-def test_eval_reads_lm_eval_spellings(fake_eval, tmp_path):
+def test_eval_reads_lm_eval_spellings(fake_eval, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ckpt = tmp_path / "runs" / "a" / "step_5"  # a local checkpoint must exist (a hub name need not)
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"")  # never read: the evaluation is replaced
     args = [
         "eval",
         "--model",

@@ -109,7 +109,7 @@ def test_paths_with_markup_and_control_characters_in_prepare_and_inspect(gpt2, d
     assert (tmp_path / f"data{name}" / "meta.json").is_file()
     folder = tmp_path / f"ckpt{name}"
     shutil.copytree(gpt2, folder)
-    out = _run(["inspect", "--no-logits", folder, "--json", tmp_path / f"r{name}.json"])
+    out = _run(["inspect", "--no-logits", folder, "-o", tmp_path / f"r{name}.json"])
     assert_no_raw_controls(out)
     assert f"wrote {printable(tmp_path / f'r{name}.json')}" in out
     out = _run(["eval", tmp_path / f"missing{name}", "--tasks", "lambada"], code=2)  # the red error line
@@ -141,7 +141,7 @@ def test_an_empty_2d_tensor_is_left_out_of_the_weight_table(gpt2, tmp_path):
     weights = load_file(folder / "model.safetensors")
     weights["extra.empty"], weights["extra.full"] = torch.zeros(4, 0), torch.ones(2, 2)
     save_file(weights, str(folder / "model.safetensors"))
-    out = _run(["inspect", "--no-logits", folder, "--weights", "--json", tmp_path / "r.json"])
+    out = _run(["inspect", "--no-logits", folder, "--weights", "-o", tmp_path / "r.json"])
     assert "extra.full" in out and "extra.empty" not in out  # no max-norm of nothing
 
 
@@ -154,7 +154,7 @@ def test_inspect_json_writes_null_for_values_that_are_not_finite_and_says_so(gpt
     weights["transformer.h.0.attn.c_attn.weight"][0, 0] = float("inf")
     weights["transformer.h.1.mlp.c_fc.weight"][1, 1] = float("nan")
     save_file(weights, str(folder / "model.safetensors"))
-    out = _run(["inspect", "--no-logits", folder, "--json", tmp_path / "r.json"])
+    out = _run(["inspect", "--no-logits", folder, "-o", tmp_path / "r.json"])
     assert "not finite" in out and "null in the JSON" in out
 
     def refuse(constant: str):
@@ -162,7 +162,7 @@ def test_inspect_json_writes_null_for_values_that_are_not_finite_and_says_so(gpt
 
     json.loads((tmp_path / "r.json").read_text(), parse_constant=refuse)  # strict JSON: no NaN, no Infinity
     assert "null" in (tmp_path / "r.json").read_text()
-    finite = _run(["inspect", "--no-logits", gpt2, "--json", tmp_path / "f.json"])
+    finite = _run(["inspect", "--no-logits", gpt2, "-o", tmp_path / "f.json"])
     assert "not finite" not in finite  # said only when it happened
 
 

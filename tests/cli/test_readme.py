@@ -38,9 +38,37 @@ def test_readme_is_short_and_gives_the_setup():
     text = README.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 200
     setup = blocks("bash")[0]
-    assert "pip install -e '.[cli]'" in setup and "pip install -e '.[dev]'" in setup
+    assert "pip install -e '.[cli]'" in setup
     assert "--index-url https://download.pytorch.org/whl/cpu" in text
     assert "python -m pytest -q -n auto --dist loadfile" in text  # the test command CI runs (.ci/run)
+
+
+def _extras(text: str) -> set[str]:
+    """The extras of every `pip install ... -e '.[a,b]'` in `text`."""
+    found = re.findall(r"pip install[^\n]*-e '\.\[([\w,-]+)\]'", text)
+    return {name for group in found for name in group.split(",")}
+
+
+def test_readme_installs_every_extra_ci_installs():
+    """The README's set-up is the one the suite runs on in CI: its test command then passes as written."""
+    ci = _extras((ROOT / ".ci" / "run").read_text(encoding="utf-8"))
+    assert {"dev", "triton"} <= ci
+    assert ci <= _extras(blocks("bash")[0]), (ci, blocks("bash")[0])
+
+
+def test_readme_python_runs_without_a_warning(tmp_path):
+    """A snippet to copy must not warn (a warning there reads as a mistake in the snippet, or in merit)."""
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    for code in blocks("python"):
+        done = subprocess.run(
+            [sys.executable, "-W", "always", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, f"{code}\n{done.stderr[-3000:]}"
+        assert "Warning" not in done.stderr, done.stderr
 
 
 @pytest.mark.slow
@@ -55,6 +83,8 @@ def test_readme_blocks_run_offline(tmp_path):
         done = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True)
         assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     for code in blocks("python"):
-        done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
-        assert done.returncode == 0, f"{code}\n{done.stderr[-3000:]}"
+        done = subprocess.run(
+            [sys.executable, "-W", "always", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0 and "Warning" not in done.stderr, f"{code}\n{done.stderr[-3000:]}"
     assert (tmp_path / "runs" / "first" / "step_5").is_dir() and (tmp_path / "scores.json").is_file()

@@ -249,7 +249,7 @@ def test_files_get_the_users_umask(model_cfg, data_dir, tmp_path):
         out = tmp_path / "run"
         assert invoke(train_args(model_cfg, data_dir, out, "--steps", "2")).exit_code == 0
         report = tmp_path / "report.json"
-        assert invoke(["inspect", str(out / "step_2"), "--no-logits", "--json", str(report)]).exit_code == 0
+        assert invoke(["inspect", str(out / "step_2"), "--no-logits", "-o", str(report)]).exit_code == 0
     finally:
         os.umask(old)
     files = [report, *[p for p in out.rglob("*") if p.is_file()]]

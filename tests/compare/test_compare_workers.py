@@ -56,18 +56,20 @@ def test_reused_workers_train_exactly_what_fresh_workers_train(tmp_path, model_c
     spec_reused = tiny_spec(model_cfg, data_dir, tmp_path / "reused", **values)
     reused = run_compare(spec_reused, calls)
     assert len(started) == 2, "two slots, one process each for the four runs"
-    assert sorted(calls.ended) == [  # lr 1e3 diverges: a worker goes on after a diverged run too
-        ("adamw-b4-lr0.001", "finished"),
-        ("adamw-b4-lr1e+03", "diverged"),
-        ("merit-b4-lr0.001", "finished"),
-        ("merit-b4-lr1e+03", "diverged"),
-    ]
+    names = ["adamw-b4-lr0.001", "adamw-b4-lr1e+03", "merit-b4-lr0.001", "merit-b4-lr1e+03"]
+    assert sorted(name for name, _ in calls.ended) == names
+    # Which lr-1e3 runs diverge is the torch build's call (MERIT's clipped step may stay finite): the
+    # reused workers must end every run as the fresh ones do, and at least one run diverged before a
+    # worker went on to its next run.
+    assert any(status == "diverged" for _, status in calls.ended), calls.ended
 
     started.clear()
     monkeypatch.setattr(runner, "reusable_worker", lambda run, n_gpus: False)
     spec_fresh = tiny_spec(model_cfg, data_dir, tmp_path / "fresh", **values)
-    fresh = run_compare(spec_fresh, Counting())
+    fresh_calls = Counting()
+    fresh = run_compare(spec_fresh, fresh_calls)
     assert len(started) == 4, "a fresh process per run"
+    assert sorted(fresh_calls.ended) == sorted(calls.ended)
 
     for a, b in zip(plan_compare(spec_reused).runs, plan_compare(spec_fresh).runs, strict=True):
         assert a.name == b.name

@@ -119,8 +119,8 @@ def test_steps_input_errors_are_one_line(world, tmp_path):  # noqa: F811
         ([str(run / "step_5"), "--all-steps"], "run folder"),
         ([str(run / "step_5"), "--steps", "all"], "run folder"),
         ([str(run), str(run), "--all-steps"], "one `merit train` run folder"),
-        ([str(run), "--all-steps", "--steps", "5"], "--all-steps is --steps all"),
-        ([str(run), "--plot", str(tmp_path / "a.png")], "with --steps all or --steps N,M"),
+        ([str(run), "--all-steps", "--steps", "5"], "--all-steps is --checkpoints all"),
+        ([str(run), "--plot", str(tmp_path / "a.png")], "with --checkpoints all or --checkpoints N,M"),
     ):
         res = CliRunner().invoke(cli, ["eval", *args, *common])
         assert res.exit_code == 2, (args, res.output)
