@@ -36,7 +36,7 @@ from merit_cli.options import (
     wide_option,
 )
 from merit_cli.render import print_table, print_whole, shown, wide_console
-from merit_core.checkpoint.hub_revisions import REVISIONS_HELP, hub_request, parse_hub_model
+from merit_core.checkpoint.hub_revisions import REVISIONS_HELP, hub_request
 from merit_core.diagnostics.plots import plot_report, short_labels
 from merit_core.errors import ConfigError
 from merit_core.file_reading import read_text_file
@@ -308,8 +308,7 @@ def inspect_cmd(
       merit inspect EleutherAI/pythia-160m --revisions all/16 --plot pythia.png
     """
     for path in paths:  # before torch and transformers load (seconds): a typo is answered at once
-        if path.expanduser().exists() or parse_hub_model(str(path)) is None:  # a hub name is the resolver's
-            check_checkpoint_path(path)
+        check_checkpoint_path(path, hub_name_ok=True)  # a name that may be a hub model's is the resolver's
     selection = selection_of(selection, all_steps)
     from rich.console import Console
 

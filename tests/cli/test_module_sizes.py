@@ -24,4 +24,3 @@ def test_every_module_has_at_most_600_lines():
     assert "merit_core/optim/merit/optimizer.py" in counts  # the walk sees sub-packages
     too_long = {name: n for name, n in counts.items() if n > MAX_LINES}
     assert too_long == {}, f"split these by what their parts hold (at most {MAX_LINES} lines each)"
-
