@@ -300,13 +300,19 @@ def _check_entry(key: str, value: Any, like: Any, param: torch.Tensor, index: in
 
 
 def load_model_weights(
-    model: torch.nn.Module, checkpoint: str | Path, rename: Callable[[str], str] = lambda name: name
+    model: torch.nn.Module,
+    checkpoint: str | Path,
+    rename: Callable[[str], str] = lambda name: name,
+    load: Callable[[dict[str, torch.Tensor]], Any] | None = None,
 ) -> None:
     """Copy the checkpoint's safetensors weights into `model` (tied weights may be absent).
 
     The file is checked whole first (`validate_safetensors`: a truncated file or a corrupt header is
     refused in one line) and loaded through the checked descriptor. `rename` maps a saved name to
-    the model's (save_pretrained renames some: GPT-NeoX's lm_head is saved as embed_out)."""
+    the model's (save_pretrained renames some: GPT-NeoX's lm_head is saved as embed_out). `load`
+    puts the full weights into the model and returns its (missing, unexpected) keys: by default
+    `model.load_state_dict(weights, strict=False)`; a sharded model gives its own (each process
+    keeps its shard)."""
     from safetensors.torch import load_file
 
     path = Path(checkpoint) / WEIGHTS_NAME
@@ -322,7 +328,7 @@ def load_model_weights(
         raise CheckpointError(f"{display(path)} is unreadable: {first_line(exc)}") from None
     weights = {rename(name): tensor for name, tensor in weights.items()}
     try:
-        missing, unexpected = model.load_state_dict(weights, strict=False)
+        missing, unexpected = (load or (lambda w: model.load_state_dict(w, strict=False)))(weights)
     except RuntimeError as exc:  # a tensor of another shape
         detail = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), first_line(exc))
         raise CheckpointError(f"{display(checkpoint)} does not match the model: {detail}") from None

@@ -9,6 +9,7 @@ and optimizer state for saving); FSDP2 lives in `merit_core.train.fsdp`, and
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,11 @@ class Parallel:
 
     def full_model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
         """Full weights for saving on the main process; None means 'the module's own state dict'."""
+        return None
+
+    def weights_loader(self, model: torch.nn.Module) -> Callable[[dict[str, torch.Tensor]], Any] | None:
+        """How full weights (a checkpoint's) go into `model` once it is wrapped: None means the
+        module's own `load_state_dict` (its parameters are whole on every process)."""
         return None
 
     def optimizer_state_dict(
