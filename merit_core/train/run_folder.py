@@ -38,8 +38,10 @@ from merit_core.checkpoint.writer import prune_checkpoints, save_checkpoint
 from merit_core.errors import CheckpointError, MeritError
 from merit_core.metrics import MetricsLog
 from merit_core.train.config import TrainConfig, config_toml
+from merit_core.train.distributed import Parallel
 from merit_core.train.plots import plot_curves
 from merit_core.train.resume import ResumePlan, load_resumable, plan_resume, to_device
+from merit_core.train.trainer import Trainer
 
 
 def save_config(config: TrainConfig, path: str | Path) -> None:
@@ -65,7 +67,7 @@ class RunFolder:
     """The folder `path` of one training run on the processes of `parallel`; `note` says one line
     to the user (a restored staging folder, a checkpoint set aside, a fallback on resume)."""
 
-    def __init__(self, path: Path, parallel: Any, note: Callable[[str], None]):
+    def __init__(self, path: Path, parallel: Parallel, note: Callable[[str], None]):
         self.path = path
         self.parallel = parallel
         self.note = note
@@ -172,7 +174,7 @@ class RunFolder:
         """The run's complete checkpoints as (step, path), oldest first."""
         return runs.checkpoints(self.path, "complete")
 
-    def save(self, trainer: Any, info: Callable[[], TrainerState]) -> Path:
+    def save(self, trainer: Trainer, info: Callable[[], TrainerState]) -> Path:
         """Checkpoint `trainer` as `step_<N>/` (collective): under sharded state every process writes
         its optimizer shards into the staged folder first; the main process writes the rest
         (trainer_state.json from `info()`), publishes it and prunes to config.keep_checkpoints."""
@@ -208,7 +210,7 @@ class RunFolder:
         assert self.last_ckpt is not None
         return self.last_ckpt
 
-    def restore(self, plan: ResumePlan, trainer: Any) -> Path:
+    def restore(self, plan: ResumePlan, trainer: Trainer) -> Path:
         """Load the newest loadable checkpoint of `plan` into the running `trainer` (every process),
         checked and verified as the module docstring says; return its path. A checkpoint that does
         not load is named in one line and the next older one tried; a trainer state that does not

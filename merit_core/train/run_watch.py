@@ -47,6 +47,8 @@ from merit_core.metric_names import (
 )
 from merit_core.models.attention_probe import probe_attention
 from merit_core.train.compiling import eager
+from merit_core.train.distributed import Parallel
+from merit_core.train.trainer import Trainer
 from merit_core.train.watch import Watcher, WatchWarning
 
 PROBE_SEQUENCES = 2  # sequences of the first validation batch the watcher probes
@@ -132,7 +134,7 @@ class RunWatch:
     validation batch, step and update ratio are read, nothing is changed), `parallel` its processes;
     `every` and `on_instability` are the run's watch_every and on_instability settings."""
 
-    def __init__(self, trainer: Any, parallel: Any, every: int, on_instability: str):
+    def __init__(self, trainer: Trainer, parallel: Parallel, every: int, on_instability: str):
         self.trainer = trainer
         self.parallel = parallel
         self.every = every

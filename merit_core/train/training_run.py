@@ -369,7 +369,7 @@ class TrainingRun:
             self.cb.on_note(warning.line())
         if decision.action == STOP:
             raise InstabilityStop(
-                decision.stop_line(self.run_dir, float(self.config.lr or 0.0)),
+                decision.stop_line(self.run_dir, self.config.lr),
                 decision.checkpoint[1] if decision.checkpoint else None,
             )
         if decision.action != REWIND:
