@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from merit_core.checkpoint import runs
 from merit_core.checkpoint.tensors import check_optimizer_state, is_sharded_optimizer_state
-from merit_core.errors import CheckpointError
+from merit_core.errors import CheckpointError, MeritError
 from merit_core.train.compiling import compile_blocks
 
 
@@ -146,3 +146,17 @@ class DDPParallel(Parallel):
     def close(self):
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def shared(parallel: Parallel, fn: Callable[[], Any]) -> Any:
+    """Run `fn` on the main process and give its result (or its MeritError) to every process."""
+    result: Any = None
+    if parallel.is_main:
+        try:
+            result = ("ok", fn())
+        except MeritError as exc:
+            result = ("error", exc)
+    result = parallel.broadcast_object(result)
+    if result[0] == "error":
+        raise result[1]
+    return result[1]

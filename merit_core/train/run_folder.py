@@ -38,7 +38,7 @@ from merit_core.checkpoint.writer import prune_checkpoints, save_checkpoint
 from merit_core.errors import CheckpointError, MeritError
 from merit_core.metrics import MetricsLog
 from merit_core.train.config import TrainConfig, config_toml
-from merit_core.train.distributed import Parallel
+from merit_core.train.distributed import Parallel, shared
 from merit_core.train.plots import plot_curves
 from merit_core.train.resume import ResumePlan, load_resumable, plan_resume, to_device
 from merit_core.train.trainer import Trainer
@@ -47,20 +47,6 @@ from merit_core.train.trainer import Trainer
 def save_config(config: TrainConfig, path: str | Path) -> None:
     """Write `config` as config.toml's text (merit_core.train.config.config_toml) to `path`, atomically."""
     fileio.atomic_write(path, config_toml(config))
-
-
-def shared(parallel: Any, fn: Callable[[], Any]) -> Any:
-    """Run `fn` on the main process and give its result (or its MeritError) to every process."""
-    result: Any = None
-    if parallel.is_main:
-        try:
-            result = ("ok", fn())
-        except MeritError as exc:
-            result = ("error", exc)
-    result = parallel.broadcast_object(result)
-    if result[0] == "error":
-        raise result[1]
-    return result[1]
 
 
 class RunFolder:

@@ -44,12 +44,13 @@ from merit_core.optim.registry import get_spec, resolve_hparams
 from merit_core.train.callbacks import HANDLED_SIGNALS, STOP_SIGNALS, RunInfo, RunSummary, TrainCallbacks
 from merit_core.train.checks import check_data, check_model_and_batches
 from merit_core.train.config import ResolvedConfig, TrainConfig, resolve
+from merit_core.train.distributed import shared
 from merit_core.train.estimate import long_run_line, time_first_micro_batch, tiny_of
 from merit_core.train.fsdp import check_fsdp_optimizer
 from merit_core.train.hardware import device_info, mfu, peak_memory, reset_peak_memory
 from merit_core.train.parallel import setup_parallel
 from merit_core.train.resume import ResumePlan, check_same_data, data_info, last_records
-from merit_core.train.run_folder import RunFolder, shared
+from merit_core.train.run_folder import RunFolder
 from merit_core.train.run_watch import REWIND, STOP, RunWatch, WatchDecision
 from merit_core.train.trackers import with_trackers
 from merit_core.train.trainer import Trainer, build_trainer, compute_dtype
