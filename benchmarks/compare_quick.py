@@ -75,7 +75,7 @@ def phases() -> None:
     from merit_core.compare.grid import plan_runs
     from merit_core.compare.spec import load_spec
     from merit_core.compare.worker import run_one
-    from merit_core.train import instability, trainer, training_run
+    from merit_core.train import run_watch, trainer, training_run
 
     imports = time.process_time() - start
     import torch
@@ -98,7 +98,7 @@ def phases() -> None:
     timed(training_run.TrainingRun, "_eval", "evaluations")
     timed(trainer, "probe_attention", "of which the probe")
     timed(trainer.Trainer, "train_step", "training steps")
-    timed(instability.RunWatch, "after_step", "watcher")
+    timed(run_watch.RunWatch, "after_step", "watcher")
     timed(training_run.TrainingRun, "_save", "checkpoints")
     timed(training_run.TrainingRun, "_plot", "plot")
     with tempfile.TemporaryDirectory(prefix="merit-phases-") as tmp:

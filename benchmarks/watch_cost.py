@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from merit_core.train import instability  # noqa: E402
+from merit_core.train import run_watch  # noqa: E402
 from merit_core.train.config import load_config  # noqa: E402
 from merit_core.train.trainer import Trainer  # noqa: E402
 from merit_core.train.training_run import run_training  # noqa: E402
@@ -46,7 +46,7 @@ def main() -> None:
     args = parser.parse_args()
     steps: list[float] = []
     watches: list[float] = []
-    train_step, after_step = Trainer.train_step, instability.RunWatch.after_step
+    train_step, after_step = Trainer.train_step, run_watch.RunWatch.after_step
 
     def timed_step(self):
         _sync()
@@ -56,16 +56,17 @@ def main() -> None:
         steps.append(time.perf_counter() - start)
         return out
 
-    def timed_watch(self, out):
-        if self.run.trainer.step % self.every:
-            return after_step(self, out)
+    def timed_watch(self, out, checkpoints):
+        if self.trainer.step % self.every:
+            return after_step(self, out, checkpoints)
         _sync()
         start = time.perf_counter()
-        after_step(self, out)
+        decision = after_step(self, out, checkpoints)
         _sync()
         watches.append(time.perf_counter() - start)
+        return decision
 
-    Trainer.train_step, instability.RunWatch.after_step = timed_step, timed_watch
+    Trainer.train_step, run_watch.RunWatch.after_step = timed_step, timed_watch
     with tempfile.TemporaryDirectory() as out:
         config = load_config(
             values=dict(

@@ -137,8 +137,6 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError("min_lr_ratio and warmup_ratio must be at most 1")
     if not DEVICE_PATTERN.fullmatch(config.device):
         raise ConfigError(f"device must be {DEVICE_WORDS}, got {config.device!r}")
-    if config.on_instability == "rewind" and config.parallel == "fsdp":
-        raise ConfigError("on_instability=rewind cannot reload sharded weights in place; use stop and --resume-from")
     if config.micro_batch_size is not None and config.batch_size % config.micro_batch_size:
         raise ConfigError(
             f"batch_size {config.batch_size} is not divisible by micro_batch_size {config.micro_batch_size}"

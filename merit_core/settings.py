@@ -51,7 +51,7 @@ KERNELS = ("auto", "liger", "none")  # see merit_core.train.kernels
 PARALLEL = ("ddp", "fsdp")
 # The experiment trackers `report_to` may name (merit_core.train.trackers implements them).
 TRACKERS = ("tensorboard", "wandb", "mlflow")
-# What `merit train` does on an instability warning (merit_core.train.instability).
+# What `merit train` does on an instability warning (merit_core.train.run_watch).
 ON_INSTABILITY = ("warn", "stop", "rewind")
 # Actions of one invocation, not properties of the run: not written to the run's config.toml.
 ACTION_KEYS = ("resume", "resume_from", "allow_changes", "verify")
@@ -278,7 +278,7 @@ class TrainConfig:
     on_instability: str = setting(
         "warn",
         "On a watcher warning: warn and go on, stop naming the last checkpoint from before it, or rewind to "
-        "that checkpoint with the lr halved (merit_core.train.instability).",
+        "that checkpoint with the lr halved (merit_core.train.run_watch).",
         option="choice",
         choices=ON_INSTABILITY,
     )

@@ -3,6 +3,8 @@ a checkpoint's files hold, as the only reader and writer of them.
 
 - `runs`: a run folder's layout (`step_<N>/`, the marker, the lock, config.toml, metrics.jsonl),
   staging and durable publishing of a checkpoint folder, the rule of "latest";
+- `writer` (torch): one checkpoint's files written into its staged folder and published, old ones
+  pruned (merit_core.train.run_folder, the run folder's owner during training, calls it);
 - `state`: `TrainerState`, the typed trainer_state.json, and the sha256 of each checkpoint file
   it records (`verify_checkpoint`);
 - `resolve`: one resolver of a user's path with an explicit `Selection` (`latest`, `all`, chosen

@@ -300,14 +300,20 @@ def _check_entry(key: str, value: Any, like: Any, param: torch.Tensor, index: in
 
 
 def load_model_weights(
-    model: torch.nn.Module, checkpoint: str | Path, rename: Callable[[str], str] = lambda name: name
+    model: torch.nn.Module,
+    checkpoint: str | Path,
+    rename: Callable[[str], str] = lambda name: name,
+    load: Callable[[dict[str, torch.Tensor]], Any] | None = None,
 ) -> None:
     """Copy the checkpoint's safetensors weights into `model` (`copy_weights`; tied weights may be
     absent, and a weight the model lacks is refused too).
 
     The file is checked whole first (`validate_safetensors`: a truncated file or a corrupt header is
     refused in one line) and loaded through the checked descriptor. `rename` maps a saved name to
-    the model's (save_pretrained renames some: GPT-NeoX's lm_head is saved as embed_out)."""
+    the model's (save_pretrained renames some: GPT-NeoX's lm_head is saved as embed_out). `load`
+    puts the full weights into the model and returns its (missing, unexpected) keys: by default
+    `model.load_state_dict(weights, strict=False)`; a sharded model gives its own (each process
+    keeps its shard)."""
     from safetensors.torch import load_file
 
     path = Path(checkpoint) / WEIGHTS_NAME
@@ -322,6 +328,19 @@ def load_model_weights(
     except Exception as exc:  # noqa: BLE001 - safetensors raises several types for a damaged file
         raise CheckpointError(f"{display(path)} is unreadable: {first_line(exc)}") from None
     weights = {rename(name): tensor for name, tensor in weights.items()}
+    if load is not None:  # a sharded model: its own loader puts each process's shard in place
+        try:
+            missing, unexpected = load(weights)
+        except RuntimeError as exc:  # a tensor of another shape
+            detail = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), first_line(exc))
+            raise CheckpointError(f"{display(checkpoint)} does not match the model: {detail}") from None
+        tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+        if unexpected or set(missing) - tied:
+            raise CheckpointError(
+                f"{display(checkpoint)} does not match the model: missing {sorted(set(missing) - tied)[:3]}, "
+                f"unexpected {sorted(unexpected)[:3]}"
+            )
+        return
     unexpected = sorted(set(weights) - set(model.state_dict()))
     if unexpected:
         raise CheckpointError(f"{display(checkpoint)} does not match the model: unexpected {unexpected[:3]}")

@@ -1,4 +1,4 @@
-"""Resolving a TrainConfig (merit_core.settings) and writing it; the reading (TOML with `key=value`
+"""Resolving a TrainConfig (merit_core.settings) and its config.toml text; the reading (TOML with `key=value`
 overrides, unknown keys named, values checked) is merit_core.config_reading's, torch-free, and importable
 from here too.
 
@@ -26,7 +26,6 @@ from merit_core.config_reading import (
     parse_report_to,
     validate,
 )
-from merit_core.durable_writes import atomic_write
 from merit_core.errors import ConfigError
 from merit_core.models import model_width
 from merit_core.optim.lr_table import LrDefault
@@ -42,13 +41,13 @@ __all__ = [
     "ResolvedConfig",
     "Resolved",
     "TrainConfig",
+    "config_toml",
     "dumps_toml",
     "from_dict",
     "load_config",
     "parse_override",
     "parse_report_to",
     "resolve",
-    "save_config",
     "validate",
 ]
 
@@ -136,11 +135,12 @@ def resolve(
 
 
 # -- writing --------------------------------------------------------------------------------
-def save_config(config: TrainConfig, path: str | Path) -> None:
-    """Write the config as TOML, atomically (None values are left out: they mean 'default'; the
-    ACTION_KEYS are what one invocation does, not properties of the run, and are left out too)."""
+def config_toml(config: TrainConfig) -> str:
+    """config.toml's text for `config` (None values are left out: they mean 'default'; the
+    ACTION_KEYS are what one invocation does, not properties of the run, and are left out too).
+    The run folder's owner (merit_core.train.run_folder) writes it."""
     values = {k: v for k, v in config.to_dict().items() if k not in ACTION_KEYS}
-    atomic_write(path, CONFIG_HEADER + "\n" + dumps_toml(values))
+    return CONFIG_HEADER + "\n" + dumps_toml(values)
 
 
 def dumps_toml(data: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ and optimizer state for saving); FSDP2 lives in `merit_core.train.fsdp`, and
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from merit_core.checkpoint import runs
 from merit_core.checkpoint.tensors import check_optimizer_state, is_sharded_optimizer_state
-from merit_core.errors import CheckpointError
+from merit_core.errors import CheckpointError, MeritError
 from merit_core.train.compiling import compile_blocks
 
 
@@ -69,6 +70,11 @@ class Parallel:
 
     def full_model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
         """Full weights for saving on the main process; None means 'the module's own state dict'."""
+        return None
+
+    def weights_loader(self, model: torch.nn.Module) -> Callable[[dict[str, torch.Tensor]], Any] | None:
+        """How full weights (a checkpoint's) go into `model` once it is wrapped: None means the
+        module's own `load_state_dict` (its parameters are whole on every process)."""
         return None
 
     def optimizer_state_dict(
@@ -140,3 +146,17 @@ class DDPParallel(Parallel):
     def close(self):
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def shared(parallel: Parallel, fn: Callable[[], Any]) -> Any:
+    """Run `fn` on the main process and give its result (or its MeritError) to every process."""
+    result: Any = None
+    if parallel.is_main:
+        try:
+            result = ("ok", fn())
+        except MeritError as exc:
+            result = ("error", exc)
+    result = parallel.broadcast_object(result)
+    if result[0] == "error":
+        raise result[1]
+    return result[1]

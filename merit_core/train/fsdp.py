@@ -142,6 +142,18 @@ class FSDPParallel(DDPParallel):
             full.pop(_prefix(model, head) + "weight", None)  # tied head: re-tied from the input embedding on load
         return full
 
+    def weights_loader(self, model):
+        """Full weights into the sharded model: every process reads them whole and keeps its shard
+        (collective: all processes load the same checkpoint together)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        def load(weights: dict[str, Any]):
+            self.reshard()
+            options = StateDictOptions(full_state_dict=True, strict=False)
+            return set_model_state_dict(model, weights, options=options)
+
+        return load
+
     def optimizer_state_dict(self, model, optimizer, checkpoint_dir: Path | None = None) -> dict[str, Any]:
         """Write the sharded optimizer state into `checkpoint_dir/optimizer/` (collective) and
         return the marker that trainer_state.pt keeps in its place."""

@@ -1,4 +1,5 @@
-"""curves.png: training/validation loss and the max attention logit per layer against step."""
+"""curves.png's image: training/validation loss and the max attention logit per layer against step
+(drawn here, written into the run folder by its owner, merit_core.train.run_folder)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,12 @@ import io
 from pathlib import Path
 from typing import Any
 
-from merit_core.checkpoint.runs import CURVES_FILE
-from merit_core.durable_writes import atomic_write
 from merit_core.metric_names import MAX_ATTENTION_LOGIT, VAL_LOSS
 from merit_core.metrics import read_metrics
 
 
-def plot_curves(run_dir: str | Path, title: str | None = None) -> Path | None:
-    """Draw <run>/curves.png from <run>/metrics.jsonl; None when there is nothing to plot."""
+def plot_curves(run_dir: str | Path, title: str | None = None) -> bytes | None:
+    """The PNG image of <run>/curves.png drawn from <run>/metrics.jsonl; None when there is nothing to plot."""
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
     train = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
@@ -44,7 +43,7 @@ def plot_curves(run_dir: str | Path, title: str | None = None) -> Path | None:
     image = io.BytesIO()
     fig.savefig(image, dpi=110, format="png")
     plt.close(fig)
-    return atomic_write(run_dir / CURVES_FILE, image.getvalue())
+    return image.getvalue()
 
 
 def _plot_logits(ax: Any, logits: list[tuple[int, list[float | None]]]) -> None:

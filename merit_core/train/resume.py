@@ -139,13 +139,16 @@ def check_same_data(plan: ResumePlan, config: TrainConfig, meta) -> None:
             )
 
 
-def load_resumable(plan: ResumePlan, model, run_dir: Path, note: Callable[[str], None]) -> tuple[Path, dict[str, Any]]:
+def load_resumable(
+    plan: ResumePlan, model, run_dir: Path, note: Callable[[str], None], load: Callable[[dict], Any] | None = None
+) -> tuple[Path, dict[str, Any]]:
     """Load the newest candidate that loads into `model` and its trainer state (on the CPU); say in
-    one line (`note`) when that is not the newest."""
+    one line (`note`) when that is not the newest. `load` puts full weights into a sharded model
+    (`Parallel.weights_loader`; None: the model's own load_state_dict)."""
     failures: list[str] = []
     for ckpt in plan.candidates:
         try:
-            state, why = _load_checked(ckpt, model, plan.verify)
+            state, why = _load_checked(ckpt, model, plan.verify, load)
         except CheckpointError as exc:
             failures.append(f"{ckpt.name}: {exc}")
             continue
@@ -160,7 +163,9 @@ def load_resumable(plan: ResumePlan, model, run_dir: Path, note: Callable[[str],
     raise CheckpointError(f"no checkpoint of {run_dir} loads: {'; '.join(failures)}"[:600])
 
 
-def _load_checked(ckpt: Path, model: Any, verify: bool) -> tuple[dict[str, Any], str | None]:
+def _load_checked(
+    ckpt: Path, model: Any, verify: bool, load: Callable[[dict], Any] | None = None
+) -> tuple[dict[str, Any], str | None]:
     """trainer_state.pt of `ckpt` checked whole and the weights loaded into `model`, with a note when
     the files were not verified (no checksums recorded, or --no-verify)."""
     refuse_special_files(ckpt)
@@ -170,7 +175,7 @@ def _load_checked(ckpt: Path, model: Any, verify: bool) -> tuple[dict[str, Any],
         raise CheckpointError(f"{ckpt / runs.STATE_JSON} says step {info.step} but the folder is {ckpt.name}")
     state = load_trainer_state(ckpt, map_location="cpu")
     check_trainer_state(state, ckpt / runs.STATE_PT, step=info.step)
-    load_model_weights(model, ckpt, rename=family_spec(model.config).model_name)
+    load_model_weights(model, ckpt, rename=family_spec(model.config).model_name, load=load)
     # last: a truncated or swapped file is named by the checks above, a flipped byte only here
     why = verify_checkpoint(ckpt, info) if verify else SKIPPED
     return state, why

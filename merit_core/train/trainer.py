@@ -403,9 +403,11 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any], checkpoint_dir: Path | None = None) -> None:
-        """Restore from trainer_state.pt's `state` (and `checkpoint_dir`, the folder it came from)."""
+        """Restore from trainer_state.pt's `state` (and `checkpoint_dir`, the folder it came from): at the
+        start of a resumed run or in the middle of one (a rewind), the same state either way."""
         self.parallel.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], checkpoint_dir)
         self.step = int(state["step"])
+        self._first_bad.zero_()  # a checkpoint's updates were all finite; steps abandoned after it are forgotten
         torch.set_rng_state(state["rng"]["torch"])
         if "cuda" in state["rng"] and torch.cuda.is_available():
             cuda_states = state["rng"]["cuda"]

@@ -11,53 +11,47 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
 
-from merit_core.checkpoint import runs
-from merit_core.checkpoint.runs import CONFIG_FILE
 from merit_core.checkpoint.state import TrainerState
 from merit_core.data import load_meta, open_tokens, resolve_data
 from merit_core.data.meta import data_notes
-from merit_core.durable_writes import disk_full_guard
 from merit_core.errors import (
-    CheckpointError,
     ConfigError,
-    MeritError,
+    InstabilityStop,
     RunInterrupted,
     TrainingDiverged,
 )
-from merit_core.file_locks import FileLock
-from merit_core.metric_names import GRAD_NORM, LOSS, LR, MAX_ATTENTION_LOGIT, STEP, TOKENS, TOKENS_PER_S, VAL_LOSS
-from merit_core.metrics import MetricsLog
+from merit_core.metric_names import (
+    GRAD_NORM,
+    LOSS,
+    LR,
+    MAX_ATTENTION_LOGIT,
+    STEP,
+    TOKENS,
+    TOKENS_PER_S,
+    VAL_LOSS,
+    WATCH_REWIND,
+)
 from merit_core.models import build_model, count_parameters, model_config
 from merit_core.optim.registry import get_spec, resolve_hparams
-from merit_core.train import instability
 from merit_core.train.callbacks import HANDLED_SIGNALS, STOP_SIGNALS, RunInfo, RunSummary, TrainCallbacks
-from merit_core.train.checkpoint import prune_checkpoints, save_checkpoint
 from merit_core.train.checks import check_data, check_model_and_batches
-from merit_core.train.config import TrainConfig, resolve, save_config
+from merit_core.train.config import ResolvedConfig, TrainConfig, resolve
+from merit_core.train.distributed import shared
 from merit_core.train.estimate import long_run_line, time_first_micro_batch, tiny_of
 from merit_core.train.fsdp import check_fsdp_optimizer
 from merit_core.train.hardware import device_info, mfu, peak_memory, reset_peak_memory
 from merit_core.train.parallel import setup_parallel
-from merit_core.train.plots import plot_curves
-from merit_core.train.resume import (
-    ResumePlan,
-    check_same_data,
-    data_info,
-    last_records,
-    load_resumable,
-    plan_resume,
-    to_device,
-)
+from merit_core.train.resume import ResumePlan, check_same_data, data_info, last_records
+from merit_core.train.run_folder import RunFolder
+from merit_core.train.run_watch import REWIND, STOP, RunWatch, WatchDecision
 from merit_core.train.trackers import with_trackers
 from merit_core.train.trainer import Trainer, build_trainer, compute_dtype
 
@@ -76,26 +70,14 @@ def run_training(config: TrainConfig, callbacks: TrainCallbacks | None = None) -
         parallel.close()
 
 
-def _shared(parallel, fn: Callable[[], Any]) -> Any:
-    """Run `fn` on the main process and give its result (or its MeritError) to every process."""
-    result: Any = None
-    if parallel.is_main:
-        try:
-            result = ("ok", fn())
-        except MeritError as exc:
-            result = ("error", exc)
-    result = parallel.broadcast_object(result)
-    if result[0] == "error":
-        raise result[1]
-    return result[1]
-
-
 class TrainingRun:
     """One training run: check the input, prepare data, build, resume, then `train_loop` until done.
 
     The step mechanics (micro-batches, clipping, the optimizer update, evaluation) belong to the
-    `Trainer` in `trainer.py`; this class owns the run around them: logs, evals and checkpoints
-    on their cadence, and the callbacks a front end renders.
+    `Trainer` in `trainer.py`, every write into the run folder and the restore of a checkpoint to
+    its `RunFolder` (run_folder.py), the judging of the precursors to its `RunWatch`
+    (run_watch.py); this class keeps the cadence around them: logs, evals, checkpoints and the
+    watcher's decisions on their schedule, and the callbacks a front end renders.
     """
 
     def __init__(self, config: TrainConfig, callbacks: TrainCallbacks, parallel):
@@ -111,64 +93,40 @@ class TrainingRun:
         if config.parallel == "fsdp":
             check_fsdp_optimizer(self.spec)
         resolved = resolve(config, parallel.world_size, self.spec, auto_micro_batch=True)
-        self.config = resolved.config
+        # the run's config until the trainer is built; from then on the trainer's is the one config (`config`)
+        self._config: ResolvedConfig | None = resolved.config
         self.lr_default = resolved.lr  # where a default lr came from, for on_start (None: the config gave it)
-        self.config.out = parallel.broadcast_object(self.config.out)
-        self.run_dir = Path(self.config.out)
-        self.lock: FileLock | None = None
-        self.created: list[Path] = []  # what this run made before its first write (undone on failure)
+        self._config.out = parallel.broadcast_object(self._config.out)
+        self.run_dir = Path(self._config.out)
+        self.folder = RunFolder(self.run_dir, parallel, self.cb.on_note)  # every write into the run folder
         self.stop: str | None = None  # the name of a stop signal that arrived
         self.resume = ResumePlan()  # what --resume continues from (resume.py)
         # set once everything is built (`run`, `_first_write`) and read only after:
-        self.trainer: Trainer
-        self.metrics: MetricsLog
-        self.tokenizer_dir: Path | None = None
+        self.trainer: Trainer  # built by `_build`; until then the run's config is `_config`
         self.data_info: dict[str, Any] = {}
         self.n_params = 0
         self.last_log: dict[str, Any] = {}
         self.last_eval: dict[str, Any] = {}
-        self.last_ckpt: Path | None = None  # the newest checkpoint of this run (what a failure leaves)
-        self.last_saved_step: int | None = None
-        self.saved_at = time.monotonic()
+
+    @property
+    def config(self) -> ResolvedConfig:
+        """The run's one config: the trainer's once it is built (a rewind lowers its lr there)."""
+        trainer: Trainer | None = self.__dict__.get("trainer")
+        if trainer is not None:
+            return trainer.config
+        assert self._config is not None
+        return self._config
+
+    @property
+    def last_ckpt(self) -> Path | None:
+        """The newest checkpoint of this run (what a failure leaves)."""
+        return self.folder.last_ckpt
 
     # -- checks and building, before anything is written ---------------------------------------
     def _check(self) -> ResumePlan:
         """Check the input and take the run folder; return what a resume continues from."""
-        c = self.config
-        check_model_and_batches(c, self.parallel.world_size)
-        runs.check_out(self.run_dir)
-        runs.check_no_planted_links(self.run_dir)  # never write, rename or prune through a link in the run
-        self._take_folder()  # a second writer stops here; what it made is undone if a check below fails
-        for note in runs.recover_staging(self.run_dir):  # a rewrite killed between its renames
-            self.cb.on_note(note)
-        if not c.resume:
-            runs.check_new_run(self.run_dir)
-        return plan_resume(c, self.run_dir)
-
-    def _take_folder(self) -> None:
-        """Create the run folder and its marker if needed, and take its writer lock (RunBusy if held)."""
-        missing, folder = [], self.run_dir
-        while not os.path.lexists(folder) and folder != folder.parent:
-            missing.append(folder)
-            folder = folder.parent
-        self.created.extend(reversed(missing))  # outermost first
-        if not missing and not (self.run_dir / runs.RUN_MARKER).exists():
-            self.created.append(self.run_dir / runs.RUN_MARKER)
-        runs.mark_run(self.run_dir)
-        self.lock = runs.lock_run(self.run_dir)
-
-    def _release(self, failed_before_writing: bool) -> None:
-        """Drop the lock; after a failure before the first write, also remove what `_take_folder` made."""
-        if self.lock is not None:
-            self.lock.release()
-            self.lock = None
-        if failed_before_writing:
-            for path in reversed(self.created):
-                with contextlib.suppress(OSError):
-                    if path == self.run_dir:
-                        (path / runs.RUN_MARKER).unlink(missing_ok=True)
-                    path.rmdir() if path.is_dir() else path.unlink()  # a folder only when nothing else is in it
-        self.created = []
+        check_model_and_batches(self.config, self.parallel.world_size)
+        return self.folder.take(self.config)
 
     def _data(self):
         c = self.config
@@ -190,7 +148,7 @@ class TrainingRun:
             self.cb.on_data(meta)
             return path, meta
 
-        return _shared(self.parallel, prepare)
+        return shared(self.parallel, prepare)
 
     def _build(self, data_dir: Path, meta):
         c, device = self.config, self.parallel.device
@@ -200,7 +158,6 @@ class TrainingRun:
             torch.backends.cuda.matmul.allow_tf32 = c.tf32
             torch.backends.cudnn.allow_tf32 = c.tf32
         model = build_model(mconf, seed=c.seed)
-        ckpt, state = load_resumable(self.resume, model, self.run_dir, self.cb.on_note) if self.resume else (None, None)
         model.to(device)
         train_tokens, val_tokens = open_tokens(data_dir, "train"), open_tokens(data_dir, "val")
         try:
@@ -208,63 +165,29 @@ class TrainingRun:
         except MemoryError:
             raise ConfigError("out of memory while building the model and batches; lower the batch sizes") from None
         if c.micro_batch_size is None:  # 'auto': settled here, once, before step 0; config.toml records it
-            self.config = trainer.config = dataclasses.replace(c, micro_batch_size=trainer.choose_micro_batch())
-        if ckpt is not None:
-            try:
-                trainer.load_state_dict(to_device(state, device), ckpt)
-            except MeritError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - whatever a crafted state raises: one line, nothing moved yet
-                raise CheckpointError(
-                    f"{ckpt} cannot be resumed: its trainer state does not fit ({exc!r:.200})"
-                ) from None
+            trainer.config = dataclasses.replace(c, micro_batch_size=trainer.choose_micro_batch())
+        self.trainer, self._config = trainer, None  # the trainer holds the one config from here on
+        ckpt = self.folder.restore(self.resume, trainer) if self.resume else None  # the wrapped model, as a rewind
         return trainer, ckpt
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> RunSummary:
         wrote = False
         try:
-            self.resume = _shared(self.parallel, self._check)
+            self.resume = shared(self.parallel, self._check)
             data_dir, meta = self._data()
-            self.trainer, ckpt = self._build(data_dir, meta)
-            self._first_write(ckpt, meta)
+            trainer, ckpt = self._build(data_dir, meta)
+            self.data_meta = meta
+            self.data_info = data_info(meta)
+            self.folder.tokenizer_dir = meta.tokenizer_path if meta.tokenizer_path.is_dir() else None
+            self.folder.begin(self.config, ckpt, trainer.step)  # the run folder's files are written from here on
             wrote = True
-            return self._train(ckpt, data_dir)
+            return self._train(trainer, ckpt, data_dir)
         finally:
-            self._release(failed_before_writing=not wrote)
+            self.folder.release(failed_before_writing=not wrote)
 
-    def _first_write(self, ckpt: Path | None, meta) -> None:
-        """Everything is checked and built: the run folder's files are written from here on."""
-        self.tokenizer_dir = meta.tokenizer_path if meta.tokenizer_path.is_dir() else None
-        self.data_info = data_info(meta)
-        self.data_meta = meta
-        self.metrics = MetricsLog(self.run_dir)
-        if self.parallel.is_main:
-            with disk_full_guard(self.run_dir / CONFIG_FILE, ckpt):
-                runs.remove_stale_staging(self.run_dir)
-                if ckpt is not None:
-                    self._set_aside_abandoned()
-                save_config(self.config, self.run_dir / CONFIG_FILE)
-                if ckpt is None:
-                    self.metrics.reset()
-                else:
-                    self.metrics.truncate_after(self.trainer.step)
-        self.created = []
-        self.parallel.barrier()
-
-    def _set_aside_abandoned(self) -> None:
-        """Resuming from step S starts a new timeline: checkpoints past S are moved aside (and named),
-        so that pruning and the next --resume never prefer them to the new ones."""
-        moved = runs.set_aside_later_checkpoints(self.run_dir, self.trainer.step)
-        if moved is not None:
-            folder, names = moved
-            self.cb.on_note(
-                f"resuming from step {self.trainer.step}: the checkpoints after it ({', '.join(names)}) belong to "
-                f"the abandoned timeline and were moved to {folder}"
-            )
-
-    def _train(self, ckpt: Path | None, data_dir: Path) -> RunSummary:
-        trainer, c = self.trainer, self.config
+    def _train(self, trainer: Trainer, ckpt: Path | None, data_dir: Path) -> RunSummary:
+        c = self.config
         self.n_params = count_parameters(trainer.model)
         hw = device_info(self.parallel.device)
         self._estimate(trainer)
@@ -293,8 +216,6 @@ class TrainingRun:
         for note in data_notes(self.data_meta, c.steps * c.tokens_per_step):  # once the run is under way
             self.cb.on_note(note)
         self.last_log, self.last_eval = last_records(self.run_dir, ckpt)
-        self.last_ckpt = ckpt
-        self.last_saved_step = trainer.step if ckpt is not None else None
         reset_peak_memory(self.parallel.device)
         start = time.perf_counter()
         start_step = trainer.step
@@ -305,8 +226,7 @@ class TrainingRun:
                 self._eval()
             self.train_loop()
         elapsed = time.perf_counter() - start
-        if self.parallel.is_main:
-            self._plot()
+        self._plot()
         trained_tokens = (trainer.step - start_step) * c.tokens_per_step
         tokens_per_s = trained_tokens / elapsed if trained_tokens else None
         summary = RunSummary(
@@ -322,7 +242,7 @@ class TrainingRun:
             max_attention_logit=self.last_eval.get(MAX_ATTENTION_LOGIT),
             last_checkpoint=self.last_ckpt,
             resumed_from=ckpt,
-            checkpoints=[p for _, p in _checkpoints(self.run_dir)],
+            checkpoints=[p for _, p in self.folder.checkpoints()],
             device=str(self.parallel.device),
             device_name=hw.name,
             compute_dtype=compute_dtype(c.dtype, self.parallel.device),
@@ -385,14 +305,15 @@ class TrainingRun:
 
     def _abort_line(self, name: str) -> str:
         """What a second stop signal says: nothing saved for the step under way."""
-        step = self.trainer.step + 1 if self.trainer is not None else 1
+        trainer: Trainer | None = self.__dict__.get("trainer")
+        step = trainer.step + 1 if trainer is not None else 1
         where = f"the last checkpoint is {self.last_ckpt}" if self.last_ckpt else "no checkpoint was written"
         again = f"; continue with: merit train --resume --out {self.run_dir}" if self.last_ckpt else ""
         return f"aborted by a second stop signal ({name}) during step {step}: that step's work is lost, {where}{again}"
 
     def _stop_now(self, name: str) -> NoReturn:
         step = self.trainer.step
-        if step != self.last_saved_step and step > 0:
+        if step != self.folder.last_saved_step and step > 0:
             self._check_finite()
             self._save()
         where = f"checkpoint {self.last_ckpt}" if self.last_ckpt else "no checkpoint (nothing trained yet)"
@@ -404,18 +325,21 @@ class TrainingRun:
         """The cadence: a step; a log line every log_every steps; an eval and a checkpoint on their
         schedules and at the end; a stop signal honoured between steps. The throughput clock
         (`tick`) restarts after evals and checkpoints, so tokens_per_s counts training only."""
-        trainer, c = self.trainer, self.config
+        trainer = self.trainer
         tick = (time.perf_counter(), trainer.step)
         first_step = trainer.step
-        self.saved_at = time.monotonic()
-        watch = instability.for_run(self)  # the instability watcher (None with watch off)
-        while trainer.step < c.steps:
+        self.folder.saved_at = time.monotonic()
+        c = self.config
+        watch = RunWatch(trainer, self.parallel, c.watch_every, c.on_instability) if c.watch else None
+        while trainer.step < self.config.steps:
+            c = self.config  # a rewind lowers the lr: read the one config afresh each step
             if stop := self._stop_requested():
                 self._stop_now(stop)
             out = trainer.train_step()
             if out is None:  # a stop signal arrived between micro-batches: the step was abandoned
                 self._stop_now(self._stop_requested() or "SIGTERM")
-            if watch is not None and watch.after_step(out):
+            decision = watch.after_step(out, self.folder.checkpoints) if watch is not None else None
+            if decision is not None and self._act(decision):
                 continue  # rewound to a checkpoint: this step's log, eval and save belong to the abandoned steps
             while trainer.notes:  # the compile time, after the first step
                 self.cb.on_note(trainer.notes.pop(0))
@@ -435,8 +359,39 @@ class TrainingRun:
                     self._save()
                 tick = (time.perf_counter(), step)
         stop = self._stop_requested()
-        if stop and trainer.step != self.last_saved_step:
+        if stop and trainer.step != self.folder.last_saved_step:
             self._stop_now(stop)
+
+    def _act(self, decision: WatchDecision) -> bool:
+        """Write the watcher's record, say its warnings and carry out its decision: True after a rewind,
+        InstabilityStop on a stop, False when training goes on."""
+        self.cb.on_watch(self._record(decision.record))
+        for warning in decision.warnings:
+            self.cb.on_note(warning.line())
+        if decision.action == STOP:
+            raise InstabilityStop(
+                decision.stop_line(self.run_dir, self.config.lr),
+                decision.checkpoint[1] if decision.checkpoint else None,
+            )
+        if decision.action != REWIND:
+            return False
+        self._rewind(decision)
+        return True
+
+    def _rewind(self, decision: WatchDecision) -> None:
+        """Go back to the decision's checkpoint through the folder's verified restore (as --resume does)
+        and continue with the lr, peak and floor, times its factor; config.toml records the new lr."""
+        trainer, old = self.trainer, self.config
+        assert decision.checkpoint is not None and old.lr is not None  # a rewind names one; the lr is resolved
+        step, path = decision.checkpoint
+        self.folder.restore(ResumePlan([path], verify=old.verify), trainer)
+        factor = decision.lr_factor
+        new = dataclasses.replace(old, lr=old.lr * factor, min_lr=None if old.min_lr is None else old.min_lr * factor)
+        trainer.config = new
+        self.folder.continue_from(new, path, step)
+        self.last_log, self.last_eval = last_records(self.run_dir, path)
+        self._record({WATCH_REWIND: decision.rewind_record(old.lr, new.lr)})
+        self.cb.on_note(decision.rewind_line(old.lr, new.lr))
 
     def _log(self, out, tick: tuple[float, int]) -> tuple[float, int]:
         """Write and report a log record (tokens/s since `tick`); return the new tick."""
@@ -455,17 +410,16 @@ class TrainingRun:
         minutes = self.config.save_every_minutes
         if not minutes:
             return False
-        due = time.monotonic() - self.saved_at >= minutes * 60
+        due = time.monotonic() - self.folder.saved_at >= minutes * 60
         if self.parallel.world_size > 1:
             due = bool(self.parallel.all_reduce(torch.tensor(int(due), device=self.parallel.device), op="max").item())
         return due
 
     def _record(self, values: dict[str, Any]) -> dict[str, Any]:
+        """`values` with the step and tokens, written to metrics.jsonl; returned for the callbacks."""
         step = self.trainer.step
         record = {STEP: step, TOKENS: step * self.config.tokens_per_step, **values}
-        if self.parallel.is_main:
-            with disk_full_guard(self.metrics.path, self.last_ckpt):
-                self.metrics.write(record)
+        self.folder.record(record)
         return record
 
     def _eval(self) -> None:
@@ -481,15 +435,9 @@ class TrainingRun:
     def _save(self) -> None:
         trainer, c = self.trainer, self.config
         self._check_parameters_finite()
-        staging = None
-        if self.parallel.sharded_state:  # every process writes its optimizer shards into the staged folder
-            staging = _shared(self.parallel, lambda: runs.begin_staging(self.run_dir, trainer.step))
-        state = trainer.state_dict(staging)
-        full = self.parallel.full_model_state_dict(trainer.model)
-        if staging is not None:
-            self.parallel.barrier()  # all shards are on disk before rank 0 renames the folder
-        if self.parallel.is_main:
-            info = TrainerState(
+
+        def info() -> TrainerState:
+            return TrainerState(
                 step=trainer.step,
                 tokens=trainer.step * c.tokens_per_step,
                 total_steps=c.steps,
@@ -508,28 +456,10 @@ class TrainingRun:
                 max_attention_logit=self.last_eval.get(MAX_ATTENTION_LOGIT),
                 **self.data_info,
             )
-            target = self.run_dir / runs.step_name(trainer.step)
-            with disk_full_guard(target, self.last_ckpt):
-                try:
-                    path = save_checkpoint(
-                        self.run_dir,
-                        trainer.step,
-                        model=trainer.model,
-                        state_dict=full,
-                        tokenizer_dir=self.tokenizer_dir,
-                        info=info,
-                        state=state,
-                        staging=staging,
-                    )
-                except BaseException:
-                    runs.remove_stale_staging(self.run_dir)  # we hold the lock: the staged folder is ours
-                    raise
-            prune_checkpoints(self.run_dir, c.keep_checkpoints)
-            self.last_ckpt = path
+
+        path = self.folder.save(trainer, info)
+        if self.parallel.is_main:
             self.cb.on_checkpoint(trainer.step, path)
-        self.last_ckpt = self.parallel.broadcast_object(self.last_ckpt)
-        self.last_saved_step = trainer.step
-        self.saved_at = time.monotonic()
 
     def _check_parameters_finite(self) -> None:
         """TrainingDiverged when an update left a non-finite parameter: such weights never become a checkpoint."""
@@ -541,8 +471,7 @@ class TrainingRun:
 
     def _diverged(self, what: str) -> None:
         """Plot what was logged and raise TrainingDiverged naming `what` and the latest checkpoint."""
-        if self.parallel.is_main:
-            self._plot()
+        self._plot()
         # not "good": the checkpoint may be the one this run resumed from, and hold the cause
         kept = f"the latest checkpoint is {self.last_ckpt}" if self.last_ckpt else "no checkpoint was written"
         raise TrainingDiverged(
@@ -551,16 +480,11 @@ class TrainingRun:
 
     def _plot(self) -> None:
         c = self.config
-        title = f"{c.model} · {c.optimizer} · batch {c.batch_size} x {c.seq_len} · lr {c.lr:g}"
-        plot_curves(self.run_dir, title=title)
+        self.folder.plot(f"{c.model} · {c.optimizer} · batch {c.batch_size} x {c.seq_len} · lr {c.lr:g}")
 
 
 def _n_layers(model) -> int:
     return int(getattr(model.config, "num_hidden_layers", None) or model.config.n_layer)
-
-
-def _checkpoints(run_dir: Path):
-    return runs.checkpoints(run_dir, "complete")
 
 
 def _local(tensor):

@@ -1,7 +1,9 @@
-"""Import hygiene: no import cycles in the packages (at module level, and counting the imports made
-inside functions), no loop between merit_core's folders, imports of merit's own modules inside
-functions of merit_core only where listed with a reason, every command's --help stays light,
-diagnostics / evaluation / checkpoint never import train, and the CLI uses merit_core's public names only."""
+"""Import hygiene: no import cycles in the packages (at module level, counting the imports made
+inside functions, and counting those made only for type checking), no loop between merit_core's
+folders, imports of merit's own modules inside functions of merit_core only where listed with a
+reason, every command's --help stays light, diagnostics / evaluation / checkpoint never import
+train, the CLI uses merit_core's public names only, in train/ only the run folder's owner writes,
+and the instability watcher neither imports nor names the training run."""
 
 import ast
 import subprocess
@@ -37,13 +39,16 @@ def _imported(node: ast.Import | ast.ImportFrom, module: str, modules: dict[str,
     return subs if len(subs) == len(node.names) else [base, *subs]
 
 
-def _statements(tree: ast.Module, function_level: bool) -> list[ast.Import | ast.ImportFrom]:
-    """The import statements of a module outside `if TYPE_CHECKING:` blocks: the top-level ones
-    (and those in a top-level try), or with `function_level` every one, in functions and methods too."""
+def _statements(
+    tree: ast.Module, function_level: bool, type_checking: bool = False
+) -> list[ast.Import | ast.ImportFrom]:
+    """The import statements of a module outside `if TYPE_CHECKING:` blocks (inside them too with
+    `type_checking`): the top-level ones (and those in a top-level try), or with `function_level`
+    every one, in functions and methods too."""
     skipped: set[int] = set()
     nodes = list(ast.walk(tree)) if function_level else list(tree.body)
     for node in nodes:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if not type_checking and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             skipped.update(id(n) for n in ast.walk(node))
     if function_level:
         return [n for n in nodes if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in skipped]
@@ -58,9 +63,10 @@ def _statements(tree: ast.Module, function_level: bool) -> list[ast.Import | ast
     return found
 
 
-def _graph(function_level: bool = False) -> dict[str, set[str]]:
+def _graph(function_level: bool = False, type_checking: bool = False) -> dict[str, set[str]]:
     """module -> the project modules its import runs first (top-level imports, outside TYPE_CHECKING);
-    with `function_level`, also the modules its functions import when they run.
+    with `function_level`, also the modules its functions import when they run; with
+    `type_checking`, also those imported for the type checker alone.
 
     Importing a.b.c also runs the packages a and a.b, except the module's own packages (already
     running when one of their modules is imported)."""
@@ -69,7 +75,7 @@ def _graph(function_level: bool = False) -> dict[str, set[str]]:
     for module, path in modules.items():
         own = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 2)}
         edges = set()
-        for statement in _statements(ast.parse(path.read_text(encoding="utf-8")), function_level):
+        for statement in _statements(ast.parse(path.read_text(encoding="utf-8")), function_level, type_checking):
             for name in _imported(statement, module, modules):
                 parts = name.split(".")
                 for i in range(1, len(parts) + 1):
@@ -140,6 +146,17 @@ def test_no_import_cycles_counting_imports_inside_functions():
     assert "merit_core.optim" in graph["merit_core"]
     assert "merit_core.optim" not in _graph()["merit_core"]
     assert _cycles(graph) == []
+
+
+def test_no_import_cycles_counting_imports_for_the_type_checker():
+    """An import under `if TYPE_CHECKING:` is a dependency too: two modules that name each other's
+    types cannot be read, changed or tested one without the other."""
+    graph = _graph(function_level=True, type_checking=True)
+    assert _cycles(graph) == []
+    planted = ast.parse(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from merit_core.train import trainer\n"
+    )
+    assert len(_statements(planted, True, type_checking=True)) == 2 and len(_statements(planted, True)) == 1
 
 
 def test_every_command_help_stays_light():
@@ -387,3 +404,132 @@ def test_a_run_folder_is_read_through_merit_core_checkpoint():
         "merit_core.compare.runner": imports["merit_core.compare.runner"] | {"merit_core.checkpoint.runs"},
     }
     assert [m for m in compare if any(i.startswith("merit_core.checkpoint.runs") for i in planted[m])]
+
+
+# In merit_core/train/ the run folder is written by its owner alone (merit_core.train.run_folder):
+# config.toml, metrics.jsonl, curves.png, the marker and lock, staging, checkpoints and pruning.
+RUN_FOLDER_OWNER = "merit_core.train.run_folder"
+# Calls that write or remove files: merit's own writers (by name, whatever they are called on) ...
+WRITERS = {
+    "save_checkpoint",
+    "prune_checkpoints",
+    "write_trainer_state",
+    "publish_folder",
+    "begin_staging",
+    "set_aside_later_checkpoints",
+    "remove_stale_staging",
+    "recover_staging",
+    "mark_run",
+    "lock_run",
+    "save_config",
+    "atomic_write",
+    "atomic_write_json",
+    "create_new",
+    "MetricsLog",
+    "truncate_after",
+    "save_pretrained",
+    "savefig",
+    "write_text",
+    "write_bytes",
+    "rmtree",
+    "copyfile",
+}
+# ... and the standard library's and torch's, by their module: os.replace, torch.save, ...
+QUALIFIED_WRITERS = {
+    "os": {"replace", "rename", "remove", "unlink", "rmdir", "mkdir", "makedirs", "open", "write"},
+    "shutil": {"rmtree", "copyfile", "copy", "copy2", "copytree", "move"},
+    "torch": {"save"},
+}
+# (module, call): why a train/ module other than the owner may make it.
+WRITES_ALLOWED = {
+    ("merit_core.train.fsdp", "dcp.save"): "every process writes its optimizer shards into the staged "
+    "checkpoint folder that the owner made and hands it (RunFolder.save -> Trainer.state_dict)",
+    ("merit_core.train.plots", "fig.savefig"): "into memory (io.BytesIO): the owner writes curves.png (RunFolder.plot)",
+}
+
+
+def _writes(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, call) for each call in `tree` that writes or removes a file (see WRITERS), and each
+    `open(...)` with a mode that writes."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        owner = func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else None
+        if name == "open" and owner is None:
+            mode = (
+                node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
+            )
+            if isinstance(mode, ast.Constant) and isinstance(mode.value, str) and set(mode.value) & set("wax+"):
+                found.append((node.lineno, "open"))
+        elif name in WRITERS or (owner is not None and name in QUALIFIED_WRITERS.get(owner, ())):
+            found.append((node.lineno, f"{owner}.{name}" if owner else name))
+        elif owner is not None and name == "save":
+            found.append((node.lineno, f"{owner}.save"))  # torch.save under another name, dcp.save
+    return found
+
+
+def test_write_calls_are_found_in_a_planted_module():
+    planted = ast.parse(
+        "import os, torch\nfrom merit_core import durable_writes\n"
+        "durable_writes.atomic_write(p, b'')\ntorch.save({}, p)\nos.replace(a, b)\nopen(p, 'w')\nopen(p)\n"
+        "model.save_pretrained(p)\n'x'.replace('a', 'b')\nlog = MetricsLog(run)\n"
+    )
+    assert _writes(planted) == [
+        (3, "durable_writes.atomic_write"),
+        (4, "torch.save"),
+        (5, "os.replace"),
+        (6, "open"),
+        (8, "model.save_pretrained"),
+        (10, "MetricsLog"),
+    ]
+
+
+def test_only_the_run_folder_owner_writes_in_train():
+    """Every file of a run folder is written by one object (merit_core.train.run_folder.RunFolder),
+    which alone knows when it may write (the lock held, the first write done, the main process):
+    no other module of merit_core/train/ writes, removes or stages a file."""
+    modules = _modules()
+    train = sorted(m for m in modules if m.startswith("merit_core.train.") and m != RUN_FOLDER_OWNER)
+    assert "merit_core.train.training_run" in train and "merit_core.train.run_watch" in train
+    found = {
+        (m, call): line for m in train for line, call in _writes(ast.parse(modules[m].read_text(encoding="utf-8")))
+    }
+    assert sorted(set(found) - set(WRITES_ALLOWED)) == []
+    assert sorted(set(WRITES_ALLOWED) - set(found)) == [], "listed but no longer made: drop them from WRITES_ALLOWED"
+    owner = _writes(ast.parse(modules[RUN_FOLDER_OWNER].read_text(encoding="utf-8")))
+    assert {"save_checkpoint", "prune_checkpoints", "save_config"} <= {call.split(".")[-1] for _, call in owner}
+
+
+def _names(tree: ast.Module) -> set[str]:
+    """Every identifier, attribute and string constant of `tree` (a string annotation names a type too)."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found.update(node.value.replace(".", " ").replace("[", " ").replace("]", " ").split())
+        elif isinstance(node, ast.alias):
+            found.update(node.name.split("."))
+    return found
+
+
+def test_the_watcher_neither_imports_nor_names_the_training_run():
+    """The watcher decides (warn, stop, rewind) and the run acts on the decision: the watcher's module
+    imports neither the training run nor the run folder's owner, even for the type checker, and
+    never names the TrainingRun class (it cannot reach into the run's state)."""
+    watcher = "merit_core.train.run_watch"
+    graph = _graph(function_level=True, type_checking=True)
+    reached, todo = set(), [watcher]
+    while todo:  # everything the watcher's imports import, transitively
+        for target in graph[todo.pop()] - reached:
+            reached.add(target)
+            todo.append(target)
+    assert "merit_core.train.watch_detector" in reached  # the graph sees what the watcher imports
+    assert {"merit_core.train.training_run", RUN_FOLDER_OWNER} & reached == set()
+    assert "TrainingRun" not in _names(ast.parse(_modules()[watcher].read_text(encoding="utf-8")))
+    assert "TrainingRun" in _names(ast.parse('def f(run: "TrainingRun"): pass'))  # a string annotation is seen

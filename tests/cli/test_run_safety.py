@@ -342,7 +342,7 @@ def test_compare_workers_die_with_their_parent(model_cfg, data_dir, tmp_path, ho
 def test_disk_full_is_one_line_naming_the_last_complete_checkpoint(model_cfg, data_dir, tmp_path, monkeypatch):
     import errno
 
-    import merit_core.train.checkpoint as checkpoint
+    import merit_core.checkpoint.writer as checkpoint
 
     original = checkpoint.torch.save
 
@@ -501,7 +501,7 @@ def test_a_kill_between_the_renames_of_a_rewrite_loses_no_checkpoint(model_cfg, 
 def test_disk_full_is_recognised_whichever_library_reports_it(
     model_cfg, data_dir, tmp_path, monkeypatch, writer, error
 ):
-    import merit_core.train.checkpoint as checkpoint
+    import merit_core.checkpoint.writer as checkpoint
 
     if writer == "torch":
         original = checkpoint.torch.save

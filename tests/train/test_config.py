@@ -14,8 +14,8 @@ from merit_core.train.config import (
     load_config,
     parse_override,
     resolve,
-    save_config,
 )
+from merit_core.train.run_folder import save_config
 
 
 def test_defaults_are_the_cpu_default_run():

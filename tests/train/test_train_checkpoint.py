@@ -10,8 +10,8 @@ from merit_core.checkpoint import runs
 from merit_core.checkpoint.resolve import latest_checkpoint
 from merit_core.checkpoint.state import TrainerState, optional_trainer_state, read_trainer_state
 from merit_core.checkpoint.tensors import load_model_weights, load_trainer_state
+from merit_core.checkpoint.writer import prune_checkpoints, save_checkpoint
 from merit_core.errors import CheckpointError
-from merit_core.train.checkpoint import prune_checkpoints, save_checkpoint
 from tests.prepared_data import TINY_GPT2
 
 

@@ -15,8 +15,9 @@ import torch
 
 from merit_core.errors import ConfigError
 from merit_core.train import compiling
-from merit_core.train.config import load_config, resolve, save_config
+from merit_core.train.config import load_config, resolve
 from merit_core.train.distributed import Parallel
+from merit_core.train.run_folder import save_config
 from merit_core.train.trainer import build_trainer, fastest_fitting, prefetched
 from tests.cli_runs import TINY_TRAIN
 

@@ -2,7 +2,8 @@
 growing 30% a step) is warned before the loss meets the divergence rule
 (merit_core.instability_rules.divergence_step); a healthy run gives no warning; `--on-instability stop`
 stops without saving the warned weights, naming a checkpoint from before the warning; `rewind`
-goes back to it, halves the lr and finishes."""
+goes back to it, halves the lr and finishes, through the resume's verified restore (a checkpoint
+altered since it was written is refused)."""
 
 import math
 import tomllib
@@ -111,3 +112,28 @@ def test_rewind_continues_from_that_checkpoint_with_half_the_lr(model_cfg, data_
     steps = [r["step"] for r in records if "loss" in r]
     assert steps == list(range(1, STEPS + 1))  # the abandoned steps were dropped from metrics.jsonl
     assert max(s for s, _ in runs.checkpoints(out)) == STEPS
+
+
+def test_rewind_verifies_the_checkpoint_as_resume_does(model_cfg, data_dir, tmp_path, planted, monkeypatch):
+    """A rewind goes through the resume's restore: a checkpoint whose weights changed after it was
+    written (one byte of a tensor, so the file still loads) is refused by its recorded checksum, in
+    one line, rather than trained on."""
+    from merit_core.train import run_folder
+
+    write = run_folder.save_checkpoint
+
+    def altered(*args, **kwargs):
+        path = write(*args, **kwargs)
+        weights = path / runs.WEIGHTS_NAME
+        data = bytearray(weights.read_bytes())
+        data[-1] ^= 1  # the last byte of the last tensor's data
+        weights.write_bytes(bytes(data))
+        return path
+
+    monkeypatch.setattr(run_folder, "save_checkpoint", altered)
+    out = tmp_path / "run"
+    result = _train(model_cfg, data_dir, out, "--on-instability", "rewind")
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "differs from the checksum its checkpoint recorded" in lines[0], lines
+    assert not any(WATCH_REWIND in r for r in read_metrics(out))

@@ -1,4 +1,4 @@
-"""Checkpoints: `<run>/step_<N>/`, each a complete Hugging Face model folder plus trainer state.
+"""Writing a checkpoint: `<run>/step_<N>/`, a complete Hugging Face model folder plus trainer state.
 
 A checkpoint holds `config.json`, `model.safetensors`, the tokenizer files (so it loads with
 `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained` and lm-eval on its
@@ -9,8 +9,9 @@ state is instead an `optimizer/` folder of torch.distributed.checkpoint shards, 
 process writes into the staged folder (`merit_core.checkpoint.runs.begin_staging`). It is written into
 `<run>/.tmp-step_<N>`, fsynced and renamed into place, so a crash never leaves half a
 checkpoint. What the folder layout is (naming, completeness, "latest", staging, durable
-writes) belongs to `merit_core.checkpoint.runs`, reading the files to the rest of that package;
-this module is what training writes into a staged checkpoint.
+writes) belongs to `merit_core.checkpoint.runs`, reading the files to the rest of this package;
+this module writes the files of one checkpoint and prunes old ones. During training the run
+folder's owner (merit_core.train.run_folder) is its one caller.
 """
 
 from __future__ import annotations
