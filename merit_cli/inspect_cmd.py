@@ -136,12 +136,12 @@ def _print_notes(console, checkpoints: list) -> None:
             if getattr(note, "kind", None) == TRAINING_LOGIT:
                 logit_notes.append((c.label, note))
             else:
-                console.print(f"[yellow]note[/] {c.label}: {shown(note)}")
+                console.print(f"[yellow]note[/] {c.label}: {shown(note)}", soft_wrap=True)  # a path and a line whole
     if logit_notes:  # one per checkpoint of a run, all saying the same: the latest one, once
         label, note = logit_notes[-1]
         more = len(logit_notes) - 1
         also = f" (likewise at {more} other checkpoint{'s' if more != 1 else ''}; --json has each)" if more else ""
-        console.print(f"[yellow]note[/] {label}: {shown(note)}{also}")
+        console.print(f"[yellow]note[/] {label}: {shown(note)}{also}", soft_wrap=True)
 
 
 def _say_taken(console, report, selection) -> None:
