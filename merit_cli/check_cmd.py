@@ -19,23 +19,6 @@ def _cell(x: float | None) -> str:
     return "-" if x is None else f"{x:.2e}"
 
 
-SKIPPED = "skipped"  # how merit_core.optim.merit.verify's note begins for a backend this machine lacks
-
-
-def skipped(row) -> bool:
-    """A row that did not run (its backend is not on this machine): neither ok nor failed."""
-    return row.note.startswith(SKIPPED)
-
-
-def verdict_line(report) -> str:
-    """The last line of a check that passed: the rows that ran, and the skipped ones counted apart."""
-    n_skipped = sum(skipped(r) for r in report.rows)
-    ran = len(report.rows) - n_skipped
-    if not n_skipped:
-        return f"all {ran} rows ok"
-    return f"{ran} rows ok, {n_skipped} skipped (not on this machine)"
-
-
 def render(report) -> None:
     """The rich table: device and versions above, one row per check, the verdict line below."""
     from rich.console import Console
@@ -55,14 +38,14 @@ def render(report) -> None:
     for name in ("ok", "note"):
         table.add_column(name, overflow="fold")
     for r in report.rows:
-        ok = "[dim]skipped[/]" if r.ok and skipped(r) else "[green]ok[/]" if r.ok else "[bold red]FAIL[/]"
+        ok = "[dim]skipped[/]" if r.ok and r.skipped else "[green]ok[/]" if r.ok else "[bold red]FAIL[/]"
         table.add_row(r.check, r.backend, r.dtype, r.shape, _cell(r.error), _cell(r.tolerance), ok, escape(r.note))
     console.print(table)
     failure = report.failure()
     if failure:
         Console(stderr=True, highlight=False).print(f"[bold red]{escape(failure)}[/]", soft_wrap=True)
     else:
-        console.print(f"[green]{verdict_line(report)}[/] in {report.seconds:.1f} s")
+        console.print(f"[green]{report.passed_line()}[/] in {report.seconds:.1f} s")
 
 
 @click.command("check")

@@ -156,13 +156,22 @@ def table_lines(report: CheckReport) -> Iterator[str]:
     yield "versions: " + ", ".join(f"{k} {v}" for k, v in report.versions.items())
     head = ("check", "backend", "dtype", "shape", "max rel. error", "tolerance", "ok", "note")
     cells = [head] + [
-        (r.check, r.backend, r.dtype, r.shape, _cell(r.error), _cell(r.tolerance), "ok" if r.ok else "FAIL", r.note)
+        (
+            r.check,
+            r.backend,
+            r.dtype,
+            r.shape,
+            _cell(r.error),
+            _cell(r.tolerance),
+            ("skipped" if r.skipped else "ok") if r.ok else "FAIL",
+            r.note,
+        )
         for r in report.rows
     ]
     widths = [max(len(c[i]) for c in cells) for i in range(len(head) - 1)]
     for c in cells:
         yield "  ".join(x.ljust(w) for x, w in zip(c, widths)) + "  " + c[-1]
-    yield report.failure() or f"all {len(report.rows)} rows ok in {report.seconds:.1f} s"
+    yield report.failure() or f"{report.passed_line()} in {report.seconds:.1f} s"
 
 
 def main(argv: list[str] | None = None) -> int:

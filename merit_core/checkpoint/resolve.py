@@ -153,7 +153,7 @@ def took(run_dir: str | Path, picked: list[tuple[int, Path]], selection: Selecti
     """One line saying which checkpoints of a run folder (or revisions of a hub model) a command took, and why."""
     if not Path(run_dir).exists() and parse_hub_model(str(run_dir)) is not None:
         return f"{display(run_dir)}: took {_names(picked)} (--revisions)"
-    return f"{display(run_dir)}: took {_names(picked)} (--steps {selection})"
+    return f"{display(run_dir)}: took {_names(picked)} (--checkpoints {selection})"
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,7 @@ def output_file(path: str | os.PathLike, now: datetime.datetime | None = None) -
     For a folder this is the name free now; `write_results_json` takes the one free when it writes
     (another eval may have taken this one meanwhile)."""
     out = Path(path).expanduser()
-    check_path_names(out, "--output")
+    check_path_names(out, "-o/--out")
     if names_file(out):
         return out
     return out / next(n for n in _result_names(now) if not os.path.lexists(out / n))
@@ -121,15 +121,15 @@ def check_output_path(path: str | os.PathLike) -> Path:
     """The output path, checked before the evaluation starts: not a folder, no name too long, no link
     to nothing on the way, and a writable folder to make it in."""
     out = Path(path).expanduser()
-    check_path_names(out, "--output")
-    refuse_dangling_parents(out, "--output")
+    check_path_names(out, "-o/--out")
+    refuse_dangling_parents(out, "-o/--out")
     if out.is_dir():
-        raise ConfigError(f"--output {path}: is a folder; give a file name such as results.json")
+        raise ConfigError(f"-o/--out {path}: is a folder; give a file name such as results.json")
     parent = out.parent
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise ConfigError(f"--output {path}: cannot write into {parent}")
+        raise ConfigError(f"-o/--out {path}: cannot write into {parent}")
     return out
 
 

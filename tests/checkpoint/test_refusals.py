@@ -84,7 +84,7 @@ def test_a_checkpoint_without_checksums_loads_and_is_said_not_verified_once(run,
     result = invoke(["inspect", str(run), "--no-logits", "--no-updates"])
     assert result.exit_code == 0, result.output
     assert " ".join(result.output.split()).count(NOT_VERIFIED) == 1
-    assert f"{run}: took step_2 (--steps all)" in result.output
+    assert f"{run}: took step_2 (--checkpoints all)" in result.output
     resumed = _resume(model_cfg, data_dir, run)
     assert resumed.exit_code == 0, resumed.output
     assert " ".join(resumed.output.split()).count(NOT_VERIFIED) == 1

@@ -509,9 +509,9 @@ add(
 )
 add(
     "eval",
-    "--output under a file",
+    "-o under a file",
     lambda w, c: ["eval", str(w.gpt2), "--tasks", "lambada", "-o", str(fs_file(c) / "r.json")],
-    "--output",
+    "-o/--out",
 )
 add("eval", "--device tpu", lambda w, c: ["eval", str(w.gpt2), "--tasks", "lambada", "--device", "tpu"], "--device")
 add("eval", "--dtype int8", lambda w, c: ["eval", str(w.gpt2), "--tasks", "lambada", "--dtype", "int8"], "dtype")

@@ -5,22 +5,27 @@ what it counts, and a smoke comparison's "no verdict" line says why once."""
 import re
 from types import SimpleNamespace
 
-from merit_cli.check_cmd import skipped, verdict_line
 from merit_cli.train_cmd import run_time
 from tests.cli_runs import invoke
 
 FAMILIES = ("GPT-2", "Llama", "Qwen")
 
 
-def _row(note: str = "") -> SimpleNamespace:
-    return SimpleNamespace(note=note, ok=True)
-
-
 def test_check_counts_skipped_rows_apart():
-    rows = [_row(), _row(), _row("skipped: triton is not installed")]
-    assert [skipped(r) for r in rows] == [False, False, True]
-    assert verdict_line(SimpleNamespace(rows=rows)) == "2 rows ok, 1 skipped (not on this machine)"
-    assert verdict_line(SimpleNamespace(rows=rows[:2])) == "all 2 rows ok"
+    """In `merit check` and `python -m merit_core.check` alike: a backend this machine lacks is a
+    skipped row, not an ok one."""
+    from merit_core.check import table_lines
+    from merit_core.optim.merit.verify import SKIPPED, CheckReport, Row
+
+    rows = [Row("step", b, "float32", "(6, 5)", 0.0, 1e-6, True) for b in ("reference", "cpu")]
+    rows.append(Row("step", "triton", "", "", None, None, True, f"{SKIPPED}: triton is not installed"))
+    assert [r.skipped for r in rows] == [False, False, True]
+    report = CheckReport("cpu", {"torch": "x"}, rows, 1.0)
+    assert report.passed_line() == "2 rows ok, 1 skipped (not on this machine)"
+    assert CheckReport("cpu", {}, rows[:2]).passed_line() == "all 2 rows ok"
+    lines = list(table_lines(report))
+    assert lines[-1] == "2 rows ok, 1 skipped (not on this machine) in 1.0 s"
+    assert "skipped" in lines[-2] and " ok " not in lines[-2]
 
 
 def test_every_shipped_config_states_one_cost():

@@ -46,7 +46,7 @@ def test_all_steps_prints_one_row_per_step_with_recorded_logit(world, tmp_path):
     ]
     res = _eval(str(run), "--all-steps", *common, "--limit", "4", "-o", str(out), "--plot", str(fig))
     assert res.exit_code == 0, res.output
-    assert f"{run}: took step_5, step_12 (--steps all)" in res.output  # which checkpoints, said once
+    assert f"{run}: took step_5, step_12 (--checkpoints all)" in res.output  # which checkpoints, said once
     table = res.output[res.output.index("scores over training steps") :]
     # merit_cli.render.print_table folds the columns that do not fit into more tables, each led by the
     # step column: a step's cells are those of its rows in every part, in order
@@ -85,7 +85,7 @@ def test_steps_choose_those_checkpoints(world):  # noqa: F811
     # what is evaluated and what is said come from one resolution: a run folder's steps in its place
     targets = eval_targets([str(run), str(run / "step_5"), "gpt2"], LATEST)
     assert targets.checkpoints == (str(run / "step_12"), str(run / "step_5"), "gpt2")
-    assert targets.lines() == [f"{run}: took step_12 (--steps latest)"]
+    assert targets.lines() == [f"{run}: took step_12 (--checkpoints latest)"]
     assert eval_targets([str(run)], ALL).checkpoints == (str(run / "step_5"), str(run / "step_12"))
     with pytest.raises(ConfigError, match="--steps all takes a `merit train` run folder"):
         eval_targets([str(run / "step_5")], ALL)
@@ -106,7 +106,7 @@ def test_eval_of_a_run_folder_evaluates_the_checkpoint_it_says_it_took(world, mo
     res = _eval(str(run), "--tasks", TASK, "--include-path", str(world["tasks"]), "--trust-task-code")
     assert res.exit_code == 0, res.output
     assert calls == [[str(run / "step_12")]]
-    assert f"{run}: took step_12 (--steps latest)" in res.output
+    assert f"{run}: took step_12 (--checkpoints latest)" in res.output
 
 
 def test_steps_input_errors_are_one_line(world, tmp_path):  # noqa: F811

@@ -71,6 +71,7 @@ HYPER: dict[str, Any] = {
 }
 NONFINITE_SHAPES = ((6, 5), (5,))  # the non-finite row's group
 UPDATE_EPSILONS = 64  # the fp32 update's rounding bound, in fp32 epsilons of its largest entry (generous)
+SKIPPED = "skipped"  # how the note of a row begins whose backend this machine lacks
 MOMENT_EPSILONS = 8  # m and v: two roundings of a fused multiply-add per step, and the coefficient's
 
 
@@ -87,6 +88,11 @@ class Row:
     ok: bool
     note: str = ""
 
+    @property
+    def skipped(self) -> bool:
+        """A row that did not run (its backend is not on this machine): neither ok nor failed."""
+        return self.note.startswith(SKIPPED)
+
 
 @dataclass
 class CheckReport:
@@ -100,6 +106,12 @@ class CheckReport:
     @property
     def ok(self) -> bool:
         return all(r.ok for r in self.rows)
+
+    def passed_line(self) -> str:
+        """The last line of a check that passed: the rows that ran, and the skipped ones counted apart."""
+        n_skipped = sum(r.skipped for r in self.rows)
+        ran = len(self.rows) - n_skipped
+        return f"all {ran} rows ok" if not n_skipped else f"{ran} rows ok, {n_skipped} skipped (not on this machine)"
 
     def failure(self) -> str | None:
         """The one line to report for the first failed row, or None when every row passed."""
@@ -414,7 +426,7 @@ def step_rows(
         run = [b for b in run if b != "compile"]
     for b in chosen:
         if available[b] is not None:
-            add(Row("step", b, "", "", None, None, True, f"skipped: {available[b]}"))
+            add(Row("step", b, "", "", None, None, True, f"{SKIPPED}: {available[b]}"))
     for b in run:
         for case, dtype in cases(device, quick, [b]):
             add(_guarded("step", b, partial(step_row, b, case, dtype, device)))
