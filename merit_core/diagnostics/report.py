@@ -262,7 +262,9 @@ def _measure(
     """Fill max attention logits (and the Hessian) into `stats`, building the model once from `config`
     (the checkpoint's config.json)."""
     progress(Progress("building the model", item=ckpt.label))
-    model = load_model(ckpt, reader, opts.device, raw_config=config)
+    # the whole model in memory only where more than the probe's forward pass uses it
+    whole = opts.hessian or (opts.updates and (ckpt.folder / runs.STATE_PT).is_file())
+    model = load_model(ckpt, reader, opts.device, raw_config=config, layered=not whole)
     # a user's text is measured as given, up to the context; the built-in paragraph fills 256 tokens
     seq_len = opts.seq_len or (
         context_length(model.config) if opts.text is not None else min(context_length(model.config), 256)

@@ -17,24 +17,22 @@ values the whole-model loader copies in, and the same code multiplies them.
 On a CUDA device the next unit's weights are read and moved by a background thread while the
 current unit runs; on the CPU units are read in turn (reading ahead would hold two layers).
 
-    with layered_model(config, reader, "cuda") as model:
-        result = probe_attention(model, ids, inputs=True, instability=True)
+    model = layered_model(config, reader, "cuda")
+    result = probe_attention(model, ids, inputs=True, instability=True)
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from merit_core.errors import CheckpointError
 from merit_core.models import build_model, family_spec
 
-# (unit name, {parameter name in the model: the tensor as stored}) when a unit's weights are read
+# (unit name, {stored name: the tensor as stored}) when a unit's weights are read
 TensorTap = Callable[[str, dict[str, torch.Tensor]], None]
 
 
@@ -80,9 +78,9 @@ def model_units(model: torch.nn.Module) -> list[Unit]:
     the first decoder layer, the layers, the modules after (the order they are registered in,
     which is their order of execution in every supported family)."""
     spec = family_spec(model.config)
-    base = getattr(model, model.base_model_prefix)
     layer_paths = {
-        f"{model.base_model_prefix}.{spec.attention.layer_block.format(i=i)}" for i in range(spec.n_layers(model.config))
+        f"{model.base_model_prefix}.{spec.attention.layer_block.format(i=i)}"
+        for i in range(spec.n_layers(model.config))
     }
     ties: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
@@ -97,24 +95,26 @@ def model_units(model: torch.nn.Module) -> list[Unit]:
             unit = units[unit_path] = Unit(unit_path, modules[unit_path])
         aliases = [n for n in ties[id(param)] if n != name]
         unit.params.append((modules[owner_path], attr, name, _stored_names(model, name, aliases)))
-    del base
     return list(units.values())
 
 
 class _Loader:
-    """Reads units' weights from `tensors` onto `device`, one unit ahead in a thread where `prefetch`."""
+    """Reads units' weights from `tensors` onto `device`; with `prefetch`, one unit ahead in a thread
+    (started at the first unit of a pass, stopped after the last)."""
 
     def __init__(self, units: list[Unit], tensors: Mapping, device: torch.device, prefetch: bool, tap):
         self.units = units
         self.order = {unit.name: i for i, unit in enumerate(units)}
         self.tensors = tensors
         self.device = device
+        self.prefetch = prefetch
         self.tap = tap
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="merit-weights") if prefetch else None
+        self.pool: ThreadPoolExecutor | None = None
         self.pending: dict[str, Future] = {}
 
-    def read(self, unit: Unit) -> dict[str, torch.Tensor]:
-        """{model name: the stored tensor, on the device, in its stored dtype} for every parameter of `unit`."""
+    def read(self, unit: Unit) -> dict[str, tuple[str, torch.Tensor]]:
+        """{model name: (stored name, the stored tensor on the device, in its stored dtype)} for every
+        parameter of `unit`."""
         out = {}
         for owner, attr, name, keys in unit.params:
             key = next((k for k in keys if k in self.tensors), None)
@@ -128,60 +128,91 @@ class _Loader:
                     f"config.json does not match the weights: {key} is {list(value.shape)}, "
                     f"the config builds {list(target.shape)}"
                 )
-            out[name] = value.to(self.device)
+            out[name] = (key, value.to(self.device))
         return out
 
-    def take(self, unit: Unit) -> dict[str, torch.Tensor]:
+    def take(self, unit: Unit) -> dict[str, tuple[str, torch.Tensor]]:
         """`unit`'s weights (read ahead, or now), and the next unit's read started."""
         future = self.pending.pop(unit.name, None)
         weights = future.result() if future is not None else self.read(unit)
-        if self.pool is not None:
-            nxt = self.order[unit.name] + 1
-            if nxt < len(self.units) and self.units[nxt].name not in self.pending:
+        nxt = self.order[unit.name] + 1
+        if self.prefetch and nxt < len(self.units):
+            if self.pool is None:
+                self.pool = ThreadPoolExecutor(1, thread_name_prefix="merit-weights")
+            if self.units[nxt].name not in self.pending:
                 self.pending[self.units[nxt].name] = self.pool.submit(self.read, self.units[nxt])
+        elif nxt == len(self.units):
+            self.close()
         return weights
 
     def close(self) -> None:
-        if self.pool is not None:
-            for future in self.pending.values():
-                future.cancel()
-            self.pool.shutdown(wait=True)
+        """Stop reading ahead (the pass ended, or failed)."""
+        for future in self.pending.values():
+            future.cancel()
         self.pending.clear()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None
 
 
-def _install(unit: Unit, loader: _Loader) -> list[Any]:
+def check_weights(units: list[Unit], tensors: Mapping, where: str) -> None:
+    """CheckpointError unless `tensors` holds every parameter of `units` in its shape (read from the
+    file headers where `tensors` can tell shapes, as a lazy safetensors reader does)."""
+    missing = []
+    for unit in units:
+        for owner, attr, name, keys in unit.params:
+            key = next((k for k in keys if k in tensors), None)
+            if key is None:
+                missing.append(name)
+                continue
+            shape = getattr(tensors, "shape", None)
+            stored = tuple(shape(key)) if callable(shape) else tuple(tensors[key].shape)
+            target = owner._parameters[attr]
+            assert target is not None
+            if stored != tuple(target.shape):
+                raise CheckpointError(
+                    f"config.json does not match the weights: {key} is {list(stored)}, "
+                    f"the config builds {list(target.shape)}"
+                )
+    if missing:
+        raise CheckpointError(f"{where} lacks {len(missing)} weights the config needs, e.g. {missing[0]}")
+
+
+def _install(unit: Unit, loader: _Loader) -> None:
     """Forward hooks that materialise `unit`'s parameters in float32 before it runs and drop them after."""
     empty = {name: owner._parameters[attr] for owner, attr, name, _ in unit.params}
 
     def before(module, args):
         weights = loader.take(unit)
         if loader.tap is not None:
-            loader.tap(unit.name, weights)
+            loader.tap(unit.name, dict(weights.values()))
         for owner, attr, name, _ in unit.params:
-            owner._parameters[attr] = torch.nn.Parameter(weights.pop(name).float(), requires_grad=False)
+            owner._parameters[attr] = torch.nn.Parameter(weights.pop(name)[1].float(), requires_grad=False)
 
     def after(module, args, output):
         for owner, attr, name, _ in unit.params:
             owner._parameters[attr] = empty[name]
 
-    return [unit.module.register_forward_pre_hook(before), unit.module.register_forward_hook(after)]
+    unit.module.register_forward_pre_hook(before)
+    unit.module.register_forward_hook(after)
 
 
-@contextlib.contextmanager
 def layered_model(
     config,
     tensors: Mapping,
     device: str | torch.device = "cpu",
     prefetch: bool | None = None,
     tap: TensorTap | None = None,
-) -> Iterator[torch.nn.Module]:
-    """Within the block, a float32 causal LM of `config` whose forward passes read each unit's weights
-    from `tensors` (a name -> tensor mapping as stored) when it runs and free them after.
+    where: str = "the checkpoint",
+) -> torch.nn.Module:
+    """A float32 causal LM of `config` whose forward passes read each unit's weights from `tensors`
+    (a name -> tensor mapping as stored) when the unit runs and free them after it ran.
 
     `prefetch`: read the next unit while the current one runs (default: on CUDA devices).
-    `tap`: called with each unit's stored tensors (on the device, stored dtype) as they are read,
-    so statistics of the weights can be taken from the same read. A missing weight or one of
-    another shape is a CheckpointError when its unit first runs.
+    `tap`: called with each unit's name and its stored tensors ({stored name: tensor}, on the
+    device, in the stored dtype) as they are read, so statistics of the weights can be taken from
+    the same read. A missing weight, or one of another shape, is a CheckpointError here (`where`
+    names the checkpoint in it), before anything is read. The model is for forward passes only (no `.to()`, no training, no state dict).
     """
     device = torch.device(device)
     model = empty_model(config)
@@ -190,11 +221,8 @@ def layered_model(
             if buffer is not None:
                 module._buffers[name] = buffer.to(device)
     units = model_units(model)
+    check_weights(units, tensors, where)
     loader = _Loader(units, tensors, device, device.type == "cuda" if prefetch is None else prefetch, tap)
-    hooks = [h for unit in units for h in _install(unit, loader)]
-    try:
-        yield model
-    finally:
-        for h in hooks:
-            h.remove()
-        loader.close()
+    for unit in units:
+        _install(unit, loader)
+    return model
