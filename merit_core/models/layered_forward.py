@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -46,10 +47,10 @@ class Unit:
     params: list[tuple[torch.nn.Module, str, str, list[str]]] = field(default_factory=list)
 
 
-def empty_model(config) -> torch.nn.Module:
+def empty_model(config) -> Any:
     """The causal LM `config` builds, in float32, with every parameter on the meta device (no memory,
     no random initialisation) and its buffers real, on the CPU."""
-    from accelerate import init_empty_weights
+    from accelerate import init_empty_weights  # type: ignore[import-untyped]
 
     with init_empty_weights(include_buffers=False):
         model = build_model(config)
@@ -58,7 +59,7 @@ def empty_model(config) -> torch.nn.Module:
     return model.eval()
 
 
-def _stored_names(model: torch.nn.Module, name: str, aliases: list[str]) -> list[str]:
+def _stored_names(model: Any, name: str, aliases: list[str]) -> list[str]:
     """The names a model parameter may be stored under: its own (as save_pretrained renames it, and
     without the base-model prefix, as older GPT-2 files have it), then those of the parameters tied
     to it (an output head tied to the embedding is not stored)."""
@@ -73,7 +74,7 @@ def _stored_names(model: torch.nn.Module, name: str, aliases: list[str]) -> list
     return out
 
 
-def model_units(model: torch.nn.Module) -> list[Unit]:
+def model_units(model: Any) -> list[Unit]:
     """The model's units in the order its forward runs them: the modules owning parameters before
     the first decoder layer, the layers, the modules after (the order they are registered in,
     which is their order of execution in every supported family)."""
@@ -204,7 +205,7 @@ def layered_model(
     prefetch: bool | None = None,
     tap: TensorTap | None = None,
     where: str = "the checkpoint",
-) -> torch.nn.Module:
+) -> Any:
     """A float32 causal LM of `config` whose forward passes read each unit's weights from `tensors`
     (a name -> tensor mapping as stored) when the unit runs and free them after it ran.
 
