@@ -4,9 +4,9 @@ allow: its peak resident memory and wall time beside the floor measured in the s
 Writes a checkpoint of random bf16 weights (shards of at most 2 GiB, with the index transformers
 writes, no tokenizer: the probe then uses 256 seeded token ids) into `--dir`, then:
 - reads its files once (the read bandwidth; this also leaves them in the page cache, as they are
-  for the run that follows);
-- times fp32 matrix products of the probe's shapes (256 tokens x the model's width);
-- runs `merit inspect DIR --json` in a child process: its wall time and its peak RSS (wait4).
+  for the run that follows) and times fp32 matrix products of the probe's shapes (256 tokens x
+  the model's width), before the run and again after it (a shared machine's load changes);
+- runs `merit inspect DIR --json` in a child process: its wall time, CPU time and peak RSS (VmHWM).
 The floor is the bytes of the files at the measured read bandwidth plus the probe's FLOPs (2 x
 parameters x tokens for the projections, 4 x layers x tokens^2 x width for the attention) at the
 measured matmul throughput. The load average (1, 5, 15 min) before and after is printed with the
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -160,16 +161,37 @@ def matmul_flops(width: int, ff: int, seconds: float = 3.0) -> float:
     return flops / best
 
 
+def measure_floor(folder: Path, size: str, params: int, nbytes: int) -> tuple[float, float, float]:
+    """(floor seconds, read bytes/s, fp32 matmul FLOP/s) measured now."""
+    _, d, ff, *_ = SHAPES[size]
+    bandwidth, flops = read_bandwidth(folder)[0], matmul_flops(d, ff)
+    return nbytes / bandwidth + probe_flops(size, params) / flops, bandwidth, flops
+
+
 def probe_flops(size: str, params: int) -> float:
     layers, d, *_ = SHAPES[size]
     return 2 * params * TOKENS + 4 * layers * TOKENS**2 * d
 
 
+# Runs `merit` (argv[2:]) and writes its peak RSS (VmHWM, KiB) to argv[1] at exit. VmHWM is this
+# process image's own: ru_maxrss of a child starts at its parent's peak (here: a shard being written).
+LAUNCH = r"""
+import atexit, runpy, sys
+out = sys.argv.pop(1)
+def peak():
+    with open("/proc/self/status") as fh:
+        hwm = next(line for line in fh if line.startswith("VmHWM"))
+    with open(out, "w") as fh:
+        fh.write(hwm.split()[1])
+atexit.register(peak)
+sys.argv[0] = "merit"
+runpy.run_module("merit_cli", run_name="__main__", alter_sys=True)
+"""
+
+
 def run_inspect(folder: Path, budget: float) -> tuple[float, float, int]:
     """(wall seconds, peak RSS bytes, exit status) of `merit inspect FOLDER --json` in a child process,
-    killed after `budget` seconds."""
-    import signal
-
+    killed after `budget` seconds (status -9; its peak RSS is then unknown: NaN)."""
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
@@ -177,28 +199,20 @@ def run_inspect(folder: Path, budget: float) -> tuple[float, float, int]:
         "HF_HUB_DISABLE_PROGRESS_BARS": "1",
         "TRANSFORMERS_VERBOSITY": "error",
     }
-    out = folder / "inspect.json"
-    cmd = [sys.executable, "-m", "merit_cli", "inspect", str(folder), "--json", str(out)]
+    peak_file = folder / "peak_rss_kib"
+    cmd = [sys.executable, "-c", LAUNCH, str(peak_file), "inspect", str(folder), "--json", str(folder / "inspect.json")]
     t0 = time.perf_counter()
-    child = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    status = None
-    while status is None:
-        pid, status_word, usage = os.wait4(child.pid, os.WNOHANG)
-        if pid:
-            status = os.waitstatus_to_exitcode(status_word)
-            break
-        if time.perf_counter() - t0 > budget:
-            child.send_signal(signal.SIGKILL)
-            _, status_word, usage = os.wait4(child.pid, 0)
-            status = -9
-            break
-        time.sleep(0.05)
+    try:
+        done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=budget)
+        status = done.returncode
+    except subprocess.TimeoutExpired:
+        status = -9
     wall = time.perf_counter() - t0
-    child.returncode = status  # reaped here: Popen must not wait again
     if status not in (0, -9):
-        err = child.stderr.read().decode(errors="replace").strip().splitlines() if child.stderr else []
+        err = done.stderr.strip().splitlines()
         print(f"merit inspect exited {status}: {err[-1] if err else ''}", file=sys.stderr)
-    return wall, usage.ru_maxrss * 1024, status
+    peak = int(peak_file.read_text()) * 1024 if peak_file.is_file() else float("nan")
+    return wall, peak, status
 
 
 def main() -> None:
@@ -210,31 +224,41 @@ def main() -> None:
     args = parser.parse_args()
     if args.dir.exists() and any(args.dir.iterdir()):
         sys.exit(f"{args.dir} is not empty: give a new folder (the checkpoint is written there, then deleted)")
-    layers, d, ff, *_ = SHAPES[args.size]
     load_before = os.getloadavg()
     try:
         t0 = time.perf_counter()
         params, nbytes, shards = write_checkpoint(args.dir, args.size)
         written = time.perf_counter() - t0
-        bandwidth, _ = read_bandwidth(args.dir)
-        flops = matmul_flops(d, ff)
-        floor = nbytes / bandwidth + probe_flops(args.size, params) / flops
+        floors = []  # (floor seconds, read bytes/s, matmul FLOP/s): before and after the run
+        floors.append(measure_floor(args.dir, args.size, params, nbytes))
+        cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         wall, peak, status = run_inspect(args.dir, args.budget)
+        cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
+        floors.append(measure_floor(args.dir, args.size, params, nbytes))
     finally:
         if not args.keep:
             shutil.rmtree(args.dir, ignore_errors=True)
     load_after = os.getloadavg()
     cores = os.cpu_count()
-    print(f"checkpoint written in {written:.0f} s; {cores} cores; load average before "
-          f"{' '.join(f'{x:.1f}' for x in load_before)}, after {' '.join(f'{x:.1f}' for x in load_after)}")
-    print()
-    print("| shape | parameters | bf16 files | read GiB/s | fp32 GFLOP/s | floor | `merit inspect` | x floor | peak RSS |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    done = "" if status == 0 else (" (killed at the budget)" if status == -9 else f" (exit {status})")
     print(
-        f"| {args.size} | {params / 1e9:.2f}B | {nbytes / 2**30:.2f} GiB in {shards} | {bandwidth / 2**30:.2f} | "
-        f"{flops / 1e9:.0f} | {floor:.1f} s | {wall:.1f} s{done} | {wall / floor:.1f}x | {peak / 2**30:.2f} GiB |"
+        f"checkpoint written in {written:.0f} s; {cores} cores; load average before "
+        f"{' '.join(f'{x:.1f}' for x in load_before)}, after {' '.join(f'{x:.1f}' for x in load_after)}"
     )
+    print()
+    print(
+        "| shape | parameters | bf16 files | read GiB/s | fp32 GFLOP/s | floor | `merit inspect` | its CPU time "
+        "| x floor | peak RSS |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    done = "" if status == 0 else (" (killed at the budget)" if status == -9 else f" (exit {status})")
+    (f0, b0, p0), (f1, b1, p1) = floors
+    print(
+        f"| {args.size} | {params / 1e9:.2f}B | {nbytes / 2**30:.2f} GiB in {shards} "
+        f"| {b0 / 2**30:.2f} / {b1 / 2**30:.2f} | {p0 / 1e9:.0f} / {p1 / 1e9:.0f} | {f0:.1f} / {f1:.1f} s "
+        f"| {wall:.1f} s{done} | {cpu:.1f} s | {wall / f0:.1f}x / {wall / f1:.1f}x | {peak / 2**30:.2f} GiB |"
+    )
+    print("(read bandwidth, matmul throughput, floor and x floor: measured before / after the run)")
 
 
 if __name__ == "__main__":
