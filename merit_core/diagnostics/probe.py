@@ -20,7 +20,7 @@ from merit_core.checkpoint.runs import TOKENIZER_FILES
 from merit_core.diagnostics.layout import read_config
 from merit_core.errors import CheckpointError, ConfigError, DataError
 from merit_core.models import build_model, config_from_dict, family_spec
-from merit_core.models.layered_forward import layered_model
+from merit_core.models.layered_forward import TensorTap, layered_model
 from merit_core.models.limits import check_layered_size, check_model_config, check_model_size
 
 PROBE_TEXT = (
@@ -111,7 +111,12 @@ def make_probe_batch(
 
 
 def load_model(
-    checkpoint, tensors, device: str | torch.device = "cpu", raw_config: dict | None = None, layered: bool = False
+    checkpoint,
+    tensors,
+    device: str | torch.device = "cpu",
+    raw_config: dict | None = None,
+    layered: bool = False,
+    tap: TensorTap | None = None,
 ):
     """A float32 causal LM built from the checkpoint's config.json, with every weight from `tensors`.
 
@@ -121,7 +126,8 @@ def load_model(
     some weights under (GPT-NeoX embed_out) are accepted. `raw_config`: the checkpoint's config.json
     when the caller has read it already (else it is read here). `layered`: a model for forward
     passes that reads each layer's weights when it runs (merit_core.models.layered_forward), so a
-    checkpoint larger than memory can be probed; the same numbers as the whole model's.
+    checkpoint larger than memory can be probed; the same numbers as the whole model's. `tap`: with
+    `layered`, called with each layer's stored tensors as they are read.
     """
     raw = raw_config if raw_config is not None else read_config(checkpoint.config_path)
     if raw is None:
@@ -140,7 +146,7 @@ def load_model(
     except ConfigError as exc:
         raise CheckpointError(str(exc)) from None
     if layered:
-        return layered_model(config, tensors, device, where=str(checkpoint.path))
+        return layered_model(config, tensors, device, tap=tap, where=str(checkpoint.path))
     model = build_model(config)
     prefix = model.base_model_prefix + "."
     tied = getattr(config, "tie_word_embeddings", False)

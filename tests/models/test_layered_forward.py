@@ -125,23 +125,33 @@ def test_missing_and_misshapen_weights_are_refused_before_reading(tmp_path):
 
 
 def test_inspect_probes_layer_by_layer_with_the_same_report(tmp_path, monkeypatch):
-    """`merit inspect` of a checkpoint without optimizer state takes the layered path, and its whole
-    report equals the one the whole model gives."""
-    ckpt = _saved(tmp_path, "qwen3", torch.bfloat16)
-    calls: list[bool] = []
-
-    def spy(*args, layered=False, **kw):
-        calls.append(layered)
-        return load_model(*args, layered=layered, **kw)
-
-    monkeypatch.setattr(report, "load_model", spy)
+    """`merit inspect` of a checkpoint without optimizer state takes the layered path, reads each
+    stored tensor once for the probe and the weight table, and its whole report equals the one the
+    whole model gives (with the table from a pass of its own)."""
+    ckpt = _saved(tmp_path, "qwen3", torch.bfloat16, max_shard_size="30KB")
     opts = report.InspectOptions(verify=False)
+    assert report.probe_layered(ckpt, {}, opts)
+    assert not report.probe_layered(ckpt, {}, report.InspectOptions(hessian=True))
+    reads: list[str] = []
+    real = SafetensorsReader.__getitem__
+
+    def counted(self, name):
+        reads.append(name)
+        return real(self, name)
+
+    monkeypatch.setattr(SafetensorsReader, "__getitem__", counted)
     layered = report.inspect_paths([ckpt.path], opts).to_dict()
-    monkeypatch.setattr(report, "load_model", lambda *args, layered=False, **kw: spy(*args, layered=False, **kw))
+    attention = {
+        n for n in ckpt.tensors if n.endswith(("q_proj.weight", "k_proj.weight", "q_norm.weight", "k_norm.weight"))
+    }
+    assert {n for n in reads if reads.count(n) > 1} <= attention  # the max-norms and bounds read W_Q / W_K again
+    assert set(reads) == set(ckpt.tensors)
+    monkeypatch.setattr(report, "probe_layered", lambda *args: False)
+    reads.clear()
     whole = report.inspect_paths([ckpt.path], opts).to_dict()
-    assert calls == [True, False]
+    assert {n for n in reads if reads.count(n) > 1} - attention  # the whole-model path reads every tensor twice
     assert layered == whole
-    assert layered["checkpoints"][0]["layers"][0]["max_attention_logit"] is not None
+    assert layered["checkpoints"][0]["weights"] and layered["checkpoints"][0]["layers"][0]["max_attention_logit"]
 
 
 # A Llama-2-70B-shaped config: 80 layers of width 8192, MLP 28672, 8 key heads, 32000 tokens.
