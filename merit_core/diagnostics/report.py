@@ -38,6 +38,7 @@ from merit_core.diagnostics.checkpoint_model import load_model
 from merit_core.diagnostics.hessian import model_hessian
 from merit_core.diagnostics.layout import read_config
 from merit_core.diagnostics.probe_batch import ProbeInfo, make_probe_batch
+from merit_core.diagnostics.streamed import WeightSummaries
 from merit_core.diagnostics.update_size import UpdateReport, checkpoint_update_sizes
 from merit_core.diagnostics.verdict import Verdict, checkpoint_verdict, run_verdict, trajectory_verdicts
 from merit_core.diagnostics.weights import (
@@ -279,12 +280,19 @@ def fill_probe(stats: CheckpointReport, probed: ProbeResult) -> None:
 
 
 def _measure(
-    ckpt: Checkpoint, reader, config: dict, stats: CheckpointReport, opts: InspectOptions, progress: ProgressFn
+    ckpt: Checkpoint,
+    reader,
+    config: dict,
+    stats: CheckpointReport,
+    opts: InspectOptions,
+    progress: ProgressFn,
+    layered: bool = False,
 ) -> None:
     """Fill max attention logits (and the Hessian) into `stats`, building the model once from `config`
     (the checkpoint's config.json)."""
     progress(Progress("building the model", item=ckpt.label))
-    model = load_model(ckpt, reader, opts.device, raw_config=config)
+    summaries = WeightSummaries() if layered else None  # the weight table, from the probe's read
+    model = load_model(ckpt, reader, opts.device, raw_config=config, layered=layered, tap=summaries)
     # a user's text is measured as given, up to the context; the built-in paragraph fills 256 tokens
     seq_len = opts.seq_len or (
         context_length(model.config) if opts.text is not None else min(context_length(model.config), 256)
@@ -298,6 +306,8 @@ def _measure(
         progress(Progress(f"max attention logits on {stats.probe.n_tokens} tokens", item=ckpt.label))
         probed = probe_attention(model, ids, query_chunk=opts.query_chunk, inputs=True, instability=True)
         fill_probe(stats, probed)
+        if summaries is not None:
+            stats.weights = summaries.result(reader)
         if probed.input_max_l1 is not None:  # always measured with inputs=True
             logit_bounds(reader, stats.layout, stats.layers, probed.input_max_l1, probed.scaling)
         if probed.input_max_l2 is not None:
@@ -334,11 +344,19 @@ def inspect_checkpoint(
         return _inspect_checkpoint(ckpt, opts, progress)
 
 
+def probe_layered(ckpt: Checkpoint, config: dict | None, opts: InspectOptions) -> bool:
+    """Whether the probe holds one layer at a time (the same numbers, a fraction of the memory): when
+    the model serves only its forward pass, not the Hessian or the update size of optimizer state."""
+    whole = opts.hessian or (opts.updates and (ckpt.folder / runs.STATE_PT).is_file())
+    return config is not None and opts.logits and not whole
+
+
 def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: ProgressFn) -> CheckpointReport:
     reader = SafetensorsReader(ckpt)
     progress(Progress("weight statistics", item=ckpt.label))
     config = read_config(ckpt.config_path)  # read once: the weight statistics and the model use it
-    weights = attention_weight_stats(reader, config, opts.n_heads, opts.top_k)
+    layered = probe_layered(ckpt, config, opts)
+    weights = attention_weight_stats(reader, config, opts.n_heads, opts.top_k, include_other=not layered)
     stats = CheckpointReport.from_weights(ckpt, weights, _trainer_state(ckpt))
     if opts.logits or opts.hessian:
         if config is None:  # no config.json next to the weights
@@ -348,7 +366,7 @@ def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: Progre
                 + " not measured"
             )
         else:
-            _measure(ckpt, reader, config, stats, opts, progress)
+            _measure(ckpt, reader, config, stats, opts, progress, layered)
     stats.summary = summarize(stats.layers, stats.output, stats.updates)
     note = training_logit_note(ckpt, stats)
     if note is not None:

@@ -106,10 +106,10 @@ def check_model_config(config: Any, name: str) -> None:
         raise ConfigError(f"model {name}: context length must be from 1 to {MAX_POSITIONS}, got {positions!r}")
 
 
-def minimum_parameters(config: Any) -> int:
-    """A lower bound on the parameters a config builds: one embedding table (tied or not), and per
-    layer the four attention projections and a two-matrix MLP (gated MLPs and biases have more).
-    Exact integers, so even absurd sizes compare correctly."""
+def _unit_parameters(config: Any) -> tuple[int, int, int]:
+    """(layers, lower bound on one decoder layer's parameters, the embedding table's): per layer the
+    four attention projections and a two-matrix MLP (gated MLPs and biases have more). Exact
+    integers, so even absurd sizes compare correctly; all 0 for values check_model_config refuses."""
     hidden = _value(config, "hidden_size", "n_embd") or 0
     layers = _value(config, "num_hidden_layers", "n_layer") or 0
     vocab = _value(config, "vocab_size") or 0
@@ -120,8 +120,39 @@ def minimum_parameters(config: Any) -> int:
     attention = hidden * head_dim * (2 * heads + 2 * kv)  # W_Q, W_O: heads; W_K, W_V: kv heads
     values = [hidden, layers, vocab, mlp, head_dim, attention]
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-        return 0  # check_model_config reports bad values
-    return vocab * hidden + layers * (attention + 2 * hidden * mlp)
+        return 0, 0, 0  # check_model_config reports bad values
+    return layers, attention + 2 * hidden * mlp, vocab * hidden
+
+
+def minimum_parameters(config: Any) -> int:
+    """A lower bound on the parameters a config builds: one embedding table (tied or not) and the layers."""
+    layers, per_layer, embedding = _unit_parameters(config)
+    return embedding + layers * per_layer
+
+
+def layered_bytes(config: Any, seq_len: int, units: int = 1) -> int:
+    """A lower bound on the memory a forward pass holding `units` units at a time needs
+    (merit_core.models.layered_forward: a decoder layer or the embedding, in float32) on one
+    sequence of `seq_len` tokens: the largest `units` units' weights and the output logits."""
+    _, per_layer, embedding = _unit_parameters(config)
+    vocab = _value(config, "vocab_size") or 0
+    return 4 * units * max(per_layer, embedding) + 4 * seq_len * (vocab if isinstance(vocab, int) else 0)
+
+
+def _memory_limits(device: str) -> list[tuple[int, str]]:
+    """(bytes, what) of the memories a model on `device` is built in: the host's available memory,
+    and on a CUDA device its total memory."""
+    limits = []
+    host = available_host_memory()
+    if host:
+        limits.append((host, "available host memory"))
+    if str(device).startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            index = torch.device(device).index or 0
+            limits.append((int(torch.cuda.get_device_properties(index).total_memory), f"memory of {device}"))
+    return limits
 
 
 def check_model_size(config: Any, name: str, device: str = "cpu", bytes_per_parameter: int = 4) -> int:
@@ -133,23 +164,28 @@ def check_model_size(config: Any, name: str, device: str = "cpu", bytes_per_para
     """
     params = minimum_parameters(config)
     need = params * bytes_per_parameter
-    limits = []
-    host = available_host_memory()
-    if host:
-        limits.append((host, "available host memory"))
-    if str(device).startswith("cuda"):
-        import torch
-
-        if torch.cuda.is_available():
-            index = torch.device(device).index or 0
-            limits.append((int(torch.cuda.get_device_properties(index).total_memory), f"memory of {device}"))
-    for limit, what in limits:
+    for limit, what in _memory_limits(device):
         if need > limit:
             raise ConfigError(
                 f"model {name} is too large: at least {_count(params)} parameters, {need / 2**30:,.0f} GiB "
                 f"for the weights alone, more than the {limit / 2**30:,.1f} GiB {what}"
             )
     return params
+
+
+def check_layered_size(config: Any, name: str, device: str = "cpu", seq_len: int = 256) -> int:
+    """ConfigError when even a forward pass holding one layer at a time (`layered_bytes`; two on a
+    CUDA device, which reads the next layer while one runs) cannot fit in the memory of `device`
+    and of the host. Returns the lower bound in bytes. Nothing is allocated."""
+    units = 2 if str(device).startswith("cuda") else 1
+    need = layered_bytes(config, seq_len, units)
+    for limit, what in _memory_limits(device):
+        if need > limit:
+            raise ConfigError(
+                f"model {name} is too large: a forward pass holding {'two layers' if units == 2 else 'one layer'} "
+                f"at a time needs at least {need / 2**30:,.1f} GiB, more than the {limit / 2**30:,.1f} GiB {what}"
+            )
+    return need
 
 
 def _count(n: int) -> str:
