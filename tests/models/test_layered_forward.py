@@ -8,7 +8,7 @@ import torch
 
 from merit_core.checkpoint.resolve import SafetensorsReader, find_checkpoints
 from merit_core.diagnostics import report
-from merit_core.diagnostics.probe import load_model
+from merit_core.diagnostics.checkpoint_model import load_model
 from merit_core.errors import CheckpointError, ConfigError
 from merit_core.models import limits
 from merit_core.models.attention_probe import ProbeResult, probe_attention
