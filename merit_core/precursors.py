@@ -4,9 +4,11 @@ reduced over heads and over layers.
 The probe (merit_core.models.attention_probe) measures per layer and head: the max attention logit
 and the attention entropy (mean and min over positions, plain and normalised); per layer the
 residual stream's activations; once the output layer's log Z; a run adds the update / weight ratio.
-Every reader takes one number per layer and one over the layers from here: a run's eval and watch
-records, `merit inspect`'s layers and summary, compare's summary, eval's trajectories over steps,
-the verdict and the CLI's log lines. Each precursor has one alarming end (`WORST`): the largest max
+`ProbeResult.precursors()` turns one pass into one `Precursors` record, per head and per layer,
+which `merit inspect`'s layers, heads, summary, JSON and verdict all read. Every reader takes one
+number per layer and one over the layers from here: a run's eval and watch records, `merit
+inspect`'s layers and summary, compare's summary, eval's trajectories over steps, the verdict and
+the CLI's log lines. Each precursor has one alarming end (`WORST`): the largest max
 logit, activation ratio and weight norm; the smallest entropy.
 
 Pure Python (no torch): the verdict and compare use it on records read back from JSON.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, TypeGuard
 
@@ -118,10 +120,40 @@ def watch_record(eval_record: Mapping[str, Any], update_ratio: float | None) -> 
     return record
 
 
+@dataclass
+class ActivationStats:
+    """The residual stream after one layer: max |h| over all entries of all (unpadded) tokens,
+    the median |h| (torch.median: the lower median), and where the max sits."""
+
+    max_abs: float
+    median_abs: float
+    batch_index: int
+    position: int
+    dim: int
+
+    @property
+    def ratio(self) -> float:
+        return self.max_abs / self.median_abs if self.median_abs > 0 else math.inf
+
+
+@dataclass
+class OutputLogitStats:
+    """The output layer's logits over (unpadded) positions: max |logit| and log Z = logsumexp over
+    the vocabulary, its mean, std (population) and max."""
+
+    max_abs_logit: float
+    log_z_mean: float
+    log_z_std: float
+    log_z_max: float
+
+
 @dataclass(frozen=True)
 class Precursors:
     """What one checkpoint (or watch record) measured, as the instability rules read it: per layer
-    where the probe gives layers, reduced over heads (`over_heads`)."""
+    where the probe gives layers, reduced over heads (`over_heads`). A record made from a probe pass
+    (`ProbeResult.precursors`) also holds the numbers per head, every entropy statistic, the
+    activations and the output logits, which inspect's layers, heads and JSON read (`of_layer`,
+    `of_head`); one read back from a run's records has the per-layer lists only."""
 
     step: int | None = None
     max_logit: Sequence[float | None] = ()  # per layer, max over heads
@@ -133,3 +165,25 @@ class Precursors:
     update_weight: str | None = None  # the weight holding it
     logit_bound: Sequence[float | None] = ()  # per layer, the tightest valid upper bound on the logit
     bound_kind: Sequence[str | None] = ()  # per layer, which bound that is ('spectral' / 'max-norm')
+    heads_max_logit: Sequence[Sequence[float]] = ()  # per layer and head
+    entropy: Mapping[str, Sequence[float]] = field(default_factory=dict)  # per entropy statistic, per layer
+    heads_entropy: Mapping[str, Sequence[Sequence[float]]] = field(default_factory=dict)  # ... per layer and head
+    activations: Sequence[ActivationStats] = ()  # per layer
+    output: OutputLogitStats | None = None
+
+    def of_layer(self, name: str, layer: int) -> Any:
+        """One layer's `name` (the max logit, an entropy statistic or an `ActivationStats`
+        attribute), None when this record did not measure it."""
+        if name == MAX_ATTENTION_LOGIT:
+            return self.max_logit[layer] if layer < len(self.max_logit) else None
+        if name in OVER_HEADS:  # an entropy statistic
+            per_layer = self.entropy.get(name)
+            return per_layer[layer] if per_layer is not None else None
+        return getattr(self.activations[layer], name) if layer < len(self.activations) else None
+
+    def of_head(self, name: str, layer: int, head: int) -> float | None:
+        """One head's max logit or entropy statistic, None when this record did not measure it."""
+        if name == MAX_ATTENTION_LOGIT:
+            return self.heads_max_logit[layer][head] if layer < len(self.heads_max_logit) else None
+        per_layer = self.heads_entropy.get(name)
+        return per_layer[layer][head] if per_layer is not None else None

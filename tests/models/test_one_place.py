@@ -114,3 +114,45 @@ def test_the_state_check_sees_planted_state(tmp_path):
     planted = tmp_path / "planted.py"
     planted.write_text("import threading\nA = {}\nB = threading.Lock()\nC = ('x', 1)\ndef f():\n    global A\n")
     assert [line.split(":")[0] for line in _module_state(planted)] == ["line 6", "line 2", "line 3"]
+
+
+# What the probe measured of a layer or head, as inspect's layer and head records name it.
+MEASURED = (
+    "max_attention_logit",
+    "attention_entropy_mean",
+    "attention_entropy_min",
+    "normalized_attention_entropy_mean",
+    "normalized_attention_entropy_min",
+    "activation_max",
+    "activation_median",
+    "activation_ratio",
+    "activation_max_position",
+    "activation_max_dim",
+)
+WEIGHT_RECORDS = ROOT / "merit_core" / "diagnostics" / "weights.py"
+INSPECT_FILES = sorted((ROOT / "merit_core" / "diagnostics").glob("*.py")) + sorted((ROOT / "merit_cli").rglob("*.py"))
+
+
+def _copies(text: str) -> list[str]:
+    """Assignments of a measured attribute (`x.max_attention_logit = ...`, `setattr(x, "...", ...)`)."""
+    names = "|".join(MEASURED)
+    assign = re.compile(rf"\.({names})\s*=(?!=)")
+    by_name = re.compile(rf"setattr\([^,]+,\s*['\"]({names})['\"]")
+    return [m.group(0) for pattern in (assign, by_name) for m in pattern.finditer(text)]
+
+
+def test_inspect_reads_the_probes_numbers_from_the_one_record():
+    """inspect's layer and head records do not hold copies of the probe's numbers: each measured
+    attribute reads the checkpoint's precursors record (weights.Measured), and no module of
+    inspect or the CLI assigns one."""
+    declared = re.findall(r"^\s+(\w+) = Measured\(", _text(WEIGHT_RECORDS), flags=re.M)
+    assert set(declared) == set(MEASURED)
+    for path in INSPECT_FILES:
+        assert _copies(_text(path)) == [], path
+
+
+def test_the_copy_check_sees_planted_copies():
+    planted = (
+        "layer.max_attention_logit = 3.0\nsetattr(head, 'attention_entropy_min', 1)\nif a.activation_ratio == 2: pass"
+    )
+    assert _copies(planted) == [".max_attention_logit =", "setattr(head, 'attention_entropy_min'"]
