@@ -111,8 +111,22 @@ def over_layers(name: str, value: Any) -> float | None:
     return float(top[0]) if top else None
 
 
+def eval_record(p: Precursors) -> dict[str, Any]:
+    """What a run's eval record holds of a probe pass (merit_core.metrics.MetricsRecord): per layer
+    the max attention logit and, when measured, the smallest normalised entropy and the residual
+    stream's max/median |h| ratio, and the output layer's mean log Z."""
+    record: dict[str, Any] = {MAX_ATTENTION_LOGIT: list(p.max_logit)}
+    if p.entropy:
+        record[NORMALIZED_ENTROPY_MIN] = list(p.entropy_min)
+    if p.activations:
+        record[ACTIVATION_RATIO] = list(p.activation_ratio)
+    if p.log_z_mean is not None:
+        record[LOG_Z_MEAN] = p.log_z_mean
+    return record
+
+
 def watch_record(eval_record: Mapping[str, Any], update_ratio: float | None) -> dict[str, Any]:
-    """A run's per-layer precursors (`ProbeResult.eval_metrics`) under the watch record's keys, with
+    """A run's per-layer precursors (`eval_record`) under the watch record's keys, with
     the update / weight ratio where there is one."""
     record = {WATCH_KEYS[k]: v for k, v in eval_record.items() if k in WATCH_KEYS}
     if update_ratio is not None:
@@ -187,3 +201,30 @@ class Precursors:
             return self.heads_max_logit[layer][head] if layer < len(self.heads_max_logit) else None
         per_layer = self.heads_entropy.get(name)
         return per_layer[layer][head] if per_layer is not None else None
+
+
+class Measured:
+    """An attribute of a layer or head record that the probe measured: read from the checkpoint's
+    one precursors record (the record's `probe`, merit_core.precursors.Precursors), None where no
+    probe ran. `name` is the record's name for it (a metric name or an ActivationStats attribute)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, record: Any, owner: Any = None) -> Any:
+        return self if record is None else record.measured(self.name)
+
+
+class ProbedAttention:
+    """What the probe measured of a layer's or a head's attention, as attributes of inspect's layer
+    and head records (merit_core.diagnostics.weights), read from the precursors record through
+    `measured`, which each of those records defines."""
+
+    max_attention_logit = Measured(MAX_ATTENTION_LOGIT)
+    attention_entropy_mean = Measured(ATTENTION_ENTROPY_MEAN)
+    attention_entropy_min = Measured(ATTENTION_ENTROPY_MIN)
+    normalized_attention_entropy_mean = Measured(NORMALIZED_ENTROPY_MEAN)
+    normalized_attention_entropy_min = Measured(NORMALIZED_ENTROPY_MIN)
+
+    def measured(self, name: str) -> Any:
+        raise NotImplementedError

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
 
-from merit_core.compare.report import GOOD_LR_TOLERANCE
+from merit_core.compare.markdown_report import GOOD_LR_TOLERANCE
 from merit_core.compare.results import BestResult, CellResult, CompareSummary
 from merit_core.compare.verdicts import no_verdict, num
 from merit_core.durable_writes import atomic_path

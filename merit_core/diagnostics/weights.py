@@ -50,7 +50,7 @@ from merit_core.metric_names import (
     NORMALIZED_ENTROPY_MIN,
 )
 from merit_core.models.family import FamilySpec
-from merit_core.precursors import Precursors
+from merit_core.precursors import Measured, Precursors, ProbedAttention
 
 PERCENTILES = (50, 90, 99)
 
@@ -83,7 +83,7 @@ ACTIVATION_FIELDS = (ACTIVATION_MAX, ACTIVATION_MEDIAN, ACTIVATION_RATIO, ACTIVA
 
 def record_fields(record: Any, *names: str) -> dict[str, Any]:
     """{name: record.name} for the given attribute names, in that order: the plain fields of a JSON
-    record of inspect (the typed results here, in report.py and update_size.py)."""
+    record of inspect (the typed results here, in inspect_report.py and update_size.py)."""
     return {name: getattr(record, name) for name in names}
 
 
@@ -105,20 +105,8 @@ class Distribution:
         }
 
 
-class Measured:
-    """An attribute of a layer or head record that the probe measured: read from the checkpoint's
-    one precursors record (the record's `probe`, merit_core.precursors.Precursors), None where no
-    probe ran. `name` is the record's name for it (a metric name or an ActivationStats attribute)."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __get__(self, record: Any, owner: Any = None) -> Any:
-        return self if record is None else record.measured(self.name)
-
-
 @dataclass
-class HeadStats:
+class HeadStats(ProbedAttention):
     """One query head: its W_Q rows' and its key head's W_K max-norms and l2 norms, its logit bounds
     and what the probe measured of it (read from `probe`, the checkpoint's precursors record).
 
@@ -136,12 +124,6 @@ class HeadStats:
     spectral_logit_bound: float | None = None  # a tighter bound from spectral norms (`spectral_logit_bounds`)
     layer: int = 0  # the layer it belongs to (not in its JSON record: the layer's holds it)
     probe: Precursors | None = field(default=None, repr=False, compare=False)
-
-    max_attention_logit = Measured(MAX_ATTENTION_LOGIT)
-    attention_entropy_mean = Measured(ATTENTION_ENTROPY_MEAN)
-    attention_entropy_min = Measured(ATTENTION_ENTROPY_MIN)
-    normalized_attention_entropy_mean = Measured(NORMALIZED_ENTROPY_MEAN)
-    normalized_attention_entropy_min = Measured(NORMALIZED_ENTROPY_MIN)
 
     def measured(self, name: str) -> float | None:
         return None if self.probe is None else self.probe.of_head(name, self.layer, self.head)
@@ -167,7 +149,7 @@ class HeadStats:
 
 
 @dataclass
-class LayerStats:
+class LayerStats(ProbedAttention):
     """One layer's W_Q / W_K statistics, its logit bounds and what the probe measured of it (read
     from `probe`, the checkpoint's precursors record: max attention logit, entropies, activations).
 
@@ -196,11 +178,6 @@ class LayerStats:
     spectral_logit_bound: float | None = None
     probe: Precursors | None = field(default=None, repr=False, compare=False)
 
-    max_attention_logit = Measured(MAX_ATTENTION_LOGIT)
-    attention_entropy_mean = Measured(ATTENTION_ENTROPY_MEAN)
-    attention_entropy_min = Measured(ATTENTION_ENTROPY_MIN)
-    normalized_attention_entropy_mean = Measured(NORMALIZED_ENTROPY_MEAN)
-    normalized_attention_entropy_min = Measured(NORMALIZED_ENTROPY_MIN)
     activation_max = Measured("max_abs")
     activation_median = Measured("median_abs")
     activation_ratio = Measured("ratio")

@@ -55,16 +55,22 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from merit_core.metric_names import (
-    ACTIVATION_RATIO,
     ATTENTION_ENTROPY_MEAN,
     ATTENTION_ENTROPY_MIN,
-    LOG_Z_MEAN,
     MAX_ATTENTION_LOGIT,
     NORMALIZED_ENTROPY_MEAN,
     NORMALIZED_ENTROPY_MIN,
 )
 from merit_core.models import family_spec
-from merit_core.precursors import ActivationStats, OutputLogitStats, Precursors, over_heads, over_layers, peak
+from merit_core.precursors import (
+    ActivationStats,
+    OutputLogitStats,
+    Precursors,
+    eval_record,
+    over_heads,
+    over_layers,
+    peak,
+)
 
 PROBE_NAME = "merit_logit_probe"  # delegates to SDPA
 EAGER_PROBE_NAME = "merit_logit_probe_eager"  # delegates to the family's eager attention
@@ -366,18 +372,8 @@ class ProbeResult:
         )
 
     def eval_metrics(self) -> dict[str, Any]:
-        """What a run's eval record holds of this pass: per layer the max attention logit and, when
-        measured, the smallest normalised entropy and the residual stream's max/median |h| ratio, and
-        the output layer's mean log Z (merit_core.metrics.MetricsRecord)."""
-        p = self.precursors()
-        record: dict[str, Any] = {MAX_ATTENTION_LOGIT: list(p.max_logit)}
-        if self.entropy:
-            record[NORMALIZED_ENTROPY_MIN] = list(p.entropy_min)
-        if self.activations:
-            record[ACTIVATION_RATIO] = list(p.activation_ratio)
-        if p.log_z_mean is not None:
-            record[LOG_Z_MEAN] = p.log_z_mean
-        return record
+        """What a run's eval record holds of this pass (merit_core.precursors.eval_record)."""
+        return eval_record(self.precursors())
 
     def overall_metrics(self) -> dict[str, float]:
         """`eval_metrics` as one number each over the layers (merit_core.precursors.over_layers): the

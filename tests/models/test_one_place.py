@@ -13,7 +13,7 @@ PROBE_MODULES = (ROOT / "merit_core" / "models" / "attention_probe.py", REDUCTIO
 # the readers of the probe's numbers: each takes its reduction from merit_core.precursors
 READERS = (
     "merit_core/models/attention_probe.py",  # a run's eval records
-    "merit_core/diagnostics/report.py",  # inspect's summary, heads and the verdict's input
+    "merit_core/diagnostics/inspect_report.py",  # inspect's summary, heads and the verdict's input
     "merit_core/instability_rules.py",  # the verdict's rules
     "merit_core/compare/precursor_table.py",  # compare's summary and report
     "merit_core/compare/summary.py",
@@ -143,9 +143,9 @@ def _copies(text: str) -> list[str]:
 
 def test_inspect_reads_the_probes_numbers_from_the_one_record():
     """inspect's layer and head records do not hold copies of the probe's numbers: each measured
-    attribute reads the checkpoint's precursors record (weights.Measured), and no module of
+    attribute reads the checkpoint's precursors record (precursors.Measured), and no module of
     inspect or the CLI assigns one."""
-    declared = re.findall(r"^\s+(\w+) = Measured\(", _text(WEIGHT_RECORDS), flags=re.M)
+    declared = re.findall(r"^\s+(\w+) = Measured\(", _text(WEIGHT_RECORDS) + _text(REDUCTION), flags=re.M)
     assert set(declared) == set(MEASURED)
     for path in INSPECT_FILES:
         assert _copies(_text(path)) == [], path
@@ -156,3 +156,18 @@ def test_the_copy_check_sees_planted_copies():
         "layer.max_attention_logit = 3.0\nsetattr(head, 'attention_entropy_min', 1)\nif a.activation_ratio == 2: pass"
     )
     assert _copies(planted) == [".max_attention_logit =", "setattr(head, 'attention_entropy_min'"]
+
+
+# File names that several packages use for the same kind of thing, each its own command's: the
+# figures, the typed result records, the time estimate said before a run, a checkpoint reader.
+SHARED_NAMES = {"__init__.py", "plots.py", "results.py", "estimate.py", "checkpoint.py"}
+
+
+def test_no_two_modules_are_named_alike_for_different_ideas():
+    """A module's name says what it holds: outside SHARED_NAMES no file name is used twice in the
+    package (a `report.py` of inspect beside one of compare, a `kernels.py` of MERIT's Triton
+    backend beside Liger's)."""
+    seen: dict[str, list[str]] = {}
+    for path in PACKAGE_FILES:
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: where for name, where in seen.items() if len(where) > 1 and name not in SHARED_NAMES} == {}
