@@ -1,6 +1,6 @@
 """`merit inspect`: max-norms of W_Q / W_K, max attention logits and Hessian estimates of checkpoints.
 
-The library (`merit_core.diagnostics.report`) returns a typed `InspectReport`; this module renders it.
+The library (`merit_core.diagnostics.inspect_report`) returns a typed `InspectReport`; this module renders it.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def render(console, report, per_head: bool, show_weights: bool | None, layers: b
 
 def _print_notes(console, checkpoints: list) -> None:
     """The probe and the notes; what is the same for every checkpoint is said once (the JSON keeps each)."""
-    from merit_core.diagnostics.report import TRAINING_LOGIT
+    from merit_core.diagnostics.inspect_report import TRAINING_LOGIT
 
     probes = {(c.probe.source, c.probe.n_tokens) for c in checkpoints if c.probe}
     if len(probes) == 1 and len(checkpoints) > 1 and all(c.probe for c in checkpoints):
@@ -338,7 +338,7 @@ def inspect_cmd(
         from merit_core.devices import resolve_device  # auto -> cuda or cpu; cuda:N checked
 
         device = str(resolve_device(device))
-    from merit_core.diagnostics.report import InspectOptions, inspect_paths, write_json
+    from merit_core.diagnostics.inspect_report import InspectOptions, inspect_paths, write_json
 
     opts = InspectOptions(
         n_heads=n_heads,

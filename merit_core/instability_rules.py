@@ -147,6 +147,16 @@ def _grade(value: float, watch: float | None, alarming: float | None) -> str:
     return WATCH if watch is not None and value >= watch else HEALTHY
 
 
+def _graded(value: float, watch: float, alarming: float | None, below: str = "below") -> tuple[str, str]:
+    """The level of `value` against a watch and an alarming threshold (`_grade`), and the reason's
+    ending that says which threshold it is under or past ("below 0.1", "at least 0.5")."""
+    level = _grade(value, watch, alarming)
+    if level == HEALTHY:
+        return level, f"{below} {watch:g}"
+    limit = alarming if level == ALARMING and alarming is not None else watch
+    return level, f"at least {limit:g}"
+
+
 def _g(x: float) -> str:
     return f"{x:.3g}"
 
@@ -206,15 +216,13 @@ def update_rule(p: Precursors, t: Thresholds) -> SignalVerdict | None:
     value = p.update_ratio
     if not is_number(value):
         return None
-    level = _grade(value, t.update_watch, t.update_alarming)
+    level, tail = _graded(value, t.update_watch, t.update_alarming)
     weight = f" ({p.update_weight})" if p.update_weight else ""
     if not math.isfinite(value):
         reason = f"update / weight ratio is not finite{weight}"
-    elif level == HEALTHY:
-        reason = f"the next update moves a weight by at most {_g(value)} of its RMS{weight}, below {t.update_watch:g}"
     else:
-        limit = t.update_alarming if level == ALARMING else t.update_watch
-        reason = f"the next update moves a weight by {_g(value)} of its RMS{weight}, at least {limit:g}"
+        by = "at most " if level == HEALTHY else ""
+        reason = f"the next update moves a weight by {by}{_g(value)} of its RMS{weight}, {tail}"
     return SignalVerdict(UPDATE, level, value, reason, LEVEL_RULE)
 
 
@@ -259,16 +267,11 @@ def growth_rule(p: Precursors, previous: Precursors, t: Thresholds) -> SignalVer
     if not rates:
         return None
     rate, layer, then, now = max(rates)
-    level = _grade(rate, t.growth_watch, t.growth_alarming)
-    lead = f"the fastest growth of 1 + max attention logit is {_g(rate)} e-folds per step"
+    level, tail = _graded(rate, t.growth_watch, t.growth_alarming)
     since = f"(layer {layer}: {_g(then)} at step {previous.step} -> {_g(now)} at step {p.step})"
-    if level == HEALTHY:
-        reason = f"{lead} {since}, below {t.growth_watch:g}"
-    else:
-        limit = t.growth_alarming if level == ALARMING else t.growth_watch
-        reason = f"{lead} {since}, at least {limit:g}"
-        if level == WATCH and t.growth_alarming is None:
-            reason += " (not alarming by itself: healthy runs of the calibration grid grew as fast)"
+    reason = f"the fastest growth of 1 + max attention logit is {_g(rate)} e-folds per step {since}, {tail}"
+    if level == WATCH and t.growth_alarming is None:
+        reason += " (not alarming by itself: healthy runs of the calibration grid grew as fast)"
     return SignalVerdict(LOGIT_GROWTH, level, rate, reason, HISTORY_RULE, layer)
 
 
@@ -277,13 +280,9 @@ def log_z_rule(p: Precursors, first: Precursors, t: Thresholds) -> SignalVerdict
         return None
     drift = abs(p.log_z_mean - first.log_z_mean)
     drift = drift if not math.isnan(drift) else math.inf
-    level = _grade(drift, t.log_z_watch, t.log_z_alarming)
+    level, tail = _graded(drift, t.log_z_watch, t.log_z_alarming, below="less than")
     since = f"{_g(first.log_z_mean)} at step {first.step} -> {_g(p.log_z_mean)}"
-    if level == HEALTHY:
-        reason = f"output log Z moved {_g(drift)} nats since the run's first checkpoint ({since}), less than {t.log_z_watch:g}"
-    else:
-        limit = t.log_z_alarming if level == ALARMING else t.log_z_watch
-        reason = f"output log Z moved {_g(drift)} nats since the run's first checkpoint ({since}), at least {limit:g}"
+    reason = f"output log Z moved {_g(drift)} nats since the run's first checkpoint ({since}), {tail}"
     return SignalVerdict(LOG_Z, level, drift, reason, HISTORY_RULE)
 
 

@@ -4,9 +4,11 @@ reduced over heads and over layers.
 The probe (merit_core.models.attention_probe) measures per layer and head: the max attention logit
 and the attention entropy (mean and min over positions, plain and normalised); per layer the
 residual stream's activations; once the output layer's log Z; a run adds the update / weight ratio.
-Every reader takes one number per layer and one over the layers from here: a run's eval and watch
-records, `merit inspect`'s layers and summary, compare's summary, eval's trajectories over steps,
-the verdict and the CLI's log lines. Each precursor has one alarming end (`WORST`): the largest max
+`ProbeResult.precursors()` turns one pass into one `Precursors` record, per head and per layer,
+which `merit inspect`'s layers, heads, summary, JSON and verdict all read. Every reader takes one
+number per layer and one over the layers from here: a run's eval and watch records, `merit
+inspect`'s layers and summary, compare's summary, eval's trajectories over steps, the verdict and
+the CLI's log lines. Each precursor has one alarming end (`WORST`): the largest max
 logit, activation ratio and weight norm; the smallest entropy.
 
 Pure Python (no torch): the verdict and compare use it on records read back from JSON.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, TypeGuard
 
@@ -109,8 +111,22 @@ def over_layers(name: str, value: Any) -> float | None:
     return float(top[0]) if top else None
 
 
+def eval_record(p: Precursors) -> dict[str, Any]:
+    """What a run's eval record holds of a probe pass (merit_core.metrics.MetricsRecord): per layer
+    the max attention logit and, when measured, the smallest normalised entropy and the residual
+    stream's max/median |h| ratio, and the output layer's mean log Z."""
+    record: dict[str, Any] = {MAX_ATTENTION_LOGIT: list(p.max_logit)}
+    if p.entropy:
+        record[NORMALIZED_ENTROPY_MIN] = list(p.entropy_min)
+    if p.activations:
+        record[ACTIVATION_RATIO] = list(p.activation_ratio)
+    if p.log_z_mean is not None:
+        record[LOG_Z_MEAN] = p.log_z_mean
+    return record
+
+
 def watch_record(eval_record: Mapping[str, Any], update_ratio: float | None) -> dict[str, Any]:
-    """A run's per-layer precursors (`ProbeResult.eval_metrics`) under the watch record's keys, with
+    """A run's per-layer precursors (`eval_record`) under the watch record's keys, with
     the update / weight ratio where there is one."""
     record = {WATCH_KEYS[k]: v for k, v in eval_record.items() if k in WATCH_KEYS}
     if update_ratio is not None:
@@ -118,10 +134,40 @@ def watch_record(eval_record: Mapping[str, Any], update_ratio: float | None) -> 
     return record
 
 
+@dataclass
+class ActivationStats:
+    """The residual stream after one layer: max |h| over all entries of all (unpadded) tokens,
+    the median |h| (torch.median: the lower median), and where the max sits."""
+
+    max_abs: float
+    median_abs: float
+    batch_index: int
+    position: int
+    dim: int
+
+    @property
+    def ratio(self) -> float:
+        return self.max_abs / self.median_abs if self.median_abs > 0 else math.inf
+
+
+@dataclass
+class OutputLogitStats:
+    """The output layer's logits over (unpadded) positions: max |logit| and log Z = logsumexp over
+    the vocabulary, its mean, std (population) and max."""
+
+    max_abs_logit: float
+    log_z_mean: float
+    log_z_std: float
+    log_z_max: float
+
+
 @dataclass(frozen=True)
 class Precursors:
     """What one checkpoint (or watch record) measured, as the instability rules read it: per layer
-    where the probe gives layers, reduced over heads (`over_heads`)."""
+    where the probe gives layers, reduced over heads (`over_heads`). A record made from a probe pass
+    (`ProbeResult.precursors`) also holds the numbers per head, every entropy statistic, the
+    activations and the output logits, which inspect's layers, heads and JSON read (`of_layer`,
+    `of_head`); one read back from a run's records has the per-layer lists only."""
 
     step: int | None = None
     max_logit: Sequence[float | None] = ()  # per layer, max over heads
@@ -133,3 +179,52 @@ class Precursors:
     update_weight: str | None = None  # the weight holding it
     logit_bound: Sequence[float | None] = ()  # per layer, the tightest valid upper bound on the logit
     bound_kind: Sequence[str | None] = ()  # per layer, which bound that is ('spectral' / 'max-norm')
+    heads_max_logit: Sequence[Sequence[float]] = ()  # per layer and head
+    entropy: Mapping[str, Sequence[float]] = field(default_factory=dict)  # per entropy statistic, per layer
+    heads_entropy: Mapping[str, Sequence[Sequence[float]]] = field(default_factory=dict)  # ... per layer and head
+    activations: Sequence[ActivationStats] = ()  # per layer
+    output: OutputLogitStats | None = None
+
+    def of_layer(self, name: str, layer: int) -> Any:
+        """One layer's `name` (the max logit, an entropy statistic or an `ActivationStats`
+        attribute), None when this record did not measure it."""
+        if name == MAX_ATTENTION_LOGIT:
+            return self.max_logit[layer] if layer < len(self.max_logit) else None
+        if name in OVER_HEADS:  # an entropy statistic
+            per_layer = self.entropy.get(name)
+            return per_layer[layer] if per_layer is not None else None
+        return getattr(self.activations[layer], name) if layer < len(self.activations) else None
+
+    def of_head(self, name: str, layer: int, head: int) -> float | None:
+        """One head's max logit or entropy statistic, None when this record did not measure it."""
+        if name == MAX_ATTENTION_LOGIT:
+            return self.heads_max_logit[layer][head] if layer < len(self.heads_max_logit) else None
+        per_layer = self.heads_entropy.get(name)
+        return per_layer[layer][head] if per_layer is not None else None
+
+
+class Measured:
+    """An attribute of a layer or head record that the probe measured: read from the checkpoint's
+    one precursors record (the record's `probe`, merit_core.precursors.Precursors), None where no
+    probe ran. `name` is the record's name for it (a metric name or an ActivationStats attribute)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, record: Any, owner: Any = None) -> Any:
+        return self if record is None else record.measured(self.name)
+
+
+class ProbedAttention:
+    """What the probe measured of a layer's or a head's attention, as attributes of inspect's layer
+    and head records (merit_core.diagnostics.weights), read from the precursors record through
+    `measured`, which each of those records defines."""
+
+    max_attention_logit = Measured(MAX_ATTENTION_LOGIT)
+    attention_entropy_mean = Measured(ATTENTION_ENTROPY_MEAN)
+    attention_entropy_min = Measured(ATTENTION_ENTROPY_MIN)
+    normalized_attention_entropy_mean = Measured(NORMALIZED_ENTROPY_MEAN)
+    normalized_attention_entropy_min = Measured(NORMALIZED_ENTROPY_MIN)
+
+    def measured(self, name: str) -> Any:
+        raise NotImplementedError

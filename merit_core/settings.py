@@ -47,7 +47,7 @@ DTYPE_SPELLINGS = {
     "fp32": "float32",
 }
 TRAIN_DTYPES = ("auto", "float32", "bfloat16")
-KERNELS = ("auto", "liger", "none")  # see merit_core.train.kernels
+KERNELS = ("auto", "liger", "none")  # see merit_core.train.liger_kernels
 PARALLEL = ("ddp", "fsdp")
 # The experiment trackers `report_to` may name (merit_core.train.trackers implements them).
 TRACKERS = ("tensorboard", "wandb", "mlflow")

@@ -87,12 +87,16 @@ def _probe() -> ProbeResult:
 
 def test_the_probe_reduction_over_heads_and_layers():
     probed = _probe()
-    layers = probed.layers()
-    assert [layer.max_attention_logit for layer in layers] == [3.0, 2.0]  # max over heads
-    assert layers[0].heads_max_attention_logit == [1.0, 3.0]
-    assert layers[0].entropy[metric_names.ATTENTION_ENTROPY_MEAN] == 1.5  # mean of the heads' means
-    assert layers[1].entropy[metric_names.ATTENTION_ENTROPY_MIN] == 0.125  # min of the heads' mins
-    assert layers[1].heads_entropy[metric_names.NORMALIZED_ENTROPY_MIN] == [0.5, 0.25]
+    record = probed.precursors()
+    assert list(record.max_logit) == [3.0, 2.0]  # max over heads
+    assert list(record.max_logit_head) == [1, 0]  # the head holding it
+    assert record.heads_max_logit[0] == [1.0, 3.0]
+    assert record.of_layer(metric_names.ATTENTION_ENTROPY_MEAN, 0) == 1.5  # mean of the heads' means
+    assert record.of_layer(metric_names.ATTENTION_ENTROPY_MIN, 1) == 0.125  # min of the heads' mins
+    assert record.of_head(metric_names.NORMALIZED_ENTROPY_MIN, 1, 0) == 0.5
+    assert record.heads_entropy[metric_names.NORMALIZED_ENTROPY_MIN][1] == [0.5, 0.25]
+    assert record.of_layer("ratio", 1) == 10.0 and record.of_layer("position", 0) == 3
+    assert record.log_z_mean == 4.5 and record.output is not None and record.output.log_z_max == 5.0
     assert probed.eval_metrics() == {
         metric_names.MAX_ATTENTION_LOGIT: [3.0, 2.0],
         metric_names.NORMALIZED_ENTROPY_MIN: [0.125, 0.25],
@@ -111,7 +115,9 @@ def test_a_probe_without_the_instability_statistics_reduces_to_its_max_logits():
     plain = ProbeResult(max_logits=torch.tensor([[1.0, 3.0], [2.0, 0.5]]), scaling=[1.0, 1.0], input_max_l1=None)
     assert plain.eval_metrics() == {metric_names.MAX_ATTENTION_LOGIT: [3.0, 2.0]}
     assert plain.overall_metrics() == {metric_names.MAX_ATTENTION_LOGIT: 3.0}
-    assert plain.layers()[0].entropy == {} and plain.layers()[0].activation is None
+    record = plain.precursors()
+    assert record.of_layer(metric_names.ATTENTION_ENTROPY_MEAN, 0) is None and record.of_layer("ratio", 0) is None
+    assert record.of_head(metric_names.NORMALIZED_ENTROPY_MIN, 0, 1) is None and record.log_z_mean is None
 
 
 def test_the_integrations_report_the_shared_reduction(monkeypatch):

@@ -52,6 +52,7 @@ from merit_core.compare.grid import (
     plan_runs,
     seed_list,
 )
+from merit_core.compare.markdown_report import render_report
 from merit_core.compare.measures import (
     PAPER,
     eval_cell,
@@ -63,7 +64,6 @@ from merit_core.compare.measures import (
 )
 from merit_core.compare.plots import PLOT_FILE, plot_compare
 from merit_core.compare.provenance import Provenance
-from merit_core.compare.report import render_report
 from merit_core.compare.results import BestResult, CompareSettings, CompareSummary, RunResult
 from merit_core.compare.runner import (
     CompareCallbacks,

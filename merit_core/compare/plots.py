@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
 
-from merit_core.compare.report import GOOD_LR_TOLERANCE
+from merit_core.compare.markdown_report import GOOD_LR_TOLERANCE
 from merit_core.compare.results import BestResult, CellResult, CompareSummary
 from merit_core.compare.verdicts import no_verdict, num
 from merit_core.durable_writes import atomic_path
@@ -200,6 +200,22 @@ def _plot_vs_batch(
     ax.minorticks_off()
 
 
+def _hollow(ax, xs, ys, marker: str, edge_width: float, color, label: str, **more) -> None:
+    """Hollow markers without a line: the lrs a cell could not value (unstable, or not finished)."""
+    ax.plot(
+        xs,
+        ys,
+        linestyle="",
+        marker=marker,
+        markersize=9,
+        markerfacecolor="none",
+        markeredgewidth=edge_width,
+        color=color,
+        label=label,
+        **more,
+    )
+
+
 def _plot_sensitivity(
     ax_loss: Any,
     ax_logit: Any,
@@ -241,32 +257,28 @@ def _plot_sensitivity(
                 )
             shaky = [r for r in cells if r.status == "unstable" and r.value(key) is not None]
             if shaky:
-                ax.plot(
+                _hollow(
+                    ax,
                     [r.lr for r in shaky],
                     [r.value(key) for r in shaky],
-                    linestyle="",
-                    marker="X",
-                    markersize=9,
-                    markerfacecolor="none",
-                    markeredgewidth=1.6,
-                    color=color,
-                    label=f"batch {b}: {UNSTABLE_LABEL}",
+                    "X",
+                    1.6,
+                    color,
+                    f"batch {b}: {UNSTABLE_LABEL}",
                 )
             failed = [r.lr for r in cells if not r.valued]
             if failed:
                 edge = blended_transform_factory(ax.transData, ax.transAxes)  # x: lr, y: the top edge
-                ax.plot(
+                _hollow(
+                    ax,
                     failed,
                     [1.0] * len(failed),
-                    linestyle="",
-                    marker="^",
-                    markersize=9,
-                    markerfacecolor="none",
-                    markeredgewidth=1.8,
-                    color=color,
+                    "^",
+                    1.8,
+                    color,
+                    f"batch {b}: {DIVERGED_LABEL}",
                     transform=edge,
                     clip_on=False,
-                    label=f"batch {b}: {DIVERGED_LABEL}",
                 )
             if band is not None:
                 ax.axvspan(band[0], band[1], color=color, alpha=0.12, label=f"batch {b}: {BAND_LABEL}")

@@ -58,14 +58,8 @@ class _Record:
         return getattr(self, key, None)
 
 
-@dataclass
-class Curve(_Record):
-    """A run's validation trajectory for the plots: each eval's step, validation loss and max
-    attention logit (max over layers), in step order."""
-
-    step: list[int] = field(default_factory=list)
-    val_loss: list[float | None] = field(default_factory=list)
-    max_attention_logit: list[float | None] = field(default_factory=list)
+class _Series:
+    """A trajectory's values per step, read by the plots."""
 
     def series(self, key: str) -> list[float | None]:
         """The values of `key` (val_loss or max_attention_logit) at each step."""
@@ -73,16 +67,23 @@ class Curve(_Record):
 
 
 @dataclass
-class SeedCurve(_Record):
+class Curve(_Record, _Series):
+    """A run's validation trajectory for the plots: each eval's step, validation loss and max
+    attention logit (max over layers), in step order."""
+
+    step: list[int] = field(default_factory=list)
+    val_loss: list[float | None] = field(default_factory=list)
+    max_attention_logit: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class SeedCurve(_Record, _Series):
     """One seed's `Curve` of a best cell (summary.json `best[].seed_curves[]`)."""
 
     seed: int = 0
     step: list[int] = field(default_factory=list)
     val_loss: list[float | None] = field(default_factory=list)
     max_attention_logit: list[float | None] = field(default_factory=list)
-
-    def series(self, key: str) -> list[float | None]:
-        return list(getattr(self, key))
 
 
 @dataclass

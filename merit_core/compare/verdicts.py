@@ -4,7 +4,7 @@
 A difference between two cells is *resolved* only when their seeds' ranges do not overlap and the
 gap exceeds both cells' measured environment spreads (the same run in another floating-point
 environment); a paper claim holds only when resolved against every other optimizer. A smoke run
-(one lr per cell) gives no verdict at all. compare/report.py writes these into REPORT.md, the
+(one lr per cell) gives no verdict at all. compare/markdown_report.py writes these into REPORT.md, the
 terminal and compare.png read the same functions.
 """
 

@@ -4,6 +4,7 @@ The prepared-data folder format is described in `merit_core.data.meta`.
 """
 
 from merit_core.data.builtin import builtin_corpus_documents, builtin_corpus_text, builtin_data, prepare_builtin
+from merit_core.data.data_folder import resolve_data
 from merit_core.data.meta import (
     FORMAT,
     DataMeta,
@@ -13,7 +14,6 @@ from merit_core.data.meta import (
     open_tokens,
 )
 from merit_core.data.prepare import prepare_corpus, prepare_documents
-from merit_core.data.resolve import resolve_data
 from merit_core.data.tokenizer import load_tokenizer
 
 __all__ = [

@@ -6,7 +6,7 @@ the logit by itself), and, when the probe ran, the max attention logit, the smal
 attention entropy and the residual stream's max / median |h| per layer, the output layer's mean
 log Z, and the largest update / weight ratio when the checkpoint had optimizer state (one value
 per checkpoint for the last two). They read the typed
-report of `merit_core.diagnostics.report`. Written with the Agg backend, to a temp file then
+report of `merit_core.diagnostics.inspect_report`. Written with the Agg backend, to a temp file then
 renamed.
 """
 
@@ -60,7 +60,7 @@ def _checkpoint_panels(checkpoints: list) -> list[tuple[str, str, str]]:
 
 def _over_layers(key: str) -> str:
     """Which end of the layers a run's summary keeps for a panel: the entropy's smallest, the others' largest
-    (merit_core.diagnostics.report.Summary)."""
+    (merit_core.diagnostics.inspect_report.Summary)."""
     return "min" if key == NORMALIZED_ENTROPY_MIN else "max"
 
 

@@ -50,6 +50,7 @@ from merit_core.metric_names import (
     NORMALIZED_ENTROPY_MIN,
 )
 from merit_core.models.family import FamilySpec
+from merit_core.precursors import Measured, Precursors, ProbedAttention
 
 PERCENTILES = (50, 90, 99)
 
@@ -82,7 +83,7 @@ ACTIVATION_FIELDS = (ACTIVATION_MAX, ACTIVATION_MEDIAN, ACTIVATION_RATIO, ACTIVA
 
 def record_fields(record: Any, *names: str) -> dict[str, Any]:
     """{name: record.name} for the given attribute names, in that order: the plain fields of a JSON
-    record of inspect (the typed results here, in report.py and update_size.py)."""
+    record of inspect (the typed results here, in inspect_report.py and update_size.py)."""
     return {name: getattr(record, name) for name in names}
 
 
@@ -105,8 +106,9 @@ class Distribution:
 
 
 @dataclass
-class HeadStats:
-    """One query head: its W_Q rows' and its key head's W_K max-norms and l2 norms, and its max logit.
+class HeadStats(ProbedAttention):
+    """One query head: its W_Q rows' and its key head's W_K max-norms and l2 norms, its logit bounds
+    and what the probe measured of it (read from `probe`, the checkpoint's precursors record).
 
     Without a head count the weight fields are None and only the measured logit is known.
     """
@@ -118,13 +120,13 @@ class HeadStats:
     q_l2_norm: float | None = None
     k_l2_norm: float | None = None
     bound: float | None = None  # q_max_norm * k_max_norm of this head (the name is kept for the JSON)
-    max_attention_logit: float | None = None
     logit_bound: float | None = None  # a true upper bound on the logit, see `logit_bounds`
-    attention_entropy_mean: float | None = None
-    attention_entropy_min: float | None = None
-    normalized_attention_entropy_mean: float | None = None
-    normalized_attention_entropy_min: float | None = None
     spectral_logit_bound: float | None = None  # a tighter bound from spectral norms (`spectral_logit_bounds`)
+    layer: int = 0  # the layer it belongs to (not in its JSON record: the layer's holds it)
+    probe: Precursors | None = field(default=None, repr=False, compare=False)
+
+    def measured(self, name: str) -> float | None:
+        return None if self.probe is None else self.probe.of_head(name, self.layer, self.head)
 
     def to_dict(self) -> dict[str, Any]:
         if self.kv_head is None:
@@ -147,8 +149,9 @@ class HeadStats:
 
 
 @dataclass
-class LayerStats:
-    """One layer's W_Q / W_K statistics (and its measured max attention logit, once probed).
+class LayerStats(ProbedAttention):
+    """One layer's W_Q / W_K statistics, its logit bounds and what the probe measured of it (read
+    from `probe`, the checkpoint's precursors record: max attention logit, entropies, activations).
 
     `bound` is the product ||W_Q||_m * ||W_K||_m, the term of MERIT's bound that the weights alone
     give; it is not itself a bound on the logit. `logit_bound` is one (max over heads), from the
@@ -164,7 +167,6 @@ class LayerStats:
     q_max_over_l2: float | None
     k_max_over_l2: float | None
     bound: float
-    max_attention_logit: float | None
     heads: list[HeadStats]
     q_rows: Distribution
     q_cols: Distribution
@@ -172,17 +174,27 @@ class LayerStats:
     k_cols: Distribution
     input_max_l1: float | None = None  # largest l1 norm of an attention input token on the probe batch
     logit_bound: float | None = None
-    attention_entropy_mean: float | None = None
-    attention_entropy_min: float | None = None
-    normalized_attention_entropy_mean: float | None = None
-    normalized_attention_entropy_min: float | None = None
-    activation_max: float | None = None
-    activation_median: float | None = None
-    activation_ratio: float | None = None
-    activation_max_position: int | None = None
-    activation_max_dim: int | None = None
     input_max_l2: float | None = None  # largest l2 norm of an attention input token on the probe batch
     spectral_logit_bound: float | None = None
+    probe: Precursors | None = field(default=None, repr=False, compare=False)
+
+    activation_max = Measured("max_abs")
+    activation_median = Measured("median_abs")
+    activation_ratio = Measured("ratio")
+    activation_max_position = Measured("position")
+    activation_max_dim = Measured("dim")
+
+    def measured(self, name: str) -> Any:
+        return None if self.probe is None else self.probe.of_layer(name, self.layer)
+
+    def attach(self, probe: Precursors) -> None:
+        """Read what the probe measured of this layer and its heads from `probe` (a layer without a
+        head count gets one head record per probed head)."""
+        if not self.heads:
+            self.heads = [HeadStats(h, layer=self.layer) for h in range(len(probe.heads_max_logit[self.layer]))]
+        self.probe = probe
+        for head in self.heads:
+            head.probe = probe
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -445,7 +457,7 @@ def layer_stats(tensors: Mapping, layout: AttentionLayout, layer: int, top_k: in
         group = n_heads // n_kv_heads
         for h in range(n_heads):
             kv = h // group
-            heads.append(HeadStats(h, kv, qm[h], km[kv], ql[h], kl[kv], qm[h] * km[kv]))
+            heads.append(HeadStats(h, kv, qm[h], km[kv], ql[h], kl[kv], qm[h] * km[kv], layer=layer))
     return LayerStats(
         layer=layer,
         q_max_norm=qs["max_norm"],
@@ -455,7 +467,6 @@ def layer_stats(tensors: Mapping, layout: AttentionLayout, layer: int, top_k: in
         q_max_over_l2=qs["max_over_l2"],
         k_max_over_l2=ks["max_over_l2"],
         bound=qs["max_norm"] * ks["max_norm"],
-        max_attention_logit=None,
         heads=heads,
         q_rows=qs["rows"],
         q_cols=qs["cols"],

@@ -1,7 +1,7 @@
 """The max attention logit of each revision of a hub model, for `merit eval ORG/NAME --revisions ...`.
 
 A `merit train` run recorded its max logit at each step; a public training run did not, so it is
-measured here by inspect's probe (the built-in paragraph, merit_core.diagnostics.report) on each
+measured here by inspect's probe (the built-in paragraph, merit_core.diagnostics.inspect_report) on each
 revision's snapshot in the hub cache: the value `merit inspect ORG/NAME@REV` reports.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from merit_core.checkpoint.hub_revisions import HubModel, parse_hub_model
 from merit_core.checkpoint.resolve import Taken, find_checkpoints
-from merit_core.diagnostics.report import InspectOptions, inspect_checkpoint
+from merit_core.diagnostics.inspect_report import InspectOptions, inspect_checkpoint
 
 
 def measured_max_logits(taken: Taken, device: str = "cpu") -> dict[int, float]:

@@ -51,3 +51,39 @@ def check_every(every_n_steps: int) -> int:
     if not isinstance(every_n_steps, int) or isinstance(every_n_steps, bool) or every_n_steps < 1:
         raise ValueError(f"every_n_steps must be a positive integer, got {every_n_steps!r}")
     return every_n_steps
+
+
+class ProbeSchedule:
+    """What the callbacks of every trainer share: the probe batch, how often it is measured
+    (`every_n_steps`, and at step 0 with `at_start`), the metrics' names, the last numbers and the
+    last step measured, so that a step is measured once however many batches it has."""
+
+    def __init__(
+        self,
+        probe_input_ids: Any,
+        every_n_steps: int,
+        attention_mask: Any,
+        at_start: bool,
+        prefix: str,
+        precursors: bool,
+    ):
+        self.probe_input_ids = probe_input_ids
+        self.attention_mask = attention_mask
+        self.every_n_steps = check_every(every_n_steps)
+        self.at_start = at_start
+        self.prefix = prefix
+        self.precursors = precursors
+        self.last_step: int | None = None
+        self.last: dict[str, float] = {}
+
+    def measure_model(self, model: Any) -> dict[str, float]:
+        """`logit_metrics` of `model` on the probe batch, kept as `last`."""
+        self.last = logit_metrics(model, self.probe_input_ids, self.attention_mask, self.prefix, self.precursors)
+        return self.last
+
+    def first_at(self, step: int) -> bool:
+        """Whether `step` was not measured yet (it is taken as measured from now on)."""
+        if self.last_step == step:
+            return False
+        self.last_step = step
+        return True

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from merit_core.errors import MissingDependencyError
 from merit_core.extras import is_installed
-from merit_core.integrations import METRIC, check_every, logit_metrics
+from merit_core.integrations import METRIC, ProbeSchedule
 
 if TYPE_CHECKING:  # the type checker sees one Callback class; at run time, either package's
     from lightning.pytorch import Callback
@@ -43,7 +43,7 @@ def _transformers_model(pl_module: Any, model_attr: str) -> Any:
     return model
 
 
-class MaxAttentionLogitCallback(Callback):
+class MaxAttentionLogitCallback(ProbeSchedule, Callback):
     """Log the max attention logit (per layer and overall) of a fixed probe batch every N optimizer steps.
 
     Args:
@@ -68,27 +68,16 @@ class MaxAttentionLogitCallback(Callback):
         prefix: str = METRIC,
         precursors: bool = True,
     ):
-        super().__init__()
-        self.probe_input_ids = probe_input_ids
-        self.attention_mask = attention_mask
-        self.every_n_steps = check_every(every_n_steps)
+        super().__init__(probe_input_ids, every_n_steps, attention_mask, at_start, prefix, precursors)
         self.model_attr = model_attr
-        self.at_start = at_start
-        self.prefix = prefix
-        self.precursors = precursors
-        self.last_step: int | None = None
-        self.last: dict[str, float] = {}
 
     def measure(self, pl_module: Any) -> dict[str, float]:
-        model = _transformers_model(pl_module, self.model_attr)
-        self.last = logit_metrics(model, self.probe_input_ids, self.attention_mask, self.prefix, self.precursors)
-        return self.last
+        return self.measure_model(_transformers_model(pl_module, self.model_attr))
 
     def _log(self, trainer: Any, pl_module: Any) -> None:
         step = int(trainer.global_step)
-        if self.last_step == step:  # several batches per optimizer step under gradient accumulation
+        if not self.first_at(step):  # several batches per optimizer step under gradient accumulation
             return
-        self.last_step = step
         values = self.measure(pl_module)
         if trainer.is_global_zero:
             # straight to the loggers, at this optimizer step: LightningModule.log would repeat the

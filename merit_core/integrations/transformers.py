@@ -27,14 +27,14 @@ from __future__ import annotations
 from typing import Any
 
 from merit_core.extras import require
-from merit_core.integrations import METRIC, check_every, logit_metrics
+from merit_core.integrations import METRIC, ProbeSchedule
 
 require("transformers", "merit_core.integrations.transformers", "transformers")
 
 from transformers import Trainer, TrainerCallback  # noqa: E402
 
 
-class MaxAttentionLogitCallback(TrainerCallback):
+class MaxAttentionLogitCallback(ProbeSchedule, TrainerCallback):
     """Log the max attention logit (per layer and overall) of a fixed probe batch every N steps.
 
     Args:
@@ -61,25 +61,16 @@ class MaxAttentionLogitCallback(TrainerCallback):
     ):
         if not isinstance(trainer, Trainer):
             raise TypeError("MaxAttentionLogitCallback needs the transformers Trainer as its first argument")
+        super().__init__(probe_input_ids, every_n_steps, attention_mask, at_start, prefix, precursors)
         self.trainer = trainer
-        self.probe_input_ids = probe_input_ids
-        self.attention_mask = attention_mask
-        self.every_n_steps = check_every(every_n_steps)
-        self.at_start = at_start
-        self.prefix = prefix
-        self.precursors = precursors
-        self.last_step: int | None = None
-        self.last: dict[str, float] = {}
 
     def measure(self, model: Any) -> dict[str, float]:
         """The metrics on the probe batch now (also usable outside training)."""
-        self.last = logit_metrics(model, self.probe_input_ids, self.attention_mask, self.prefix, self.precursors)
-        return self.last
+        return self.measure_model(model)
 
     def _log(self, state, control, model) -> None:
-        if model is None or self.last_step == state.global_step:
+        if model is None or not self.first_at(state.global_step):
             return
-        self.last_step = state.global_step
         should_log = control.should_log  # Trainer.log -> on_log clears it: the Trainer's own record would be lost
         self.trainer.log(dict(self.measure(model)))
         control.should_log = should_log

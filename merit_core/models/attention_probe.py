@@ -55,16 +55,22 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from merit_core.metric_names import (
-    ACTIVATION_RATIO,
     ATTENTION_ENTROPY_MEAN,
     ATTENTION_ENTROPY_MIN,
-    LOG_Z_MEAN,
     MAX_ATTENTION_LOGIT,
     NORMALIZED_ENTROPY_MEAN,
     NORMALIZED_ENTROPY_MIN,
 )
 from merit_core.models import family_spec
-from merit_core.precursors import over_heads, over_layers
+from merit_core.precursors import (
+    ActivationStats,
+    OutputLogitStats,
+    Precursors,
+    eval_record,
+    over_heads,
+    over_layers,
+    peak,
+)
 
 PROBE_NAME = "merit_logit_probe"  # delegates to SDPA
 EAGER_PROBE_NAME = "merit_logit_probe_eager"  # delegates to the family's eager attention
@@ -308,22 +314,6 @@ def record_attention_logits(model, query_chunk: int = 128, entropy: bool = False
         model.set_attn_implementation(previous)
 
 
-@dataclass
-class ActivationStats:
-    """The residual stream after one layer: max |h| over all entries of all (unpadded) tokens,
-    the median |h| (torch.median: the lower median), and where the max sits."""
-
-    max_abs: float
-    median_abs: float
-    batch_index: int
-    position: int
-    dim: int
-
-    @property
-    def ratio(self) -> float:
-        return self.max_abs / self.median_abs if self.median_abs > 0 else math.inf
-
-
 def activation_stats(hidden: torch.Tensor, valid: torch.Tensor | None = None) -> ActivationStats:
     """Statistics of a hidden state [B, T, d] over its tokens where `valid` ([B, T] bool) holds."""
     a = hidden.detach().float().abs()
@@ -334,17 +324,6 @@ def activation_stats(hidden: torch.Tensor, valid: torch.Tensor | None = None) ->
     t, d = divmod(rest, a.shape[2])
     kept = a[valid] if valid is not None else a
     return ActivationStats(float(a.view(-1)[flat]), float(kept.median()), b, t, d)
-
-
-@dataclass
-class OutputLogitStats:
-    """The output layer's logits over (unpadded) positions: max |logit| and log Z = logsumexp over
-    the vocabulary, its mean, std (population) and max."""
-
-    max_abs_logit: float
-    log_z_mean: float
-    log_z_std: float
-    log_z_max: float
 
 
 def output_logit_stats(logits: torch.Tensor, valid: torch.Tensor | None = None) -> OutputLogitStats:
@@ -370,37 +349,31 @@ class ProbeResult:
     output: OutputLogitStats | None = None
     input_max_l2: list[float] | None = None  # largest l2 norm of a token's attention input (with inputs=True)
 
-    def layers(self) -> list[LayerProbe]:
-        """Each layer's numbers, reduced over its heads (merit_core.precursors.over_heads: the max
-        logit by max, an entropy's mean by the mean of the heads' means, its min by their min)."""
-        entropy = {name: self.entropy[key].tolist() for name, key in ENTROPY_KEYS.items()} if self.entropy else {}
-        found = []
-        for i, heads in enumerate(self.max_logits.tolist()):
-            per_head = {name: rows[i] for name, rows in entropy.items()}
-            found.append(
-                LayerProbe(
-                    max_attention_logit=over_heads(MAX_ATTENTION_LOGIT, heads),
-                    heads_max_attention_logit=heads,
-                    entropy={name: over_heads(name, v) for name, v in per_head.items()},
-                    heads_entropy=per_head,
-                    activation=self.activations[i] if self.activations else None,
-                )
-            )
-        return found
+    def precursors(self) -> Precursors:
+        """This pass as the one precursors record inspect, the verdict and a run's records read: per
+        layer and head, and per layer reduced over the heads (merit_core.precursors.over_heads: the
+        max logit by max, an entropy's mean by the mean of the heads' means, its min by their min).
+        The head named per layer is the first holding the layer's max logit."""
+        heads = self.max_logits.tolist()
+        per_head = {name: self.entropy[key].tolist() for name, key in ENTROPY_KEYS.items()} if self.entropy else {}
+        entropy = {name: [over_heads(name, v) for v in rows] for name, rows in per_head.items()}
+        top = [peak(MAX_ATTENTION_LOGIT, values) for values in heads]
+        return Precursors(
+            max_logit=[over_heads(MAX_ATTENTION_LOGIT, values) for values in heads],
+            max_logit_head=[values.index(t[0]) if t else None for values, t in zip(heads, top)],
+            entropy_min=entropy.get(NORMALIZED_ENTROPY_MIN, ()),
+            activation_ratio=[a.ratio for a in self.activations] if self.activations else (),
+            log_z_mean=self.output.log_z_mean if self.output is not None else None,
+            heads_max_logit=heads,
+            entropy=entropy,
+            heads_entropy=per_head,
+            activations=self.activations or (),
+            output=self.output,
+        )
 
     def eval_metrics(self) -> dict[str, Any]:
-        """What a run's eval record holds of this pass: per layer the max attention logit and, when
-        measured, the smallest normalised entropy and the residual stream's max/median |h| ratio, and
-        the output layer's mean log Z (merit_core.metrics.MetricsRecord)."""
-        layers = self.layers()
-        record: dict[str, Any] = {MAX_ATTENTION_LOGIT: [layer.max_attention_logit for layer in layers]}
-        if self.entropy:
-            record[NORMALIZED_ENTROPY_MIN] = [layer.entropy[NORMALIZED_ENTROPY_MIN] for layer in layers]
-        if self.activations:
-            record[ACTIVATION_RATIO] = [a.ratio for a in self.activations]
-        if self.output is not None:
-            record[LOG_Z_MEAN] = self.output.log_z_mean
-        return record
+        """What a run's eval record holds of this pass (merit_core.precursors.eval_record)."""
+        return eval_record(self.precursors())
 
     def overall_metrics(self) -> dict[str, float]:
         """`eval_metrics` as one number each over the layers (merit_core.precursors.over_layers): the
@@ -418,18 +391,6 @@ ENTROPY_KEYS: Final[Mapping[str, str]] = MappingProxyType(
         NORMALIZED_ENTROPY_MIN: "normalized_min",
     }
 )
-
-
-@dataclass(frozen=True)
-class LayerProbe:
-    """One layer of a probe pass: the max attention logit and the entropies (metric name -> value)
-    reduced over heads, the same per head, and the residual stream after the layer."""
-
-    max_attention_logit: float
-    heads_max_attention_logit: list[float]
-    entropy: dict[str, float]
-    heads_entropy: dict[str, list[float]]
-    activation: ActivationStats | None
 
 
 @torch.no_grad()

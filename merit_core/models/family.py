@@ -77,7 +77,7 @@ class AttentionWeights:
 @dataclass(frozen=True)
 class LigerKernels:
     """Which Liger Kernel (`pip install merit-optim[gpu]`) kernels fit a family's modules; applied
-    per model instance by merit_core.train.kernels.
+    per model instance by merit_core.train.liger_kernels.
 
     rms_norm: the casting mode of its RMSNorm modules ('llama': normalise in fp32, scale in the
         input dtype; 'gemma': all in fp32), with `rms_offset` added to the weight (Gemma: 1 + w).

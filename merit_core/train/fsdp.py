@@ -26,7 +26,7 @@ Choices:
 Optimizers under fsdp (each checked against a single process fed the same gradients, see
 tests/dist_scripts/fsdp_checks.py; the others are refused, each with the reason its registry
 spec gives in `fsdp_refused`):
-- MERIT and its ablations: exact on the shards through `merit_core.optim.merit.sharded`, with
+- MERIT and its ablations: exact on the shards through `merit_core.optim.merit.dtensor_step`, with
   one small all-reduce per param group per step (the row/column/tensor max-norm statistics of
   all its parameters in one buffer).
 - AdamW (foreach; the fused kernel takes no DTensors), Lion, Sophia-G (and its Hessian
@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from merit_core.checkpoint.sharded import METADATA_FILE, load_sharded
+from merit_core.checkpoint.optimizer_shards import METADATA_FILE, load_sharded
 from merit_core.checkpoint.tensors import DCP_FORMAT, is_sharded_optimizer_state
 from merit_core.errors import CheckpointError, ConfigError
 from merit_core.optim.registry import OptimizerSpec, get_spec

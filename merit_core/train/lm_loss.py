@@ -21,7 +21,7 @@ parameters, their names, weight tying and `save_pretrained` are unchanged). So D
 torch.compile see an ordinary forward; a wrapper's hooks and parameter gathering apply as
 usual. The targets reach the output layer through `targets_for(model, labels)`, a context
 manager; outside it the layer returns logits as before (evaluation, generation, the Sophia-G
-Hessian refresh, saving). For the families where Liger Kernel is used (merit_core.train.kernels)
+Hessian refresh, saving). For the families where Liger Kernel is used (merit_core.train.liger_kernels)
 the head calls Liger's fused linear cross-entropy instead of the chunk step here.
 """
 
@@ -176,7 +176,7 @@ def install(
     """Make `model`'s output layer a LossHead (idempotent; the arguments given replace the head's
     settings); None when it is not a plain Linear (then the caller computes the loss from the
     logits). `fused`: compile the chunk step; `loss_fn`: a fused linear cross-entropy to call
-    instead of the chunk loop (Liger's, see merit_core.train.kernels)."""
+    instead of the chunk loop (Liger's, see merit_core.train.liger_kernels)."""
     get = getattr(model, "get_output_embeddings", None)
     head = get() if callable(get) else None
     if not isinstance(head, LossHead):

@@ -43,7 +43,7 @@ from merit_core.train.compiling import (
     transformer_blocks,
 )
 from merit_core.train.distributed import Parallel
-from merit_core.train.kernels import apply_liger, choose_kernels, mask_free_attention
+from merit_core.train.liger_kernels import apply_liger, choose_kernels, mask_free_attention
 from merit_core.train.step_hooks import StepContext
 
 

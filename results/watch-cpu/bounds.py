@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from merit_core.diagnostics.report import InspectOptions, inspect_paths  # noqa: E402
+from merit_core.diagnostics.inspect_report import InspectOptions, inspect_paths  # noqa: E402
 
 
 def main(paths: list[str]) -> None:

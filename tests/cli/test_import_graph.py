@@ -325,7 +325,7 @@ def test_diagnostics_evaluation_and_checkpoint_do_not_import_train():
         assert "merit_core.train" not in folders[folder], folder
     assert (
         "merit_core.train"
-        in _folder_graph({**_graph(), "merit_core.diagnostics.report": {"merit_core.train.config"}}, 2)[
+        in _folder_graph({**_graph(), "merit_core.diagnostics.inspect_report": {"merit_core.train.config"}}, 2)[
             "merit_core.diagnostics"
         ]
     )  # a planted import is seen

@@ -1,8 +1,8 @@
 """compare carries the instability precursors of each run's final eval record into the summary and
 REPORT.md (one table row per best run)."""
 
+from merit_core.compare.markdown_report import render_report
 from merit_core.compare.precursor_table import instability_lines, instability_record
-from merit_core.compare.report import render_report
 from tests.compare.records import synthetic_summary
 
 

@@ -12,7 +12,7 @@ import merit_core.compare as compare
 from merit_core.compare import load_spec, run_compare
 from merit_core.compare.environment import DEFAULT_PERTURBATIONS, FLOORS, perturbations
 from merit_core.compare.grid import next_extensions, plan_runs
-from merit_core.compare.report import ablation_lines, render_report
+from merit_core.compare.markdown_report import ablation_lines, render_report
 from merit_core.compare.results import BestResult, CellResult, CompareSettings, CompareSummary, Measured
 from merit_core.compare.runner import compare_threads, other_threads
 from merit_core.compare.spec import PRESETS

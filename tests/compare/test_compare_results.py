@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from merit_cli.compare_cmd import measures_table, results_table
-from merit_core.compare.report import environment_lines, grid_table, render_report, setup_lines
+from merit_core.compare.markdown_report import environment_lines, grid_table, render_report, setup_lines
 from merit_core.compare.results import (
     BestResult,
     CellResult,

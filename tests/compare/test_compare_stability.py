@@ -14,8 +14,8 @@ from merit_cli.main import cli
 from merit_core.compare import load_spec
 from merit_core.compare.environment import FLOORS, Perturbation, floored_spread, perturbations
 from merit_core.compare.grid import plan_runs
+from merit_core.compare.markdown_report import render_report
 from merit_core.compare.provenance import Provenance, git_state
-from merit_core.compare.report import render_report
 from merit_core.compare.results import CellResult, CompareSettings, CompareSummary, Curve, RunResult
 from merit_core.compare.runner import STATUS_FILE, read_status
 from merit_core.compare.stability import LOGIT_LIMIT, LOSS_EXCESS, run_unstable

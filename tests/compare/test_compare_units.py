@@ -7,7 +7,7 @@ import math
 import pytest
 
 from merit_core.compare.grid import AUTO_FACTORS, auto_lr_grid, config_mismatch, plan_runs, round_lr
-from merit_core.compare.report import render_report
+from merit_core.compare.markdown_report import render_report
 from merit_core.compare.results import BestResult
 from merit_core.compare.runner import worker_env
 from merit_core.compare.spec import load_spec, parse_batch_sizes, parse_lrs, parse_optimizers

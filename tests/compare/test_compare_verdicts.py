@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
+from merit_core.compare.markdown_report import render_report
 from merit_core.compare.plots import BAND_LABEL, BEST_LABEL, DIVERGED_LABEL, compare_figure
-from merit_core.compare.report import render_report
 from merit_core.compare.results import CompareSettings, CompareSummary, Measured
 from merit_core.compare.summary import cells
 from merit_core.compare.verdicts import findings, resolution
@@ -141,7 +141,7 @@ def test_plot_marks_diverged_lrs_at_the_edge_and_the_best_lr_with_its_band():
 
 
 def test_ablation_report_says_when_the_clip_never_bound():
-    from merit_core.compare.report import ablation_lines
+    from merit_core.compare.markdown_report import ablation_lines
 
     records = [
         *seeded("merit", 64, 3e-2, [4.00, 4.02], logits=[2.0, 2.2]),

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import merit_core.data.resolve as resolve_mod
+import merit_core.data.data_folder as resolve_mod
 from merit_cli.main import cli
 from merit_core.data import (
     DataMeta,
@@ -331,7 +331,7 @@ def test_builtin_data_is_prepared_once_and_cached(builtin_docs, monkeypatch):
 def test_data_builtin_names_the_built_in_corpus_and_an_empty_name_is_refused(monkeypatch, tmp_path):
     """`--data builtin` is the built-in corpus (what the errors suggest), even beside a folder of that name
     (`./builtin` is the folder); `--set data=""` is refused instead of reading the working directory."""
-    import merit_core.data.resolve as resolve_mod
+    import merit_core.data.data_folder as resolve_mod
 
     monkeypatch.setattr(resolve_mod, "builtin_data", lambda vocab_size, **kw: ("builtin", vocab_size))
     monkeypatch.chdir(tmp_path)

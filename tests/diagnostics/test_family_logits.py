@@ -4,8 +4,8 @@ rotary, QK-norm and grouped-query expansion, within sliding windows), in float32
 import pytest
 import torch
 
+from merit_core.diagnostics.inspect_report import InspectOptions, inspect_paths
 from merit_core.diagnostics.probe_batch import make_probe_batch
-from merit_core.diagnostics.report import InspectOptions, inspect_paths
 from merit_core.models.attention_probe import chunked_max_logits, max_attention_logits
 from tests.models.family_models import FAMILIES, VOCAB, direct_max_logits, scaled, tiny_model
 

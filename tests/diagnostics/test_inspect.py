@@ -10,8 +10,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from merit_cli.main import cli
+from merit_core.diagnostics.inspect_report import InspectOptions, inspect_paths
 from merit_core.diagnostics.probe_batch import PROBE_TEXT
-from merit_core.diagnostics.report import InspectOptions, inspect_paths
 from tests.diagnostics.direct_attention import gpt2_direct, llama_direct
 from tests.diagnostics.planted_models import GPT2_K_HEAD, LLAMA_KV_HEAD, PLANT, diag_gpt2, diag_llama, plant
 
@@ -70,7 +70,7 @@ def test_max_logits_equal_direct_computation(ckpts, arch):
 
 
 def test_typed_report_to_dict_is_the_json(ckpts, tmp_path):
-    from merit_core.diagnostics.report import write_json
+    from merit_core.diagnostics.inspect_report import write_json
 
     report = inspect_paths([ckpts["llama"][0]], InspectOptions(seq_len=12))
     write_json(report, tmp_path / "r.json")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from merit_core.diagnostics import plots
-from merit_core.diagnostics.report import InspectOptions, inspect_paths
+from merit_core.diagnostics.inspect_report import InspectOptions, inspect_paths
 from merit_core.metric_names import NORMALIZED_ENTROPY_MIN
 from tests.diagnostics.test_inspect import _make_run
 

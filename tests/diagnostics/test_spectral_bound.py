@@ -7,7 +7,7 @@ bound, on scaled random weights and on trained checkpoints."""
 import pytest
 import torch
 
-from merit_core.diagnostics.report import InspectOptions, inspect_paths
+from merit_core.diagnostics.inspect_report import InspectOptions, inspect_paths
 from merit_core.models import get_family
 from tests.diagnostics.planted_models import diag_gpt2, diag_llama, plant
 from tests.models.family_models import FAMILIES, scaled, tiny_model

@@ -122,6 +122,14 @@ def test_logit_growth_alarms_where_a_threshold_is_given():
     assert s.level == ALARMING and "at least 1.5" in s.reason
 
 
+def test_a_logit_grown_past_finite_is_alarming_without_an_alarming_threshold():
+    """An infinite max logit grows infinitely fast: alarming, and its reason names the watch
+    threshold (the only one given) instead of failing for want of an alarming one."""
+    first, p = Precursors(step=0, max_logit=[1.0]), Precursors(step=2, max_logit=[math.inf])
+    s = level_of(p, rules.LOGIT_GROWTH, first)
+    assert s.level == ALARMING and s.value == math.inf and s.reason.endswith("at least 0.75")
+
+
 def test_logit_growth_is_against_the_previous_checkpoint():
     points = [Precursors(step=s, max_logit=[x]) for s, x in ((0, 1.0), (10, _logit_at(10, 0.1)), (11, 1e4))]
     verdicts = v.trajectory_verdicts(points)

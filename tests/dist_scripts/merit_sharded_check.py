@@ -177,7 +177,7 @@ class Counter:
 def check_layout(name, mesh, placements_of, expected, weights, grads, references, counter, dtype, atol):
     from torch.distributed.tensor import distribute_tensor
 
-    from merit_core.optim.merit.sharded import merit_sharded
+    from merit_core.optim.merit.dtensor_step import merit_sharded
 
     worst = 0.0
     # Scatter once per layout; every combo starts from (local) clones of these DTensors.
@@ -223,7 +223,7 @@ def check_refusals(mesh):
     """Unsupported placements fail with a clear error on every rank, before any collective."""
     from torch.distributed.tensor import DTensor, Partial, Replicate
 
-    from merit_core.optim.merit.sharded import merit_sharded
+    from merit_core.optim.merit.dtensor_step import merit_sharded
 
     kw = STEP_DEFAULTS
     local = torch.ones(2, 3)
@@ -253,7 +253,7 @@ def check_nonfinite(mesh) -> int:
     and Shard(1), torch and C++ local passes, with and without the weight-wise bound."""
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from merit_core.optim.merit.sharded import merit_sharded
+    from merit_core.optim.merit.dtensor_step import merit_sharded
 
     checked = 0
     gen = torch.Generator().manual_seed(11)
@@ -286,7 +286,7 @@ def check_fully_shard(mesh) -> float:
     """Real FSDP2 parameters (Linear(4, 1) has a [1, 4] weight: an empty shard on rank 1)."""
     from torch.distributed.fsdp import fully_shard
 
-    from merit_core.optim.merit.sharded import merit_sharded
+    from merit_core.optim.merit.dtensor_step import merit_sharded
 
     torch.manual_seed(5)
     model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)).double()

@@ -282,7 +282,7 @@ def test_liger_kernels_on_cuda_equal_the_plain_modules(name):
     import torch.nn.functional as F
 
     from merit_core.models import build_model, model_config
-    from merit_core.train import kernels, lm_loss
+    from merit_core.train import liger_kernels, lm_loss
 
     torch.backends.cuda.matmul.allow_tf32 = False
     gen = torch.Generator().manual_seed(0)
@@ -301,7 +301,7 @@ def test_liger_kernels_on_cuda_equal_the_plain_modules(name):
 
     model = build_model(model_config(name, vocab_size=97, context=32), seed=0).cuda()
     ref_loss, ref = loss_and_grads(model)
-    head = lm_loss.install(model, loss_fn=kernels.apply_liger(model))
+    head = lm_loss.install(model, loss_fn=liger_kernels.apply_liger(model))
     loss, grads = loss_and_grads(model, head)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-4, atol=0)
     for n, g in ref.items():

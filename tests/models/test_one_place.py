@@ -13,7 +13,7 @@ PROBE_MODULES = (ROOT / "merit_core" / "models" / "attention_probe.py", REDUCTIO
 # the readers of the probe's numbers: each takes its reduction from merit_core.precursors
 READERS = (
     "merit_core/models/attention_probe.py",  # a run's eval records
-    "merit_core/diagnostics/report.py",  # inspect's summary, heads and the verdict's input
+    "merit_core/diagnostics/inspect_report.py",  # inspect's summary, heads and the verdict's input
     "merit_core/instability_rules.py",  # the verdict's rules
     "merit_core/compare/precursor_table.py",  # compare's summary and report
     "merit_core/compare/summary.py",
@@ -114,3 +114,60 @@ def test_the_state_check_sees_planted_state(tmp_path):
     planted = tmp_path / "planted.py"
     planted.write_text("import threading\nA = {}\nB = threading.Lock()\nC = ('x', 1)\ndef f():\n    global A\n")
     assert [line.split(":")[0] for line in _module_state(planted)] == ["line 6", "line 2", "line 3"]
+
+
+# What the probe measured of a layer or head, as inspect's layer and head records name it.
+MEASURED = (
+    "max_attention_logit",
+    "attention_entropy_mean",
+    "attention_entropy_min",
+    "normalized_attention_entropy_mean",
+    "normalized_attention_entropy_min",
+    "activation_max",
+    "activation_median",
+    "activation_ratio",
+    "activation_max_position",
+    "activation_max_dim",
+)
+WEIGHT_RECORDS = ROOT / "merit_core" / "diagnostics" / "weights.py"
+INSPECT_FILES = sorted((ROOT / "merit_core" / "diagnostics").glob("*.py")) + sorted((ROOT / "merit_cli").rglob("*.py"))
+
+
+def _copies(text: str) -> list[str]:
+    """Assignments of a measured attribute (`x.max_attention_logit = ...`, `setattr(x, "...", ...)`)."""
+    names = "|".join(MEASURED)
+    assign = re.compile(rf"\.({names})\s*=(?!=)")
+    by_name = re.compile(rf"setattr\([^,]+,\s*['\"]({names})['\"]")
+    return [m.group(0) for pattern in (assign, by_name) for m in pattern.finditer(text)]
+
+
+def test_inspect_reads_the_probes_numbers_from_the_one_record():
+    """inspect's layer and head records do not hold copies of the probe's numbers: each measured
+    attribute reads the checkpoint's precursors record (precursors.Measured), and no module of
+    inspect or the CLI assigns one."""
+    declared = re.findall(r"^\s+(\w+) = Measured\(", _text(WEIGHT_RECORDS) + _text(REDUCTION), flags=re.M)
+    assert set(declared) == set(MEASURED)
+    for path in INSPECT_FILES:
+        assert _copies(_text(path)) == [], path
+
+
+def test_the_copy_check_sees_planted_copies():
+    planted = (
+        "layer.max_attention_logit = 3.0\nsetattr(head, 'attention_entropy_min', 1)\nif a.activation_ratio == 2: pass"
+    )
+    assert _copies(planted) == [".max_attention_logit =", "setattr(head, 'attention_entropy_min'"]
+
+
+# File names that several packages use for the same kind of thing, each its own command's: the
+# figures, the typed result records, the time estimate said before a run, a checkpoint reader.
+SHARED_NAMES = {"__init__.py", "plots.py", "results.py", "estimate.py", "checkpoint.py"}
+
+
+def test_no_two_modules_are_named_alike_for_different_ideas():
+    """A module's name says what it holds: outside SHARED_NAMES no file name is used twice in the
+    package (a `report.py` of inspect beside one of compare, a `kernels.py` of MERIT's Triton
+    backend beside Liger's)."""
+    seen: dict[str, list[str]] = {}
+    for path in PACKAGE_FILES:
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: where for name, where in seen.items() if len(where) > 1 and name not in SHARED_NAMES} == {}

@@ -6,8 +6,8 @@ compile backend in tests/optim/test_merit_compile.py (on the graphs it compiles 
 import pytest
 
 from merit_core.optim.merit import cpu
+from merit_core.optim.merit.dtensor_step import merit_sharded
 from merit_core.optim.merit.functional import BACKENDS
-from merit_core.optim.merit.sharded import merit_sharded
 from tests.optim.nonfinite import CASES, CONFIGS, check
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from merit_core.optim.merit.sharded import merit_sharded
+from merit_core.optim.merit.dtensor_step import merit_sharded
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "dist_scripts" / "merit_sharded_check.py"

@@ -1,4 +1,4 @@
-"""Liger Kernel per family (merit_core.train.kernels): the choice, and the kernels against the plain
+"""Liger Kernel per family (merit_core.train.liger_kernels): the choice, and the kernels against the plain
 path under Triton's interpreter on CPU tensors.
 
 As in tests/optim/test_merit_triton.py, TRITON_INTERPRET=1 must be set before triton is first
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from merit_core.errors import ConfigError
 from merit_core.models import all_families, build_model, family_spec, model_config
-from merit_core.train import kernels, lm_loss
+from merit_core.train import liger_kernels, lm_loss
 from tests.interpreted import run_under_interpreter
 
 pytest.importorskip("liger_kernel", reason="liger-kernel is not installed: pip install -e '.[dev,triton]'")
@@ -37,18 +37,18 @@ def test_kernels_are_chosen_per_family_and_device(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     llama, gpt2 = model_config("llama-tiny"), model_config("gpt2-tiny")
-    assert kernels.choose_kernels("auto", llama, cpu) == "none"  # the CPU default path is unchanged
-    assert kernels.choose_kernels("auto", llama, cuda) == "liger"
-    assert kernels.choose_kernels("auto", gpt2, cuda) == "none"  # no Liger kernels for GPT-2: merit's loss
-    assert kernels.choose_kernels("none", llama, cuda) == "none"
+    assert liger_kernels.choose_kernels("auto", llama, cpu) == "none"  # the CPU default path is unchanged
+    assert liger_kernels.choose_kernels("auto", llama, cuda) == "liger"
+    assert liger_kernels.choose_kernels("auto", gpt2, cuda) == "none"  # no Liger kernels for GPT-2: merit's loss
+    assert liger_kernels.choose_kernels("none", llama, cuda) == "none"
     with pytest.raises(ConfigError, match="no kernels for GPT-2"):
-        kernels.choose_kernels("liger", gpt2, cuda)
+        liger_kernels.choose_kernels("liger", gpt2, cuda)
     with pytest.raises(ConfigError, match="needs a CUDA device.*kernels=none"):
-        kernels.choose_kernels("liger", llama, cpu)
-    monkeypatch.setattr(kernels, "liger_installed", lambda: False)
-    assert kernels.choose_kernels("auto", llama, cuda) == "none"
+        liger_kernels.choose_kernels("liger", llama, cpu)
+    monkeypatch.setattr(liger_kernels, "liger_installed", lambda: False)
+    assert liger_kernels.choose_kernels("auto", llama, cuda) == "none"
     with pytest.raises(ConfigError, match=r"merit-optim\[gpu\]"):
-        kernels.choose_kernels("liger", llama, cuda)
+        liger_kernels.choose_kernels("liger", llama, cuda)
     from merit_core.train.config import load_config
 
     with pytest.raises(ConfigError, match="kernels must be one of auto, liger, none"):
@@ -87,7 +87,7 @@ def test_liger_fused_loss_and_rope_equal_the_plain_path():
     for name in ("llama-tiny", "qwen3-tiny"):
         model = _tiny(name)
         ref_loss, ref = _loss_and_grads(model, x, y)
-        loss_fn = kernels.apply_liger(model, rms_norm=False, mlp=False)  # the two kernels the interpreter runs
+        loss_fn = liger_kernels.apply_liger(model, rms_norm=False, mlp=False)  # the two kernels the interpreter runs
         modeling = importlib.import_module(family_spec(model.config).liger.modeling)
         assert modeling.apply_rotary_pos_emb._merit_liger
         loss, grads = _loss_and_grads(model, x, y, {"loss_fn": loss_fn})
@@ -103,7 +103,7 @@ def test_liger_rms_norm_and_mlp_are_wired_per_family():
     expected = {"llama-tiny": LigerSwiGLUMLP, "phi3-tiny": LigerPhi3SwiGLUMLP, "gemma3-tiny": LigerGEGLUMLP}
     for name, mlp in expected.items():
         model = _tiny(name)
-        kernels.apply_liger(model, loss=False, rope=False)
+        liger_kernels.apply_liger(model, loss=False, rope=False)
         norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
         assert norms and all(m.forward.__func__ is LigerRMSNorm.forward and not m.in_place for m in norms)
         offset = 1.0 if name.startswith("gemma") else 0.0

@@ -9,7 +9,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
-from merit_core.checkpoint.sharded import METADATA_FILE, load_sharded
+from merit_core.checkpoint.optimizer_shards import METADATA_FILE, load_sharded
 from merit_core.checkpoint.tensors import DCP_FORMAT
 from merit_core.errors import CheckpointError
 from merit_core.optim import MERIT

@@ -229,7 +229,7 @@ def test_next_inspect_hint_runs_and_notes_the_probe_differs(finished_run):
     assert ran.exit_code == 0, ran.output
     assert "were measured" not in ran.output
 
-    from merit_core.diagnostics.report import InspectOptions, inspect_paths
+    from merit_core.diagnostics.inspect_report import InspectOptions, inspect_paths
     from merit_core.metrics import read_metrics
 
     (ckpt,) = [c for c in inspect_paths([out], InspectOptions(seq_len=16)).checkpoints if c.step == 4]

@@ -7,7 +7,7 @@ one backend with the same signature for all (the tensor lists and one hyperparam
 - ``cpu.py``        the C++/OpenMP kernel (``csrc/merit_cpu.cpp``) as a torch custom op
 - ``compiled.py``   torch.compile of two passes per tensor (opt-in)
 - ``triton/``       grouped Triton kernels (the CUDA default when triton imports)
-- ``sharded.py``    DTensor/FSDP2: a backend's passes on each local shard + one all-reduce
+- ``dtensor_step.py`` DTensor/FSDP2: a backend's passes on each local shard + one all-reduce
 
 ``common.py`` holds what they share: the hyperparameter record, the rule for NaN and infinities
 and the norm helpers.

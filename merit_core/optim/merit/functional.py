@@ -21,7 +21,7 @@ for NaN and infinities (:data:`~merit_core.optim.merit.common.NONFINITE_RULE`). 
 ``"triton"``      grouped Triton kernels; the CUDA default when triton imports
 ================  ==========================================================================
 
-DTensor parameters (FSDP2 and friends) take the sharded path (``sharded.py``), which runs the
+DTensor parameters (FSDP2 and friends) take the sharded path (``dtensor_step.py``), which runs the
 ``"cpu"`` kernel's two passes or torch ops on each local shard and completes the statistics
 with one all-reduce per group. Other tensor subclasses take the reference backend.
 
@@ -52,9 +52,9 @@ from merit_core.optim.merit import cpu
 from merit_core.optim.merit.common import BackendStep, Hyper, hyper_values, is_dtensor, is_plain, moment_misfit
 from merit_core.optim.merit.compiled import merit_compiled
 from merit_core.optim.merit.cpu import merit_cpu
+from merit_core.optim.merit.dtensor_step import merit_sharded
 from merit_core.optim.merit.foreach import merit_foreach
 from merit_core.optim.merit.reference import merit_reference
-from merit_core.optim.merit.sharded import merit_sharded
 
 ALIASES = {"eager": "foreach", "cpp": "cpu"}
 _LOADED: dict[str, BackendStep] = {}

@@ -89,7 +89,7 @@ class MERIT(Optimizer):
         differentiable: only False; True raises ``ValueError`` (the step is not differentiable).
 
     DTensor parameters (FSDP2's ``Shard(0)``, HSDP, tensor-parallel ``Shard(d)``, ``Replicate``)
-    take the sharded path (:func:`merit_core.optim.merit.sharded.merit_sharded`): the C++
+    take the sharded path (:func:`merit_core.optim.merit.dtensor_step.merit_sharded`): the C++
     kernel's two passes (or torch ops off the CPU, or with ``implementation="foreach"``) on each
     local shard, exact on the global tensors with one small all-reduce per group and step.
     Other placements (``Partial``, ``_StridedShard``) raise ``NotImplementedError`` naming the

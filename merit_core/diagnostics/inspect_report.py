@@ -42,7 +42,6 @@ from merit_core.diagnostics.streamed import WeightSummaries
 from merit_core.diagnostics.update_size import UpdateReport, checkpoint_update_sizes
 from merit_core.diagnostics.verdict import Verdict, checkpoint_verdict, run_verdict, trajectory_verdicts
 from merit_core.diagnostics.weights import (
-    HeadStats,
     LayerStats,
     WeightStats,
     attention_weight_stats,
@@ -55,13 +54,10 @@ from merit_core.durable_writes import atomic_write_json
 from merit_core.errors import DataError, MeritError
 from merit_core.metric_names import (
     ACTIVATION_RATIO,
-    ATTENTION_ENTROPY_MEAN,
-    ATTENTION_ENTROPY_MIN,
     LOG_Z_MAX,
     LOG_Z_MEAN,
     LOG_Z_STD,
     MAX_ATTENTION_LOGIT,
-    NORMALIZED_ENTROPY_MEAN,
     NORMALIZED_ENTROPY_MIN,
     OUTPUT_LOGIT_MAX,
     UPDATE_RATIO,
@@ -154,14 +150,32 @@ class CheckpointReport(WeightStats):
     trainer_state: dict[str, Any] = field(default_factory=dict)  # the TRAINER_KEYS its trainer_state.json has
     probe: ProbeInfo | None = None
     hessian: dict[str, Any] | None = None
-    summary: Summary = field(default_factory=Summary)
-    output: dict[str, float] | None = None  # the output layer's max |logit| and log Z statistics
     updates: UpdateReport | None = None  # update size from the checkpoint's optimizer state
     verdict: Verdict | None = None  # healthy / watch / alarming per signal (`judge`)
+    # what the probe measured, with the logit bounds and the update ratio: the one record that the
+    # layers and heads, the summary, the JSON and the verdict read
+    precursors: Precursors = field(default_factory=Precursors)
 
     @property
     def optimizer(self) -> str | None:
         return self.trainer_state.get("optimizer")
+
+    @property
+    def summary(self) -> Summary:
+        return summarize(self.layers, self.precursors)
+
+    @property
+    def output(self) -> dict[str, float] | None:
+        """The output layer's max |logit| and log Z statistics."""
+        o = self.precursors.output
+        if o is None:
+            return None
+        return {
+            OUTPUT_LOGIT_MAX: o.max_abs_logit,
+            LOG_Z_MEAN: o.log_z_mean,
+            LOG_Z_STD: o.log_z_std,
+            LOG_Z_MAX: o.log_z_max,
+        }
 
     @classmethod
     def from_weights(cls, ckpt: Checkpoint, stats: WeightStats, trainer_state: dict[str, Any]) -> CheckpointReport:
@@ -229,54 +243,50 @@ def _trainer_state(ckpt: Checkpoint) -> dict:
     return {**named, **{k: state.get(k) for k in TRAINER_KEYS if state.get(k) is not None}}
 
 
-def summarize(layers: list[LayerStats], output: dict | None = None, updates: UpdateReport | None = None) -> Summary:
+def summarize(layers: list[LayerStats], p: Precursors) -> Summary:
     """Each summary key's alarming end over the layers with its layer (merit_core.precursors.peak:
     maxima, the minimum for entropy), the output layer's mean log Z and the largest update ratio:
-    the numbers a trajectory or a side-by-side comparison tracks."""
+    the numbers a trajectory or a side-by-side comparison tracks. The weights' keys are read from
+    the layers, the probe's from the precursors record."""
+    per_layer: dict[str, Any] = {
+        MAX_ATTENTION_LOGIT: p.max_logit,
+        ACTIVATION_RATIO: p.activation_ratio,
+        NORMALIZED_ENTROPY_MIN: p.entropy_min,
+    }
     found: dict[str, Any] = {}
     for key in SUMMARY_KEYS + MIN_SUMMARY_KEYS:
-        top = peak(key, [getattr(layer, key) for layer in layers])
+        values = per_layer[key] if key in per_layer else [getattr(layer, key) for layer in layers]
+        top = peak(key, values)
         if top is not None:
             found[key], found[f"{key}_layer"] = top[0], layers[top[1]].layer
-    if output:
-        found["log_z_mean"] = output[LOG_Z_MEAN]
-    if updates and updates.weights:
-        top_update = max(updates.weights, key=lambda w: w.ratio)
-        found["update_rms_ratio"], found["update_rms_ratio_weight"] = top_update.ratio, top_update.name
-    return Summary(**found)
+    return Summary(
+        **found,
+        log_z_mean=p.log_z_mean,
+        update_rms_ratio=p.update_ratio,
+        update_rms_ratio_weight=p.update_weight,
+    )
 
 
-def fill_probe(stats: CheckpointReport, probed: ProbeResult) -> None:
-    """Copy one probe pass's layers (reduced over heads once, by `ProbeResult.layers`) into the
-    report's layer and head records."""
-    for layer, probe in zip(stats.layers, probed.layers()):
-        if not layer.heads:
-            layer.heads = [HeadStats(h) for h in range(len(probe.heads_max_attention_logit))]
-        layer.max_attention_logit = probe.max_attention_logit
-        e = probe.entropy
-        layer.attention_entropy_mean = e.get(ATTENTION_ENTROPY_MEAN)
-        layer.attention_entropy_min = e.get(ATTENTION_ENTROPY_MIN)
-        layer.normalized_attention_entropy_mean = e.get(NORMALIZED_ENTROPY_MEAN)
-        layer.normalized_attention_entropy_min = e.get(NORMALIZED_ENTROPY_MIN)
-        for i, (head, value) in enumerate(zip(layer.heads, probe.heads_max_attention_logit)):
-            head.max_attention_logit = value
-            h = {name: per_head[i] for name, per_head in probe.heads_entropy.items()}
-            head.attention_entropy_mean = h.get(ATTENTION_ENTROPY_MEAN)
-            head.attention_entropy_min = h.get(ATTENTION_ENTROPY_MIN)
-            head.normalized_attention_entropy_mean = h.get(NORMALIZED_ENTROPY_MEAN)
-            head.normalized_attention_entropy_min = h.get(NORMALIZED_ENTROPY_MIN)
-        a = probe.activation
-        if a is not None:
-            layer.activation_max, layer.activation_median, layer.activation_ratio = a.max_abs, a.median_abs, a.ratio
-            layer.activation_max_position, layer.activation_max_dim = a.position, a.dim
-    if probed.output is not None:
-        o = probed.output
-        stats.output = {
-            OUTPUT_LOGIT_MAX: o.max_abs_logit,
-            LOG_Z_MEAN: o.log_z_mean,
-            LOG_Z_STD: o.log_z_std,
-            LOG_Z_MAX: o.log_z_max,
-        }
+def checkpoint_precursors(c: CheckpointReport, probed: ProbeResult | None) -> Precursors:
+    """The checkpoint's one precursors record: the probe pass's (`ProbeResult.precursors`), its
+    step, the largest update ratio and, per layer, the tighter of the two logit bounds."""
+    bounds: list[float | None] = []
+    kinds: list[str | None] = []
+    for layer in c.layers:  # both bound the same logit: the smaller holds
+        pairs = ((layer.spectral_logit_bound, "spectral"), (layer.logit_bound, "max-norm"))
+        found = [(b, k) for b, k in pairs if is_number(b) and not math.isnan(b)]
+        best = min(found) if found else (None, None)
+        bounds.append(best[0])
+        kinds.append(best[1])
+    top = max(c.updates.weights, key=lambda w: w.ratio) if c.updates and c.updates.weights else None
+    return dataclasses.replace(
+        probed.precursors() if probed is not None else Precursors(),
+        step=c.step,
+        update_ratio=top.ratio if top else None,
+        update_weight=top.name if top else None,
+        logit_bound=bounds,
+        bound_kind=kinds,
+    )
 
 
 def _measure(
@@ -287,9 +297,11 @@ def _measure(
     opts: InspectOptions,
     progress: ProgressFn,
     layered: bool = False,
-) -> None:
-    """Fill max attention logits (and the Hessian) into `stats`, building the model once from `config`
-    (the checkpoint's config.json)."""
+) -> ProbeResult | None:
+    """Probe the model (the logit bounds, the Hessian and the update size go into `stats`), building
+    it once from `config` (the checkpoint's config.json); returns the probe pass, if one ran.
+    `layered`: the model holds one layer at a time (merit_core.models.layered_forward), and the
+    weight table comes from the tensors the probe reads."""
     progress(Progress("building the model", item=ckpt.label))
     summaries = WeightSummaries() if layered else None  # the weight table, from the probe's read
     model = load_model(ckpt, reader, opts.device, raw_config=config, layered=layered, tap=summaries)
@@ -302,10 +314,10 @@ def _measure(
     batch = make_probe_batch(ckpt.folder, model.config.vocab_size, seq_len, opts.text, opts.text_source, opts.seed)
     ids = batch.input_ids.to(opts.device)
     stats.probe = batch.describe()
+    probed = None
     if opts.logits:
         progress(Progress(f"max attention logits on {stats.probe.n_tokens} tokens", item=ckpt.label))
         probed = probe_attention(model, ids, query_chunk=opts.query_chunk, inputs=True, instability=True)
-        fill_probe(stats, probed)
         if summaries is not None:
             stats.weights = summaries.result(reader)
         if probed.input_max_l1 is not None:  # always measured with inputs=True
@@ -332,6 +344,7 @@ def _measure(
     del model
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+    return probed
 
 
 def inspect_checkpoint(
@@ -358,6 +371,7 @@ def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: Progre
     layered = probe_layered(ckpt, config, opts)
     weights = attention_weight_stats(reader, config, opts.n_heads, opts.top_k, include_other=not layered)
     stats = CheckpointReport.from_weights(ckpt, weights, _trainer_state(ckpt))
+    probed = None
     if opts.logits or opts.hessian:
         if config is None:  # no config.json next to the weights
             stats.notes.append(
@@ -366,8 +380,11 @@ def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: Progre
                 + " not measured"
             )
         else:
-            _measure(ckpt, reader, config, stats, opts, progress, layered)
-    stats.summary = summarize(stats.layers, stats.output, stats.updates)
+            probed = _measure(ckpt, reader, config, stats, opts, progress, layered)
+    stats.precursors = checkpoint_precursors(stats, probed)
+    if probed is not None:
+        for layer in stats.layers:
+            layer.attach(stats.precursors)
     note = training_logit_note(ckpt, stats)
     if note is not None:
         stats.notes.append(note)
@@ -419,37 +436,6 @@ def inspect_paths(
     return report
 
 
-def precursors(c: CheckpointReport) -> Precursors:
-    """What the verdict reads of a checkpoint's report: the probe's per-layer statistics, the output
-    log Z, the largest update ratio and, per layer, the tighter of the two logit bounds."""
-    layers = c.layers
-    heads = []
-    for layer in layers:
-        values = [h.max_attention_logit for h in layer.heads]
-        top = peak(MAX_ATTENTION_LOGIT, values)
-        heads.append(layer.heads[values.index(top[0])].head if top else None)  # the first, as the tables
-    bounds: list[float | None] = []
-    kinds: list[str | None] = []
-    for layer in layers:  # both bound the same logit: the smaller holds
-        pairs = ((layer.spectral_logit_bound, "spectral"), (layer.logit_bound, "max-norm"))
-        found = [(b, k) for b, k in pairs if is_number(b) and not math.isnan(b)]
-        best = min(found) if found else (None, None)
-        bounds.append(best[0])
-        kinds.append(best[1])
-    return Precursors(
-        step=c.step,
-        max_logit=[l.max_attention_logit for l in layers],
-        max_logit_head=heads,
-        entropy_min=[l.normalized_attention_entropy_min for l in layers],
-        activation_ratio=[l.activation_ratio for l in layers],
-        log_z_mean=c.output[LOG_Z_MEAN] if c.output else None,
-        update_ratio=c.summary.update_rms_ratio,
-        update_weight=c.summary.update_rms_ratio_weight,
-        logit_bound=bounds,
-        bound_kind=kinds,
-    )
-
-
 def judge(report: InspectReport) -> None:
     """Set the verdicts: each checkpoint's (with its run's history when its input is a run folder)
     and each run input's over its checkpoints."""
@@ -458,13 +444,13 @@ def judge(report: InspectReport) -> None:
         taken = report.checkpoints[start : start + given.n_checkpoints]
         start += given.n_checkpoints
         if given.kind == "run":
-            verdicts = trajectory_verdicts([precursors(c) for c in taken])
+            verdicts = trajectory_verdicts([c.precursors for c in taken])
             for c, verdict in zip(taken, verdicts):
                 c.verdict = verdict
             given.verdict = run_verdict(verdicts, [c.step for c in taken])
         else:
             for c in taken:
-                c.verdict = checkpoint_verdict(precursors(c))
+                c.verdict = checkpoint_verdict(c.precursors)
 
 
 def write_json(report: InspectReport | dict, path: str | Path) -> int:
