@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from merit_core.checkpoint.resolve import SafetensorsReader, find_checkpoints
-from merit_core.diagnostics import report
+from merit_core.diagnostics import inspect_report as report
 from merit_core.diagnostics.checkpoint_model import load_model
 from merit_core.errors import CheckpointError, ConfigError
 from merit_core.models import limits
