@@ -69,10 +69,12 @@ def validate_safetensors(path: Path) -> dict[str, dict]:
     try:
         with open_regular(path) as fh:
             size = os.fstat(fh.fileno()).st_size
-            head = fh.read(8)
+            start = fh.read(9)  # the length, and the header's first byte: "{" in every safetensors file
+            head = start[:8]
             if head[:4] == b"PK\x03\x04":
                 raise refuse_pickle(path, "a torch.save zip archive (pickle inside)")
-            if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
+            # a pickle's protocol mark; a header length with low byte 0x80 starts alike, then the JSON
+            if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5 and start[8:9] != b"{":
                 raise refuse_pickle(path, "a pickle file")
             if len(head) < 8:
                 raise CheckpointError(f"{display(path)} is not a safetensors file: only {size} bytes")
@@ -83,7 +85,7 @@ def validate_safetensors(path: Path) -> dict[str, dict]:
                 raise CheckpointError(
                     f"{display(path)} is truncated or not safetensors: header of {n} bytes but the file has {size}"
                 )
-            raw = fh.read(n)
+            raw = start[8:] + fh.read(n - len(start[8:]))
     except OSError as exc:
         raise CheckpointError(f"cannot read {display(path)}: {exc.strerror or exc}") from None
     try:

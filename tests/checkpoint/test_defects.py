@@ -50,3 +50,32 @@ def test_eval_refuses_weights_with_more_layers_than_the_config_says(tmp_path):
 def test_eval_takes_weights_that_match_their_config(tmp_path):
     tiny_gpt2(n_layer=3).save_pretrained(tmp_path / "ok")
     check_layers(tmp_path / "ok", check_weight_files(tmp_path / "ok"))  # no error
+
+
+def test_a_safetensors_header_that_starts_like_a_pickle_is_read(tmp_path):
+    """A header length whose low byte is 0x80 and next byte 2..5 (a pickle's protocol mark) is still a
+    safetensors file: the JSON header that follows says so. A real pickle is refused."""
+    import pickle
+
+    from safetensors.torch import save_file
+
+    from merit_core.checkpoint.safe import validate_safetensors
+
+    path = tmp_path / "w.safetensors"
+    for pad in range(0, 2000):  # a metadata string sized so that the header is 0x280 + 0x100*k bytes long
+        save_file({"w": torch.zeros(2, 3)}, str(path), metadata={"pad": "x" * pad})
+        head = path.read_bytes()[:9]
+        if head[0] == 0x80 and 2 <= head[1] <= 5:
+            break
+    else:
+        raise AssertionError("no header length of the pickle-like form was reached")
+    assert head[8:9] == b"{"
+    assert list(validate_safetensors(path)) == ["w"]
+    fake = tmp_path / "p.safetensors"
+    fake.write_bytes(pickle.dumps({"w": [1.0] * 4}, protocol=4))
+    try:
+        validate_safetensors(fake)
+    except CheckpointError as exc:
+        assert "a pickle file" in str(exc)
+    else:
+        raise AssertionError("a pickle was not refused")
