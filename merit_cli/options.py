@@ -349,6 +349,9 @@ def wide_option():
     )
 
 
+FILE_SUFFIXES = (".safetensors", ".json", ".bin", ".pt", ".pth", ".ckpt", ".pkl", ".gguf")
+
+
 def check_checkpoint_path(path, hub_name_ok: bool = False) -> None:
     """CheckpointError, in the same words for every command, when `path` is no checkpoint: missing (a
     name that may be a hub model's, with `hub_name_ok`, is left to the hub), or a prepared token file
@@ -361,7 +364,13 @@ def check_checkpoint_path(path, hub_name_ok: bool = False) -> None:
     given = Path(path).expanduser()
     if not given.exists():
         parent = given.parent
-        local = parent != Path(".") and parent.is_dir() or str(path).startswith((".", "/", "~")) or len(given.parts) > 2
+        local = (
+            parent != Path(".")
+            and parent.is_dir()
+            or str(path).startswith((".", "/", "~"))
+            or len(given.parts) > 2
+            or given.suffix.lower() in FILE_SUFFIXES  # a file's name, never a hub model's
+        )
         if hub_name_ok and not local:
             return
         raise CheckpointError(f"checkpoint not found: {path}{missing_step_hint(given)}")

@@ -20,6 +20,8 @@ CLI_MODULES: dict[str, str] = {
     "numpy": "numpy",
     "safetensors": "safetensors",
     "transformers": "transformers",
+    "huggingface_hub": "huggingface-hub",
+    "accelerate": "accelerate",
     "tokenizers": "tokenizers",
     "datasets": "datasets",
     "pyarrow": "pyarrow",

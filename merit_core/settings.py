@@ -183,7 +183,7 @@ class TrainConfig:
     vocab_size: int = setting(VOCAB_SIZE, "Vocabulary of a BPE trained on the data.", option="value", bound="positive")
     out: str | None = setting(
         None,
-        "Write the run into this folder (config.toml, metrics.jsonl, curves.png, step_N/ checkpoints).",
+        "Write the run into this folder (its config, metrics log, curves and step_N/ checkpoints).",
         option="value",
         default_text="runs/<date>-<model>-<optimizer>",
     )
