@@ -1,4 +1,4 @@
-"""Wall time of `merit eval RUN --steps all --tasks builtin` with one worker and with two.
+"""Wall time of `merit eval RUN --checkpoints all --tasks builtin` with one worker and with two.
 
 Trains a gpt2-tiny run with 4 checkpoints on the built-in corpus (or takes `--run RUN`), then times,
 each in a fresh process so both pay the same imports, in one script run:
@@ -49,7 +49,7 @@ def train_run(folder: Path) -> Path:
 
 def time_eval(run: Path, devices: str, limit: int, out: Path) -> tuple[float, tuple[float, float], dict]:
     """Seconds of one `merit eval` process, the 1-minute load average before and after, its JSON."""
-    args = ["eval", str(run), "--steps", "all", "--tasks", "builtin", "--limit", str(limit)]
+    args = ["eval", str(run), "--checkpoints", "all", "--tasks", "builtin", "--limit", str(limit)]
     args += ["--bootstrap-iters", "0", "--devices", devices, "-o", str(out)]
     before = os.getloadavg()[0]
     started = time.perf_counter()
@@ -80,7 +80,7 @@ def main() -> None:
         same = scores[one] == scores[many]
         steps = len(next(iter(scores.values())))
         print(
-            f"merit eval RUN --steps all --tasks builtin --limit {opts.limit} ({steps} checkpoints), "
+            f"merit eval RUN --checkpoints all --tasks builtin --limit {opts.limit} ({steps} checkpoints), "
             f"{os.cpu_count()} CPUs, torch threads shared out per worker"
         )
         print("| --devices | wall time | load avg before -> after |")
