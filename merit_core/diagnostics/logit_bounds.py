@@ -135,7 +135,7 @@ def logit_bounds(
         bounds = []
         for head in layer.heads:
             q = root * head.q_max_norm * x + qb[head.head]
-            k = root * head.k_max_norm * x + kb[head.kv_head]
+            k = root * head.k_max_norm * x + kb[head.head if head.kv_head is None else head.kv_head]
             head.logit_bound = bound = scale * q * k
             bounds.append(bound)
         layer.logit_bound = max(bounds)

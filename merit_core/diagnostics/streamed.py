@@ -11,7 +11,6 @@ without a second pass over the files.
 
 from __future__ import annotations
 
-from collections import ChainMap
 from collections.abc import Mapping
 
 import torch
@@ -38,7 +37,7 @@ class WeightReads:
             self.found[summary.name] = summary
         # the layer's W_Q / W_K, biases and QK-norm gains from this read (on the CPU, as the whole-model
         # path computes them); a name this unit does not hold is read from the checkpoint
-        held = ChainMap(_OnCpu(tensors), self.tensors)
+        held = _Held(tensors, self.tensors)
         for name in tensors:
             layer = self.layer_of.get(name)
             if layer is not None and layer not in self.layers:
@@ -68,17 +67,18 @@ class WeightReads:
         ]
 
 
-class _OnCpu(Mapping):
-    """A name -> tensor mapping whose tensors are handed out on the CPU (moved when asked)."""
+class _Held(Mapping):
+    """The tensors of a unit as read (handed out on the CPU, moved when asked), and where a name is
+    not among them, the checkpoint's."""
 
-    def __init__(self, tensors: Mapping):
-        self.tensors = tensors
+    def __init__(self, tensors: Mapping, checkpoint: Mapping):
+        self.tensors, self.checkpoint = tensors, checkpoint
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        return self.tensors[name].cpu()
+        return self.tensors[name].cpu() if name in self.tensors else self.checkpoint[name]
 
     def __contains__(self, name: object) -> bool:
-        return name in self.tensors
+        return name in self.tensors or name in self.checkpoint
 
     def __iter__(self):
         return iter(self.tensors)
