@@ -26,7 +26,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -37,9 +37,10 @@ from merit_core.checkpoint.state import optional_trainer_state
 from merit_core.diagnostics.checkpoint_model import load_model
 from merit_core.diagnostics.hessian import model_hessian
 from merit_core.diagnostics.layout import read_config
-from merit_core.diagnostics.logit_bounds import layers_bound_terms, logit_bounds, spectral_logit_bounds
 from merit_core.diagnostics.probe_batch import ProbeInfo, make_probe_batch
+from merit_core.diagnostics.logit_bounds import layers_bound_terms, logit_bounds, spectral_logit_bounds
 from merit_core.diagnostics.streamed import WeightReads
+from merit_core.diagnostics.update_size import UpdateReport, checkpoint_update_sizes
 from merit_core.diagnostics.verdict import Verdict, checkpoint_verdict, run_verdict, trajectory_verdicts
 from merit_core.diagnostics.weights import (
     LayerStats,
@@ -65,9 +66,6 @@ from merit_core.models import context_length
 from merit_core.models.attention_probe import ProbeResult, probe_attention
 from merit_core.precursors import Precursors, is_number, peak
 from merit_core.progress import Progress, ProgressFn, report_to
-
-if TYPE_CHECKING:  # the update size's module (and the optimizers it builds) is imported when it is measured
-    from merit_core.diagnostics.update_size import UpdateReport
 
 TRAINER_KEYS = ("optimizer", "global_batch_size", "seq_len", "tokens")
 SUMMARY_KEYS = ("q_max_norm", "k_max_norm", "bound", MAX_ATTENTION_LOGIT, ACTIVATION_RATIO)
@@ -338,8 +336,6 @@ def _measure(
         stats.hessian = {**est.to_dict(), "seq_len": stats.probe.n_tokens, "seed": opts.seed}
     if opts.updates:  # last: it steps the optimizer on the model's weights
         progress(Progress("update size from the optimizer state", item=ckpt.label))
-        from merit_core.diagnostics.update_size import checkpoint_update_sizes
-
         try:
             stats.updates = checkpoint_update_sizes(ckpt, model)
         except MeritError as exc:  # an optimizer whose package is missing, a state that does not fit
