@@ -37,8 +37,8 @@ from merit_core.checkpoint.state import optional_trainer_state
 from merit_core.diagnostics.checkpoint_model import load_model
 from merit_core.diagnostics.hessian import model_hessian
 from merit_core.diagnostics.layout import read_config
-from merit_core.diagnostics.probe_batch import ProbeInfo, make_probe_batch
 from merit_core.diagnostics.logit_bounds import layers_bound_terms, logit_bounds, spectral_logit_bounds
+from merit_core.diagnostics.probe_batch import ProbeInfo, make_probe_batch
 from merit_core.diagnostics.streamed import WeightReads
 from merit_core.diagnostics.update_size import UpdateReport, checkpoint_update_sizes
 from merit_core.diagnostics.verdict import Verdict, checkpoint_verdict, run_verdict, trajectory_verdicts
