@@ -29,7 +29,7 @@ class BoundTerms:
 
     Without QK-norm: `bias` the l2 norms of the heads' query / key biases (zeros without biases),
     `spectral` ||W_Q,h||_2 and ||W_K,h||_2 (NaN where a head's block is not finite) with the same bias
-    norms, and `note` what is not finite. With QK-norm: `fixed` the largest ||q_h||_2 / ||k_h||_2
+    norms, and `notes` what is not finite. With QK-norm: `fixed` the largest ||q_h||_2 / ||k_h||_2
     the norm lets through, whatever the input."""
 
     bias: tuple[list[float], list[float]] | None = None  # the max-norm bound's, from the [heads, hd] view
