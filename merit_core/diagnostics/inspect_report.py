@@ -37,8 +37,9 @@ from merit_core.checkpoint.state import optional_trainer_state
 from merit_core.diagnostics.checkpoint_model import load_model
 from merit_core.diagnostics.hessian import model_hessian
 from merit_core.diagnostics.layout import read_config
+from merit_core.diagnostics.logit_bounds import layers_bound_terms, logit_bounds, spectral_logit_bounds
 from merit_core.diagnostics.probe_batch import ProbeInfo, make_probe_batch
-from merit_core.diagnostics.streamed import WeightSummaries
+from merit_core.diagnostics.streamed import WeightReads
 from merit_core.diagnostics.update_size import UpdateReport, checkpoint_update_sizes
 from merit_core.diagnostics.verdict import Verdict, checkpoint_verdict, run_verdict, trajectory_verdicts
 from merit_core.diagnostics.weights import (
@@ -46,9 +47,7 @@ from merit_core.diagnostics.weights import (
     WeightStats,
     attention_weight_stats,
     checkpoint_context,
-    logit_bounds,
     record_fields,
-    spectral_logit_bounds,
 )
 from merit_core.durable_writes import atomic_write_json
 from merit_core.errors import DataError, MeritError
@@ -303,8 +302,9 @@ def _measure(
     `layered`: the model holds one layer at a time (merit_core.models.layered_forward), and the
     weight table comes from the tensors the probe reads."""
     progress(Progress("building the model", item=ckpt.label))
-    summaries = WeightSummaries() if layered else None  # the weight table, from the probe's read
-    model = load_model(ckpt, reader, opts.device, raw_config=config, layered=layered, tap=summaries)
+    # the weight table, the layers' statistics and the bounds' weight terms, from the probe's read
+    reads = WeightReads(reader, stats.layout, opts.top_k) if layered and stats.layout is not None else None
+    model = load_model(ckpt, reader, opts.device, raw_config=config, layered=layered, tap=reads)
     # a user's text is measured as given, up to the context; the built-in paragraph fills 256 tokens
     seq_len = opts.seq_len or (
         context_length(model.config) if opts.text is not None else min(context_length(model.config), 256)
@@ -318,14 +318,13 @@ def _measure(
     if opts.logits:
         progress(Progress(f"max attention logits on {stats.probe.n_tokens} tokens", item=ckpt.label))
         probed = probe_attention(model, ids, query_chunk=opts.query_chunk, inputs=True, instability=True)
-        if summaries is not None:
-            stats.weights = summaries.result(reader)
+        if reads is not None:
+            stats.weights, stats.layers = reads.weights(), reads.layer_stats()
+        terms = reads.bound_terms() if reads is not None else layers_bound_terms(reader, stats.layout, stats.layers)
         if probed.input_max_l1 is not None:  # always measured with inputs=True
-            logit_bounds(reader, stats.layout, stats.layers, probed.input_max_l1, probed.scaling)
+            logit_bounds(terms, stats.layers, probed.input_max_l1, probed.scaling)
         if probed.input_max_l2 is not None:
-            stats.notes += spectral_logit_bounds(
-                reader, stats.layout, stats.layers, probed.input_max_l2, probed.scaling
-            )
+            stats.notes += spectral_logit_bounds(terms, stats.layers, probed.input_max_l2, probed.scaling)
     if opts.hessian:
         progress(
             Progress(
@@ -369,7 +368,10 @@ def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: Progre
     progress(Progress("weight statistics", item=ckpt.label))
     config = read_config(ckpt.config_path)  # read once: the weight statistics and the model use it
     layered = probe_layered(ckpt, config, opts)
-    weights = attention_weight_stats(reader, config, opts.n_heads, opts.top_k, include_other=not layered)
+    # layered: the weight table and the layers' W_Q / W_K statistics come from the probe's read of them
+    weights = attention_weight_stats(
+        reader, config, opts.n_heads, opts.top_k, include_other=not layered, include_layers=not layered
+    )
     stats = CheckpointReport.from_weights(ckpt, weights, _trainer_state(ckpt))
     probed = None
     if opts.logits or opts.hessian:

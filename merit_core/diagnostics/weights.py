@@ -20,7 +20,6 @@ JSON shape `merit inspect --json` writes.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NotRequired, TypedDict
@@ -32,7 +31,6 @@ from merit_core.diagnostics.layout import (
     AttentionLayout,
     detect_layout,
     query_key,
-    query_key_bias,
     read_config,
     tensor_shape,
 )
@@ -262,126 +260,6 @@ class WeightStats:
         }
 
 
-# -- bounds and statistics ------------------------------------------------------------------
-def logit_bounds(
-    tensors: Mapping,
-    layout: AttentionLayout | None,
-    layers: list[LayerStats],
-    input_max_l1: list[float],
-    scaling: list[float],
-) -> None:
-    """Fill `logit_bound` of every layer and head: an upper bound on |scaled q.k| on the probed batch.
-
-    With x the attention input of a token (X = the largest ||x||_1 measured in the layer), each of
-    the hd features of head h's query is at most ||W_Q,h||_m * X + |b| in size, so
-    ||q_h||_2 <= sqrt(hd) * ||W_Q,h||_m * X + ||b_Q,h||_2; rotary embeddings are rotations and keep
-    that norm; the same for keys; then |logit| <= scaling * ||q_h||_2 * ||k_h||_2 (Cauchy-Schwarz),
-    with each layer's own scaling (as its attention module passed it to the probe).
-    Families with QK-norm rescale q and k after W_Q / W_K, so no such bound holds: left None.
-    """
-    for layer, x in zip(layers, input_max_l1):
-        layer.input_max_l1 = x
-    if layout is None or layout.spec.qk_norm or (split := layout.head_split) is None:
-        return
-    head_dim = split[2]
-    root = head_dim**0.5
-    for layer, x, scale in zip(layers, input_max_l1, scaling):
-        q_bias, k_bias = query_key_bias(tensors, layout, layer.layer)
-        qb = q_bias.view(-1, head_dim).norm(dim=1).tolist()
-        kb = k_bias.view(-1, head_dim).norm(dim=1).tolist()
-        bounds = []
-        for head in layer.heads:
-            q = root * head.q_max_norm * x + qb[head.head]
-            k = root * head.k_max_norm * x + kb[head.kv_head]
-            head.logit_bound = bound = scale * q * k
-            bounds.append(bound)
-        layer.logit_bound = max(bounds)
-
-
-# Where the effective gain of a QK-norm is (1 + weight) rather than the weight (Gemma's RMSNorm).
-QK_NORM_GAIN_OFFSET = {"gemma3_text": 1.0}
-
-
-def spectral_logit_bounds(
-    tensors: Mapping,
-    layout: AttentionLayout | None,
-    layers: list[LayerStats],
-    input_max_l2: list[float],
-    scaling: list[float],
-) -> list[str]:
-    """Fill `spectral_logit_bound` of every layer and head: an upper bound on |scaled q.k| on the
-    probed batch, from spectral norms. Returns notes naming the weights that are not finite (what a
-    diverged run leaves): their heads' bounds, and their layer's, are NaN (no bound holds), and the
-    other layers are bounded as before.
-
-    Without QK-norm, with X the largest ||x||_2 of a token's attention input in the layer,
-    ||q_h||_2 <= ||W_Q,h||_2 * X + ||b_Q,h||_2 (W_Q,h: the head's hd output rows), rotary
-    embeddings (full or partial) rotate q and k and keep their norms, and |logit| <= scaling *
-    ||q_h||_2 * ||k_h||_2. Since ||W x||_2 <= ||W||_2 ||x||_2 is the tightest bound from a norm
-    of W and of x alone, this is never looser than what `logit_bounds` derives from max-norms up
-    to the norms' ratio, and on trained weights (far from rank one) much tighter.
-    With QK-norm, q = g * v / rms(v) whatever W_Q and x are: rms over the head ('head') gives
-    ||q_h||_2 <= sqrt(hd) * max|g_h|; over all heads ('full', OLMo 2) ||q_h||_2 <= sqrt(H * hd) *
-    max|g_h| (g_h: the head's slice of the gain; Gemma's gain is 1 + weight); the same for keys.
-    The bound is on the logit before Gemma 2's soft-capping (what the probe measures).
-    """
-    for layer, x in zip(layers, input_max_l2):
-        layer.input_max_l2 = x
-    split = None if layout is None else layout.head_split
-    notes: list[str] = []
-    if layout is None or split is None:
-        return notes
-    n_heads, n_kv_heads, hd = split
-    axis = layout.out_axis
-    for layer, x, scale in zip(layers, input_max_l2, scaling):
-        if layout.spec.qk_norm:
-            q, k = _qk_norm_limits(tensors, layout, layer.layer)
-        else:
-            wq, wk = query_key(tensors, layout, layer.layer)
-            qb, kb = query_key_bias(tensors, layout, layer.layer)
-            bad = [name for name, w in (("W_Q", wq), ("W_K", wk)) if not bool(torch.isfinite(w).all())]
-            if bad:
-                notes.append(
-                    f"layer {layer.layer}: {' and '.join(bad)} {'hold' if len(bad) > 1 else 'holds'} non-finite values (NaN or infinite): "
-                    "no spectral bound for it"
-                )
-            q = [_spectral(wq, axis, h, hd) * x + float(qb[h * hd : (h + 1) * hd].norm()) for h in range(n_heads)]
-            k = [_spectral(wk, axis, h, hd) * x + float(kb[h * hd : (h + 1) * hd].norm()) for h in range(n_kv_heads)]
-        bounds = [scale * q[head.head] * k[head.head if head.kv_head is None else head.kv_head] for head in layer.heads]
-        for head, bound in zip(layer.heads, bounds):
-            head.spectral_logit_bound = bound
-        layer.spectral_logit_bound = max(bounds) if all(math.isfinite(b) for b in bounds) else math.nan
-    return notes
-
-
-def _spectral(w: torch.Tensor, axis: int, head: int, hd: int) -> float:
-    """||W_h||_2 of the head's hd output features of a stored weight (out features on `axis`); NaN
-    when the block holds a value that is not finite (no norm of it is meaningful)."""
-    block = w.narrow(axis, head * hd, hd).double()
-    if not bool(torch.isfinite(block).all()):
-        return math.nan
-    # the largest eigenvalue of the hd x hd Gram matrix, in float64: one small product, where an SVD of
-    # the hd x d block is many small parallel steps (slow on a loaded CPU)
-    gram = block @ block.T if axis == 0 else block.T @ block
-    return float(torch.linalg.eigvalsh(gram)[-1].clamp(min=0).sqrt())
-
-
-def _qk_norm_limits(tensors: Mapping, layout: AttentionLayout, layer: int) -> tuple[list[float], list[float]]:
-    """The largest ||q_h||_2 and ||k_h||_2 a QK-norm lets through, per query and key head."""
-    split = layout.head_split
-    assert split is not None  # the caller measures only layouts whose heads are known
-    n_heads, n_kv_heads, hd = split
-    offset = QK_NORM_GAIN_OFFSET.get(layout.family, 0.0)
-    out = []
-    for name, heads in ((layout.q_name(layer), n_heads), (layout.k_name(layer), n_kv_heads)):
-        gain = (tensors[name.replace("_proj.weight", "_norm.weight")].float() + offset).abs()
-        width = hd if layout.spec.qk_norm == "head" else heads * hd  # what the rms is taken over
-        if gain.numel() == hd:  # one gain shared by every head
-            gain = gain.repeat(heads)
-        out.append([width**0.5 * float(gain[h * hd : (h + 1) * hd].max()) for h in range(heads)])
-    return out[0], out[1]
-
-
 # -- statistics ------------------------------------------------------------------------------
 def _distribution(maxes: torch.Tensor, top_k: int, head_dim: int | None) -> Distribution:
     """Percentiles of per-row (or per-column) max-norms and the top-k entries with their ratio to the median."""
@@ -519,9 +397,16 @@ def family_notes(spec: FamilySpec, config: dict | None) -> list[str]:
 
 
 def attention_weight_stats(
-    tensors: Mapping, config: dict | None = None, n_heads: int | None = None, top_k: int = 3, include_other: bool = True
+    tensors: Mapping,
+    config: dict | None = None,
+    n_heads: int | None = None,
+    top_k: int = 3,
+    include_other: bool = True,
+    include_layers: bool = True,
 ) -> WeightStats:
-    """Statistics of one set of weights (a lazy checkpoint reader or a state dict)."""
+    """Statistics of one set of weights (a lazy checkpoint reader or a state dict). Without
+    `include_other` / `include_layers` the weight table / the layers' W_Q / W_K statistics are left
+    empty, for a caller that takes them from a read of its own (merit_core.diagnostics.streamed)."""
     layout = detect_layout(tensors, config, n_heads)
     notes = []
     if not layout.n_heads:
@@ -535,7 +420,7 @@ def attention_weight_stats(
         head_dim=layout.head_dim,
         d_model=layout.d_model,
         row_axis=layout.row_axis,
-        layers=[layer_stats(tensors, layout, i, top_k) for i in range(layout.n_layers)],
+        layers=[layer_stats(tensors, layout, i, top_k) for i in range(layout.n_layers)] if include_layers else [],
         weights=other_weights(tensors) if include_other else [],
         notes=notes,
         layout=layout,

@@ -33,7 +33,7 @@ import torch
 from merit_core.errors import CheckpointError
 from merit_core.models import build_model, family_spec
 
-# (unit name, {stored name: the tensor as stored}) when a unit's weights are read
+# (unit name, {stored name: the tensor's values, see `_tapped`}) when a unit's weights are read
 TensorTap = Callable[[str, dict[str, torch.Tensor]], None]
 
 
@@ -179,16 +179,30 @@ def check_weights(units: list[Unit], tensors: Mapping, where: str) -> None:
         raise CheckpointError(f"{where} lacks {len(missing)} weights the config needs, e.g. {missing[0]}")
 
 
+def _tapped(stored: torch.Tensor, upcast: torch.Tensor) -> torch.Tensor:
+    """What the tap gets of a stored tensor: its float32 upcast where that holds the same values
+    (half, bfloat16, float8 and float32 files: statistics of it equal those of the stored tensor,
+    and float32 kernels are the fast ones), the stored tensor where it would round (float64)."""
+    return upcast if stored.dtype.itemsize <= 4 else stored
+
+
 def _install(unit: Unit, loader: _Loader) -> None:
     """Forward hooks that materialise `unit`'s parameters in float32 before it runs and drop them after."""
     empty = {name: owner._parameters[attr] for owner, attr, name, _ in unit.params}
 
     def before(module, args):
-        weights = loader.take(unit)
+        stored = loader.take(unit)
+        weights, tapped = {}, {}
+        for name in list(stored):  # upcast once, for the model and the tap; each stored copy freed in turn
+            key, value = stored.pop(name)
+            weights[name] = value.float()
+            tapped[key] = _tapped(value, weights[name])
+            del value
         if loader.tap is not None:
-            loader.tap(unit.name, dict(weights.values()))
+            loader.tap(unit.name, tapped)
+        del tapped
         for owner, attr, name, _ in unit.params:
-            owner._parameters[attr] = torch.nn.Parameter(weights.pop(name)[1].float(), requires_grad=False)
+            owner._parameters[attr] = torch.nn.Parameter(weights.pop(name), requires_grad=False)
 
     def after(module, args, output):
         for owner, attr, name, _ in unit.params:
@@ -211,8 +225,8 @@ def layered_model(
 
     `prefetch`: read the next unit while the current one runs (default: on CUDA devices).
     `tap`: called with each unit's name and its stored tensors ({stored name: tensor}, on the
-    device, in the stored dtype) as they are read, so statistics of the weights can be taken from
-    the same read. A missing weight, or one of another shape, is a CheckpointError here (`where`
+    device, upcast to float32 where that is exact, i.e. the model's own float32 weights) as they
+    are read, so statistics of the weights can be taken from the same read and the same upcast. A missing weight, or one of another shape, is a CheckpointError here (`where`
     names the checkpoint in it), before anything is read. The model is for forward passes only (no `.to()`, no training, no state dict).
     """
     device = torch.device(device)

@@ -1,4 +1,4 @@
-"""The spectral logit bound (merit_core.diagnostics.weights.spectral_logit_bounds) holds, per head,
+"""The spectral logit bound (merit_core.diagnostics.logit_bounds.spectral_logit_bounds) holds, per head,
 on every family's tiny model (GQA, rotary and partial rotary, QK-norm per head and over all heads,
 Gemma's 1 + weight gain, soft-capping, biases) and on planted large-logit checkpoints, and is in
 inspect's JSON per layer and head; where no QK-norm is in the way it is tighter than the max-norm
