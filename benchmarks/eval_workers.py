@@ -37,11 +37,22 @@ def _merit(*args: str) -> list[str]:
     return [sys.executable, "-m", "merit_cli", *args]
 
 
-def train_run(folder: Path) -> Path:
-    """gpt2-tiny on the built-in corpus, a checkpoint at each of 4 steps."""
+def _largest_difference(a: object, b: object) -> float:
+    """The largest relative difference between the numbers at the same place of two JSON values."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return max((_largest_difference(a[k], b[k]) for k in a.keys() & b.keys()), default=0.0)
+    if isinstance(a, list) and isinstance(b, list):
+        return max((_largest_difference(x, y) for x, y in zip(a, b)), default=0.0)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a != b:
+        return abs(a - b) / max(abs(a), abs(b))
+    return 0.0
+
+
+def train_run(folder: Path, model: str) -> Path:
+    """`model` on the built-in corpus, a checkpoint at each of 4 steps."""
     run = folder / "run"
     sets = {"batch_size": 8, "micro_batch_size": 8, "seq_len": 64, "save_every": 1, "eval_every": 4, "eval_batches": 1}
-    args = ["train", "--steps", "4", "--out", str(run), "--device", "cpu", "--yes"]
+    args = ["train", "--model", model, "--steps", "4", "--out", str(run), "--device", "cpu", "--yes"]
     args += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     subprocess.run(_merit(*args), check=True, env=_env(), stdout=subprocess.DEVNULL)
     return run
@@ -64,10 +75,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="timings of each (one then two workers, in turn)")
     parser.add_argument("--run", default=None, help="a run folder with several checkpoints (default: train one)")
     parser.add_argument("--devices", default="cpu,cpu", help="the two-worker --devices list")
+    parser.add_argument("--model", default="gpt2-tiny", help="the model the script trains when --run is not given")
     opts = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="merit-eval-workers-") as tmp:
         folder = Path(tmp)
-        run = Path(opts.run) if opts.run else train_run(folder)
+        run = Path(opts.run) if opts.run else train_run(folder, opts.model)
         many = opts.devices
         one = many.split(",")[0]
         rows = []
@@ -78,6 +90,7 @@ def main() -> None:
                 rows.append((devices, seconds, load))
                 scores[devices] = [c["results"] for c in data["checkpoints"]]
         same = scores[one] == scores[many]
+        differ = _largest_difference(scores[one], scores[many])
         steps = len(next(iter(scores.values())))
         print(
             f"merit eval RUN --checkpoints all --tasks builtin --limit {opts.limit} ({steps} checkpoints), "
@@ -90,6 +103,7 @@ def main() -> None:
         mean = {d: sum(s for dd, s, _ in rows if dd == d) / opts.repeats for d in (one, many)}
         print(
             f"ratio (one worker / {len(many.split(','))} workers): {mean[one] / mean[many]:.2f}x; scores equal: {same}"
+            + ("" if same else f" (largest relative difference {differ:.1e}: the workers' torch thread counts differ)")
         )
 
 
