@@ -155,6 +155,13 @@ def _memory_limits(device: str) -> list[tuple[int, str]]:
     return limits
 
 
+def _refuse_over(need: int, device: str, what_is_needed: str) -> None:
+    """ConfigError `what_is_needed`, more than the ... GiB of the first memory limit `need` bytes exceed."""
+    for limit, what in _memory_limits(device):
+        if need > limit:
+            raise ConfigError(f"{what_is_needed}, more than the {limit / 2**30:,.1f} GiB {what}")
+
+
 def check_model_size(config: Any, name: str, device: str = "cpu", bytes_per_parameter: int = 4) -> int:
     """ConfigError when the model's parameters alone cannot fit in the memory available to build it.
 
@@ -164,12 +171,12 @@ def check_model_size(config: Any, name: str, device: str = "cpu", bytes_per_para
     """
     params = minimum_parameters(config)
     need = params * bytes_per_parameter
-    for limit, what in _memory_limits(device):
-        if need > limit:
-            raise ConfigError(
-                f"model {name} is too large: at least {_count(params)} parameters, {need / 2**30:,.0f} GiB "
-                f"for the weights alone, more than the {limit / 2**30:,.1f} GiB {what}"
-            )
+    _refuse_over(
+        need,
+        device,
+        f"model {name} is too large: at least {_count(params)} parameters, "
+        f"{need / 2**30:,.0f} GiB for the weights alone",
+    )
     return params
 
 
@@ -179,12 +186,12 @@ def check_layered_size(config: Any, name: str, device: str = "cpu", seq_len: int
     and of the host. Returns the lower bound in bytes. Nothing is allocated."""
     units = 2 if str(device).startswith("cuda") else 1
     need = layered_bytes(config, seq_len, units)
-    for limit, what in _memory_limits(device):
-        if need > limit:
-            raise ConfigError(
-                f"model {name} is too large: a forward pass holding {'two layers' if units == 2 else 'one layer'} "
-                f"at a time needs at least {need / 2**30:,.1f} GiB, more than the {limit / 2**30:,.1f} GiB {what}"
-            )
+    held = "two layers" if units == 2 else "one layer"
+    _refuse_over(
+        need,
+        device,
+        f"model {name} is too large: a forward pass holding {held} at a time needs at least {need / 2**30:,.1f} GiB",
+    )
     return need
 
 
