@@ -8,22 +8,14 @@ import math
 import pytest
 import torch
 
-from merit_core.checkpoint.resolve import SafetensorsReader, find_checkpoints
+from merit_core.checkpoint.resolve import find_checkpoints
 from merit_core.diagnostics import inspect_report as report
 from merit_core.diagnostics.logit_bounds import _spectral, _spectral_heads
-from tests.models.family_models import tiny_model
+from tests.models.family_models import counted_reads, tiny_model
 
 
 def _reads(monkeypatch) -> list[str]:
-    reads: list[str] = []
-    real = SafetensorsReader.__getitem__
-
-    def counted(self, name):
-        reads.append(name)
-        return real(self, name)
-
-    monkeypatch.setattr(SafetensorsReader, "__getitem__", counted)
-    return reads
+    return counted_reads(monkeypatch)
 
 
 # fused QKV with biases and a tied head (gpt2), per-head fused rows (gpt_neox), QK-norm (qwen3), QK-norm

@@ -208,3 +208,18 @@ def check_planted(stats, model_type):
     assert (q_out.index, q_out.head, q_out.max_norm) == (Q_HEAD * hd + FEATURE, Q_HEAD, PLANT_Q)
     assert (k_out.index, k_out.head, k_out.max_norm) == (KV_HEAD * hd + FEATURE, KV_HEAD, PLANT_K)
     assert getattr(l1, f"k_{in_axis}").outliers[0].index == INPUT
+
+
+def counted_reads(monkeypatch) -> list[str]:
+    """The names of the stored tensors read from now on (through SafetensorsReader), in order."""
+    from merit_core.checkpoint.resolve import SafetensorsReader
+
+    reads: list[str] = []
+    real = SafetensorsReader.__getitem__
+
+    def counted(self, name):
+        reads.append(name)
+        return real(self, name)
+
+    monkeypatch.setattr(SafetensorsReader, "__getitem__", counted)
+    return reads

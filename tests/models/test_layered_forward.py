@@ -13,7 +13,7 @@ from merit_core.errors import CheckpointError, ConfigError
 from merit_core.models import limits
 from merit_core.models.attention_probe import ProbeResult, probe_attention
 from merit_core.models.layered_forward import layered_model
-from tests.models.family_models import FAMILIES, VOCAB, tiny_model
+from tests.models.family_models import FAMILIES, VOCAB, counted_reads, tiny_model
 
 SEQ = 37  # longer than the tiny models' sliding window (8)
 
@@ -132,14 +132,7 @@ def test_inspect_probes_layer_by_layer_with_the_same_report(tmp_path, monkeypatc
     opts = report.InspectOptions(verify=False)
     assert report.probe_layered(ckpt, {}, opts)
     assert not report.probe_layered(ckpt, {}, report.InspectOptions(hessian=True))
-    reads: list[str] = []
-    real = SafetensorsReader.__getitem__
-
-    def counted(self, name):
-        reads.append(name)
-        return real(self, name)
-
-    monkeypatch.setattr(SafetensorsReader, "__getitem__", counted)
+    reads = counted_reads(monkeypatch)
     layered = report.inspect_paths([ckpt.path], opts).to_dict()
     attention = {
         n for n in ckpt.tensors if n.endswith(("q_proj.weight", "k_proj.weight", "q_norm.weight", "k_norm.weight"))
