@@ -243,7 +243,8 @@ def layered_model(
     `prefetch`: read the next unit while the current one runs (default: on CUDA devices).
     `tap`: called with each unit's name and its stored tensors ({stored name: tensor}, on the
     device, upcast to float32 where that is exact, i.e. the model's own float32 weights) as they
-    are read, so statistics of the weights can be taken from the same read and the same upcast. A missing weight, or one of another shape, is a CheckpointError here (`where`
+    are read, so statistics of the weights can be taken from the same read and the same upcast
+    (during the call: the next unit upcasts into the same memory). A missing weight, or one of another shape, is a CheckpointError here (`where`
     names the checkpoint in it), before anything is read. The model is for forward passes only (no `.to()`, no training, no state dict).
     """
     device = torch.device(device)
