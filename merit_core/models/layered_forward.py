@@ -6,7 +6,9 @@ needs only the layer it is running. The model is built on the meta device (accel
 its weights are materialised just in time by forward hooks: before a unit runs, its parameters
 are read from the name -> tensor mapping (a lazy safetensors reader: one tensor at a time, any
 shard layout), moved to the device and upcast to float32 there; after it ran they go back to
-the meta device. A unit is a decoder layer, or any other module owning parameters directly (the
+the meta device, their float32 buffers kept for the next unit of the same shapes to upcast into
+(every layer after the first writes into memory already mapped, rather than faulting in fresh
+pages for each layer). A unit is a decoder layer, or any other module owning parameters directly (the
 token and position embeddings, the final norm, the output head).
 
 The model's own forward runs unchanged (masks, position ids, rotary embeddings, sliding windows,
@@ -112,6 +114,10 @@ class _Loader:
         self.tap = tap
         self.pool: ThreadPoolExecutor | None = None
         self.pending: dict[str, Future] = {}
+        # float32 buffers of upcast weights: those the running unit holds (model name -> buffer), and
+        # those the unit that ran last freed, by (shape, device), for the next unit to upcast into
+        self.owned: dict[str, torch.Tensor] = {}
+        self.spare: dict[tuple[tuple[int, ...], torch.device], list[torch.Tensor]] = {}
 
     def read(self, unit: Unit) -> dict[str, tuple[str, torch.Tensor]]:
         """{model name: (stored name, the stored tensor on the device, in its stored dtype)} for every
@@ -187,17 +193,25 @@ def _tapped(stored: torch.Tensor, upcast: torch.Tensor) -> torch.Tensor:
 
 
 def _install(unit: Unit, loader: _Loader) -> None:
-    """Forward hooks that materialise `unit`'s parameters in float32 before it runs and drop them after."""
+    """Forward hooks that materialise `unit`'s parameters in float32 before it runs and drop them after
+    (the float32 buffers it upcast into to the loader's spares, for the next unit's upcast)."""
     empty = {name: owner._parameters[attr] for owner, attr, name, _ in unit.params}
 
     def before(module, args):
         stored = loader.take(unit)
         weights, tapped = {}, {}
+        spare, loader.spare = loader.spare, {}
         for name in list(stored):  # upcast once, for the model and the tap; each stored copy freed in turn
             key, value = stored.pop(name)
-            weights[name] = value.float()
+            if value.dtype == torch.float32:  # already float32: the tensor as read (perhaps the caller's own)
+                weights[name] = value
+            else:  # into a float32 buffer the previous unit freed where one fits (no fresh pages to fault in)
+                shelf = spare.get((tuple(value.shape), value.device))
+                buffer = shelf.pop() if shelf else torch.empty(value.shape, device=value.device)
+                weights[name] = loader.owned[name] = buffer.copy_(value)
             tapped[key] = _tapped(value, weights[name])
             del value
+        del spare  # buffers of shapes this unit has none of: freed now, as before the pool
         if loader.tap is not None:
             loader.tap(unit.name, tapped)
         del tapped
@@ -207,6 +221,9 @@ def _install(unit: Unit, loader: _Loader) -> None:
     def after(module, args, output):
         for owner, attr, name, _ in unit.params:
             owner._parameters[attr] = empty[name]
+            buffer = loader.owned.pop(name, None)
+            if buffer is not None:  # for the next unit's upcast
+                loader.spare.setdefault((tuple(buffer.shape), buffer.device), []).append(buffer)
 
     unit.module.register_forward_pre_hook(before)
     unit.module.register_forward_hook(after)
@@ -226,7 +243,8 @@ def layered_model(
     `prefetch`: read the next unit while the current one runs (default: on CUDA devices).
     `tap`: called with each unit's name and its stored tensors ({stored name: tensor}, on the
     device, upcast to float32 where that is exact, i.e. the model's own float32 weights) as they
-    are read, so statistics of the weights can be taken from the same read and the same upcast. A missing weight, or one of another shape, is a CheckpointError here (`where`
+    are read, so statistics of the weights can be taken from the same read and the same upcast
+    (during the call: the next unit upcasts into the same memory). A missing weight, or one of another shape, is a CheckpointError here (`where`
     names the checkpoint in it), before anything is read. The model is for forward passes only (no `.to()`, no training, no state dict).
     """
     device = torch.device(device)

@@ -170,3 +170,32 @@ def test_the_size_check_asks_one_layer_where_the_model_is_layered(monkeypatch):
     monkeypatch.setattr(limits, "available_host_memory", lambda: 2 * 2**30)
     with pytest.raises(ConfigError, match="holding one layer at a time needs at least 2.3 GiB, more than the 2.0 GiB"):
         limits.check_layered_size(config, "llama-70b")
+
+
+def test_upcasts_reuse_the_last_units_buffers_and_never_write_the_callers_tensors(batch, tmp_path):
+    """Each layer's float32 weights are written into the buffers the layer before freed (one
+    allocation for all layers of a shape), a second pass gives the same numbers as the first, and
+    float32 tensors the caller hands in are used as they are, never written into."""
+    ckpt = _saved(tmp_path, "llama", torch.bfloat16)
+    ids, mask = batch
+    config = load_model(ckpt, SafetensorsReader(ckpt), layered=True).config
+    where: dict[str, set[int]] = {}
+    tap = lambda unit, weights: where.__setitem__(unit, {w.data_ptr() for w in weights.values()})  # noqa: E731
+    model = layered_model(config, SafetensorsReader(ckpt), tap=tap)
+    first = _statistics(probe_attention(model, ids, mask, inputs=True, instability=True))
+    layers = [ptrs for unit, ptrs in where.items() if ".layers." in unit]
+    assert len(layers) == config.num_hidden_layers > 1 and all(ptrs == layers[0] for ptrs in layers)
+    second = _statistics(probe_attention(model, ids, mask, inputs=True, instability=True))
+    for name in first:
+        assert torch.equal(first[name].nan_to_num(), second[name].nan_to_num()), name
+
+    reader = SafetensorsReader(ckpt)
+    own = {name: reader[name].float() for name in reader}
+    kept = {name: t.clone() for name, t in own.items()}
+    pointers = {t.data_ptr() for t in own.values()}
+    where.clear()
+    got = _statistics(probe_attention(layered_model(config, own, tap=tap), ids, mask, inputs=True, instability=True))
+    assert set().union(*where.values()) <= pointers  # the caller's tensors themselves, no copies
+    assert all(torch.equal(own[name], kept[name]) for name in own)
+    for name in first:
+        assert torch.equal(first[name].nan_to_num(), got[name].nan_to_num()), name
