@@ -1,5 +1,5 @@
 """Which checkpoints `merit eval` scores (`eval_targets`: a run folder's latest, all or chosen steps,
-resolved once), and `merit eval RUN --steps all` / `--steps 100,200`: a run's checkpoints scored over
+resolved once), and `merit eval RUN --checkpoints all` / `--checkpoints 100,200`: a run's checkpoints scored over
 its steps, beside the max attention logit training recorded at each step, as a table and a figure.
 
 The recorded max logit is the one `merit train` wrote at that step (metrics.jsonl's eval record,
@@ -65,7 +65,7 @@ def eval_targets(given: Sequence[str], selection: Selection = LATEST, hub: HubRe
         if not is_run_folder(path):
             if selection != LATEST:
                 raise ConfigError(
-                    f"--steps {selection} takes a `merit train` run folder (with step_N/ checkpoints); "
+                    f"--checkpoints {selection} takes a `merit train` run folder (with step_N/ checkpoints); "
                     f"{display(text)} is not one"
                 )
             checkpoints.append(text)

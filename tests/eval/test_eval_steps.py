@@ -1,4 +1,4 @@
-"""`merit eval RUN --steps all` (or --all-steps) / `--steps N,M`: one row per step beside the recorded max logit, a
+"""`merit eval RUN --checkpoints all` (or --all-steps) / `--checkpoints N,M`: one row per step beside the recorded max logit, a
 figure, and each step's result with its recorded logit in the JSON."""
 
 import json
@@ -87,7 +87,7 @@ def test_steps_choose_those_checkpoints(world):  # noqa: F811
     assert targets.checkpoints == (str(run / "step_12"), str(run / "step_5"), "gpt2")
     assert targets.lines() == [f"{run}: took step_12 (--checkpoints latest)"]
     assert eval_targets([str(run)], ALL).checkpoints == (str(run / "step_5"), str(run / "step_12"))
-    with pytest.raises(ConfigError, match="--steps all takes a `merit train` run folder"):
+    with pytest.raises(ConfigError, match="--checkpoints all takes a `merit train` run folder"):
         eval_targets([str(run / "step_5")], ALL)
 
 
