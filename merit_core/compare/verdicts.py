@@ -129,7 +129,7 @@ def findings(summary: CompareSummary) -> list[str]:
     batches = summary.settings.batch_sizes
     reason = no_verdict(summary)
     if reason:
-        return [f"**{SMOKE}**: {reason}", *_smoke_lines(best, optimizers, batches)]
+        return [f"**no verdict**: {reason}", *_smoke_lines(best, optimizers, batches)]
     lines = []
     for batch in batches:
         lines.append(_loss_line(batch, [best.get((o, batch)) for o in optimizers]))

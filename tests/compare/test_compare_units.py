@@ -100,11 +100,11 @@ def test_quick_and_single_lr_reports_give_no_verdict():
     lines = findings(summary)
     assert not any(line.startswith("Paper claim") and "**holds" in line for line in lines)
     assert not any("does not hold" in line for line in lines)
-    assert any("**no verdict: smoke run**: this is a smoke run (--quick" in line for line in lines)
+    assert any("**no verdict**: this is a smoke run (--quick" in line for line in lines)
     summary.settings.quick = False
     for b in summary.best:
         b.grid = [b.lr]
-    assert any("**no verdict: smoke run**: one lr only for" in line for line in findings(summary))
+    assert any("**no verdict**: one lr only for" in line for line in findings(summary))
 
 
 def test_spec_parsing_and_layers(tmp_path):
