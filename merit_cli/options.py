@@ -265,28 +265,15 @@ def given_out(out):
 
 def check_output(path, option: str = "--out", *, folder: bool = False) -> None:
     """ConfigError unless merit can write `path` (a file, or a folder with `folder`): checked before any
-    model is built, so that no work is lost at the end. Besides the checks of merit_core.output_checks, a file is
-    made and removed in the nearest existing folder: a folder can look writable and refuse (/proc, a
-    read-only mount, root's view of os.access)."""
-    import os
+    model is built, so that no work is lost at the end (merit_core.output_checks, which also makes and
+    removes a file where it would write)."""
     from pathlib import Path
 
-    from merit_core.durable_writes import TMP_PREFIX, create_new
     from merit_core.output_checks import check_writable, check_writable_folder
 
     if path is None:
         return
-    given = Path(path).expanduser()
-    (check_writable_folder if folder else check_writable)(given, option)
-    probe = given if folder else given.parent
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    test = probe / f"{TMP_PREFIX}check.{os.getpid()}"
-    try:
-        os.close(create_new(test))
-        os.unlink(test)
-    except OSError as exc:
-        raise ConfigError(f"{option} {path}: cannot write into {probe} ({exc.strerror or exc})") from None
+    (check_writable_folder if folder else check_writable)(Path(path).expanduser(), option)
 
 
 def no_verify_option(what: str = "the checkpoints'"):

@@ -27,15 +27,7 @@ def check_writable(path: str | Path, what: str) -> Path:
     check_path_names(out, what)
     if out.exists() and not os.access(out, os.W_OK):
         raise ConfigError(f"{what} {path}: the file is not writable")
-    _check_creatable(out.parent, path, what)
-    if out.parent.is_dir():  # the file is written as a temp file beside it, then renamed: try that now
-        probe = out.parent / f"{TMP_PREFIX}check.{os.getpid()}"
-        try:
-            os.close(create_new(probe))
-            os.unlink(probe)
-        except (OSError, UnsafePath) as exc:
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise ConfigError(f"{what} {path}: cannot make a file in {out.parent} ({why})") from None
+    _check_creatable(out.parent, path, what)  # the file is written as a temp file beside it, then renamed
     return out
 
 
@@ -104,7 +96,9 @@ def refuse_dangling_parents(path: str | os.PathLike, what: str) -> None:
 
 
 def _check_creatable(folder: Path, given: str | Path, what: str) -> None:
-    """ConfigError unless the nearest existing ancestor of `folder` (or itself) is a writable folder."""
+    """ConfigError unless the nearest existing ancestor of `folder` (or itself) is a writable folder:
+    a file is made there and removed, since a folder can look writable and refuse (/proc, a read-only
+    mount, root's view of os.access)."""
     probe = folder
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -112,3 +106,10 @@ def _check_creatable(folder: Path, given: str | Path, what: str) -> None:
         raise ConfigError(f"{what} {given}: {probe} is not a folder")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(f"{what} {given}: cannot write into {probe}")
+    test = probe / f"{TMP_PREFIX}check.{os.getpid()}"
+    try:
+        os.close(create_new(test))
+        os.unlink(test)
+    except (OSError, UnsafePath) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"{what} {given}: cannot write into {probe} ({why})") from None
