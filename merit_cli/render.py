@@ -415,18 +415,23 @@ def never_cut(table: Table) -> Table:
     return table
 
 
-def _on_its_side(table: Table) -> Table:
-    """A one-row table as two columns: each column's header beside its cell (the first column's pair
-    heads the table), title and caption kept."""
-    first, *rest = table.columns
-    side = Table(
-        title=table.title,
+def _styled_like(table: Table, title: Any, caption: Any) -> Table:
+    """An empty table drawn as `table` is (justification, box, header style), with its own title and caption."""
+    return Table(
+        title=title,
         title_justify=table.title_justify,
-        caption=table.caption,
+        caption=caption,
         caption_justify=table.caption_justify,
         box=table.box,
         header_style=table.header_style,
     )
+
+
+def _on_its_side(table: Table) -> Table:
+    """A one-row table as two columns: each column's header beside its cell (the first column's pair
+    heads the table), title and caption kept."""
+    first, *rest = table.columns
+    side = _styled_like(table, table.title, table.caption)
     side.add_column(first.header, justify="left")
     side.add_column(list(first.cells)[0], justify="right")
     for column in rest:
@@ -460,14 +465,7 @@ def print_table(out: Console, table: Table, first_width: int = 16) -> None:
     for n, part in enumerate(parts, 1):
         title = f"{table.title} ({n}/{len(parts)})" if table.title else None
         last = n == len(parts)
-        piece = Table(
-            title=title,
-            title_justify=table.title_justify,
-            caption=table.caption if last else None,
-            caption_justify=table.caption_justify,
-            box=table.box,
-            header_style=table.header_style,
-        )
+        piece = _styled_like(table, title, table.caption if last else None)
         for index in [0, *part]:
             column = columns[index]
             piece.add_column(column.header, justify=column.justify, style=column.style)
