@@ -23,6 +23,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
+from tests.train.planted_lr import raised_lr_for  # noqa: E402
+
 LR, PLANT_AT, GROWTH, STEPS = 3e-3, 8, 1.6, 24
 PARALLEL = ("ddp", "fsdp")
 SETTINGS = {
@@ -46,15 +49,7 @@ def plant() -> None:
     """The planted divergence: the lr of a run configured with LR grows by GROWTH a step from PLANT_AT on."""
     from merit_core.train.trainer import Trainer
 
-    original = Trainer.lr_for
-
-    def raised(self, index: int) -> float:
-        lr = original(self, index)
-        if self.config.lr == LR and index >= PLANT_AT:
-            lr *= GROWTH ** (index - PLANT_AT + 1)
-        return lr
-
-    Trainer.lr_for = raised  # type: ignore[method-assign]
+    Trainer.lr_for = raised_lr_for(Trainer.lr_for, LR, PLANT_AT, GROWTH)  # type: ignore[method-assign]
 
 
 def train(work: Path, out: str, **values) -> None:

@@ -15,6 +15,7 @@ from merit_core.instability_rules import divergence_step
 from merit_core.metric_names import WATCH_REWIND, WATCH_WARNINGS
 from merit_core.metrics import read_metrics
 from tests.cli_runs import invoke, train_args
+from tests.train.planted_lr import raised_lr_for
 
 LR, PLANT_AT, STEPS, GROWTH = 3e-3, 8, 44, 1.3
 SETTINGS = dict(
@@ -38,15 +39,7 @@ def planted(monkeypatch):
     whose lr was lowered by a rewind is left alone)."""
     from merit_core.train.trainer import Trainer
 
-    original = Trainer.lr_for
-
-    def raised(self, index: int) -> float:
-        lr = original(self, index)
-        if self.config.lr == LR and index >= PLANT_AT:
-            lr *= GROWTH ** (index - PLANT_AT + 1)
-        return lr
-
-    monkeypatch.setattr(Trainer, "lr_for", raised)
+    monkeypatch.setattr(Trainer, "lr_for", raised_lr_for(Trainer.lr_for, LR, PLANT_AT, GROWTH))
 
 
 def _train(model_cfg, data_dir, out, *extra):
