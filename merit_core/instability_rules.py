@@ -15,6 +15,8 @@ that every caller judges by the same constants and the same wording; each uses i
 - `WATCH_RULES` (merit_core.train.watch_detector, `merit train --watch`): each signal in log units
   (`WATCH_SIGNALS`) judged against the run's own history (`trend_rule`), and the divergence rule
   that says when a run diverged (`divergence_step`).
+- `BASELINE_RULES`: the field's spike rules (OLMo-core's, ZClip's) that the watcher's forecasts are
+  measured against (merit_core.train.watch_scoring, results/watch-train).
 - `COMPARE_RULES` (merit_core.compare.stability, `merit compare`): when a run that finished with a
   finite loss still counts as failed, 'unstable'. A finite loss is not a healthy run. Two rules,
   each stated with its reason:
@@ -393,6 +395,50 @@ def divergence_step(losses: Sequence[tuple[int, float]]) -> int | None:
 
 
 WATCH_RULES = (trend_rule, divergence_step)
+
+
+# -- the field's spike rules, the baselines the watcher is measured against --------------------
+SPIKE_WINDOW, SPIKE_SIGMAS, SPIKE_MIN = 128, 6.0, 16  # OLMo-core's StabilityMonitor
+ZCLIP_ALPHA, ZCLIP_Z, ZCLIP_WARMUP = 0.97, 2.5, 10  # ZClip (Kumar et al. 2025)
+
+
+def spike_step(values: Sequence[tuple[int, float]]) -> int | None:
+    """OLMo-core's rule on one logged series (loss or grad norm): the first step whose value is not
+    finite or above the mean + SPIKE_SIGMAS standard deviations of the previous (up to)
+    SPIKE_WINDOW values, judged from SPIKE_MIN values on; None when there is none."""
+    seen: list[float] = []
+    for step, x in values:
+        if len(seen) >= SPIKE_MIN:
+            window = seen[-SPIKE_WINDOW:]
+            mean = sum(window) / len(window)
+            std = math.sqrt(sum((v - mean) ** 2 for v in window) / len(window))
+            if not math.isfinite(x) or x > mean + SPIKE_SIGMAS * std:
+                return step
+        if math.isfinite(x):
+            seen.append(x)
+    return None
+
+
+def zclip_step(values: Sequence[tuple[int, float]]) -> int | None:
+    """ZClip's rule on the grad norm: the first step whose z-score against an EMA (ZCLIP_ALPHA) of the
+    mean and variance passes ZCLIP_Z, both started from the first ZCLIP_WARMUP steps and updated with
+    the clipped norm as ZClip does; None when there is none."""
+    first = [x for _, x in values[:ZCLIP_WARMUP] if math.isfinite(x)]
+    if len(first) < 2:
+        return None
+    mean = sum(first) / len(first)
+    var = sum((x - mean) ** 2 for x in first) / len(first)
+    for step, x in values[ZCLIP_WARMUP:]:
+        std = math.sqrt(max(var, 1e-12))
+        if not math.isfinite(x) or (x - mean) / std > ZCLIP_Z:
+            return step
+        x = min(x, mean + ZCLIP_Z * std)
+        mean = ZCLIP_ALPHA * mean + (1 - ZCLIP_ALPHA) * x
+        var = ZCLIP_ALPHA * var + (1 - ZCLIP_ALPHA) * (x - mean) ** 2
+    return None
+
+
+BASELINE_RULES = (spike_step, zclip_step)
 
 
 # -- compare: a finished run or cell -----------------------------------------------------------

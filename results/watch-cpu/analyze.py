@@ -14,7 +14,7 @@ divergence step minus that step (a warning after the divergence is a miss), in s
   detector's current settings: what `merit train --watch` gives now. The row above is what it gave
   when the grid ran; the two differ only if the detector changed after the grid;
 - one row per signal: the detector restricted to that signal (replayed, entropy included);
-- the two spike rules, on every step's loss and grad norm: OLMo-core's StabilityMonitor (a value
+- the two spike rules (merit_core.instability_rules.BASELINE_RULES), on every step's loss and grad norm: OLMo-core's StabilityMonitor (a value
   above mean + 6 std of the previous 128, from 16 values on), and ZClip's (Kumar et al. 2025) grad
   norm z-score above 2.5 against an EMA (alpha 0.97) of the mean and variance, started from the
   mean and variance of the first 10 steps, updated with the clipped norm as ZClip does.
@@ -30,84 +30,35 @@ import json
 import math
 import statistics
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from merit_core.instability_rules import divergence_step  # noqa: E402
-from merit_core.metrics import read_metrics  # noqa: E402
+from merit_core.instability_rules import divergence_step, spike_step, zclip_step  # noqa: E402
+
+sys.path.insert(0, str(HERE.parent / "watch-train"))
+import analyze as watch_train  # noqa: E402  (results/watch-train/analyze.py: the runs' copies)
 
 RUNS = HERE / "metrics"
 TOKENS_PER_STEP = 16 * 32
-SPIKE_WINDOW, SPIKE_SIGMAS, SPIKE_MIN = 128, 6.0, 16
-ZCLIP_ALPHA, ZCLIP_Z, ZCLIP_WARMUP = 0.97, 2.5, 10
 
 
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def spike_step(values: Sequence[tuple[int, float]]) -> int | None:
-    """OLMo-core's rule: the first value above mean + 6 std of the previous (up to) 128."""
-    seen: list[float] = []
-    for step, x in values:
-        if len(seen) >= SPIKE_MIN:
-            window = seen[-SPIKE_WINDOW:]
-            if not _finite(x) or x > statistics.fmean(window) + SPIKE_SIGMAS * statistics.pstdev(window):
-                return step
-        if _finite(x):
-            seen.append(x)
-    return None
-
-
-def zclip_step(values: Sequence[tuple[int, float]]) -> int | None:
-    """ZClip's rule: the first grad norm whose z-score against the EMA mean and std passes 2.5."""
-    first = [x for _, x in values[:ZCLIP_WARMUP] if _finite(x)]
-    if len(first) < 2:
-        return None
-    mean, var = statistics.fmean(first), statistics.pvariance(first)
-    for step, x in values[ZCLIP_WARMUP:]:
-        std = math.sqrt(max(var, 1e-12))
-        if not _finite(x) or (x - mean) / std > ZCLIP_Z:
-            return step
-        x = min(x, mean + ZCLIP_Z * std)
-        mean = ZCLIP_ALPHA * mean + (1 - ZCLIP_ALPHA) * x
-        var = ZCLIP_ALPHA * var + (1 - ZCLIP_ALPHA) * (x - mean) ** 2
-    return None
-
-
-def _round(value: Any) -> Any:
-    if isinstance(value, float):
-        return float(f"{value:.5g}") if math.isfinite(value) else None
-    if isinstance(value, list):
-        return [_round(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _round(v) for k, v in value.items()}
-    return value
-
-
 def copy_runs(grid: Path) -> None:
     """Each finished run's config (done.json) and metrics, rounded to 5 digits, into metrics/<label>.jsonl."""
-    RUNS.mkdir(exist_ok=True)
-    for done in sorted(grid.glob("*/done.json")):
-        info = json.loads(done.read_text())
-        lines = [json.dumps({"run": info})]
-        for read in read_metrics(done.parent):
-            record = dict(read)
-            record.pop("tokens_per_s", None)
-            lines.append(json.dumps(_round(record)))
-        (RUNS / f"{info['label']}.jsonl").write_text("\n".join(lines) + "\n")
+    watch_train.copy_runs(grid, RUNS)
 
 
 def load_runs() -> list[dict[str, Any]]:
     runs = []
     for path in sorted(RUNS.glob("*.jsonl")):
         records = [json.loads(line) for line in path.read_text().splitlines()]
-        info, metrics = records[0]["run"], records[1:]
-        runs.append({"info": info, "metrics": metrics})
+        runs.append({"info": records[0]["run"], "metrics": records[1:]})
     return runs
 
 
