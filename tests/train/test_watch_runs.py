@@ -77,6 +77,37 @@ def test_a_healthy_run_gives_no_warning(model_cfg, data_dir, tmp_path):
     assert watched == list(range(2, STEPS + 1, 2))  # the cadence set above: every 2 steps
 
 
+LATE_STEPS, LATE_AT, LATE_GROWTH = 200, 100, 1.1
+LATE = dict(SETTINGS, warmup_steps=10, save_every=0)
+
+
+def test_a_late_planted_divergence_is_warned_twenty_steps_ahead(model_cfg, data_dir, tmp_path, monkeypatch):
+    """The lr raised from update 100 on (10% a step) makes the loss diverge 40 or more steps later;
+    the watcher warns 20 or more steps before it, and after the raise."""
+    from merit_core.train.trainer import Trainer
+
+    monkeypatch.setattr(Trainer, "lr_for", raised_lr_for(Trainer.lr_for, LR, LATE_AT, LATE_GROWTH))
+    out = tmp_path / "run"
+    args = train_args(model_cfg, data_dir, out, "--steps", str(LATE_STEPS), "--optimizer", "adamw", settings=LATE)
+    result = invoke(args)
+    diverged = divergence_step(_losses(out))
+    assert diverged is not None and diverged - LATE_AT >= 40, diverged
+    warned = _warnings(out)
+    assert warned, "no warning"
+    assert LATE_AT < warned[0]["step"] <= diverged - 20, (warned[0], diverged)
+    assert f"instability warning at step {warned[0]['step']}" in result.output
+
+
+def test_a_healthy_run_as_long_is_silent(model_cfg, data_dir, tmp_path):
+    out = tmp_path / "run"
+    result = invoke(
+        train_args(model_cfg, data_dir, out, "--steps", str(LATE_STEPS), "--optimizer", "adamw", settings=LATE)
+    )
+    assert result.exit_code == 0
+    assert divergence_step(_losses(out)) is None
+    assert _warnings(out) == [] and "instability warning" not in result.output
+
+
 def test_stop_leaves_the_checkpoint_from_before_the_warning(model_cfg, data_dir, tmp_path, planted):
     out = tmp_path / "run"
     result = _train(model_cfg, data_dir, out, "--on-instability", "stop")
