@@ -402,43 +402,58 @@ SPIKE_WINDOW, SPIKE_SIGMAS, SPIKE_MIN = 128, 6.0, 16  # OLMo-core's StabilityMon
 ZCLIP_ALPHA, ZCLIP_Z, ZCLIP_WARMUP = 0.97, 2.5, 10  # ZClip (Kumar et al. 2025)
 
 
-def spike_step(values: Sequence[tuple[int, float]]) -> int | None:
-    """OLMo-core's rule on one logged series (loss or grad norm): the first step whose value is not
+def spike_steps(values: Sequence[tuple[int, float]]) -> list[int]:
+    """OLMo-core's rule on one logged series (loss or grad norm): every step whose value is not
     finite or above the mean + SPIKE_SIGMAS standard deviations of the previous (up to)
-    SPIKE_WINDOW values, judged from SPIKE_MIN values on; None when there is none."""
+    SPIKE_WINDOW finite values, judged from SPIKE_MIN values on."""
     seen: list[float] = []
+    fired = []
     for step, x in values:
         if len(seen) >= SPIKE_MIN:
             window = seen[-SPIKE_WINDOW:]
             mean = sum(window) / len(window)
             std = math.sqrt(sum((v - mean) ** 2 for v in window) / len(window))
             if not math.isfinite(x) or x > mean + SPIKE_SIGMAS * std:
-                return step
+                fired.append(step)
         if math.isfinite(x):
             seen.append(x)
-    return None
+    return fired
 
 
-def zclip_step(values: Sequence[tuple[int, float]]) -> int | None:
-    """ZClip's rule on the grad norm: the first step whose z-score against an EMA (ZCLIP_ALPHA) of the
-    mean and variance passes ZCLIP_Z, both started from the first ZCLIP_WARMUP steps and updated with
-    the clipped norm as ZClip does; None when there is none."""
+def zclip_steps(values: Sequence[tuple[int, float]]) -> list[int]:
+    """ZClip's rule on the grad norm: every step whose z-score against an EMA (ZCLIP_ALPHA) of the
+    mean and variance passes ZCLIP_Z, both started from the first ZCLIP_WARMUP steps and updated
+    with the clipped norm as ZClip does (a non-finite norm fires and is skipped)."""
     first = [x for _, x in values[:ZCLIP_WARMUP] if math.isfinite(x)]
     if len(first) < 2:
-        return None
+        return []
     mean = sum(first) / len(first)
     var = sum((x - mean) ** 2 for x in first) / len(first)
+    fired = []
     for step, x in values[ZCLIP_WARMUP:]:
         std = math.sqrt(max(var, 1e-12))
-        if not math.isfinite(x) or (x - mean) / std > ZCLIP_Z:
-            return step
+        if not math.isfinite(x):
+            fired.append(step)
+            continue
+        if (x - mean) / std > ZCLIP_Z:
+            fired.append(step)
         x = min(x, mean + ZCLIP_Z * std)
         mean = ZCLIP_ALPHA * mean + (1 - ZCLIP_ALPHA) * x
         var = ZCLIP_ALPHA * var + (1 - ZCLIP_ALPHA) * (x - mean) ** 2
-    return None
+    return fired
 
 
-BASELINE_RULES = (spike_step, zclip_step)
+def spike_step(values: Sequence[tuple[int, float]]) -> int | None:
+    """The first step of `spike_steps`, None when it never fires."""
+    return next(iter(spike_steps(values)), None)
+
+
+def zclip_step(values: Sequence[tuple[int, float]]) -> int | None:
+    """The first step of `zclip_steps`, None when it never fires."""
+    return next(iter(zclip_steps(values)), None)
+
+
+BASELINE_RULES = (spike_steps, zclip_steps)
 
 
 # -- compare: a finished run or cell -----------------------------------------------------------

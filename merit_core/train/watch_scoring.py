@@ -1,9 +1,11 @@
 """How well an early warning forecasts a divergence, scored over a grid of recorded runs.
 
 A run's metrics.jsonl holds its logged steps (loss, grad norm) and its watch records; from them
-this module labels the run (diverged, spiked and recovered, healthy), finds the first step each
-rule fires (the detector replayed at a cadence and settings, OLMo-core's and ZClip's spike rules
-of merit_core.instability_rules), and tabulates lead time, recall and false alarms. The grids under
+this module labels the run (diverged, spiked and recovered, healthy), finds the steps each rule
+fires at (the detector replayed at a cadence and settings, OLMo-core's and ZClip's spike rules of
+merit_core.instability_rules), and tabulates lead time, recall and false alarms. A warning during
+the steps a run was healthy by construction (all of a healthy run, the steps before a planted
+fault) is a false alarm; the forecast of a divergence is the first warning after them. The grids under
 results/ (watch-cpu, watch-train) make their tables with it, so every grid is scored alike.
 
 Pure Python (no torch).
@@ -17,9 +19,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from merit_core.instability_rules import DIVERGENCE_NATS, WatchSettings, divergence_step, spike_step, zclip_step
+from merit_core.instability_rules import DIVERGENCE_NATS, WatchSettings, divergence_step, spike_steps, zclip_steps
 from merit_core.metric_names import WATCH_LOSS, WATCH_WARNINGS
-from merit_core.train.watch_detector import replay
+from merit_core.train.watch_detector import WatchWarning, replay
 
 DIVERGED, SPIKED, HEALTHY = "diverged", "spiked", "healthy"
 GOAL_STEPS, GOAL_FRACTION = 20, 0.1  # a warning in time: this many steps ahead, or this share of the steps before
@@ -65,41 +67,63 @@ class RunSeries:
             low = min(low, loss)
         return HEALTHY, None
 
+    def recorded_warnings(self) -> list[int]:
+        """The steps of the warnings the run's own watcher wrote."""
+        return sorted({int(w["step"]) for r in self.watch for w in r.get(WATCH_WARNINGS) or ()})
+
     def recorded_warning(self) -> int | None:
         """The step of the first warning the run's own watcher wrote, if any."""
-        steps = [int(w["step"]) for r in self.watch for w in r.get(WATCH_WARNINGS) or ()]
-        return min(steps) if steps else None
+        return next(iter(self.recorded_warnings()), None)
+
+    def warnings(self, settings: WatchSettings | None = None, warmup: int = 0, every: int = 0) -> list[WatchWarning]:
+        """The detector's warnings replayed over the watch records, keeping only the records of steps
+        divisible by `every` (0: all): what a run probing every `every` steps would have seen, since
+        the probe changes nothing in the run."""
+        records = [r for r in self.watch if not every or int(r["step"]) % every == 0]
+        return replay(records, warmup, settings)
 
     def detector(
         self, settings: WatchSettings | None = None, warmup: int = 0, every: int = 0
     ) -> tuple[int | None, str | None]:
-        """(step, signal) of the detector's first warning replayed over the watch records, keeping
-        only the records of steps divisible by `every` (0: all): what a run probing every `every`
-        steps would have seen, since the probe changes nothing in the run. (None, None): silent."""
-        records = [r for r in self.watch if not every or int(r["step"]) % every == 0]
-        found = replay(records, warmup, settings)
+        """(step, signal) of the detector's first warning (`warnings`); (None, None): silent."""
+        found = self.warnings(settings, warmup, every)
         return (found[0].step, found[0].signal) if found else (None, None)
 
-    def baselines(self) -> dict[str, int | None]:
-        """The first step of each spike rule of the field, on every logged step."""
-        loss, grad = spike_step(self.losses), spike_step(self.grads)
-        either = [s for s in (loss, grad) if s is not None]
+    def baselines(self) -> dict[str, list[int]]:
+        """Every step each spike rule of the field fires at, on every logged step."""
+        loss, grad = spike_steps(self.losses), spike_steps(self.grads)
         return {
             "OLMo-core spike: loss > mean+6sd (128)": loss,
             "OLMo-core spike: grad norm > mean+6sd (128)": grad,
-            "OLMo-core spike: loss or grad norm": min(either) if either else None,
-            "ZClip: grad-norm EMA z > 2.5": zclip_step(self.grads),
+            "OLMo-core spike: loss or grad norm": sorted(set(loss) | set(grad)),
+            "ZClip: grad-norm EMA z > 2.5": zclip_steps(self.grads),
         }
 
 
 @dataclass
 class Scored:
-    """One run's label and the first step each rule fired (None: silent)."""
+    """One run's label and the steps each rule fired at.
+
+    `at`: the divergence (or spike) step. `safe_until`: the last step of the run that was healthy by
+    construction: every step of a healthy run, the steps before a planted fault (None: a run that
+    diverged by itself). A warning at or before it is a false alarm; the forecast of a divergence is
+    the first warning after it."""
 
     name: str
-    status: str  # DIVERGED, SPIKED, HEALTHY, or a grid's own label (left out of the table's counts)
-    at: int | None  # the divergence (or spike) step
-    fires: dict[str, int | None] = field(default_factory=dict)
+    status: str  # DIVERGED, SPIKED, HEALTHY, or a grid's own label (then only its safe steps count)
+    at: int | None
+    safe_until: int | None = None
+    fires: dict[str, list[int]] = field(default_factory=dict)
+
+    def false_alarm(self, rule: str) -> bool:
+        return self.safe_until is not None and any(s <= self.safe_until for s in self.fires[rule])
+
+    def forecast(self, rule: str) -> int | None:
+        """The first warning after the safe steps, if it came by the divergence."""
+        if self.status != DIVERGED or self.at is None:
+            return None
+        after = [s for s in self.fires[rule] if (self.safe_until is None or s > self.safe_until) and s <= self.at]
+        return after[0] if after else None
 
 
 def in_time(diverged_at: int, fired: int | None) -> bool:
@@ -108,20 +132,24 @@ def in_time(diverged_at: int, fired: int | None) -> bool:
 
 
 def counts(runs: Sequence[Scored], rule: str) -> dict[str, Any]:
-    """Recall, goal met, leads and false alarms of one rule over scored runs."""
+    """Recall, in time, leads and false alarms of one rule over scored runs. False alarms count the
+    runs with a warning in their safe steps, out of the runs that have safe steps."""
     diverged = [r for r in runs if r.status == DIVERGED]
-    healthy = [r for r in runs if r.status == HEALTHY]
+    forecasts = [(r.at, r.forecast(rule)) for r in diverged]
+    leads = [at - f for at, f in forecasts if f is not None and at is not None]
+    safe = [r for r in runs if r.safe_until is not None]
     spiked = [r for r in runs if r.status == SPIKED]
-    leads = [r.at - r.fires[rule] for r in diverged if r.fires[rule] is not None and r.fires[rule] <= r.at]  # type: ignore[operator]
     return {
         "diverged": len(diverged),
         "recall": len(leads),
-        "in_time": sum(in_time(r.at, r.fires[rule]) for r in diverged if r.at is not None),
+        "in_time": sum(in_time(at, f) for at, f in forecasts if at is not None),
         "leads": leads,
-        "healthy": len(healthy),
-        "false_alarms": sum(r.fires[rule] is not None for r in healthy),
+        "safe": len(safe),
+        "false_alarms": sum(r.false_alarm(rule) for r in safe),
+        "healthy": sum(r.status == HEALTHY for r in runs),
+        "healthy_warned": sum(r.false_alarm(rule) for r in runs if r.status == HEALTHY),
         "spiked": len(spiked),
-        "warned_spikes": sum(r.fires[rule] is not None for r in spiked),
+        "warned_spikes": sum(bool(r.fires[rule]) for r in spiked),
     }
 
 
@@ -136,12 +164,12 @@ def lead_table(runs: Sequence[Scored], tokens_per_step: int) -> list[str]:
     other = len(runs) - sum(by.values())
     head = f"{len(runs)} runs: {by[DIVERGED]} diverged, {by[SPIKED]} spiked and recovered, {by[HEALTHY]} healthy"
     out = [
-        head + (f", {other} left out (see the labels)." if other else "."),
+        head + (f", {other} neither (their safe steps count; see the labels)." if other else "."),
         "",
         f"| rule | recall (warned <= divergence) | in time (lead >= {GOAL_STEPS} steps or >= {GOAL_FRACTION:.0%}) "
-        "| median lead, steps | median lead, tokens | min / max lead | false alarms on healthy runs "
-        "| warned on recovered spikes |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| median lead, steps | median lead, tokens | min / max lead | false alarms (runs warned in safe steps) "
+        "| of which healthy runs | warned on recovered spikes |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for rule in rules:
         c = counts(runs, rule)
@@ -149,7 +177,7 @@ def lead_table(runs: Sequence[Scored], tokens_per_step: int) -> list[str]:
         span = f"{min(leads)} / {max(leads)}" if leads else "-"
         out.append(
             f"| {rule} | {c['recall']}/{c['diverged']} | {c['in_time']}/{c['diverged']} | {_median(leads)} "
-            f"| {_median([x * tokens_per_step for x in leads])} | {span} | {c['false_alarms']}/{c['healthy']} "
-            f"| {c['warned_spikes']}/{c['spiked']} |"
+            f"| {_median([x * tokens_per_step for x in leads])} | {span} | {c['false_alarms']}/{c['safe']} "
+            f"| {c['healthy_warned']}/{c['healthy']} | {c['warned_spikes']}/{c['spiked']} |"
         )
     return out

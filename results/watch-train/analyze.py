@@ -7,8 +7,12 @@ Labels (merit_core.train.watch_scoring): a run **diverged** at the first step D 
 rule (merit_core.instability_rules.divergence_step: the loss non-finite, or it and the mean of
 the 5 steps from D both more than 1 nat above the lowest loss before D); else it **spiked** if a
 loss rose more than 1 nat above the lowest before it and came back; else it is **healthy**. A
-planted run that did not diverge by its last step is left out of every count (its fault was
-still under way: neither a divergence to forecast nor a healthy run to keep quiet on).
+planted run that did not diverge by its last step is labelled as such (its fault was
+still under way): only its steps before the fault count, as for every planted run.
+
+Safe steps: every step of a healthy run and the steps of a planted run before its fault; a
+warning there is a **false alarm**. The forecast of a divergence is the first warning after the
+safe steps (a planted run's warning before its fault cannot foretell it).
 
 Parts: the detector's settings are chosen on the **tuning** part (gpt2-tiny, seeds 0 and 1) and
 reported on the **held-out** part (gpt2-tiny seed 2 and every llama-tiny run), which the choice
@@ -49,7 +53,7 @@ from merit_core.train.watch_scoring import (  # noqa: E402
 )
 
 RUNS = HERE / "metrics"
-TOKENS_PER_STEP = 16 * 128
+TOKENS_PER_STEP = 8 * 128
 DEFAULT_EVERY = 20  # merit train's watch_every
 LEFT_OUT = "planted, not diverged by the end"
 GOAL_RECALL, GOAL_FALSE = 0.9, 0.05
@@ -68,7 +72,7 @@ SEARCH = {
         ("max_logit", "log_z_drift", "update_ratio"),
     ),
 }
-WARMUPS = (0, 15)  # judge the warmup steps too (merit train today), or skip them
+WARMUPS = (0, 13, 26, 39)  # steps not judged: none (merit train today), the warmup, 2x and 3x it
 CADENCES = (2, 10)
 
 
@@ -109,11 +113,13 @@ def tuning(info: dict[str, Any]) -> bool:
     return info["model"] == "gpt2-tiny" and info["seed"] in (0, 1)
 
 
-def label(info: dict[str, Any], run: RunSeries) -> tuple[str, int | None]:
+def label(info: dict[str, Any], run: RunSeries) -> tuple[str, int | None, int | None]:
+    """(status, divergence or spike step, last safe step): a planted run is safe before its fault."""
     status, at = run.label()
-    if status != DIVERGED and info.get("plant_at") is not None:
-        return LEFT_OUT, None
-    return status, at
+    plant = info.get("plant_at")
+    if plant is not None:
+        return (status if status == DIVERGED else LEFT_OUT), at, plant - 1
+    return status, at, (run.last_step if status == HEALTHY else None)
 
 
 # -- the detector's settings -------------------------------------------------------------------
@@ -133,22 +139,26 @@ class Choice:
         return ", ".join(changed + [f"warmup skipped={self.warmup}", f"every={self.every}"])
 
 
-def fires_of(run: RunSeries, choice: Choice) -> int | None:
-    return run.detector(choice.settings, choice.warmup, choice.every)[0]
+def fires_of(run: RunSeries, choice: Choice) -> list[int]:
+    return sorted({w.step for w in run.warnings(choice.settings, choice.warmup, choice.every)})
 
 
-def score(runs: list[tuple[str, int | None, RunSeries]], choice: Choice) -> tuple[int, int, int, float]:
+Labelled = list[tuple[tuple[str, int | None, int | None], RunSeries]]
+
+
+def score(runs: Labelled, choice: Choice) -> tuple[int, int, int, float]:
     """(in time, false alarms, diverged, median lead) of one choice over labelled runs."""
-    scored = [Scored("", status, at, {"x": fires_of(run, choice)}) for status, at, run in runs]
+    scored = [Scored("", *lab, fires={"x": fires_of(run, choice)}) for lab, run in runs]
     c = counts(scored, "x")
     leads = sorted(c["leads"])
     return c["in_time"], c["false_alarms"], c["diverged"], (leads[len(leads) // 2] if leads else -1)
 
 
-def tune(runs: list[tuple[str, int | None, RunSeries]]) -> tuple[Choice, list[str]]:
-    """The choice with the most runs warned in time on `runs` among those with false alarms on at
-    most GOAL_FALSE of their healthy runs (ties: the longer median lead, then the search's order)."""
-    healthy = sum(status == HEALTHY for status, _, _ in runs)
+def tune(runs: Labelled) -> tuple[Choice, list[str]]:
+    """The choice with the most runs warned in time on `runs` among those with false alarms (a
+    warning in a run's safe steps) on at most GOAL_FALSE of the runs with safe steps (ties: the
+    longer median lead, then the search's order)."""
+    healthy = sum(lab[2] is not None for lab, _ in runs)
     allowed = math.floor(GOAL_FALSE * healthy)
     best: tuple[Any, ...] | None = None
     tried = 0
@@ -163,7 +173,7 @@ def tune(runs: list[tuple[str, int | None, RunSeries]]) -> tuple[Choice, list[st
     assert best is not None
     hit, lead, false, diverged, choice = best
     note = [
-        f"Tuning: {tried} settings tried on the tuning part ({diverged} diverged, {healthy} healthy runs; at most "
+        f"Tuning: {tried} settings tried on the tuning part ({diverged} diverged, {healthy} runs with safe steps; at most "
         f"{allowed} false alarms allowed); chosen: {choice.describe()}; in time {hit}/{diverged}, "
         f"false alarms {false}/{healthy}, median lead {lead} steps."
     ]
@@ -172,20 +182,21 @@ def tune(runs: list[tuple[str, int | None, RunSeries]]) -> tuple[Choice, list[st
 
 # -- the tables --------------------------------------------------------------------------------
 def scored(info: dict[str, Any], run: RunSeries, tuned: Choice) -> Scored:
-    status, at = label(info, run)
-    fires: dict[str, int | None] = {"detector (as run, every 2 steps)": run.recorded_warning()}
-    fires[f"detector (replayed, every {DEFAULT_EVERY} steps)"] = run.detector(every=DEFAULT_EVERY)[0]
+    fires: dict[str, list[int]] = {"detector (as run, every 2 steps)": run.recorded_warnings()}
+    fires[f"detector (replayed, every {DEFAULT_EVERY} steps)"] = fires_of(
+        run, Choice(WatchSettings(), 0, DEFAULT_EVERY)
+    )
     fires[f"detector (tuned: {tuned.describe()})"] = fires_of(run, tuned)
     for name in WATCH_SIGNALS:
-        fires[f"signal: {name}"] = run.detector(WatchSettings(signals=(name,)))[0]
+        fires[f"signal: {name}"] = fires_of(run, Choice(WatchSettings(signals=(name,)), 0, 0))
     fires.update(run.baselines())
-    return Scored(info["label"], status, at, fires)
+    return Scored(info["label"], *label(info, run), fires=fires)
 
 
 def goal_line(part: list[Scored], rule: str) -> str:
     c = counts(part, rule)
     recall = c["in_time"] / c["diverged"] if c["diverged"] else math.nan
-    false = c["false_alarms"] / c["healthy"] if c["healthy"] else math.nan
+    false = c["false_alarms"] / c["safe"] if c["safe"] else math.nan
     met = recall >= GOAL_RECALL and false <= GOAL_FALSE
     return (
         f"Goal (in time >= {GOAL_RECALL:.0%}, false alarms <= {GOAL_FALSE:.0%}) for `{rule}`: in time "
@@ -197,21 +208,13 @@ def write(results: list[tuple[dict[str, Any], Scored]], note: list[str]) -> list
     rules = list(results[0][1].fires)
     with open(HERE / "labels.csv", "w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["label", "part", "model", "optimizer", "kind", "lr", "seed", "status", "at", *rules])
+        head = ["label", "part", "model", "optimizer", "kind", "lr", "seed", "status", "at", "safe_until"]
+        writer.writerow(head + [f"first after safe steps: {k}" for k in rules])
         for info, s in results:
             part = "tuning" if tuning(info) else "held-out"
-            row = [
-                s.name,
-                part,
-                info["model"],
-                info["optimizer"],
-                info["kind"],
-                info["lr"],
-                info["seed"],
-                s.status,
-                s.at,
-            ]
-            writer.writerow(row + [s.fires[k] for k in rules])
+            row = [s.name, part, info["model"], info["optimizer"], info["kind"], info["lr"], info["seed"], s.status]
+            after = [[x for x in s.fires[k] if s.safe_until is None or x > s.safe_until][:1] for k in rules]
+            writer.writerow(row + [s.at, s.safe_until] + [a[0] if a else None for a in after])
     tuned_rule = rules[2]
     lines = [*note, ""]
     for title, part in (
@@ -229,7 +232,7 @@ def main(argv: list[str]) -> None:
     if argv:
         copy_runs(Path(argv[0]), RUNS)
     runs = load_runs(RUNS)
-    tune_on = [(*label(info, run), run) for info, run in runs if tuning(info)]
+    tune_on = [(label(info, run), run) for info, run in runs if tuning(info)]
     tuned, note = tune(tune_on)
     results = [(info, scored(info, run, tuned)) for info, run in runs]
     print("\n".join(write(results, note)))

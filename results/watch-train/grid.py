@@ -6,15 +6,15 @@ With K N, this process does runs K, K+N, K+2N, ... of the list (N processes shar
 uses one torch thread). `python results/watch-train/analyze.py OUT_DIR` then labels the runs and
 makes the tables.
 
-Every run: gpt2-tiny or llama-tiny on the built-in corpus, batch 16 x 128 tokens (2,048 tokens a
-step), 300 steps, 15 warmup steps (5%), then the cosine decay of `merit train` to a tenth, grad
+Every run: gpt2-tiny or llama-tiny on the built-in corpus, batch 8 x 128 tokens (1,024 tokens a
+step), 260 steps, 13 warmup steps (5%), then the cosine decay of `merit train` to a tenth, grad
 clip 1, CPU float32, seeds 0-2, the watcher probing every 2 steps and warning only (a replay at a
 coarser cadence takes every k-th record: the probe changes nothing in the run). Per model,
 optimizer (AdamW, MERIT, LAMB) and seed, four runs:
 
 - `base`: the optimizer's measured best lr at this model and batch (merit_core/optim/lr_table.py);
 - `edge`: 4x that lr, past the stable edge (where the runs of the issue's probe spiked);
-- `ramp100` and `ramp150`: the base lr, and from update 100 (150) on the lr grows by 4% (6%) a
+- `ramp100` and `ramp130`: the base lr, and from update 100 (130) on the lr grows by 5% (7%) a
   step on top of the schedule: a planted fault whose cause and start are known, that makes the
   loss diverge late and gradually, as the lr sweeps past the edge.
 
@@ -45,10 +45,10 @@ from merit_core.train.training_run import run_training  # noqa: E402
 MODELS = ("gpt2-tiny", "llama-tiny")
 OPTIMIZERS = ("adamw", "merit", "lamb")
 SEEDS = (0, 1, 2)
-STEPS, WARMUP, BATCH, SEQ = 300, 15, 16, 128
+STEPS, WARMUP, BATCH, SEQ = 260, 13, 8, 128
 EDGE = 4.0  # the edge runs' lr, in units of the base lr
 # the planted faults: the update the lr starts growing at, and its growth per step
-RAMPS = {"ramp100": (100, 1.04), "ramp150": (150, 1.06)}
+RAMPS = {"ramp100": (100, 1.05), "ramp130": (130, 1.07)}
 KINDS = ("base", "edge", *RAMPS)
 COMMON = dict(
     batch_size=BATCH,

@@ -62,20 +62,25 @@ def test_in_time_is_twenty_steps_or_a_tenth_of_the_steps_before():
 
 def test_counts_and_table_over_scored_runs():
     runs = [
-        Scored("a", DIVERGED, 200, {"r": 150}),  # in time, lead 50
-        Scored("b", DIVERGED, 200, {"r": 195}),  # warned, not in time, lead 5
-        Scored("c", DIVERGED, 200, {"r": 210}),  # after the divergence: a miss
-        Scored("d", HEALTHY, None, {"r": 40}),  # a false alarm
-        Scored("e", HEALTHY, None, {"r": None}),
-        Scored("f", SPIKED, 90, {"r": 80}),
-        Scored("g", "left out", None, {"r": 10}),
+        Scored("a", DIVERGED, 200, None, {"r": [150, 190]}),  # in time, lead 50
+        Scored("b", DIVERGED, 200, None, {"r": [195]}),  # warned, not in time, lead 5
+        Scored("c", DIVERGED, 200, None, {"r": [210]}),  # after the divergence: a miss
+        Scored("p", DIVERGED, 200, 99, {"r": [30, 170]}),  # planted at 100: a false alarm, then in time (lead 30)
+        Scored("d", HEALTHY, None, 260, {"r": [40]}),  # a false alarm
+        Scored("e", HEALTHY, None, 260, {"r": []}),
+        Scored("f", SPIKED, 90, None, {"r": [80]}),
+        Scored("g", "planted, not diverged", None, 129, {"r": [140]}),  # after its fault: not a false alarm
     ]
     c = counts(runs, "r")
-    assert (c["diverged"], c["recall"], c["in_time"], sorted(c["leads"])) == (3, 2, 1, [5, 50])
-    assert (c["healthy"], c["false_alarms"], c["spiked"], c["warned_spikes"]) == (2, 1, 1, 1)
+    assert (c["diverged"], c["recall"], c["in_time"], sorted(c["leads"])) == (4, 3, 2, [5, 30, 50])
+    assert (c["safe"], c["false_alarms"], c["healthy"], c["healthy_warned"]) == (4, 2, 2, 1)
+    assert (c["spiked"], c["warned_spikes"]) == (1, 1)
     table = lead_table(runs, tokens_per_step=100)
-    assert table[0] == "7 runs: 3 diverged, 1 spiked and recovered, 2 healthy, 1 left out (see the labels)."
-    assert table[-1] == "| r | 2/3 | 1/3 | 27.5 | 2750 | 5 / 50 | 1/2 | 1/1 |"
+    assert (
+        table[0]
+        == "8 runs: 4 diverged, 1 spiked and recovered, 2 healthy, 1 neither (their safe steps count; see the labels)."
+    )
+    assert table[-1] == "| r | 3/4 | 2/4 | 30 | 3000 | 5 / 50 | 2/4 | 1/2 | 1/1 |"
 
 
 def test_the_detector_replay_at_a_coarser_cadence_sees_only_those_records():
