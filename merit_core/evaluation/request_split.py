@@ -74,14 +74,21 @@ def evaluate_split(
 
 
 def contiguous_shares(sizes: Sequence[int], parts: int) -> list[range]:
-    """`parts` contiguous ranges of indices covering `sizes` in order, each of about an equal part of
-    the sum (a share may be empty when there are fewer items than parts)."""
+    """`parts` contiguous ranges of indices covering `sizes` in order, each cut where the running sum
+    comes nearest to an equal part of the total (a share may be empty when there are fewer items than
+    parts); a size of 0 counts as 1, so that empty requests are shared out too."""
     prefix = list(itertools.accumulate(max(1, s) for s in sizes))
     total = prefix[-1] if prefix else 0
     cuts = [0]
     for k in range(1, parts):
-        cut = bisect.bisect_left(prefix, total * k / parts) + 1 if prefix else 0
-        cuts.append(min(max(cut, cuts[-1]), len(sizes)))
+        target = total * k / parts
+        j = bisect.bisect_left(prefix, target)
+        if j >= len(prefix):
+            cut = len(prefix)
+        else:  # after item j (its sum reaches the target) or before it, whichever is nearer
+            before = prefix[j - 1] if j > 0 else 0
+            cut = j + 1 if prefix[j] - target <= target - before else j
+        cuts.append(max(cut, cuts[-1]))
     cuts.append(len(sizes))
     return [range(a, b) for a, b in zip(cuts, cuts[1:])]
 
