@@ -233,6 +233,7 @@ def _serve(conn: Connection, settings: EvalSettings) -> None:
 
     import torch
     from lm_eval.api.instance import Instance
+    from lm_eval.models import huggingface  # noqa: F401 - transformers imported while the parent checks and loads tasks
 
     lm: Any = None
     while True:

@@ -156,3 +156,27 @@ def test_the_default_split_by_the_number_of_checkpoints():
     assert choose_split(None, 3, 8) == REQUESTS and choose_split(REQUESTS, 5, 2) == REQUESTS
     with pytest.raises(ConfigError, match="--split layers: give checkpoints or requests"):
         choose_split("layers", 1, 2)
+
+
+def test_a_worker_that_fails_stops_the_eval_with_one_line_naming_its_device():
+    """A worker's exception crosses the pipe as its first line; the pool raises RunFailed naming the
+    checkpoint and the device (the pipes here stand in for two worker processes)."""
+    import multiprocessing
+
+    from merit_core.errors import RunFailed
+    from merit_core.evaluation.request_split import RequestPool
+    from merit_core.evaluation.worker_processes import Worker
+
+    pool = RequestPool.__new__(RequestPool)
+    pairs = [multiprocessing.Pipe() for _ in range(2)]
+    pool.workers = [Worker(device, mine, None) for device, (mine, _) in zip(("cuda:0", "cuda:1"), pairs)]
+    pool.label = "run/step_8"
+    pairs[0][1].send(("answers", {"answers": [(-1.5, True)], "batch_sizes": {}}))
+    pairs[1][1].send(("failed", "CUDA out of memory. Tried to allocate 2.00 GiB"))
+    with pytest.raises(RunFailed) as caught:
+        pool.answer("loglikelihood", [("a", " b"), ("c", " d")])
+    assert str(caught.value) == (
+        "run/step_8: the worker on cuda:1 (2 of 2) failed while scoring its share of the requests: "
+        "CUDA out of memory. Tried to allocate 2.00 GiB"
+    )
+    assert [end.recv()[0] for _, end in pairs] == ["score", "score"]  # each was sent its share
