@@ -9,7 +9,7 @@ baseline and candidate, so that load drift hits both alike):
 - device for device, on a CPU a device being a core: each process pinned to its cores (one core for
   one worker, two for two) with one torch thread per worker, which is what a node of N GPUs sees:
   `RUN --checkpoints all` on `cpu` vs `cpu,cpu`, and one checkpoint (`RUN`, its latest, with
-  `--split-limit` documents per task) on `cpu` vs `cpu,cpu --split requests`;
+  `--split-limit` documents per task) on `cpu` vs `cpu,cpu --share requests`;
 - one checkpoint's requests split over two workers against one process on every core.
 Each comparison checks that both wrote the same scores. Prints tables with the ratios and the load
 average (os.getloadavg) before and after each timing: on a shared machine the load says how far to
@@ -73,7 +73,7 @@ def train_run(folder: Path, model: str) -> Path:
 
 @dataclass(frozen=True)
 class Eval:
-    """One timed `merit eval`: its --devices (and --split), the checkpoints, the cores it is pinned to
+    """One timed `merit eval`: its --devices (and --share), the checkpoints, the cores it is pinned to
     (None: this process's) and the torch threads it is given (None: torch's default)."""
 
     devices: str
@@ -84,7 +84,7 @@ class Eval:
     threads: int | None = None
 
     def label(self) -> str:
-        return self.devices + (f" --split {self.split}" if self.split else "")
+        return self.devices + (f" --share {self.split}" if self.split else "")
 
     def cores_text(self) -> str:
         return str(len(self.cores)) if self.cores else f"all ({len(_cores())})"
@@ -98,7 +98,7 @@ def time_eval(run: Path, case: Eval, out: Path) -> tuple[float, tuple[float, flo
     """Seconds of one `merit eval` process, the 1-minute load average before and after, its JSON."""
     args = ["eval", str(run), *(["--checkpoints", "all"] if case.all_checkpoints else [])]
     args += ["--tasks", "builtin", "--limit", str(case.limit), "--bootstrap-iters", "0", "--devices", case.devices]
-    args += [*(["--split", case.split] if case.split else []), "-o", str(out)]
+    args += [*(["--share", case.split] if case.split else []), "-o", str(out)]
     cores = case.cores
 
     def pin() -> None:  # the process and the workers it spawns run on these cores only

@@ -331,18 +331,19 @@ def _display_stream():
     default=None,
     metavar="LIST|all",
     help="Score in parallel, one worker process per device listed: cuda:0,cuda:1, all (every visible GPU) "
-    "or cpu,cpu (two CPU processes, the cores shared out). The results are those of one device, in step "
-    "order; --split says what the workers share.",
+    "or cpu,cpu (two CPU processes, the cores shared out). The results are one device's, in step order (shared "
+    "requests are batched per worker, so a score may round differently); --share says what the workers share.",
 )
 @click.option(
-    "--split",
+    "--share",
+    "split",
     type=click.Choice(["checkpoints", "requests"]),
     default=None,
-    help="With --devices: checkpoints (each worker scores whole checkpoints, the next when it finishes one; "
-    "the default when there are at least as many checkpoints as devices) or requests (each checkpoint in "
-    "turn is loaded by every worker and its requests are cut into one share per worker; the default for "
-    "fewer checkpoints, e.g. one CKPT). Recorded in the JSON's devices and meta.eval.devices.  [default: "
-    "by the number of checkpoints]",
+    help="What the --devices workers share: checkpoints (each worker scores whole checkpoints, the next when "
+    "it finishes one; the default when there are at least as many checkpoints as devices) or requests (each "
+    "checkpoint in turn is loaded by every worker and its requests are cut into one share per worker; the "
+    "default for fewer checkpoints, e.g. one CKPT). Recorded as the JSON's devices.split.  [default: by the "
+    "number of checkpoints]",
 )
 @click.option(
     "--trust-task-code",
@@ -525,7 +526,7 @@ def _workers(devices: str | None, device: str, split: str | None) -> tuple[str, 
     """--devices read (merit_core.evaluation.worker_processes.parse_devices), or None for the one-process run."""
     if devices is None:
         if split is not None:
-            raise ConfigError(f"--split {split} shares work over worker processes: give --devices too")
+            raise ConfigError(f"--share {split} is what the --devices workers share: give --devices too")
         return None
     if device not in ("auto", None):
         raise ConfigError(f"give --device {device} or --devices {devices}, not both")

@@ -1,4 +1,4 @@
-"""`merit eval CKPT --devices D1,D2,... --split requests`: one checkpoint's requests shared over devices.
+"""`merit eval CKPT --devices D1,D2,... --share requests`: one checkpoint's requests shared over devices.
 
 lm-eval's own data-parallel run splits requests only under `accelerate launch` with several CUDA
 devices; this split is merit's and runs on CPU processes as well. One worker process per device

@@ -55,7 +55,7 @@ def choose_split(split: str | None, checkpoints: int, devices: int) -> str:
     if split is None:
         return CHECKPOINTS if checkpoints >= devices else REQUESTS
     if split not in SPLITS:
-        raise ConfigError(f"--split {split}: give {' or '.join(SPLITS)}")
+        raise ConfigError(f"--share {split}: give {' or '.join(SPLITS)}")
     return split
 
 

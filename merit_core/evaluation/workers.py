@@ -1,7 +1,7 @@
 """`merit eval --devices D1,D2,...`: checkpoints scored by worker processes, one per device.
 
 The workers (merit_core.evaluation.worker_processes: one spawned process per device, the cores shared
-out) share the work one of two ways, `--split`:
+out) share the work one of two ways, `--share`:
 - `checkpoints` (the default when there are at least as many checkpoints as devices): each worker loads
   the tasks once and then scores whole checkpoints, the next one the parent hands it when it finishes
   one, so a fast device takes more. A worker that fails or dies leaves the checkpoint it was scoring

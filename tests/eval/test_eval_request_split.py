@@ -1,5 +1,5 @@
 """`merit eval CKPT --devices cpu,cpu`: one checkpoint's requests shared over two worker processes
-(`--split requests`, the default for fewer checkpoints than devices), against the one-process run of
+(`--share requests`, the default for fewer checkpoints than devices), against the one-process run of
 the same command (the reference: its JSON and lm-eval's files, key for key); a worker that dies; the
 shares the requests are cut into."""
 
@@ -86,7 +86,7 @@ def test_two_workers_sharing_the_requests_equal_the_one_process_run_key_for_key(
     two = _eval(
         str(checkpoint), *QUICK, "--devices", "cpu,cpu", "-o", str(two_json), "--output_path", str(tmp_path / "two"),
         "--log_samples",
-    )  # fmt: skip  # one checkpoint on two devices: the requests are split without --split
+    )  # fmt: skip  # one checkpoint on two devices: the requests are split without --share
     assert two.exit_code == 0, two.output
     (reference,) = json.loads(one_json.read_text())["checkpoints"]
     split = json.loads(two_json.read_text())
@@ -123,7 +123,7 @@ def test_a_worker_that_dies_is_one_line_naming_its_device_and_nothing_is_written
     monkeypatch.setattr(request_split.RequestPool, "_ask", kill_the_second_before_it_scores)
     out = tmp_path / "lost.json"
     res = _eval(
-        str(checkpoint), *QUICK, "--devices", "cpu,cpu", "--split", "requests", "-o", str(out),
+        str(checkpoint), *QUICK, "--devices", "cpu,cpu", "--share", "requests", "-o", str(out),
         "--output_path", str(tmp_path / "lm"),
     )  # fmt: skip
     lines = res.output.strip().splitlines()
@@ -154,7 +154,7 @@ def test_the_default_split_by_the_number_of_checkpoints():
 
     assert [choose_split(None, n, 2) for n in (1, 2, 5)] == [REQUESTS, CHECKPOINTS, CHECKPOINTS]
     assert choose_split(None, 3, 8) == REQUESTS and choose_split(REQUESTS, 5, 2) == REQUESTS
-    with pytest.raises(ConfigError, match="--split layers: give checkpoints or requests"):
+    with pytest.raises(ConfigError, match="--share layers: give checkpoints or requests"):
         choose_split("layers", 1, 2)
 
 

@@ -147,7 +147,7 @@ def test_parallelize_reaches_lm_eval_with_a_cpu_device_map(steps_run, tmp_path, 
         (["x", "--devices", "cuda:3"], "--devices cuda:3"),
         (["x", "--devices", "all"], "--devices all: no CUDA GPU is visible"),
         (["x", "--devices", "cpu,cpu", "--device", "cpu"], "not both"),
-        (["x", "--split", "requests"], "--split requests shares work over worker processes: give --devices too"),
+        (["x", "--share", "requests"], "--share requests is what the --devices workers share: give --devices too"),
     ],
 )
 def test_placement_input_errors_are_one_line_exit_2(args, words):
