@@ -189,6 +189,7 @@ def build_lm(model: Any, tokenizer: Any, batch_size: int | str, device: str) -> 
 
 
 def count_parameters(model: Any) -> int:
+    """The number of parameters of a torch model (the eval meta's "parameters")."""
     return sum(p.numel() for p in model.parameters())
 
 

@@ -12,6 +12,9 @@ only by float rounding, where the requests batched with it (padding, batch shape
 
 A worker that fails or dies stops the whole eval with one line naming its device: a checkpoint with a
 share of its requests unscored has no score.
+
+This module imports lm-eval at its top (SplitLM is one of its LM classes): `merit eval` reaches it, through
+merit_core.evaluation.workers, only once it has set the hub offline-first and is about to score.
 """
 
 from __future__ import annotations
