@@ -330,9 +330,20 @@ def _display_stream():
     "--devices",
     default=None,
     metavar="LIST|all",
-    help="Score the checkpoints in parallel, one worker process per device listed: cuda:0,cuda:1, all "
-    "(every visible GPU) or cpu,cpu (two CPU processes, the cores shared out). Each worker scores whole "
-    "checkpoints; the results are those of one device, in step order.",
+    help="Score in parallel, one worker process per device listed: cuda:0,cuda:1, all (every visible GPU) "
+    "or cpu,cpu (two CPU processes, the cores shared out). The results are one device's, in step order (shared "
+    "requests are batched per worker, so a score may round differently); --share says what the workers share.",
+)
+@click.option(
+    "--share",
+    "split",
+    type=click.Choice(["checkpoints", "requests"]),
+    default=None,
+    help="What the --devices workers share: checkpoints (each worker scores whole checkpoints, the next when "
+    "it finishes one; the default when there are at least as many checkpoints as devices) or requests (each "
+    "checkpoint in turn is loaded by every worker and its requests are cut into one share per worker; the "
+    "default for fewer checkpoints, e.g. one CKPT). Recorded as the JSON's devices.split.  [default: by the "
+    "number of checkpoints]",
 )
 @click.option(
     "--trust-task-code",
@@ -373,6 +384,7 @@ def eval_cmd(
     lm_eval_model,
     lm_eval_model_arg,
     devices,
+    split,
     trust_task_code,
     selection,
     all_steps,
@@ -398,6 +410,7 @@ def eval_cmd(
           --output_path evals --log_samples           # lm-eval's spellings and its results layout
       merit eval runs/a --checkpoints all --tasks builtin --plot scores.png -o steps.json
       merit eval runs/a --checkpoints all --tasks lambada,wikitext --devices all -o steps.json  # a worker per GPU
+      merit eval runs/a/step_900 --tasks lambada --devices all   # one checkpoint's requests over the GPUs
       merit eval --model_args pretrained=runs/big/step_900,parallelize=True,max_memory_per_gpu=70GiB \\
           --tasks lambada                              # one model over the node's GPUs (lm-eval's)
 
@@ -438,7 +451,7 @@ def eval_cmd(
         backend=lm_eval_model,
         model_args=tuple(_key_value(item) for item in lm_eval_model_arg),
     ).validated()
-    workers = _workers(devices, device)
+    workers = _workers(devices, device, split)
     if log_samples and not lm_eval_output:
         raise ConfigError(
             "--log_samples needs --output_path DIR: the samples go to DIR/<model>/samples_<task>_<time>.jsonl"
@@ -476,7 +489,7 @@ def eval_cmd(
     try:
         display = Console(file=own or sys.stderr, stderr=own is None)
         with ProgressView(display, one_line=True, first="loading torch and lm-eval", redirect=False) as view:
-            outcome = _score(list(targets.checkpoints), settings, workers, view, not verbose, notes.append)
+            outcome = _score(list(targets.checkpoints), settings, workers, split, view, not verbose, notes.append)
     finally:
         if own is not None:
             own.close()
@@ -509,25 +522,27 @@ def eval_cmd(
         raise RunFailed(f"not scored: {outcome.missing[-1].error}")
 
 
-def _workers(devices: str | None, device: str) -> tuple[str, ...] | None:
-    """--devices read (merit_core.evaluation.workers.parse_devices), or None for the one-process run."""
+def _workers(devices: str | None, device: str, split: str | None) -> tuple[str, ...] | None:
+    """--devices read (merit_core.evaluation.worker_processes.parse_devices), or None for the one-process run."""
     if devices is None:
+        if split is not None:
+            raise ConfigError(f"--share {split} is what the --devices workers share: give --devices too")
         return None
     if device not in ("auto", None):
         raise ConfigError(f"give --device {device} or --devices {devices}, not both")
-    from merit_core.evaluation.workers import parse_devices
+    from merit_core.evaluation.worker_processes import parse_devices
 
     return parse_devices(devices)
 
 
-def _score(checkpoints: list[str], settings, workers: tuple[str, ...] | None, view, quiet: bool, note):
+def _score(checkpoints: list[str], settings, workers: tuple[str, ...] | None, split, view, quiet: bool, note):
     """The checkpoints scored in this process, or with --devices by one worker process per device."""
     from merit_core.evaluation.workers import Outcome, evaluate_on_devices
 
     if workers is None:
         records = evaluate_checkpoints(checkpoints, settings, progress=view, quiet=quiet, note=note)
         return Outcome(records, list(range(len(records))))
-    return evaluate_on_devices(checkpoints, settings, workers, view, quiet, note)
+    return evaluate_on_devices(checkpoints, settings, workers, view, quiet, note, split)
 
 
 def _key_value(item: str) -> tuple[str, str]:

@@ -5,7 +5,8 @@
 
 `tasks` names and expands task aliases, `checkpoint` finds and loads checkpoints, `harness` runs
 lm-eval on them (`backends`: on one device, one model over several, or vLLM), `workers` shares a list
-of checkpoints out to one worker process per device, and `results` holds the records and their JSON. Importing this package does not
+of checkpoints out to one worker process per device (`worker_processes`), or with `request_split` each
+checkpoint's requests, and `results` holds the records and their JSON. Importing this package does not
 import lm-eval, torch or transformers.
 """
 

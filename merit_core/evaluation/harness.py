@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from merit_core.devices import resolve_device
 from merit_core.errors import ConfigError
@@ -188,12 +188,35 @@ def build_lm(model: Any, tokenizer: Any, batch_size: int | str, device: str) -> 
     return lm, batch_size
 
 
-def _count_params(model: Any) -> int:
+def count_parameters(model: Any) -> int:
+    """The number of parameters of a torch model (the eval meta's "parameters")."""
     return sum(p.numel() for p in model.parameters())
 
 
+def build_device_lm(
+    ref: CheckpointRef, settings: EvalSettings, device: str, dtype: str, note: Callable[[str], None] | None = None
+) -> tuple[Any, int | str]:
+    """lm-eval's HFLM for checkpoint `ref` on one device: merit loads the model itself (safetensors
+    only, `dtype`, merit's checks) and hands it over; the batch size it scores with."""
+    model, tokenizer = load_model_and_tokenizer(ref, device, dtype, settings.trust_remote_code, note)
+    return build_lm(model, tokenizer, parse_batch_size(settings.batch_size), device)
+
+
+class LmSource(Protocol):
+    """Where a Scorer gets its lm-eval model object when not from this process's device: the request
+    split's workers (merit_core.evaluation.request_split)."""
+
+    def build(self, ref: CheckpointRef) -> tuple[Any, int | str]:
+        """lm-eval's model object for `ref` and the batch size each device scores with."""
+        ...
+
+    def placement(self) -> dict[str, Any]:
+        """What the eval meta records of the devices: {"split": ..., "workers": [...]}."""
+        ...
+
+
 @contextlib.contextmanager
-def _silenced(enabled: bool):
+def silenced(enabled: bool):
     """Swallow what the libraries print: Python-level (tqdm bars, bootstrap notices) and, on file
     descriptor 2, what their subprocesses write (lm-eval runs `git describe`, which complains outside a repo)."""
     if not enabled:
@@ -221,7 +244,7 @@ def _silenced(enabled: bool):
 
 
 @contextlib.contextmanager
-def _exact_float32(device: str, dtype: str):
+def exact_float32(device: str, dtype: str):
     """float32 on CUDA means float32 products (no TF32, whatever the process enabled), so that the
     scores equal the CPU's; the previous setting is restored afterwards."""
     if not (device.startswith("cuda") and dtype == "float32"):
@@ -284,7 +307,9 @@ def check_checkpoints(
 
 class Scorer:
     """Scores checkpoints of a checked list one at a time on the settings' device, the tasks loaded
-    once (in `__init__`); a worker process of merit_core.evaluation.workers holds one."""
+    once (in `__init__`); a worker process of merit_core.evaluation.workers holds one. With a `source`
+    the model object comes from there (the request split's workers, each checkpoint's requests shared
+    over their devices) and lm-eval runs here."""
 
     def __init__(
         self,
@@ -293,8 +318,10 @@ class Scorer:
         progress: ProgressFn | None = None,
         quiet: bool = False,
         note: Callable[[str], None] | None = None,
+        source: LmSource | None = None,
     ):
         self.settings = settings
+        self.source = source
         self.run = _Run(settings, progress, list(refs))
         self.quiet = quiet
         self.note = note
@@ -303,7 +330,7 @@ class Scorer:
         self.device = str(resolve_device(settings.device))
         self.dtype = resolve_dtype(settings.dtype, self.device)
         self.run.report("loading tasks and datasets")
-        with _silenced(quiet):
+        with silenced(quiet):
             self.resolved = resolve_tasks(settings.tasks, settings.include_path)
             self.task_objects = load_tasks(self.resolved)
         check_fewshot_docs(self.task_objects, settings.num_fewshot)
@@ -316,8 +343,8 @@ class Scorer:
         ref = run.refs[index]
         run.report("loading model", index)
         started = time.perf_counter()
-        with _silenced(self.quiet), _exact_float32(device, self.dtype):
-            lm, batch_size = self._build(ref)
+        with silenced(self.quiet), exact_float32(device, self.dtype):
+            lm, batch_size = self._build(ref) if self.source is None else self.source.build(ref)
 
             def on_requests(event: Progress, i: int = index) -> None:
                 run.report(event.stage, i, done=event.done, total=event.total, unit=event.unit)
@@ -335,15 +362,19 @@ class Scorer:
             )
         out[EVAL_SECONDS] = time.perf_counter() - started  # lm-eval's results file's total_evaluation_time_seconds
         model = getattr(lm, "model", None)
+        parameters = getattr(lm, "parameter_count", None)  # the request split's: the model is in its workers
+        if parameters is None and model is not None and hasattr(model, "parameters"):
+            parameters = count_parameters(model)
+        placement = None if self.source is None else self.source.placement()
         meta = {
             **ref.meta,
             "model_type": check_causal_lm(ref, settings.trust_remote_code).model_type,
-            "parameters": _count_params(model) if model is not None and hasattr(model, "parameters") else None,
+            "parameters": parameters,
             "eval": {
                 "tasks": self.resolved.names,
                 "num_fewshot": settings.num_fewshot,
                 "limit": settings.limit,
-                "device": device,
+                "device": device if placement is None else ",".join(placement["workers"]),
                 "dtype": self.dtype,
                 "batch_size": batch_size,
                 "bootstrap_iters": settings.bootstrap_iters,
@@ -357,6 +388,8 @@ class Scorer:
         }
         if settings.backend != HF or self.model_args:  # the model placement lm-eval was given
             meta["eval"]["model"] = {"backend": settings.backend, **self.model_args}
+        if placement is not None:  # the devices that shared this checkpoint's requests
+            meta["eval"]["devices"] = placement
         record = CheckpointResult(path=ref.location, label=ref.label, results=out["results"], meta=meta, lm_eval=out)
         run.report("done", index)
         del lm, model
@@ -371,8 +404,7 @@ class Scorer:
         if settings.backend == VLLM:
             return build_vllm(ref.location, self.model_args, dtype, batch_size, trust), batch_size
         if not self.split:
-            model, tokenizer = load_model_and_tokenizer(ref, device, dtype, trust, self.note)
-            return build_lm(model, tokenizer, batch_size, device)
+            return build_device_lm(ref, settings, device, dtype, self.note)
         tokenizer = load_tokenizer(ref, trust)
         if batch_size == "auto" and not device.startswith("cuda"):
             batch_size = CPU_BATCH_SIZE

@@ -1,39 +1,46 @@
-"""`merit eval --devices D1,D2,...`: a list of checkpoints scored by worker processes, one per device.
+"""`merit eval --devices D1,D2,...`: checkpoints scored by worker processes, one per device.
 
-Each device given is one worker process (spawned, so that CUDA and lm-eval start clean in each),
-which loads the tasks once and then scores whole checkpoints, the next one the parent hands it when
-it finishes one: a fast device takes more. `cpu,cpu` is two worker processes on the CPU; `all` is every
-visible CUDA device. Each worker sets torch's thread count to its share of this process's cores, so
-that N workers do not oversubscribe the CPU.
+The workers (merit_core.evaluation.worker_processes: one spawned process per device, the cores shared
+out) share the work one of two ways, `--share`:
+- `checkpoints` (the default when there are at least as many checkpoints as devices): each worker loads
+  the tasks once and then scores whole checkpoints, the next one the parent hands it when it finishes
+  one, so a fast device takes more. A worker that fails or dies leaves the checkpoint it was scoring
+  missing (one line naming it); the other workers score the rest.
+- `requests` (the default for fewer checkpoints than devices, e.g. one): each checkpoint in turn is
+  loaded by every worker and its requests are cut into one share per worker
+  (merit_core.evaluation.request_split); lm-eval runs in this process and aggregates as for one device.
 
-The parent checks every checkpoint (files, checksums, config, tokenizer) before any worker starts, as
+The parent checks every checkpoint (files, checksums, config, tokenizer) before any worker scores, as
 the one-device run does, draws one progress view from the workers' events and returns the records
 in the order of the list: each record is what the one-device run gives for that checkpoint (lm-eval
-seeds every run alike), the times aside. A worker that fails or dies leaves the checkpoint it was
-scoring missing (one line naming it); the other workers score the rest.
+seeds every run alike), the times aside. `cpu,cpu` is two worker processes on the CPU; `all` is every
+visible CUDA device.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from merit_core import errors
-from merit_core.devices import resolve_device
 from merit_core.errors import ConfigError, MeritError, first_line
 from merit_core.evaluation.backends import check_model_args, splits_model
 from merit_core.evaluation.checkpoint import CheckpointRef
 from merit_core.evaluation.harness import EvalSettings, Scorer, check_checkpoints, evaluate_checkpoints
+from merit_core.evaluation.request_split import evaluate_split
 from merit_core.evaluation.results import CheckpointResult, jsonable
+from merit_core.evaluation.worker_processes import (
+    CHECKPOINTS,
+    REQUESTS,
+    choose_split,
+    error_class,
+    prepare_worker,
+    start_workers,
+    stop_workers,
+)
 from merit_core.progress import Progress, ProgressFn
-
-ALL_GPUS = "all"
-SPLIT = "checkpoints"  # what the workers share out: whole checkpoints (recorded in the results JSON)
 
 
 @dataclass(frozen=True)
@@ -51,51 +58,23 @@ class Missing:
 @dataclass
 class Outcome:
     """What a run over devices gives: the records scored (in the order of the list), the checkpoints
-    missing, and the devices the checkpoints were shared over (one entry per worker)."""
+    missing, the devices the work was shared over (one entry per worker) and how (`split`)."""
 
     records: list[CheckpointResult]
     scored: list[int]  # the list's index of each record
     missing: list[Missing] = field(default_factory=list)
     devices: tuple[str, ...] = ()
+    split: str = CHECKPOINTS
 
     def json_extra(self) -> dict[str, Any]:
         """The results JSON's keys beside "checkpoints": "devices" (the split) when there were several,
         "missing" when a checkpoint was not scored; none for one device, whose JSON is unchanged."""
         extra: dict[str, Any] = {}
         if len(self.devices) > 1:
-            extra["devices"] = {"split": SPLIT, "workers": list(self.devices)}
+            extra["devices"] = {"split": self.split, "workers": list(self.devices)}
         if self.missing:
             extra["missing"] = [m.to_json() for m in self.missing]
         return extra
-
-
-def parse_devices(text: str) -> tuple[str, ...]:
-    """`--devices`: 'all' (every visible CUDA device) or a comma-separated list, one worker per entry
-    (an entry may repeat: 'cpu,cpu' is two CPU workers); each entry is checked to exist here."""
-    words = [w.strip() for w in text.split(",") if w.strip()]
-    if [w.lower() for w in words] == [ALL_GPUS]:
-        import torch
-
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise ConfigError("--devices all: no CUDA GPU is visible; give CPU workers as --devices cpu,cpu")
-        return tuple(f"cuda:{i}" for i in range(count))
-    if not words:
-        raise ConfigError("--devices: give a comma-separated list such as cuda:0,cuda:1 or cpu,cpu, or all")
-    devices = []
-    for word in words:
-        try:
-            devices.append(str(resolve_device(word)))
-        except ConfigError as exc:
-            raise ConfigError(str(exc).replace("--device ", "--devices ", 1)) from None
-    return tuple(devices)
-
-
-def thread_share(workers: int, cores: int | None = None) -> int:
-    """Torch threads for each of `workers` processes: this process's cores shared out, at least one."""
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, workers))
 
 
 def evaluate_on_devices(
@@ -105,11 +84,15 @@ def evaluate_on_devices(
     progress: ProgressFn | None = None,
     quiet: bool = False,
     note: Callable[[str], None] | None = None,
+    split: str | None = None,
 ) -> Outcome:
-    """Score `checkpoints` with one worker process per entry of `devices`; one device (or one
-    checkpoint) is the one-process run of merit_core.evaluation.harness, in this process."""
+    """Score `checkpoints` with one worker process per entry of `devices`, sharing out whole checkpoints
+    or each checkpoint's requests (`split`: CHECKPOINTS, REQUESTS, or None for `choose_split`'s
+    default). One device, or one checkpoint split by checkpoints, is the one-process run of
+    merit_core.evaluation.harness, in this process."""
     settings = settings.validated()
-    if len(devices) < 2 or len(checkpoints) < 2:
+    split = choose_split(split, len(checkpoints), len(devices))
+    if len(devices) < 2 or (split == CHECKPOINTS and len(checkpoints) < 2):
         device = devices[0] if devices else settings.device
         records = evaluate_checkpoints(checkpoints, replace(settings, device=device), progress, quiet, note)
         return Outcome(records, list(range(len(records))), devices=tuple(devices[:1]))
@@ -118,6 +101,9 @@ def evaluate_on_devices(
             "--devices gives each worker a device of its own; --model_args parallelize=True (or vLLM's parallel "
             "sizes) splits one model over the devices: give one of them"
         )
+    if split == REQUESTS:
+        records = evaluate_split(checkpoints, settings, devices, progress, quiet, note)
+        return Outcome(records, list(range(len(records))), devices=tuple(devices), split=REQUESTS)
     pool = _Pool(settings, devices, progress, quiet, note)  # the workers start while the checks run
     try:
         refs = check_checkpoints(checkpoints, settings, progress, note)
@@ -146,42 +132,22 @@ class _Pool:
         self.records: dict[int, CheckpointResult] = {}
         self.missing: dict[int, str] = {}
         self.error: MeritError | None = None
-        context = multiprocessing.get_context("spawn")
-        threads = thread_share(len(self.devices))
-        self.conns: list[Connection] = []
-        self.procs: list[Any] = []
-        self.busy: dict[int, int | None] = {}
-        for slot, device in enumerate(self.devices):
-            mine, theirs = context.Pipe()
-            proc = context.Process(
-                target=_worker,
-                args=(theirs, replace(settings, device=device), threads, quiet),
-                name=f"merit-eval-{slot}",
-            )
-            proc.start()
-            theirs.close()
-            self.conns.append(mine)
-            self.procs.append(proc)
-            self.busy[slot] = None
+        self.workers = start_workers(_worker, settings, self.devices, quiet, "merit-eval")
+        self.busy: dict[int, int | None] = {slot: None for slot in range(len(self.workers))}
 
     def run(self, refs: Sequence[CheckpointRef]) -> Outcome:
         """Send the checked list to every worker, then hand out its checkpoints one at a time."""
         self.refs = list(refs)
         self.queue = list(range(len(self.refs)))
-        live = set(range(len(self.procs)))
-        for slot in sorted(live):
-            try:
-                self.conns[slot].send(self.refs)
-            except (BrokenPipeError, OSError):
-                live.discard(slot)
+        live = {slot for slot, worker in enumerate(self.workers) if worker.send(self.refs)}
         try:
             while live:
-                ready = wait([self.conns[s] for s in live])
+                ready = wait([self.workers[s].conn for s in live])
                 for slot in sorted(live):
-                    if self.conns[slot] not in ready:
+                    if self.workers[slot].conn not in ready:
                         continue
                     try:
-                        message = self.conns[slot].recv()
+                        message = self.workers[slot].conn.recv()
                     except (EOFError, OSError):
                         self._lost(slot)
                         live.discard(slot)
@@ -223,47 +189,29 @@ class _Pool:
             self.busy[slot] = None
             return self._hand_out(slot)
         elif kind == "error":  # the settings themselves are wrong (a task, a dataset): the same in every worker
-            self.error = _error_class(message[1])(message[2])
+            self.error = error_class(message[1])(message[2])
             return False
         return True
 
     def _hand_out(self, slot: int) -> bool:
         index = self.queue.pop(0) if self.queue and self.error is None else None
         self.busy[slot] = index
-        try:
-            self.conns[slot].send(index)
-        except (BrokenPipeError, OSError):
+        if not self.workers[slot].send(index):
             self._lost(slot)
             return False
         return index is not None
 
     def _lost(self, slot: int) -> None:
         """Worker `slot` stopped without a word (killed, out of memory): its checkpoint is missing."""
-        proc = self.procs[slot]
-        proc.join(timeout=5)
+        worker = self.workers[slot]
         index = self.busy.get(slot)
         if index is not None:
-            code = proc.exitcode
-            how = f"signal {-code}" if isinstance(code, int) and code < 0 else f"exit code {code}"
-            self.missing[index] = f"the worker on {self.devices[slot]} stopped ({how}) while scoring it"
+            self.missing[index] = f"the worker on {worker.device} stopped ({worker.how_it_stopped()}) while scoring it"
             self.busy[slot] = None
 
     def stop(self, at_once: bool = False) -> None:
-        """Close the pipes (a worker waiting for work then returns) and wait for the workers; `at_once`
-        (an error: nothing more will be scored) ends them without waiting."""
-        for conn in self.conns:
-            conn.close()
-        for proc in self.procs:
-            if not at_once:
-                proc.join(timeout=10)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join()
-
-
-def _error_class(name: str) -> type[MeritError]:
-    found = getattr(errors, name, None)
-    return found if isinstance(found, type) and issubclass(found, MeritError) else MeritError
+        """The workers stopped (merit_core.evaluation.worker_processes.stop_workers)."""
+        stop_workers(self.workers, at_once)
 
 
 def _plain(record: CheckpointResult) -> dict[str, Any]:
@@ -294,16 +242,7 @@ def _worker(conn: Connection, settings: EvalSettings, threads: int, quiet: bool)
 
 
 def _serve(conn: Connection, settings: EvalSettings, threads: int, quiet: bool) -> None:
-    import logging
-
-    import torch
-
-    torch.set_num_threads(threads)
-    if settings.device.startswith("cuda"):  # this worker's GPU is its current one (no context on cuda:0)
-        torch.cuda.set_device(torch.device(settings.device))
-    if quiet:
-        for name in ("lm_eval", "transformers", "datasets", "accelerate", "huggingface_hub"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+    prepare_worker(settings.device, threads, quiet)
 
     def progress(event: Progress) -> None:
         conn.send(("progress", asdict(event)))

@@ -74,7 +74,7 @@ def test_a_killed_worker_leaves_the_others_results_and_names_its_checkpoint(step
         """SIGKILL the worker that starts loading the second checkpoint (step_4), mid-way through the list."""
         if message[0] == "progress" and message[1]["index"] == 1 and not killed:
             killed.append(slot)
-            os.kill(self.procs[slot].pid, signal.SIGKILL)
+            os.kill(self.workers[slot].proc.pid, signal.SIGKILL)
         return handle(self, slot, message)
 
     monkeypatch.setattr(workers._Pool, "_handle", kill_while_loading_step_4)
@@ -147,6 +147,7 @@ def test_parallelize_reaches_lm_eval_with_a_cpu_device_map(steps_run, tmp_path, 
         (["x", "--devices", "cuda:3"], "--devices cuda:3"),
         (["x", "--devices", "all"], "--devices all: no CUDA GPU is visible"),
         (["x", "--devices", "cpu,cpu", "--device", "cpu"], "not both"),
+        (["x", "--share", "requests"], "--share requests is what the --devices workers share: give --devices too"),
     ],
 )
 def test_placement_input_errors_are_one_line_exit_2(args, words):
@@ -164,7 +165,7 @@ def test_placement_input_errors_are_one_line_exit_2(args, words):
 
 
 def test_devices_and_thread_shares():
-    from merit_core.evaluation.workers import parse_devices, thread_share
+    from merit_core.evaluation.worker_processes import parse_devices, thread_share
 
     assert parse_devices("cpu, cpu") == ("cpu", "cpu")
     assert [thread_share(n, cores=16) for n in (1, 2, 3, 8, 32)] == [16, 8, 5, 2, 1]
