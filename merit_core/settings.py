@@ -52,7 +52,7 @@ PARALLEL = ("ddp", "fsdp")
 # The experiment trackers `report_to` may name (merit_core.train.trackers implements them).
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 # What `merit train` does on an instability warning (merit_core.train.run_watch).
-ON_INSTABILITY = ("warn", "stop", "rewind")
+ON_INSTABILITY = ("record", "warn", "stop", "rewind")
 # Actions of one invocation, not properties of the run: not written to the run's config.toml.
 ACTION_KEYS = ("resume", "resume_from", "allow_changes", "verify")
 
@@ -276,9 +276,11 @@ class TrainConfig:
         bound="positive",
     )
     on_instability: str = setting(
-        "warn",
-        "On a watcher warning: warn and go on, stop naming the last checkpoint from before it, or rewind to "
-        "that checkpoint with the lr halved (merit_core.train.run_watch).",
+        "record",
+        "On a watcher warning: record it in metrics.jsonl and print nothing (the default: measured, the warnings "
+        "do not yet come in time often enough to act on, results/watch-train/README.md), warn and go on, stop "
+        "naming the last checkpoint from before it, or rewind to that checkpoint with the lr halved "
+        "(merit_core.train.run_watch).",
         option="choice",
         choices=ON_INSTABILITY,
     )

@@ -51,7 +51,7 @@ from merit_core.train.hardware import device_info, mfu, peak_memory, reset_peak_
 from merit_core.train.parallel import setup_parallel
 from merit_core.train.resume import ResumePlan, check_same_data, data_info, last_records
 from merit_core.train.run_folder import RunFolder
-from merit_core.train.run_watch import REWIND, STOP, RunWatch, WatchDecision
+from merit_core.train.run_watch import RECORD, REWIND, STOP, RunWatch, WatchDecision
 from merit_core.train.trackers import with_trackers
 from merit_core.train.trainer import Trainer, build_trainer, compute_dtype
 
@@ -363,10 +363,10 @@ class TrainingRun:
             self._stop_now(stop)
 
     def _act(self, decision: WatchDecision) -> bool:
-        """Write the watcher's record, say its warnings and carry out its decision: True after a rewind,
-        InstabilityStop on a stop, False when training goes on."""
+        """Write the watcher's record, say its warnings (not when it only records) and carry out its
+        decision: True after a rewind, InstabilityStop on a stop, False when training goes on."""
         self.cb.on_watch(self._record(decision.record))
-        for warning in decision.warnings:
+        for warning in decision.warnings if decision.action != RECORD else ():
             self.cb.on_note(warning.line())
         if decision.action == STOP:
             raise InstabilityStop(
