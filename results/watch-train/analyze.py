@@ -23,7 +23,8 @@ the held-out healthy runs.
 Rows: the detector as each run's own `merit train --watch` warned (probing every 2 steps, the
 settings of the commit the grid ran at); the same detector replayed at `merit train`'s default
 cadence (every 20 steps); each signal alone; the tuned detector; OLMo-core's and ZClip's spike
-rules on every step's loss and grad norm (merit_core.instability_rules.BASELINE_RULES).
+rules on every step's loss and grad norm (merit_core.instability_rules.BASELINE_RULES). One row
+more, for reference and not the tuning's choice: today's settings judging only after 2x the warmup.
 """
 
 from __future__ import annotations
@@ -195,6 +196,9 @@ def scored(info: dict[str, Any], run: RunSeries, tuned: Choice) -> Scored:
         run, Choice(WatchSettings(), 0, DEFAULT_EVERY)
     )
     fires[f"detector (tuned: {tuned.describe()})"] = fires_of(run, tuned)
+    fires["detector (today's settings, the first 2x warmup steps not judged)"] = fires_of(
+        run, Choice(WatchSettings(), 26, 2)
+    )
     for name in WATCH_SIGNALS:
         fires[f"signal: {name}"] = fires_of(run, Choice(WatchSettings(signals=(name,)), 0, 0))
     fires.update(run.baselines())
