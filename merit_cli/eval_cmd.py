@@ -16,6 +16,7 @@ from merit_cli.options import (
     check_checkpoint_path,
     check_output,
     device_option,
+    drop_weights_option,
     given_out,
     no_verify_option,
     output_option,
@@ -232,14 +233,16 @@ def _steps_table(steps: list[int], records: list[CheckpointResult], logits: dict
 
 
 def _show_steps(
-    console, run: str, steps: list[int], records: list[CheckpointResult], plot: str | None, taken=None
+    console, run: str, steps: list[int], records: list[CheckpointResult], plot: str | None, taken=None, logits=None
 ) -> None:
-    """The steps table, the recorded max logit in each record's meta and, with --plot, the figure."""
+    """The steps table, the recorded max logit in each record's meta (`logits`: measured while scoring,
+    with --drop-weights) and, with --plot, the figure."""
     from pathlib import Path
 
     from merit_core.evaluation.steps import RECORDED_LOGIT, plot_steps, recorded_max_logits
 
-    logits = recorded_max_logits(Path(run).expanduser(), taken)
+    if logits is None:
+        logits = recorded_max_logits(Path(run).expanduser(), taken)
     for step, record in zip(steps, records):
         record.meta[RECORDED_LOGIT] = logits.get(step)
     print_table(console, _steps_table(steps, records, logits))
@@ -344,6 +347,7 @@ def _display_stream():
 @steps_option(default="latest")
 @all_steps_option()
 @click.option("--revisions", help="A hub model ORG/NAME scored over its revisions: " + REVISIONS_HELP)
+@drop_weights_option()
 @no_verify_option()
 @click.option(
     "--plot",
@@ -377,6 +381,7 @@ def eval_cmd(
     selection,
     all_steps,
     revisions,
+    drop_weights,
     no_verify,
     plot,
     list_tasks,
@@ -454,7 +459,10 @@ def eval_cmd(
     from merit_core.evaluation.steps import eval_targets
 
     selection = _chosen_steps(checkpoints, selection, all_steps, None if revisions else plot)
-    targets = eval_targets(checkpoints, selection, hub_request(revisions, trust_remote_code=trust_remote_code))
+    if drop_weights and workers is not None and len(workers) > 1:
+        raise ConfigError("--drop-weights scores one revision at a time in this process: leave out --devices")
+    hub = hub_request(revisions, drop_weights, trust_remote_code)
+    targets = eval_targets(checkpoints, selection, hub)
     step_run = checkpoints[0] if selection != LATEST or revisions else None
     chosen = targets.taken[0].steps if step_run is not None else []
     if step_run is not None:
@@ -476,7 +484,15 @@ def eval_cmd(
     try:
         display = Console(file=own or sys.stderr, stderr=own is None)
         with ProgressView(display, one_line=True, first="loading torch and lm-eval", redirect=False) as view:
-            outcome = _score(list(targets.checkpoints), settings, workers, view, not verbose, notes.append)
+            measured = None  # each revision's max logit, measured while scoring with --drop-weights
+            if drop_weights:
+                from merit_core.evaluation.hub_logits import score_one_at_a_time
+
+                outcome, measured = score_one_at_a_time(
+                    targets.checkpoints, settings, hub, chosen or None, view, not verbose, notes.append
+                )
+            else:
+                outcome = _score(list(targets.checkpoints), settings, workers, view, not verbose, notes.append)
     finally:
         if own is not None:
             own.close()
@@ -492,7 +508,7 @@ def eval_cmd(
     if records:
         print_table(console, results_table(records, settings.num_fewshot))
     if step_run is not None and records:
-        _show_steps(console, step_run, chosen, records, plot, targets.taken[0])
+        _show_steps(console, step_run, chosen, records, plot, targets.taken[0], measured)
     if output:
         path = write_results_json(output, records, extra=extra) if extra else write_results_json(output, records)
         print_whole(console, f"wrote {shown(path)}")
