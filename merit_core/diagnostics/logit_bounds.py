@@ -10,8 +10,9 @@ W_K is needed; `logit_bounds` and `spectral_logit_bounds` combine it with the me
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -60,7 +61,8 @@ def bound_terms(
     if stats is not None:
         finite = (math.isfinite(stats.q_max_norm), math.isfinite(stats.k_max_norm))
     else:
-        finite = tuple(bool(torch.isfinite(w).all()) for w in query_key(tensors, layout, layer))
+        wq, wk = query_key(tensors, layout, layer)
+        finite = (bool(torch.isfinite(wq).all()), bool(torch.isfinite(wk).all()))
     bad = [name for name, ok in zip(("W_Q", "W_K"), finite) if not ok]
     notes = []
     if bad:
@@ -68,8 +70,9 @@ def bound_terms(
             f"layer {layer}: {' and '.join(bad)} {'hold' if len(bad) > 1 else 'holds'} non-finite values (NaN or infinite): "
             "no spectral bound for it"
         )
-    gq, gk = grams if grams is not None else layer_grams(tensors, layout, layer) or (None, None)
-    assert gq is not None and gk is not None  # heads known, no QK-norm: layer_grams has them
+    found = grams if grams is not None else layer_grams(tensors, layout, layer)
+    assert found is not None  # heads known, no QK-norm: layer_grams gives them
+    gq, gk = found
     return BoundTerms(
         bias=(_view_norms(qb, hd), _view_norms(kb, hd)),
         spectral=(
@@ -108,8 +111,25 @@ def spectral_norms(grams: torch.Tensor) -> list[float]:
     out = torch.full((grams.shape[0],), math.nan, dtype=torch.float64)
     if bool(finite.any()):
         kept = grams if bool(finite.all()) else grams[finite]
-        out[finite] = torch.linalg.eigvalsh(kept)[:, -1].clamp(min=0).sqrt().cpu()
+        with _one_thread(kept.device):
+            out[finite] = torch.linalg.eigvalsh(kept)[:, -1].clamp(min=0).sqrt().cpu()
     return out.tolist()
+
+
+@contextlib.contextmanager
+def _one_thread(device: torch.device) -> Iterator[None]:
+    """torch on one CPU thread within the block (restored after): hd x hd eigenvalue problems gain
+    nothing from threads, and the threaded LAPACK path under torch's own threads can spin for
+    seconds on a CPU other processes load (benchmarks/README.md, inspect_large.py)."""
+    if device.type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def layers_bound_terms(
