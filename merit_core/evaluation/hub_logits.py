@@ -88,8 +88,8 @@ def score_one_at_a_time(
                 scorer.run.refs[index] = ref
                 record = scorer.score(index)
                 peak = max_logit(held) if steps is not None else None
-        except CheckpointError as exc:
-            missing.append(Missing(name, name, f"{name}: {exc}"))
+        except CheckpointError as exc:  # the line names the revision once
+            missing.append(Missing(name, name, str(exc) if str(exc).startswith(name) else f"{name}: {exc}"))
             continue
         for text in ref.notes:
             notes.setdefault(text, []).append(ref.label)
