@@ -12,8 +12,14 @@ parameters x tokens for the projections, 4 x layers x tokens^2 x width for the a
 measured matmul throughput. The load average (1, 5, 15 min) before and after is printed with the
 figures: on a shared machine the run competes with others.
 
+`--against TREE` times `merit inspect` of another checkout too (the code before a change), the
+two alternating `--rounds` times on the same checkpoint, so that a loaded machine's drift falls on
+both alike; it prints one row per run and how far the two reports' numbers differ. `--reuse` takes
+the checkpoint a `--keep` run left in `--dir` instead of writing one (and leaves it there).
+
     python benchmarks/inspect_large.py --dir /tmp/llama-1b --size 1b
     python benchmarks/inspect_large.py --dir /big/disk/llama-7b --size 7b --budget 900 [--keep]
+    python benchmarks/inspect_large.py --dir /tmp/llama-1b --size 1b --reuse --against /tmp/before --rounds 3
 """
 
 from __future__ import annotations
@@ -189,21 +195,23 @@ runpy.run_module("merit_cli", run_name="__main__", alter_sys=True)
 """
 
 
-def run_inspect(folder: Path, budget: float) -> tuple[float, float, int]:
-    """(wall seconds, peak RSS bytes, exit status) of `merit inspect FOLDER --json` in a child process,
-    killed after `budget` seconds (status -9; its peak RSS is then unknown: NaN)."""
+def run_inspect(folder: Path, budget: float, tree: Path = ROOT, name: str = "inspect") -> tuple[float, float, int]:
+    """(wall seconds, peak RSS bytes, exit status) of `merit inspect FOLDER --json` of the checkout
+    `tree` in a child process (its report: FOLDER/NAME.json), killed after `budget` seconds (status
+    -9; its peak RSS is then unknown: NaN)."""
     env = {
         **os.environ,
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": str(tree),
         "HF_HUB_OFFLINE": "1",
         "HF_HUB_DISABLE_PROGRESS_BARS": "1",
         "TRANSFORMERS_VERBOSITY": "error",
     }
     peak_file = folder / "peak_rss_kib"
-    cmd = [sys.executable, "-c", LAUNCH, str(peak_file), "inspect", str(folder), "--json", str(folder / "inspect.json")]
+    peak_file.unlink(missing_ok=True)
+    cmd = [sys.executable, "-c", LAUNCH, str(peak_file), "inspect", str(folder), "--json", str(folder / f"{name}.json")]
     t0 = time.perf_counter()
     try:
-        done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=budget)
+        done = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, timeout=budget)
         status = done.returncode
     except subprocess.TimeoutExpired:
         status = -9
@@ -221,28 +229,44 @@ def main() -> None:
     parser.add_argument("--size", choices=sorted(SHAPES), default="7b", help="Llama shape (default 7b)")
     parser.add_argument("--budget", type=float, default=1800.0, help="seconds `merit inspect` may run (killed after)")
     parser.add_argument("--keep", action="store_true", help="keep the checkpoint (default: delete what was written)")
+    parser.add_argument("--reuse", action="store_true", help="take the checkpoint a --keep run left in --dir")
+    parser.add_argument("--against", type=Path, help="another checkout, timed alternately on the same checkpoint")
+    parser.add_argument("--rounds", type=int, default=1, help="with --against: runs of each checkout")
     args = parser.parse_args()
-    if args.dir.exists() and any(args.dir.iterdir()):
+    if args.reuse:
+        if not (args.dir / "config.json").is_file() or json.loads(
+            (args.dir / "config.json").read_text()
+        ) != llama_config(args.size):
+            sys.exit(f"{args.dir} holds no {args.size} checkpoint of this script (write one with --keep)")
+    elif args.dir.exists() and any(args.dir.iterdir()):
         sys.exit(f"{args.dir} is not empty: give a new folder (the checkpoint is written there, then deleted)")
+    trees = [("this checkout", ROOT)] + ([("--against", args.against.resolve())] if args.against else [])
     load_before = os.getloadavg()
     try:
         t0 = time.perf_counter()
-        params, nbytes, shards = write_checkpoint(args.dir, args.size)
+        if args.reuse:
+            params, nbytes, shards = _written(args.dir, args.size)
+        else:
+            params, nbytes, shards = write_checkpoint(args.dir, args.size)
         written = time.perf_counter() - t0
-        floors = []  # (floor seconds, read bytes/s, matmul FLOP/s): before and after the run
+        floors = []  # (floor seconds, read bytes/s, matmul FLOP/s): before and after the runs
         floors.append(measure_floor(args.dir, args.size, params, nbytes))
-        cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        wall, peak, status = run_inspect(args.dir, args.budget)
-        cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
+        runs = []  # (which checkout, wall, peak, status, cpu)
+        for i in range(args.rounds if args.against else 1):
+            for label, tree in trees if i % 2 == 0 else trees[::-1]:  # alternating, each first in turn
+                cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                wall, peak, status = run_inspect(args.dir, args.budget, tree, f"inspect-{trees.index((label, tree))}")
+                cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                runs.append((label, wall, peak, status, cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime))
         floors.append(measure_floor(args.dir, args.size, params, nbytes))
+        differ = _report_difference(args.dir) if args.against else None
     finally:
-        if not args.keep:
+        if not args.keep and not args.reuse:
             shutil.rmtree(args.dir, ignore_errors=True)
     load_after = os.getloadavg()
     cores = os.cpu_count()
     print(
-        f"checkpoint written in {written:.0f} s; {cores} cores; load average before "
+        f"checkpoint {'reused' if args.reuse else f'written in {written:.0f} s'}; {cores} cores; load average before "
         f"{' '.join(f'{x:.1f}' for x in load_before)}, after {' '.join(f'{x:.1f}' for x in load_after)}"
     )
     print()
@@ -251,14 +275,52 @@ def main() -> None:
         "| x floor | peak RSS |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
-    done = "" if status == 0 else (" (killed at the budget)" if status == -9 else f" (exit {status})")
     (f0, b0, p0), (f1, b1, p1) = floors
-    print(
-        f"| {args.size} | {params / 1e9:.2f}B | {nbytes / 2**30:.2f} GiB in {shards} "
-        f"| {b0 / 2**30:.2f} / {b1 / 2**30:.2f} | {p0 / 1e9:.0f} / {p1 / 1e9:.0f} | {f0:.1f} / {f1:.1f} s "
-        f"| {wall:.1f} s{done} | {cpu:.1f} s | {wall / f0:.1f}x / {wall / f1:.1f}x | {peak / 2**30:.2f} GiB |"
-    )
-    print("(read bandwidth, matmul throughput, floor and x floor: measured before / after the run)")
+    for label, wall, peak, status, cpu in runs:
+        done = "" if status == 0 else (" (killed at the budget)" if status == -9 else f" (exit {status})")
+        shape = args.size if len(trees) == 1 else f"{args.size}, {label}"
+        print(
+            f"| {shape} | {params / 1e9:.2f}B | {nbytes / 2**30:.2f} GiB in {shards} "
+            f"| {b0 / 2**30:.2f} / {b1 / 2**30:.2f} | {p0 / 1e9:.0f} / {p1 / 1e9:.0f} | {f0:.1f} / {f1:.1f} s "
+            f"| {wall:.1f} s{done} | {cpu:.1f} s | {wall / f0:.1f}x / {wall / f1:.1f}x | {peak / 2**30:.2f} GiB |"
+        )
+    print("(read bandwidth, matmul throughput, floor and x floor: measured before / after the runs; runs in order)")
+    if differ is not None:
+        print(f"the two checkouts' reports: {differ}")
+
+
+def _written(folder: Path, size: str) -> tuple[int, int, int]:
+    """(parameters, bytes, shards) of the checkpoint `write_checkpoint` left in `folder`."""
+    files = sorted(folder.glob("*.safetensors"))
+    return sum(_numel(s) for s in llama_shapes(size).values()), sum(f.stat().st_size for f in files), len(files)
+
+
+def _report_difference(folder: Path) -> str:
+    """How far the numbers of the two checkouts' reports differ (the largest relative difference)."""
+    reports = [folder / "inspect-0.json", folder / "inspect-1.json"]
+    if not all(r.is_file() for r in reports):
+        return "not both written"
+    worst = [0.0, ""]
+
+    def walk(a, b, key: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in a.keys() | b.keys():
+                walk(a.get(k), b.get(k), k)
+        elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            for x, y in zip(a, b):
+                walk(x, y, key)
+        elif isinstance(a, float) and isinstance(b, float) and a != b:
+            rel = abs(a - b) / max(abs(a), abs(b))
+            if rel > worst[0]:
+                worst[:] = [rel, key]
+        elif a != b and not (isinstance(a, (int, float)) and isinstance(b, (int, float)) and a == b):
+            worst[:] = [float("inf"), key]
+
+    first, second = (json.loads(r.read_text()) for r in reports)
+    walk(first, second, "")
+    if worst[0] == 0:
+        return "identical"
+    return f"largest relative difference {worst[0]:.2g} ({worst[1]})"
 
 
 if __name__ == "__main__":

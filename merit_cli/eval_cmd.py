@@ -9,13 +9,14 @@ import sys
 
 import click
 from rich.console import Console
-from rich.table import Table
 
+from merit_cli.eval_tables import aliases_table, results_table, steps_table
 from merit_cli.options import (
     all_steps_option,
     check_checkpoint_path,
     check_output,
     device_option,
+    drop_weights_option,
     given_out,
     no_verify_option,
     output_option,
@@ -32,12 +33,11 @@ from merit_core.evaluation.lm_eval_output import parse_seed
 from merit_core.evaluation.results import (
     CheckpointResult,
     check_output_path,
-    format_value,
     metric_rows,
     output_file,
     write_results_json,
 )
-from merit_core.evaluation.tasks import ALIASES, check_task_code_trusted, list_local_tasks, split_task_list
+from merit_core.evaluation.tasks import check_task_code_trusted, split_task_list
 
 _NOISY_LOGGERS = ("lm_eval", "transformers", "datasets", "accelerate", "huggingface_hub")
 
@@ -48,61 +48,6 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     for name in _NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def _aliases_table(include_path: str | None) -> Table:
-    table = Table(title="merit eval tasks", title_justify="left")
-    table.add_column("name", style="bold")
-    table.add_column("lm-eval tasks")
-    table.add_column("what")
-    for alias in ALIASES.values():
-        table.add_row(alias.name, ", ".join(alias.tasks), alias.description)
-    if include_path:
-        for name in list_local_tasks(include_path):
-            table.add_row(shown(name), shown(name), f"local task from {shown(include_path)}")
-    table.caption = "Any other lm-eval task name works too (e.g. hellaswag, piqa, arc_easy)."
-    return table
-
-
-# a metric's direction (higher_is_better: True, False or None when lm-eval does not say)
-_ARROWS: dict[bool | None, str] = {True: " ↑", False: " ↓"}
-
-
-def _unique_labels(records: list[CheckpointResult]) -> list[str]:
-    labels: list[str] = []
-    seen: dict[str, int] = {}
-    for record in records:
-        seen[record.label] = seen.get(record.label, 0) + 1
-        labels.append(record.label if seen[record.label] == 1 else f"{record.label} ({seen[record.label]})")
-    return labels
-
-
-def results_table(records: list[CheckpointResult], num_fewshot: int) -> Table:
-    """Task, metric, value, stderr; with several checkpoints one 'value ± stderr' column each."""
-    title = "zero-shot results" if num_fewshot == 0 else f"{num_fewshot}-shot results"
-    table = Table(title=title, title_justify="left")
-    table.add_column("task", style="bold")
-    table.add_column("metric")
-    single = len(records) == 1
-    if single:
-        table.add_column("value", justify="right")
-        table.add_column("stderr", justify="right")
-    else:
-        for label in _unique_labels(records):
-            table.add_column(shown(label), justify="right")  # a label is a path
-    last_task = None
-    for row in metric_rows(records):
-        arrow = _ARROWS.get(row.higher_is_better, "")
-        task = shown(row.task) if row.task != last_task else ""  # a local task's name is a folder's
-        last_task = row.task
-        if single:
-            stderr = row.stderrs[0]
-            table.add_row(task, shown(row.metric) + arrow, format_value(row.values[0]), format_value(stderr))
-        else:
-            table.add_row(
-                task, shown(row.metric) + arrow, *(format_value(v, s) for v, s in zip(row.values, row.stderrs))
-            )
-    return table
 
 
 # lm-eval's spellings of merit eval's options (lm_eval --model hf --model_args pretrained=... --output_path ...)
@@ -216,33 +161,20 @@ def _chosen_steps(checkpoints: tuple, selection, all_steps: bool, plot: str | No
     return selection
 
 
-def _steps_table(steps: list[int], records: list[CheckpointResult], logits: dict[int, float]) -> Table:
-    """One row per step: the recorded max attention logit and each task metric's value."""
-    rows = metric_rows(records)
-    table = Table(title="scores over training steps", title_justify="left")
-    table.add_column("step", justify="right")
-    table.add_column("max logit (recorded)", justify="right")
-    for row in rows:
-        arrow = _ARROWS.get(row.higher_is_better, "")
-        table.add_column(f"{shown(row.task)} {shown(row.metric)}{arrow}", justify="right")
-    for i, step in enumerate(steps):
-        logit = logits.get(step)
-        table.add_row(str(step), format_value(logit), *(format_value(row.values[i]) for row in rows))
-    return table
-
-
 def _show_steps(
-    console, run: str, steps: list[int], records: list[CheckpointResult], plot: str | None, taken=None
+    console, run: str, steps: list[int], records: list[CheckpointResult], plot: str | None, taken=None, logits=None
 ) -> None:
-    """The steps table, the recorded max logit in each record's meta and, with --plot, the figure."""
+    """The steps table, the recorded max logit in each record's meta (`logits`: measured while scoring,
+    with --drop-weights) and, with --plot, the figure."""
     from pathlib import Path
 
     from merit_core.evaluation.steps import RECORDED_LOGIT, plot_steps, recorded_max_logits
 
-    logits = recorded_max_logits(Path(run).expanduser(), taken)
+    if logits is None:
+        logits = recorded_max_logits(Path(run).expanduser(), taken)
     for step, record in zip(steps, records):
         record.meta[RECORDED_LOGIT] = logits.get(step)
-    print_table(console, _steps_table(steps, records, logits))
+    print_table(console, steps_table(steps, records, logits))
     if plot is not None:
         rows = metric_rows(records)
         series = {f"{r.task} {r.metric}": list(r.values) for r in rows}
@@ -355,6 +287,7 @@ def _display_stream():
 @steps_option(default="latest")
 @all_steps_option()
 @click.option("--revisions", help="A hub model ORG/NAME scored over its revisions: " + REVISIONS_HELP)
+@drop_weights_option()
 @no_verify_option()
 @click.option(
     "--plot",
@@ -389,6 +322,7 @@ def eval_cmd(
     selection,
     all_steps,
     revisions,
+    drop_weights,
     no_verify,
     plot,
     list_tasks,
@@ -424,7 +358,7 @@ def eval_cmd(
     console = wide_console(Console()) if wide else Console()
     check_task_code_trusted(include_path, trust_task_code)
     if list_tasks:
-        console.print(_aliases_table(include_path))
+        console.print(aliases_table(include_path))
         return
 
     if not checkpoints:
@@ -467,7 +401,10 @@ def eval_cmd(
     from merit_core.evaluation.steps import eval_targets
 
     selection = _chosen_steps(checkpoints, selection, all_steps, None if revisions else plot)
-    targets = eval_targets(checkpoints, selection, hub_request(revisions, trust_remote_code=trust_remote_code))
+    if drop_weights and workers is not None and len(workers) > 1:
+        raise ConfigError("--drop-weights scores one revision at a time in this process: leave out --devices")
+    hub = hub_request(revisions, drop_weights, trust_remote_code)
+    targets = eval_targets(checkpoints, selection, hub)
     step_run = checkpoints[0] if selection != LATEST or revisions else None
     chosen = targets.taken[0].steps if step_run is not None else []
     if step_run is not None:
@@ -489,7 +426,15 @@ def eval_cmd(
     try:
         display = Console(file=own or sys.stderr, stderr=own is None)
         with ProgressView(display, one_line=True, first="loading torch and lm-eval", redirect=False) as view:
-            outcome = _score(list(targets.checkpoints), settings, workers, split, view, not verbose, notes.append)
+            measured = None  # each revision's max logit, measured while scoring with --drop-weights
+            if drop_weights:
+                from merit_core.evaluation.hub_logits import score_one_at_a_time
+
+                outcome, measured = score_one_at_a_time(
+                    targets.checkpoints, settings, hub, chosen or None, view, not verbose, notes.append
+                )
+            else:
+                outcome = _score(list(targets.checkpoints), settings, workers, split, view, not verbose, notes.append)
     finally:
         if own is not None:
             own.close()
@@ -505,7 +450,7 @@ def eval_cmd(
     if records:
         print_table(console, results_table(records, settings.num_fewshot))
     if step_run is not None and records:
-        _show_steps(console, step_run, chosen, records, plot, targets.taken[0])
+        _show_steps(console, step_run, chosen, records, plot, targets.taken[0], measured)
     if output:
         path = write_results_json(output, records, extra=extra) if extra else write_results_json(output, records)
         print_whole(console, f"wrote {shown(path)}")

@@ -27,6 +27,7 @@ from merit_cli.options import (
     check_checkpoint_path,
     check_output,
     device_option,
+    drop_weights_option,
     given_out,
     no_verify_option,
     output_option,
@@ -259,7 +260,7 @@ class InspectCommand(click.Command):
     help="Figure: per-layer bars, or the trajectory over steps for a run folder (.png/.pdf/.svg).",
 )
 @click.option("--revisions", help="Hub models ORG/NAME: " + REVISIONS_HELP)
-@click.option("--drop-weights", is_flag=True, help="Delete each hub revision's weights from the cache once read.")
+@drop_weights_option()
 @click.option("--trust-remote-code", is_flag=True, help="Read hub models whose config asks to run their own code.")
 @wide_option()
 def inspect_cmd(

@@ -223,6 +223,14 @@ def all_steps_option():
     return click.option("--all-steps", is_flag=True, help="The same as --checkpoints all.")
 
 
+def drop_weights_option():
+    """--drop-weights: each hub revision's weights deleted from the hub cache once read, the same flag in
+    inspect and eval (merit_core.checkpoint.hub_revisions.HubRequest carries it to the one resolver)."""
+    from merit_core.checkpoint.hub_revisions import DROP_WEIGHTS_HELP
+
+    return click.option("--drop-weights", is_flag=True, help=DROP_WEIGHTS_HELP)
+
+
 def selection_of(selection, all_steps: bool):
     """The Selection --checkpoints and --all-steps make together (--all-steps with other steps: one ConfigError line)."""
     from merit_core.checkpoint import ALL, LATEST

@@ -29,6 +29,7 @@ from merit_core.progress import ProgressFn
 
 __all__ = [
     "DEFAULT_REVISION",
+    "DROP_WEIGHTS_HELP",
     "PYTHIA_TOKENS_PER_STEP",
     "REVISIONS_HELP",
     "HubModel",
@@ -47,6 +48,10 @@ PYTHIA_TOKENS_PER_STEP = 2_097_152  # Pythia: 1,024 sequences of 2,048 tokens pe
 REVISIONS_HELP = (
     "Revisions of a hub model ORG/NAME: A,B,... ; all ; FROM..TO (by step) ; each optionally /K for every "
     "K-th (e.g. all/10); see docs/DIAGNOSTICS.md."
+)
+DROP_WEIGHTS_HELP = (
+    "Delete each hub revision's weights from the hub cache once it is read (config and tokenizer stay), "
+    "before the next is fetched: the disk holds one revision's weights at a time."
 )
 
 # ORG/NAME[@REV]: the hub's own character set for both names; a revision may hold '/' (refs/pr/1)

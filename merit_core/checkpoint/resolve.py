@@ -206,6 +206,7 @@ class Checkpoint:
     tokens: int | None = None  # tokens trained on, where its name says (a hub revision's)
     fetch: Callable[[], Path] | None = None  # a hub revision downloaded only when read (`held`)
     drop: Callable[[Path], object] | None = None  # frees its weights once read (`held`)
+    _holding: bool = field(default=False, repr=False, compare=False)  # inside `held`: fetched, not yet dropped
 
     @property
     def config_path(self) -> Path | None:
@@ -219,16 +220,20 @@ class Checkpoint:
     @contextmanager
     def held(self) -> Iterator[Checkpoint]:
         """The checkpoint with its files on disk while the caller reads it: a hub revision read with
-        `HubRequest.drop_weights` is downloaded (and validated) here and its weights deleted after."""
-        if self.fetch is None:
+        `HubRequest.drop_weights` is downloaded (and validated) here and its weights deleted after.
+        Held again inside (eval scores a revision, then inspect's probe reads it), it is fetched once
+        and its weights deleted when the outer hold ends."""
+        if self.fetch is None or self._holding:
             yield self
             return
         folder = self.folder = self.fetch()
-        self.files, self.tensors = _weight_files(folder), {}
+        self._holding = True
         try:
+            self.files, self.tensors = _weight_files(folder), {}
             _read_tensors(self)
             yield self
         finally:
+            self._holding = False
             if self.drop is not None:
                 self.drop(folder)
 

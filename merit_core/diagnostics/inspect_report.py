@@ -369,8 +369,8 @@ def _inspect_checkpoint(ckpt: Checkpoint, opts: InspectOptions, progress: Progre
     config = read_config(ckpt.config_path)  # read once: the weight statistics and the model use it
     layered = probe_layered(ckpt, config, opts)
     # layered: the weight table and the layers' W_Q / W_K statistics come from the probe's read of them
-    weights = attention_weight_stats(
-        reader, config, opts.n_heads, opts.top_k, include_other=not layered, include_layers=not layered
+    weights = attention_weight_stats(  # l2 norms from the Gram products the logit bounds take, when they are taken
+        reader, config, opts.n_heads, opts.top_k, not layered, not layered, grams=opts.logits and config is not None
     )
     stats = CheckpointReport.from_weights(ckpt, weights, _trainer_state(ckpt))
     probed = None

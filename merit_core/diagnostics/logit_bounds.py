@@ -10,14 +10,15 @@ W_K is needed; `logit_bounds` and `spectral_logit_bounds` combine it with the me
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from merit_core.diagnostics.layout import AttentionLayout, query_key, query_key_bias
-from merit_core.diagnostics.weights import LayerStats
+from merit_core.diagnostics.weights import LayerStats, layer_grams
 
 # Where the effective gain of a QK-norm is (1 + weight) rather than the weight (Gemma's RMSNorm).
 QK_NORM_GAIN_OFFSET = {"gemma3_text": 1.0}
@@ -40,23 +41,27 @@ class BoundTerms:
 
 
 def bound_terms(
-    tensors: Mapping, layout: AttentionLayout | None, layer: int, stats: LayerStats | None = None
+    tensors: Mapping,
+    layout: AttentionLayout | None,
+    layer: int,
+    stats: LayerStats | None = None,
+    grams: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> BoundTerms | None:
     """The weights' part of layer `layer`'s bounds, read from `tensors`; None where the heads are not
     known (no head count: no per-head bound). `stats`: the layer's statistics, when taken already:
     W_Q / W_K are finite exactly when their max-norms are (a NaN or an infinity reaches the
-    maximum), so they are not scanned again."""
+    maximum), so they are not scanned again. `grams`: the layer's `layer_grams`, where taken already."""
     split = None if layout is None else layout.head_split
     if layout is None or split is None:
         return None
     n_heads, n_kv_heads, hd = split
     if layout.spec.qk_norm:
         return BoundTerms(fixed=_qk_norm_limits(tensors, layout, layer), head_dim=hd)
-    wq, wk = query_key(tensors, layout, layer)
     qb, kb = query_key_bias(tensors, layout, layer)
     if stats is not None:
         finite = (math.isfinite(stats.q_max_norm), math.isfinite(stats.k_max_norm))
     else:
+        wq, wk = query_key(tensors, layout, layer)
         finite = (bool(torch.isfinite(wq).all()), bool(torch.isfinite(wk).all()))
     bad = [name for name, ok in zip(("W_Q", "W_K"), finite) if not ok]
     notes = []
@@ -65,13 +70,15 @@ def bound_terms(
             f"layer {layer}: {' and '.join(bad)} {'hold' if len(bad) > 1 else 'holds'} non-finite values (NaN or infinite): "
             "no spectral bound for it"
         )
-    axis = layout.out_axis
+    found = grams if grams is not None else layer_grams(tensors, layout, layer)
+    assert found is not None  # heads known, no QK-norm: layer_grams gives them
+    gq, gk = found
     return BoundTerms(
         bias=(_view_norms(qb, hd), _view_norms(kb, hd)),
         spectral=(
-            _spectral_heads(wq, axis, n_heads, hd, "W_Q" not in bad),
+            spectral_norms(gq),
             _slice_norms(qb, n_heads, hd),
-            _spectral_heads(wk, axis, n_kv_heads, hd, "W_K" not in bad),
+            spectral_norms(gk),
             _slice_norms(kb, n_kv_heads, hd),
         ),
         head_dim=hd,
@@ -94,16 +101,35 @@ def _slice_norms(bias: torch.Tensor, heads: int, hd: int) -> list[float]:
     return [float(bias[h * hd : (h + 1) * hd].norm()) for h in range(heads)]
 
 
-def _spectral_heads(w: torch.Tensor, axis: int, heads: int, hd: int, finite: bool) -> list[float]:
-    """`_spectral` of every head of a stored weight: with every value finite, all heads' Gram matrices
-    in one batched product and one batched eigenvalue call (the same products and LAPACK calls per
-    head, without a few small parallel kernel launches per head); else head by head."""
-    if not finite:
-        return [_spectral(w, axis, h, hd) for h in range(heads)]
-    wd = w.double()
-    blocks = wd.reshape(heads, hd, -1) if axis == 0 else wd.reshape(-1, heads, hd).permute(1, 2, 0)
-    grams = blocks @ blocks.transpose(1, 2)
-    return torch.linalg.eigvalsh(grams)[:, -1].clamp(min=0).sqrt().tolist()
+def spectral_norms(grams: torch.Tensor) -> list[float]:
+    """||W_h||_2 of each head from its float64 Gram matrix W_h W_h^T (`head_grams`): the square root
+    of the largest eigenvalue, all heads in one batched eigenvalue call (an SVD of each hd x d block
+    is many small parallel steps, slow on a loaded CPU). NaN for a head whose block holds a value
+    that is not finite (its Gram's diagonal then does: no norm of it is meaningful, and the
+    eigenvalue routine is not handed it)."""
+    finite = torch.isfinite(grams.diagonal(dim1=1, dim2=2)).all(dim=1)
+    out = torch.full((grams.shape[0],), math.nan, dtype=torch.float64)
+    if bool(finite.any()):
+        kept = grams if bool(finite.all()) else grams[finite]
+        with _one_thread(kept.device):
+            out[finite] = torch.linalg.eigvalsh(kept)[:, -1].clamp(min=0).sqrt().cpu()
+    return out.tolist()
+
+
+@contextlib.contextmanager
+def _one_thread(device: torch.device) -> Iterator[None]:
+    """torch on one CPU thread within the block (restored after): hd x hd eigenvalue problems gain
+    nothing from threads, and the threaded LAPACK path under torch's own threads can spin for
+    seconds on a CPU other processes load (benchmarks/README.md, inspect_large.py)."""
+    if device.type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def layers_bound_terms(
@@ -179,18 +205,6 @@ def spectral_logit_bounds(
             head.spectral_logit_bound = bound
         layer.spectral_logit_bound = max(bounds) if all(math.isfinite(b) for b in bounds) else math.nan
     return notes
-
-
-def _spectral(w: torch.Tensor, axis: int, head: int, hd: int) -> float:
-    """||W_h||_2 of the head's hd output features of a stored weight (out features on `axis`); NaN
-    when the block holds a value that is not finite (no norm of it is meaningful)."""
-    block = w.narrow(axis, head * hd, hd).double()
-    if not bool(torch.isfinite(block).all()):
-        return math.nan
-    # the largest eigenvalue of the hd x hd Gram matrix, in float64: one small product, where an SVD of
-    # the hd x d block is many small parallel steps (slow on a loaded CPU)
-    gram = block @ block.T if axis == 0 else block.T @ block
-    return float(torch.linalg.eigvalsh(gram)[-1].clamp(min=0).sqrt())
 
 
 def _qk_norm_limits(tensors: Mapping, layout: AttentionLayout, layer: int) -> tuple[list[float], list[float]]:

@@ -5,8 +5,9 @@ The probe's model (merit_core.models.layered_forward) hands each unit's stored t
 it reads them (upcast to float32 where that is exact: the model's own weights); `WeightReads` is
 that tap. From each unit it takes the one-line summary of every 2-D weight (`weights.other_weights`)
 and, for a decoder layer, its W_Q / W_K statistics (`weights.layer_stats`) and the weights' part of
-its logit bounds (`logit_bounds.bound_terms`): the same numbers, computed on the same values,
-without a second pass over the files.
+its logit bounds (`logit_bounds.bound_terms`), both from one float64 Gram product per head
+(`weights.layer_grams`): the same numbers, computed on the same values, without a second pass over
+the files.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from merit_core.diagnostics.layout import AttentionLayout
 from merit_core.diagnostics.logit_bounds import BoundTerms, bound_terms
-from merit_core.diagnostics.weights import LayerStats, WeightSummary, layer_stats, other_weights
+from merit_core.diagnostics.weights import LayerStats, WeightSummary, layer_grams, layer_stats, other_weights
 
 
 class WeightReads:
@@ -30,6 +31,7 @@ class WeightReads:
         self.layer_of = {layout.q_name(i): i for i in range(layout.n_layers)}  # W_Q's stored name -> layer
         self.layers: dict[int, LayerStats] = {}
         self.terms: dict[int, BoundTerms | None] = {}
+        self.scratch: dict = {}  # the float64 copy of W_Q / W_K, reused from layer to layer (`head_grams`)
 
     def __call__(self, unit: str, tensors: dict[str, torch.Tensor]) -> None:
         fresh = {name: t for name, t in tensors.items() if name not in self.found}  # a tied head: its embedding again
@@ -41,8 +43,9 @@ class WeightReads:
         for name in tensors:
             layer = self.layer_of.get(name)
             if layer is not None and layer not in self.layers:
-                stats = self.layers[layer] = layer_stats(held, self.layout, layer, self.top_k)
-                self.terms[layer] = bound_terms(held, self.layout, layer, stats)
+                grams = layer_grams(held, self.layout, layer, self.scratch)  # one float64 product for both
+                stats = self.layers[layer] = layer_stats(held, self.layout, layer, self.top_k, grams)
+                self.terms[layer] = bound_terms(held, self.layout, layer, stats, grams)
 
     def weights(self) -> list[WeightSummary]:
         """Every 2-D weight's summary, in name order (as `other_weights(tensors)` lists them): those the
@@ -55,7 +58,8 @@ class WeightReads:
     def layer_stats(self) -> list[LayerStats]:
         """Every layer's W_Q / W_K statistics (a layer the probe did not read is read now)."""
         return [
-            self.layers.get(i) or layer_stats(self.tensors, self.layout, i, self.top_k)
+            self.layers.get(i)
+            or layer_stats(self.tensors, self.layout, i, self.top_k, layer_grams(self.tensors, self.layout, i))
             for i in range(self.layout.n_layers)
         ]
 

@@ -287,18 +287,23 @@ class MatrixStats(TypedDict):
 
 
 def matrix_stats(
-    w: torch.Tensor, top_k: int = 3, head_axis: int | None = None, head_dim: int | None = None
+    w: torch.Tensor,
+    top_k: int = 3,
+    head_axis: int | None = None,
+    head_dim: int | None = None,
+    feature_sq: torch.Tensor | None = None,
 ) -> MatrixStats:
     """max-norm, l2 norm, their ratio, and row / column max-norm distributions of a 2-D weight.
 
     `head_axis` (0 rows, 1 columns) is the output-feature axis, split into heads of `head_dim`:
     outliers along it are tagged with their head, and "head_max_norm" / "head_l2_norm" list the
-    per-head norms. Two passes over the weight; per-head numbers come from per-feature vectors.
+    per-head norms. Per-head numbers come from per-feature vectors: `feature_sq`, the squared l2
+    norm of each output feature in float64 where the caller has it (the diagonals of the heads'
+    Gram matrices, `head_grams`), else computed here. No temporary the size of the weight is made
+    for the max-norms (reductions of it only).
     """
     w = w.detach().float().contiguous()  # GPT-2's Q / K are column slices of c_attn
-    a = w.abs()
-    row_max, col_max = a.amax(dim=1), a.amax(dim=0)
-    del a
+    row_max, col_max = _abs_max(w, 1), _abs_max(w, 0)
     max_norm = float(row_max.max())
     rows = _distribution(row_max, top_k, head_dim if head_axis == 0 else None)
     cols = _distribution(col_max, top_k, head_dim if head_axis == 1 else None)
@@ -306,7 +311,8 @@ def matrix_stats(
     if head_axis is None:
         l2 = float(torch.linalg.vector_norm(w))
     else:
-        feature_sq = (w * w).sum(dim=1 - head_axis, dtype=torch.float64)  # squared l2 per output feature
+        if feature_sq is None:  # squared l2 per output feature
+            feature_sq = (w * w).sum(dim=1 - head_axis, dtype=torch.float64)
         l2 = float(feature_sq.sum().sqrt())
         if head_dim:
             per_head_max = (row_max if head_axis == 0 else col_max).view(-1, head_dim).amax(dim=1)
@@ -323,11 +329,59 @@ def matrix_stats(
     return stats
 
 
-def layer_stats(tensors: Mapping, layout: AttentionLayout, layer: int, top_k: int = 3) -> LayerStats:
-    """One layer's W_Q / W_K statistics, per head when the head count is known."""
+def _abs_max(w: torch.Tensor, dim: int) -> torch.Tensor:
+    """max |w| along `dim`, as the larger of the max and minus the min (the same values as
+    |w|.amax(dim), without a |w| temporary the size of w; abs: +0.0 for a row of zeros)."""
+    return torch.maximum(w.amax(dim=dim), w.amin(dim=dim).neg()).abs()
+
+
+def head_grams(
+    w: torch.Tensor, axis: int, heads: int, hd: int, scratch: dict[Any, torch.Tensor] | None = None
+) -> torch.Tensor:
+    """W_h W_h^T in float64 for each head h of a stored weight (the head's hd output features, out
+    features on `axis`): [heads, hd, hd], all heads in one batched product. Products of float32
+    (and narrower) values are exact in float64. Its diagonals are the heads' squared feature norms
+    (`matrix_stats`' feature_sq), its largest eigenvalues their squared spectral norms
+    (merit_core.diagnostics.logit_bounds). `scratch` keeps the float64 copy's buffer per shape, for
+    the next weight of the same shape to be copied into (no fresh pages to fault in per layer)."""
+    if scratch is None:
+        wd = w.double()
+    else:
+        key = (tuple(w.shape), w.device)
+        buffer = scratch.get(key)
+        if buffer is None:
+            buffer = scratch[key] = torch.empty(w.shape, dtype=torch.float64, device=w.device)
+        wd = buffer.copy_(w)
+    blocks = wd.reshape(heads, hd, -1) if axis == 0 else wd.reshape(-1, heads, hd).permute(1, 2, 0)
+    return blocks @ blocks.transpose(1, 2)
+
+
+def layer_grams(
+    tensors: Mapping, layout: AttentionLayout, layer: int, scratch: dict[Any, torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`head_grams` of the layer's W_Q and W_K, where its spectral logit bound needs them: None
+    where the heads are not known or the family normalises q and k (QK-norm)."""
+    split = layout.head_split
+    if split is None or layout.spec.qk_norm:
+        return None
+    n_heads, n_kv_heads, hd = split
+    q, k = query_key(tensors, layout, layer)
+    return head_grams(q, layout.out_axis, n_heads, hd, scratch), head_grams(k, layout.out_axis, n_kv_heads, hd, scratch)
+
+
+def layer_stats(
+    tensors: Mapping,
+    layout: AttentionLayout,
+    layer: int,
+    top_k: int = 3,
+    grams: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> LayerStats:
+    """One layer's W_Q / W_K statistics, per head when the head count is known; `grams`: the layer's
+    `layer_grams`, where taken already (their diagonals give the l2 norms)."""
     q, k = query_key(tensors, layout, layer)
     axis, hd = layout.out_axis, layout.head_dim
-    qs, ks = matrix_stats(q, top_k, axis, hd), matrix_stats(k, top_k, axis, hd)
+    fq, fk = (None, None) if grams is None else (g.diagonal(dim1=1, dim2=2).reshape(-1) for g in grams)
+    qs, ks = matrix_stats(q, top_k, axis, hd, fq), matrix_stats(k, top_k, axis, hd, fk)
     heads = []
     if (split := layout.head_split) is not None:
         n_heads, n_kv_heads, _ = split
@@ -403,10 +457,13 @@ def attention_weight_stats(
     top_k: int = 3,
     include_other: bool = True,
     include_layers: bool = True,
+    grams: bool = False,
 ) -> WeightStats:
     """Statistics of one set of weights (a lazy checkpoint reader or a state dict). Without
     `include_other` / `include_layers` the weight table / the layers' W_Q / W_K statistics are left
-    empty, for a caller that takes them from a read of its own (merit_core.diagnostics.streamed)."""
+    empty, for a caller that takes them from a read of its own (merit_core.diagnostics.streamed).
+    `grams`: the layers' l2 norms from their heads' Gram matrices (`layer_grams`), as a caller that
+    bounds the logits takes them (the same numbers as the layer-at-a-time read's)."""
     layout = detect_layout(tensors, config, n_heads)
     notes = []
     if not layout.n_heads:
@@ -420,7 +477,12 @@ def attention_weight_stats(
         head_dim=layout.head_dim,
         d_model=layout.d_model,
         row_axis=layout.row_axis,
-        layers=[layer_stats(tensors, layout, i, top_k) for i in range(layout.n_layers)] if include_layers else [],
+        layers=[
+            layer_stats(tensors, layout, i, top_k, layer_grams(tensors, layout, i) if grams else None)
+            for i in range(layout.n_layers)
+        ]
+        if include_layers
+        else [],
         weights=other_weights(tensors) if include_other else [],
         notes=notes,
         layout=layout,

@@ -69,7 +69,11 @@ def trainer_meta(model_dir: Path) -> dict[str, Any]:
 
 
 def resolve_checkpoint(
-    given: str | os.PathLike, trust_remote_code: bool = False, verify: bool = True, progress: ProgressFn | None = None
+    given: str | os.PathLike,
+    trust_remote_code: bool = False,
+    verify: bool = True,
+    progress: ProgressFn | None = None,
+    snapshot: Path | None = None,
 ) -> CheckpointRef:
     """Find the model folder for `given` and check it has config.json, safe weights and a tokenizer.
 
@@ -78,19 +82,24 @@ def resolve_checkpoint(
     FIFO or device among the files, or (without `trust_remote_code`) code the folder asks to run.
     A hub model ORG/NAME[@REV] that is not a local path is its snapshot folder in the hub cache
     (merit_core.checkpoint.hub_cache: downloaded first where needed, `progress` told); other strings
-    shaped like hub ids pass through. With `verify`, a merit checkpoint's files are checked against
-    its recorded checksums (CheckpointError on a mismatch).
+    shaped like hub ids pass through; `snapshot` is that folder where the caller has fetched it already
+    (a revision held while it is scored: merit_core.checkpoint.resolve.Checkpoint.held). With `verify`, a
+    merit checkpoint's files are checked against its recorded checksums (CheckpointError on a mismatch).
     """
     try:
-        return _resolve_checkpoint(os.fspath(given), trust_remote_code, verify, progress)
+        return _resolve_checkpoint(os.fspath(given), trust_remote_code, verify, progress, snapshot)
     except PermissionError as exc:
         raise CheckpointError(f"cannot read {display(exc.filename or given)}: permission denied") from None
 
 
-def _resolve_checkpoint(text: str, trust_remote_code: bool, verify: bool, progress: ProgressFn | None) -> CheckpointRef:
+def _resolve_checkpoint(
+    text: str, trust_remote_code: bool, verify: bool, progress: ProgressFn | None, snapshot: Path | None
+) -> CheckpointRef:
     path = Path(text).expanduser()
     hub = parse_hub_model(text) if not path.exists() else None
-    if hub is not None:  # the one reader of hub models, as inspect's (merit_core.checkpoint.resolve)
+    if hub is not None and snapshot is not None:
+        path = snapshot
+    elif hub is not None:  # the one reader of hub models, as inspect's (merit_core.checkpoint.resolve)
         path = fetch_snapshot(hub, HubRequest(trust_remote_code=trust_remote_code, progress=progress))
     if not path.exists():
         if looks_like_hub_id(text):

@@ -47,7 +47,8 @@ def eval_targets(given: Sequence[str], selection: Selection = LATEST, hub: HubRe
     """Resolve the user's checkpoints: a `merit train` run folder to the step_N checkpoints with a model
     that `selection` picks (merit_core.checkpoint.resolve.take); a model folder or hub name as given.
     Any selection but LATEST scores over steps and takes run folders only (ConfigError for another path);
-    `hub.revisions` scores a hub model ORG/NAME over the revisions it picks (resolve.take_revisions)."""
+    `hub.revisions` scores a hub model ORG/NAME over the revisions it picks (resolve.take_revisions), and
+    `hub.drop_weights` takes hub models only (their weights are deleted once scored, never a local folder's)."""
     if hub is not None and hub.revisions is not None and len(given) != 1:
         raise ConfigError(f"--revisions {hub.revisions} scores one hub model ORG/NAME over its revisions")
     checkpoints: list[str] = []
@@ -62,6 +63,10 @@ def eval_targets(given: Sequence[str], selection: Selection = LATEST, hub: HubRe
             continue
         if hub is not None and hub.revisions is not None:
             raise ConfigError(f"--revisions {hub.revisions} takes a hub model ORG/NAME; {display(text)} is not one")
+        if hub is not None and hub.drop_weights and model is None:
+            raise ConfigError(
+                f"--drop-weights deletes hub models' weights from the hub cache; {display(text)} is not a hub model"
+            )
         if not is_run_folder(path):
             if selection != LATEST:
                 raise ConfigError(

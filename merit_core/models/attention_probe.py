@@ -195,14 +195,15 @@ def chunked_max_logits(
     with full_fp32(query.device.type):
         out = torch.full((query.shape[1],), float("-inf"), device=query.device, dtype=torch.float32)
         for logits, allowed in _logit_chunks(query, key, attention_mask, scaling, query_chunk):
-            out = torch.maximum(out, logits.masked_fill(~allowed, float("-inf")).amax(dim=(0, 2, 3)))
+            out = torch.maximum(out, logits.masked_fill_(~allowed, float("-inf")).amax(dim=(0, 2, 3)))
         return out
 
 
 def _logit_chunks(query, key, attention_mask, scaling, query_chunk, query_valid=None):
     """Per chunk of queries: (scaled float32 logits [B, H, C, Tk], allowed [.., .., C, Tk] or
     [C, Tk] bool) and, with `query_valid` given, also the chunk's slice of it ([B, C]); padded
-    query rows are then left out of the max too."""
+    query rows are then left out of the max too. The logits are the chunk's own tensor, for the
+    caller to mask in place (no second tensor of their size)."""
     _, h, tq, _ = query.shape
     hkv, tk = key.shape[1], key.shape[2]
     if hkv != h:
@@ -212,7 +213,7 @@ def _logit_chunks(query, key, attention_mask, scaling, query_chunk, query_valid=
     key_pos = torch.arange(tk, device=query.device)
     for start in range(0, tq, query_chunk):
         stop = min(start + query_chunk, tq)
-        logits = (query[:, :, start:stop].float() @ k_t) * scaling  # [B, H, C, Tk]
+        logits = (query[:, :, start:stop].float() @ k_t).mul_(scaling)  # [B, H, C, Tk]
         if attention_mask is None:
             q_pos = torch.arange(start, stop, device=query.device) + offset
             allowed = key_pos[None, :] <= q_pos[:, None]  # [C, Tk]
@@ -229,9 +230,11 @@ def _logit_chunks(query, key, attention_mask, scaling, query_chunk, query_valid=
 def _entropy_chunk(masked, logits, allowed, rows, softcap, acc: EntropyAccumulator) -> None:
     """Entropy -sum p log p (torch.special.entr: no cancellation when one key takes all) of the
     softmax over allowed keys of the (soft-capped) logits, per (b, h, query). `masked` is `logits`
-    with disallowed pairs at -inf (shared with the max)."""
-    z = masked if not softcap else (softcap * torch.tanh(logits / softcap)).masked_fill(~allowed, float("-inf"))
-    entropy = torch.special.entr(torch.softmax(z, dim=-1)).sum(dim=-1)  # [B, H, C]; NaN for a row with no key
+    with disallowed pairs at -inf (shared with the max; `logits` may be that same tensor: a
+    disallowed pair is -inf again after the cap)."""
+    z = masked if not softcap else (softcap * torch.tanh(logits / softcap)).masked_fill_(~allowed, float("-inf"))
+    p = torch.softmax(z, dim=-1)
+    entropy = torch.special.entr(p, out=p).sum(dim=-1)  # [B, H, C]; NaN for a row with no key
     n_keys = allowed.sum(dim=-1)
     b, h, c = entropy.shape
     valid = (n_keys >= 2).expand(b, h, c) & rows[:, None, :].expand(b, h, c)
@@ -253,7 +256,7 @@ def _record(module, query, key, attention_mask, scaling, softcap=None) -> None:
         head_max = torch.full((q.shape[1],), float("-inf"), device=q.device, dtype=torch.float32)
         acc = recorder.entropy_of(layer, q.shape[1], q.device) if recorder.entropy else None
         for logits, allowed, rows in _logit_chunks(q, k, attention_mask, scale, recorder.query_chunk, valid):
-            masked = logits.masked_fill(~allowed, float("-inf"))
+            masked = logits.masked_fill_(~allowed, float("-inf"))  # in place: the chunk's own logits
             head_max = torch.maximum(head_max, masked.amax(dim=(0, 2, 3)))
             if acc is not None:
                 with recorder.lock:

@@ -10,7 +10,8 @@ import torch
 
 from merit_core.checkpoint.resolve import find_checkpoints
 from merit_core.diagnostics import inspect_report as report
-from merit_core.diagnostics.logit_bounds import _spectral, _spectral_heads
+from merit_core.diagnostics.logit_bounds import spectral_norms
+from merit_core.diagnostics.weights import head_grams, matrix_stats
 from tests.models.family_models import counted_reads, tiny_model
 
 
@@ -38,16 +39,36 @@ def test_layered_inspect_reads_each_tensor_once_with_the_same_report(model_type,
 
 
 @pytest.mark.parametrize("axis", [0, 1], ids=["rows", "columns"])
-def test_batched_spectral_norms_are_the_per_head_ones(axis):
-    """The batched per-head spectral norms are the same float64 products and eigenvalue calls as
-    the per-head ones: equal numbers; a block that is not finite gives NaN for its head alone."""
+def test_per_head_gram_products_give_the_spectral_and_l2_norms(axis):
+    """The heads' Gram matrices (one batched float64 product) give each head's spectral norm and its
+    features' squared l2 norms, as the head's own block does; a block that is not finite gives NaN
+    for its head alone, and a copy into a reused buffer gives the same products."""
     heads, hd, d = 4, 8, 24
     w = torch.randn(heads * hd, d, generator=torch.Generator().manual_seed(1))
     w = w if axis == 0 else w.T.contiguous()
-    per_head = [_spectral(w, axis, h, hd) for h in range(heads)]
-    assert _spectral_heads(w, axis, heads, hd, finite=True) == per_head
-    reference = [float(torch.linalg.matrix_norm(w.narrow(axis, h * hd, hd).double(), ord=2)) for h in range(heads)]
-    assert per_head == pytest.approx(reference, rel=1e-12)  # float64 eigenvalue of the Gram vs singular value
+    blocks = [w.narrow(axis, h * hd, hd).double() for h in range(heads)]
+    grams = head_grams(w, axis, heads, hd)
+    reference = [float(torch.linalg.matrix_norm(b, ord=2)) for b in blocks]
+    norms = spectral_norms(grams)
+    assert norms == pytest.approx(reference, rel=1e-12)  # float64 eigenvalue of the Gram vs singular value
+    squares = torch.cat([(b * b).sum(dim=1 - axis) for b in blocks])  # exact float32 products, float64 sums
+    assert torch.allclose(grams.diagonal(dim1=1, dim2=2).reshape(-1), squares, rtol=1e-14, atol=0)
+    scratch: dict = {}
+    assert torch.equal(head_grams(w, axis, heads, hd, scratch), grams)
+    assert torch.equal(head_grams(w, axis, heads, hd, scratch), grams) and len(scratch) == 1  # the buffer reused
     w.narrow(axis, 2 * hd, hd)[0, 0] = math.nan
-    found = _spectral_heads(w, axis, heads, hd, finite=False)
-    assert math.isnan(found[2]) and [found[h] for h in (0, 1, 3)] == [per_head[h] for h in (0, 1, 3)]
+    found = spectral_norms(head_grams(w, axis, heads, hd))
+    assert math.isnan(found[2]) and [found[h] for h in (0, 1, 3)] == [norms[h] for h in (0, 1, 3)]
+
+
+def test_the_max_norms_without_an_abs_temporary_are_those_of_abs():
+    w = torch.randn(6, 5, generator=torch.Generator().manual_seed(2))
+    w[1] = 0.0
+    w[2] = -0.0
+    w[3, 4] = -7.5
+    stats = matrix_stats(w, top_k=2, head_axis=0, head_dim=2)
+    assert [o.max_norm for o in stats["rows"].outliers] == w.abs().amax(dim=1).topk(2).values.tolist()
+    assert stats["max_norm"] == 7.5 and stats["rows"].min == 0.0 and math.copysign(1, stats["rows"].min) == 1
+    assert stats["cols"].max == float(w.abs().amax(dim=0).max())
+    w[4, 0] = math.nan
+    assert math.isnan(matrix_stats(w)["max_norm"])

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from merit_cli.main import cli
+from merit_core.checkpoint import resolve
 from merit_core.checkpoint.hub_revisions import PYTHIA_TOKENS_PER_STEP
 from tests.eval.local_tasks import HARBOUR_TEXT, eval_gpt2, set_offline, train_tokenizer
 from tests.hub.hub_cache import add_revision
@@ -121,3 +122,68 @@ def test_a_model_offline_and_not_cached_is_one_line(hub):
 
 def test_the_revision_given_twice_is_refused(hub):
     _one_line_error(_merit("inspect", f"{REPO}@step1000", "--revisions", "all"), "give the revision once")
+
+
+def _own_cache(hub, tmp_path, monkeypatch):
+    """A copy of the module's hub cache for a test that deletes weights from it."""
+    cache = tmp_path / "cache"
+    shutil.copytree(hub["cache"], cache, symlinks=True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    return cache / "models--org--tiny" / "snapshots"
+
+
+EVAL = ("--tasks", "builtin", "--limit", "2", "--bootstrap-iters", "0")
+
+
+def test_eval_dropping_each_revisions_weights_gives_the_same_scores_and_max_logits(hub, tmp_path, monkeypatch):
+    snapshots = _own_cache(hub, tmp_path, monkeypatch)
+    kept, dropped = tmp_path / "kept.json", tmp_path / "dropped.json"
+    picked = ("step1000", "step3000")
+    result = _merit("eval", REPO, "--revisions", ",".join(picked), *EVAL, "-o", kept)
+    assert result.exit_code == 0, result.output
+    fetched, fetch = [], resolve.fetch_snapshot
+
+    def watched(model, request=None):  # each fetch: the revisions fetched before hold no weights by then
+        held = [r for r in fetched if (snapshots / hub["snapshots"][r].name / "model.safetensors").exists()]
+        assert not held, f"{held} still hold weights when {model} is fetched"
+        fetched.append(model.revision)
+        return fetch(model, request)
+
+    monkeypatch.setattr(resolve, "fetch_snapshot", watched)
+    result = _merit("eval", REPO, "--revisions", ",".join(picked), "--drop-weights", *EVAL, "-o", dropped)
+    assert result.exit_code == 0, result.output
+    assert fetched == list(picked)  # each fetched once, when its turn came
+    assert f"{REPO}: took tiny@step1000, tiny@step3000 (--revisions)" in result.output
+    assert json.loads(dropped.read_text()) == json.loads(kept.read_text())  # scores, max logits, meta alike
+    logits = [c["meta"]["recorded_max_attention_logit"] for c in json.loads(dropped.read_text())["checkpoints"]]
+    assert all(isinstance(v, float) for v in logits) and logits[0] != logits[1]
+    for revision in REVISIONS:
+        folder = snapshots / hub["snapshots"][revision].name
+        left = sorted(p.name for p in folder.iterdir())
+        assert ("model.safetensors" in left) == (revision not in picked), (revision, left)
+        assert {"config.json", "tokenizer.json"} <= set(left)  # config and tokenizer stay
+
+
+def test_eval_of_a_revision_whose_weights_are_gone_is_one_line_offline(hub, tmp_path, monkeypatch):
+    snapshots = _own_cache(hub, tmp_path, monkeypatch)
+    (snapshots / hub["snapshots"]["step2000"].name / "model.safetensors").unlink()  # after listing, before scoring
+    result = _merit("eval", REPO, "--revisions", "step2000", "--drop-weights", *EVAL)
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "step2000 has no safetensors weights in the hub cache" in errors[0], result.output
+    assert "Traceback" not in result.output
+    out = tmp_path / "rest.json"  # among others: the rest scored, the lost one named once
+    result = _merit("eval", REPO, "--revisions", "step1000,step2000", "--drop-weights", *EVAL, "-o", out)
+    assert result.exit_code == 2 and result.output.count("step2000 has no safetensors weights") == 1, result.output
+    written = json.loads(out.read_text())
+    assert [c["meta"]["hub"] for c in written["checkpoints"]] == [f"{REPO}@step1000"]
+    assert [m["path"] for m in written["missing"]] == [f"{REPO}@step2000"]
+
+
+def test_drop_weights_refuses_local_folders_and_several_devices(hub, tmp_path, monkeypatch):
+    _own_cache(hub, tmp_path, monkeypatch)
+    folder = hub["models"] / "step1000"
+    _one_line_error(_merit("eval", folder, "--drop-weights", *EVAL), "--drop-weights", "is not a hub model")
+    line = _one_line_error(_merit("eval", REPO, "--revisions", "all", "--drop-weights", "--devices", "cpu,cpu", *EVAL))
+    assert "--devices" in line
+    assert (folder / "model.safetensors").is_file()
