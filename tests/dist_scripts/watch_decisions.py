@@ -34,7 +34,7 @@ SETTINGS = {
     "micro_batch_size": 2,
     "seq_len": 32,
     "lr": LR,
-    "warmup_steps": 2,
+    "warmup_steps": 0,  # no warmup: the watcher judges from the first records (it skips 2x the warmup)
     "steps": STEPS,
     "eval_every": 0,
     "save_every": 4,
