@@ -345,7 +345,8 @@ TWO_SIDED = frozenset({"log_z_drift"})
 
 @dataclass(frozen=True)
 class WatchSettings:
-    """The detector's constants (calibrated on results/watch-cpu; docs/DIAGNOSTICS.md states them)."""
+    """The detector's constants (set on results/watch-cpu; kept by results/watch-train, whose tuned
+    alternative did not hold out; docs/DIAGNOSTICS.md states them)."""
 
     span: int = 3  # records over which the current slope is taken
     history: int = 6  # slopes needed after warmup before a signal may warn

@@ -18,7 +18,7 @@ already falling passes neither. The first `history` slopes of a signal form its 
 warn. The minimum normalised entropy is recorded but does not warn by default (WatchSettings).
 The signals, the settings and the rule itself (`trend_rule`) are the watcher's subset of
 merit_core.instability_rules (WATCH_RULES); this module keeps each signal's history and says when
-to warn. How well this forecasts, measured: results/watch-cpu/README.md.
+to warn. How well this forecasts, measured: results/watch-train/README.md.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def _finite(v: Any) -> bool:
 class Watcher:
     """The detector. `observe(record)` takes one watch record (keys of metric_names.WATCH_*, and
     `step`) and returns the warnings it raises; records of steps up to `warmup_steps` are skipped
-    (`merit train` passes 0: on the grid most divergences came inside the lr warmup). Each
+    (`merit train` passes 2x its lr warmup: merit_core.train.run_watch.SKIP_WARMUPS). Each
     (signal, layer) warns once; `forget_after(step)` drops what came after a step (a rewind)."""
 
     def __init__(self, warmup_steps: int = 0, settings: WatchSettings | None = None):
