@@ -15,20 +15,14 @@ short is still balanced. `python results/watch-cpu/analyze.py OUT_DIR` then make
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from merit_core.errors import MeritError, RunInterrupted  # noqa: E402
-from merit_core.instability_rules import divergence_step  # noqa: E402
-from merit_core.train.callbacks import TrainCallbacks  # noqa: E402
-from merit_core.train.config import load_config  # noqa: E402
-from merit_core.train.training_run import run_training  # noqa: E402
+sys.path.insert(0, str(HERE.parent / "watch-train"))
+import grid as watch_train  # noqa: E402  (results/watch-train/grid.py: one run and its stop after a divergence)
 
 MODELS = ("gpt2-tiny", "llama-tiny")
 # lrs a factor 2 apart around each optimizer's stable edge at gpt2-tiny batch 16 (merit_core/optim/lr_table.py)
@@ -48,25 +42,10 @@ COMMON = dict(
     watch_every=2,  # a probe every 2 steps: these runs are 80 steps (merit train's default cadence is 20)
     on_instability="warn",
 )
-AFTER = 10  # steps a diverged run goes on before it is stopped (the rule looks 5 steps ahead)
 
 
 def label(model: str, optimizer: str, lr: float, seed: int) -> str:
     return f"{model}-{optimizer}-lr{lr:g}-s{seed}"
-
-
-class StopAfterDivergence(TrainCallbacks):
-    """Asks the run to stop AFTER steps after the loss met the divergence rule."""
-
-    def __init__(self) -> None:
-        self.losses: list[tuple[int, float]] = []
-
-    def on_log(self, record: dict[str, Any]) -> None:
-        self.losses.append((int(record["step"]), float(record["loss"])))
-
-    def stop_requested(self) -> str | None:
-        d = divergence_step(self.losses)
-        return "SIGTERM" if d is not None and self.losses[-1][0] >= d + AFTER else None
 
 
 def plan() -> list[tuple[str, str, float, int]]:
@@ -93,17 +72,7 @@ def main(out: Path, part: int = 0, parts: int = 1) -> None:
         if (run_dir / "done.json").exists():
             continue
         values = dict(COMMON, model=model, optimizer=optimizer, lr=lr, seed=seed, out=str(run_dir))
-        start, ended = time.perf_counter(), "finished"
-        try:
-            run_training(load_config(values=values), StopAfterDivergence())
-        except RunInterrupted:
-            ended = "stopped after divergence"
-        except MeritError as exc:
-            ended = f"error: {str(exc).splitlines()[0][:200]}"
-        seconds = time.perf_counter() - start
-        done = {"label": name, "ended": ended, "seconds": round(seconds, 1), **values}
-        (run_dir / "done.json").write_text(json.dumps(done) + "\n")
-        print(f"{name}: {ended} in {seconds:.0f} s", flush=True)
+        watch_train.run_one(name, values, {})
 
 
 if __name__ == "__main__":

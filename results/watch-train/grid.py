@@ -123,25 +123,23 @@ def main(out: Path, part: int = 0, parts: int = 1) -> None:
         plant_at, growth = RAMPS.get(kind, (None, 1.0))
         values = dict(COMMON, model=model, optimizer=optimizer, lr=lr, seed=seed, out=str(run_dir))
         Trainer.lr_for = planted(plant_at, growth)  # type: ignore[method-assign]
-        start, ended = time.perf_counter(), "finished"
-        try:
-            run_training(load_config(values=values), StopAfterDivergence())
-        except RunInterrupted:
-            ended = "stopped after divergence"
-        except MeritError as exc:
-            ended = f"error: {str(exc).splitlines()[0][:200]}"
-        seconds = time.perf_counter() - start
-        done = {
-            "label": name,
-            "kind": kind,
-            "plant_at": plant_at,
-            "ramp_growth": growth,
-            "ended": ended,
-            "seconds": round(seconds, 1),
-            **values,
-        }
-        (run_dir / "done.json").write_text(json.dumps(done) + "\n")
-        print(f"{name}: {ended} in {seconds:.0f} s", flush=True)
+        run_one(name, values, {"kind": kind, "plant_at": plant_at, "ramp_growth": growth})
+
+
+def run_one(name: str, values: dict[str, Any], about: dict[str, Any]) -> None:
+    """Train one run of a grid with `values` (stopped AFTER steps past a divergence), then write its
+    done.json (its label, `about`, how it ended, its seconds and `values`) and print one line."""
+    start, ended = time.perf_counter(), "finished"
+    try:
+        run_training(load_config(values=values), StopAfterDivergence())
+    except RunInterrupted:
+        ended = "stopped after divergence"
+    except MeritError as exc:
+        ended = f"error: {str(exc).splitlines()[0][:200]}"
+    seconds = time.perf_counter() - start
+    done = {"label": name, **about, "ended": ended, "seconds": round(seconds, 1), **values}
+    (Path(values["out"]) / "done.json").write_text(json.dumps(done) + "\n")
+    print(f"{name}: {ended} in {seconds:.0f} s", flush=True)
 
 
 if __name__ == "__main__":
