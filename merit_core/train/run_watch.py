@@ -71,9 +71,9 @@ def measure(trainer: Any, input_ids: torch.Tensor) -> dict[str, Any]:
 class WatchDecision:
     """What one probe step decided. `record`: the watch record (metrics.jsonl and the trackers; the
     run adds step and tokens); `warnings`: what the detector raised; `action`: RECORD (go on, print
-    nothing), WARN (go on, print the warnings), STOP or REWIND; for STOP and REWIND `checkpoint` is the newest complete checkpoint from before the first
-    warning as (step, path), None when there is none (then STOP); for REWIND `lr_factor` multiplies
-    the lr and `rewinds` counts this one."""
+    nothing), WARN (go on, print the warnings), STOP or REWIND; for STOP and REWIND `checkpoint` is
+    the newest complete checkpoint from before the first warning as (step, path), None when there is
+    none (then STOP); for REWIND `lr_factor` multiplies the lr and `rewinds` counts this one."""
 
     record: dict[str, Any]
     warnings: list[WatchWarning] = field(default_factory=list)

@@ -71,10 +71,6 @@ class RunSeries:
         """The steps of the warnings the run's own watcher wrote."""
         return sorted({int(w["step"]) for r in self.watch for w in r.get(WATCH_WARNINGS) or ()})
 
-    def recorded_warning(self) -> int | None:
-        """The step of the first warning the run's own watcher wrote, if any."""
-        return next(iter(self.recorded_warnings()), None)
-
     def warnings(self, settings: WatchSettings | None = None, warmup: int = 0, every: int = 0) -> list[WatchWarning]:
         """The detector's warnings replayed over the watch records, keeping only the records of steps
         divisible by `every` (0: all): what a run probing every `every` steps would have seen, since
